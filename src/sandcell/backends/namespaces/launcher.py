@@ -1,0 +1,302 @@
+"""The launcher: start bubblewrap, hold the sandbox until its limits are on, then supervise it.
+
+The one place where a sandbox process is started. The sequence is the security argument:
+
+1. spawn bwrap with an empty environment and only the descriptors it needs (``close_fds``);
+2. bwrap builds the namespaces and blocks (``--block-fd``) before starting anything untrusted;
+3. read the sandbox init's pid (``--info-fd``), move it into the run's cgroup and set its rlimits,
+   so every process of the run inherits both;
+4. unblock; the boot step inside closes every inherited descriptor but 0-2, applies Landlock and
+   reports on the status pipe that the program is about to start;
+5. pump stdout and stderr with independent caps until exit, the wall limit or a cap; at the limit
+   the sandbox init is SIGKILLed, which tears down its pid namespace and with it every process of
+   the run, however it forked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sandcell.errors import InfraError
+
+# The exit status the boot uses when it could not apply an isolation layer it was asked for.
+BOOT_FAILED_STATUS = 125
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchFds:
+    """Descriptors handed to bwrap; the numbers appear in its argument list."""
+
+    info_w: int
+    block_r: int
+    status_w: int
+    seccomp: int | None
+
+    def passed(self) -> tuple[int, ...]:
+        fds = [self.info_w, self.block_r, self.status_w]
+        if self.seccomp is not None:
+            fds.append(self.seccomp)
+        return tuple(fds)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launched:
+    """What the launcher observed."""
+
+    started: bool
+    """True once the boot step reported that the program is starting."""
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    stopped_by: str | None
+    """``"wall_time"``, ``"stdout"`` or ``"stderr"`` when the launcher killed the run."""
+    wall_ms: float
+    cpu_ms_rusage: float
+    maxrss_bytes_rusage: int
+
+
+class Pipes:
+    """The pipes of one launch; closes whatever is still open."""
+
+    def __init__(self, seccomp_program: bytes | None) -> None:
+        self._fds: list[int] = []
+        self.info_r, self.info_w = self._pipe()
+        self.block_r, self.block_w = self._pipe()
+        self.status_r, self.status_w = self._pipe()
+        self.seccomp: int | None = None
+        if seccomp_program is not None:
+            # A memfd rather than a pipe: the program may exceed a pipe's buffer, and bwrap reads it
+            # only after we would be blocked writing.
+            fd = os.memfd_create("sandcell-seccomp", os.MFD_CLOEXEC)
+            self._fds.append(fd)
+            os.write(fd, seccomp_program)
+            os.lseek(fd, 0, os.SEEK_SET)
+            self.seccomp = fd
+
+    def _pipe(self) -> tuple[int, int]:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        self._fds += [r, w]
+        return r, w
+
+    def fds(self) -> LaunchFds:
+        return LaunchFds(
+            info_w=self.info_w, block_r=self.block_r, status_w=self.status_w, seccomp=self.seccomp
+        )
+
+    def close(self, fd: int) -> None:
+        if fd in self._fds:
+            self._fds.remove(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_child_ends(self) -> None:
+        for fd in (self.info_w, self.block_r, self.status_w, self.seccomp):
+            if fd is not None:
+                self.close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self._fds):
+            self.close(fd)
+
+
+def _stdin_fd(data: bytes) -> int:
+    """A descriptor that reads ``data`` then EOF, without a writer thread."""
+    fd = os.memfd_create("sandcell-stdin", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _read_info(fd: int, proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The sandbox init's pid from bwrap's ``--info-fd``, or None if bwrap died first."""
+    buf = b""
+    while b"}" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+        if not ready:
+            if proc.poll() is not None:
+                return None
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        buf += chunk
+    try:
+        return int(json.loads(buf[: buf.index(b"}") + 1])["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def launch(
+    argv: Sequence[str],
+    *,
+    pipes: Pipes,
+    stdin: bytes,
+    wall_time_s: float,
+    stdout_cap: int,
+    stderr_cap: int,
+    on_sandbox_pid: Callable[[int], None],
+    on_kill: Callable[[], None],
+    setup_timeout_s: float = 30.0,
+) -> Launched:
+    """Run bwrap to completion under the limits. Raises InfraError if it could not be started."""
+    stdin_fd = _stdin_fd(stdin)
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=stdin_fd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pipes.fds().passed(),
+            close_fds=True,
+            # bwrap's own environment would be readable as /proc/1/environ inside the sandbox.
+            env={},
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise InfraError(f"could not start bubblewrap ({argv[0]}): {exc}") from exc
+    finally:
+        os.close(stdin_fd)
+    pipes.close_child_ends()
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+
+    sandbox_pid = _read_info(pipes.info_r, proc, time.monotonic() + setup_timeout_s)
+    if sandbox_pid is None:
+        return _finish_failed(proc, "bubblewrap did not start the sandbox")
+    try:
+        on_sandbox_pid(sandbox_pid)
+    except BaseException:
+        _kill(sandbox_pid, proc)
+        _reap(proc)
+        raise
+    t0 = time.monotonic()
+    os.write(pipes.block_w, b"1")
+    pipes.close(pipes.block_w)
+
+    deadline = t0 + wall_time_s
+    out, err = bytearray(), bytearray()
+    out_trunc = err_trunc = False
+    started = False
+    stopped_by: str | None = None
+    open_fds = {out_fd: "stdout", err_fd: "stderr", pipes.status_r: "status"}
+    while open_fds:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            stopped_by = "wall_time"
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], remaining)
+        for fd in ready:
+            chunk = os.read(fd, _READ_CHUNK)
+            kind = open_fds[fd]
+            if not chunk:
+                del open_fds[fd]
+                continue
+            if kind == "status":
+                started = True
+            elif kind == "stdout":
+                room = stdout_cap - len(out)
+                out += chunk[: max(room, 0)]
+                if len(chunk) > room:
+                    out_trunc = True
+                    stopped_by = stopped_by or "stdout"
+            else:
+                room = stderr_cap - len(err)
+                err += chunk[: max(room, 0)]
+                if len(chunk) > room:
+                    err_trunc = True
+                    stopped_by = stopped_by or "stderr"
+        if stopped_by:
+            break
+    if stopped_by:
+        on_kill()
+        _kill(sandbox_pid, proc)
+    # The init of the sandbox is gone once its pipes are closed; reap bwrap (bounded).
+    status, rusage = _reap(proc)
+    wall_ms = (time.monotonic() - t0) * 1000
+    pipes.close_all()
+    code, sig = _decode(status)
+    return Launched(
+        started=started,
+        exit_code=code,
+        signal=sig,
+        stdout=bytes(out),
+        stderr=bytes(err),
+        stdout_truncated=out_trunc,
+        stderr_truncated=err_trunc,
+        stopped_by=stopped_by,
+        wall_ms=wall_ms,
+        cpu_ms_rusage=(rusage.ru_utime + rusage.ru_stime) * 1000 if rusage else 0.0,
+        maxrss_bytes_rusage=rusage.ru_maxrss * 1024 if rusage else 0,
+    )
+
+
+def _decode(status: int) -> tuple[int | None, int | None]:
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    code = os.WEXITSTATUS(status)
+    # bwrap reports a program killed by signal N as exit status 128+N, as shells do.
+    if 128 < code <= 128 + 64 and code != BOOT_FAILED_STATUS:
+        return None, code - 128
+    return code, None
+
+
+def _kill(sandbox_pid: int, proc: subprocess.Popen[bytes]) -> None:
+    # SIGKILL to the init of the pid namespace kills every process in it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(sandbox_pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, os.struct_rusage | None]:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            return 0, None
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            _drain(proc)
+            return status, rusage
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            deadline = time.monotonic() + 10
+        time.sleep(0.001)
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> None:
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _finish_failed(proc: subprocess.Popen[bytes], what: str) -> Launched:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    assert proc.stderr is not None
+    try:
+        err = proc.stderr.read(65536)
+    except (OSError, ValueError):
+        err = b""
+    _reap(proc)
+    raise InfraError(f"{what}: {err.decode(errors='replace').strip() or 'no error output'}")

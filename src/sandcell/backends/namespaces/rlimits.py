@@ -1,0 +1,67 @@
+"""Resource limits (setrlimit) of a run, as a pure plan applied to the sandbox's first process.
+
+rlimits are inherited across fork and exec, so setting them on the sandbox's init before it starts
+the program covers every process of the run. They complement cgroups: CPU seconds, open files,
+file size and core dumps have no cgroup equivalent. In the weaker ``rlimits`` mode, RLIMIT_AS and
+RLIMIT_NPROC stand in for the memory and pids cgroups.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+from sandcell.spec import IsolationMode, Limits
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rlimit:
+    name: str
+    resource: int
+    soft: int
+    hard: int
+
+
+def plan_rlimits(limits: Limits, mode: IsolationMode) -> tuple[Rlimit, ...]:
+    """The rlimits of a run (pure)."""
+    cpu = int(limits.cpu_time_s)
+    plan = [
+        # The hard CPU limit one second above the soft one: SIGXCPU first, SIGKILL if ignored.
+        Rlimit(name="RLIMIT_CPU", resource=resource.RLIMIT_CPU, soft=cpu, hard=cpu + 1),
+        Rlimit(
+            name="RLIMIT_NOFILE",
+            resource=resource.RLIMIT_NOFILE,
+            soft=limits.max_open_files,
+            hard=limits.max_open_files,
+        ),
+        Rlimit(
+            name="RLIMIT_FSIZE",
+            resource=resource.RLIMIT_FSIZE,
+            soft=limits.max_file_bytes,
+            hard=limits.max_file_bytes,
+        ),
+        Rlimit(name="RLIMIT_CORE", resource=resource.RLIMIT_CORE, soft=0, hard=0),
+    ]
+    if mode is IsolationMode.RLIMITS:
+        plan += [
+            Rlimit(
+                name="RLIMIT_AS",
+                resource=resource.RLIMIT_AS,
+                soft=limits.memory_bytes,
+                hard=limits.memory_bytes,
+            ),
+            # Counted per user namespace on current kernels, so it counts only the sandbox.
+            Rlimit(
+                name="RLIMIT_NPROC",
+                resource=resource.RLIMIT_NPROC,
+                soft=limits.max_pids,
+                hard=limits.max_pids,
+            ),
+        ]
+    return tuple(plan)
+
+
+def apply_rlimits(pid: int, plan: tuple[Rlimit, ...]) -> None:
+    """Set the plan on a running process (the sandbox init, while it waits to start the program)."""
+    for r in plan:
+        resource.prlimit(pid, r.resource, (r.soft, r.hard))

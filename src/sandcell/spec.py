@@ -1,0 +1,255 @@
+"""The values that flow through the execution layer: what to run, under which limits, and what came out.
+
+Everything here is a frozen dataclass: built once, checked once, passed around without copies.
+Units are in the names (``_s``, ``_ms``, ``_bytes``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Literal
+
+from sandcell.errors import ConfigError
+
+Language = Literal["python", "bash"]
+LANGUAGES: tuple[Language, ...] = ("python", "bash")
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Hard limits of one run. Every one is enforced by the kernel, never by the code's good will."""
+
+    wall_time_s: float = 30.0
+    """Wall-clock limit; at the limit the whole process tree is killed (outcome ``timeout``)."""
+    cpu_time_s: int = 60
+    """CPU seconds per process (RLIMIT_CPU); exceeding it is reported as ``timeout``."""
+    memory_bytes: int = 512 * MiB
+    """Memory of the whole sandbox (cgroup), swap included; exceeding it gives ``memory_limit``."""
+    max_pids: int = 64
+    """Processes and threads alive at once in the sandbox (pids cgroup)."""
+    max_open_files: int = 256
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    max_file_bytes: int = 128 * MiB
+    """Largest file a process may write (RLIMIT_FSIZE)."""
+    workspace_bytes: int = 256 * MiB
+    """Size of the writable working directory (a size-capped tmpfs); a full workspace gives ENOSPC."""
+    workspace_inodes: int = 16384
+    """Files and directories the working directory may hold."""
+    tmp_bytes: int = 64 * MiB
+    """Size of the private ``/tmp``."""
+    stdout_bytes: int = 1 * MiB
+    """Captured stdout; more than this truncates the stream and ends the run (``output_limit``)."""
+    stderr_bytes: int = 1 * MiB
+    """Captured stderr, capped independently of stdout."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"limit {f.name} must be a number, got {value!r}")
+            if value <= 0:
+                raise ConfigError(f"limit {f.name} must be positive, got {value!r}")
+        if self.memory_bytes < 16 * MiB:
+            raise ConfigError(
+                f"limit memory_bytes={self.memory_bytes} is below 16 MiB, too small to start an "
+                "interpreter; raise it"
+            )
+        if self.max_pids < 2:
+            raise ConfigError("limit max_pids must be at least 2 (the sandbox init and the program)")
+
+    def with_(self, **changes: float | int | None) -> Limits:
+        """A copy with the given limits replaced; ``None`` values are ignored."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
+
+
+class IsolationMode(enum.Enum):
+    """How strictly limits are enforced. ``STRICT`` is the default; weaker modes are asked for by name."""
+
+    STRICT = "strict"
+    """cgroups for memory, pids and CPU accounting; a host without them raises IsolationUnavailable."""
+    RLIMITS = "rlimits"
+    """Weaker, for users without cgroup delegation: memory by RLIMIT_AS, processes by RLIMIT_NPROC
+    (counted per host user), no whole-tree memory or CPU accounting. Recorded in every run record."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputFile:
+    """A host file or directory made visible read-only inside the sandbox under ``/inputs``."""
+
+    host_path: Path
+    """Absolute path on the host."""
+    name: str
+    """Name under ``/inputs`` (and, for convenience, in the working directory)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRequest:
+    """One program to run in a fresh sandbox."""
+
+    code: str
+    """The program text."""
+    language: Language = "python"
+    inputs: tuple[InputFile, ...] = ()
+    exports: tuple[str, ...] = ()
+    """Globs, relative to the working directory, of files to export as artifacts."""
+    limits: Limits = field(default_factory=Limits)
+    stdin: bytes = b""
+    """Bytes fed to the program's standard input (then closed)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the program. Nothing of the caller's environment is passed otherwise;
+    only the names of these variables are recorded, never the values."""
+    mode: IsolationMode = IsolationMode.STRICT
+    landlock: bool | None = None
+    """``True`` requires Landlock, ``False`` disables it, ``None`` uses it where the kernel has it."""
+
+    def __post_init__(self) -> None:
+        if self.language not in LANGUAGES:
+            raise ConfigError(
+                f"unknown language {self.language!r}; choose one of {', '.join(LANGUAGES)}"
+            )
+        if "\x00" in self.code:
+            raise ConfigError("the code contains a NUL byte; pass text, not binary data")
+        for name, value in self.env.items():
+            if not name or "=" in name or "\x00" in name or "\x00" in value:
+                raise ConfigError(f"invalid environment variable name or value: {name!r}")
+        seen: set[str] = set()
+        for item in self.inputs:
+            if item.name in seen:
+                raise ConfigError(
+                    f"two inputs are both named {item.name!r}; rename one of them"
+                )
+            seen.add(item.name)
+
+
+def input_from_path(path: str | os.PathLike[str]) -> InputFile:
+    """An :class:`InputFile` for an existing host path, named after its last component."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"input {str(path)!r} does not exist; pass an existing file or directory")
+    resolved = p.resolve()
+    name = resolved.name
+    if not name or name in {".", ".."}:
+        raise ConfigError(f"input {str(path)!r} has no usable name; pass a file or a named directory")
+    return InputFile(host_path=resolved, name=name)
+
+
+class Outcome(enum.Enum):
+    """How a run ended. Exactly one per run."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    MEMORY_LIMIT = "memory_limit"
+    OUTPUT_LIMIT = "output_limit"
+    KILLED = "killed"
+    INFRA_ERROR = "infra_error"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """Resources used by the whole process tree of the run."""
+
+    wall_ms: float
+    cpu_ms: float | None
+    """CPU time of every process of the run, user and system; None where it cannot be measured."""
+    peak_memory_bytes: int | None
+    """Peak memory of the sandbox (cgroup high-water mark); None where it cannot be measured."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Artifact:
+    """An exported file, stored once under its SHA-256."""
+
+    path: str
+    """Path relative to the working directory, as the code wrote it."""
+    sha256: str
+    size: int
+    media_type: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RejectedExport:
+    """A file that matched an export glob but was refused, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Enforcement:
+    """Which isolation layers were actually active for the run."""
+
+    backend: str
+    layers: Mapping[str, str]
+    """Layer name to how it was enforced (``"cgroup v1"``, ``"seccomp bpf, 45 syscalls"``...)."""
+    mode: IsolationMode
+    weakened: tuple[str, ...] = ()
+    """Layers that ran in a weaker form because the caller asked for a weaker mode by name."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """Everything observed about one run."""
+
+    run_id: str
+    outcome: Outcome
+    exit_code: int | None
+    """The program's exit status, or None when it was killed by a signal or never ran."""
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    usage: Usage
+    artifacts: tuple[Artifact, ...]
+    rejected_exports: tuple[RejectedExport, ...]
+    enforcement: Enforcement | None
+    reason: str = ""
+    """A sentence on why the run ended as it did (which limit, which signal, what failed)."""
+    started_at: str = ""
+    """ISO 8601 UTC time the run started."""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+
+def result_to_dict(result: RunResult) -> dict[str, object]:
+    """The JSON form of a result (the ``--json`` output and the HTTP body)."""
+    e = result.enforcement
+    return {
+        "run_id": result.run_id,
+        "outcome": result.outcome.value,
+        "reason": result.reason,
+        "exit_code": result.exit_code,
+        "signal": result.signal,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "stdout_truncated": result.stdout_truncated,
+        "stderr_truncated": result.stderr_truncated,
+        "usage": {
+            "wall_ms": result.usage.wall_ms,
+            "cpu_ms": result.usage.cpu_ms,
+            "peak_memory_bytes": result.usage.peak_memory_bytes,
+        },
+        "artifacts": [
+            {"path": a.path, "sha256": a.sha256, "size": a.size, "media_type": a.media_type}
+            for a in result.artifacts
+        ],
+        "rejected_exports": [{"path": r.path, "reason": r.reason} for r in result.rejected_exports],
+        "enforcement": None
+        if e is None
+        else {
+            "backend": e.backend,
+            "mode": e.mode.value,
+            "layers": dict(e.layers),
+            "weakened": list(e.weakened),
+        },
+        "started_at": result.started_at,
+    }
