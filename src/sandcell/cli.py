@@ -31,18 +31,32 @@ def _parser() -> argparse.ArgumentParser:
         prog="sandcell",
         description="Run untrusted code in a disposable sandbox with hard limits and a record.",
     )
-    p.add_argument("--home", type=Path, help="data directory for records and artifacts "
-                   "(default: $SANDCELL_HOME or the user data directory)")
+    p.add_argument(
+        "--home",
+        type=Path,
+        help="data directory for records and artifacts "
+        "(default: $SANDCELL_HOME or the user data directory)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a program in a fresh sandbox")
     r.add_argument("file", nargs="?", help="program file, or - to read the program from stdin")
     r.add_argument("-c", dest="code", help="program text")
     r.add_argument("--lang", choices=LANGUAGES, default="python")
-    r.add_argument("--input", action="append", default=[], metavar="PATH",
-                   help="file or directory visible read-only under /inputs and the working dir")
-    r.add_argument("--export", action="append", default=[], metavar="GLOB",
-                   help="files to export, relative to the working directory (repeatable)")
+    r.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="file or directory visible read-only under /inputs and the working dir",
+    )
+    r.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="files to export, relative to the working directory (repeatable)",
+    )
     r.add_argument("--out", type=Path, help="copy exported artifacts into this directory")
     r.add_argument("--timeout", type=float, metavar="SECONDS", help="wall-time limit")
     r.add_argument("--cpu-time", type=int, metavar="SECONDS", help="CPU-time limit per process")
@@ -53,13 +67,25 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--workspace", type=int, metavar="MB", help="size of the working directory")
     r.add_argument("--max-stdout", type=int, metavar="BYTES", help="stdout cap")
     r.add_argument("--max-stderr", type=int, metavar="BYTES", help="stderr cap")
-    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment variable for the program (nothing else is passed)")
-    r.add_argument("--stdin", dest="stdin_file", metavar="FILE",
-                   help="feed this file (or - for this command's stdin) to the program")
-    r.add_argument("--isolation", choices=[m.value for m in IsolationMode],
-                   default=IsolationMode.STRICT.value,
-                   help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded")
+    r.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for the program (nothing else is passed)",
+    )
+    r.add_argument(
+        "--stdin",
+        dest="stdin_file",
+        metavar="FILE",
+        help="feed this file (or - for this command's stdin) to the program",
+    )
+    r.add_argument(
+        "--isolation",
+        choices=[m.value for m in IsolationMode],
+        default=IsolationMode.STRICT.value,
+        help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded",
+    )
     r.add_argument("--no-landlock", action="store_true", help="do not apply Landlock")
     r.add_argument("--json", action="store_true", help="print one JSON object with the result")
 
@@ -161,8 +187,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.write(result.stderr)
         if result.outcome.value not in ("ok", "error"):
-            print(f"sandcell: {result.outcome.value}: {result.reason} (run {result.run_id})",
-                  file=sys.stderr)
+            print(
+                f"sandcell: {result.outcome.value}: {result.reason} (run {result.run_id})",
+                file=sys.stderr,
+            )
         for rej in result.rejected_exports:
             print(f"sandcell: not exported: {rej.path}: {rej.reason}", file=sys.stderr)
         for path in copied:
@@ -194,18 +222,30 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             else:
                 for e in entries:
                     s = _summary(e.record)
-                    print(f"{s['run_id']}  {s['started_at']}  {s['language']:<6} "
-                          f"{s['outcome']:<13} {s['wall_ms']} ms")
+                    print(
+                        f"{s['run_id']}  {s['started_at']}  {s['language']:<6} "
+                        f"{s['outcome']:<13} {s['wall_ms']} ms"
+                    )
             return 0
         if args.audit_command == "show":
             entry = log.get(args.run_id)
             if entry is None:
-                print(f"sandcell: no run {args.run_id!r} in {home / 'audit.sqlite3'}",
-                      file=sys.stderr)
+                print(
+                    f"sandcell: no run {args.run_id!r} in {home / 'audit.sqlite3'}", file=sys.stderr
+                )
                 return 1
             if args.json:
-                print(json.dumps({"seq": entry.seq, "hash": entry.hash, "prev_hash":
-                                  entry.prev_hash, "record": entry.record}, ensure_ascii=False))
+                print(
+                    json.dumps(
+                        {
+                            "seq": entry.seq,
+                            "hash": entry.hash,
+                            "prev_hash": entry.prev_hash,
+                            "record": entry.record,
+                        },
+                        ensure_ascii=False,
+                    )
+                )
             else:
                 print(json.dumps(entry.record, indent=2, ensure_ascii=False))
                 print(f"# seq {entry.seq}, hash {entry.hash}")

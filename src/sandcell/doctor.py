@@ -122,8 +122,12 @@ def _probe_userns(bwrap: str) -> str | None:
     argv += ["--proc", "/proc", "--dev", "/dev", "--", "/usr/bin/true"]
     try:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL, check=False,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return f"bwrap did not finish within {_PROBE_TIMEOUT_S} s"
@@ -178,8 +182,13 @@ def _userns_check(
             "profile that permits unshare/clone of namespaces (e.g. docker --security-opt "
             "seccomp=unconfined) or use a privileged container"
         )
-    return Check(name="user namespaces", ok=ok, detail="; ".join(found),
-                 fix=None if ok else "; ".join(fixes), required=True)
+    return Check(
+        name="user namespaces",
+        ok=ok,
+        detail="; ".join(found),
+        fix=None if ok else "; ".join(fixes),
+        required=True,
+    )
 
 
 def _seccomp_check(status: Path = Path("/proc/self/status")) -> Check:
@@ -195,8 +204,13 @@ def _seccomp_check(status: Path = Path("/proc/self/status")) -> Check:
     if problem is None and int(libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0)) < 0:
         problem = f"prctl(PR_GET_SECCOMP) failed: {os.strerror(ctypes.get_errno())}"
     if problem:
-        return Check(name="seccomp", ok=False, detail=problem, required=True,
-                     fix="use a kernel built with CONFIG_SECCOMP=y and CONFIG_SECCOMP_FILTER=y")
+        return Check(
+            name="seccomp",
+            ok=False,
+            detail=problem,
+            required=True,
+            fix="use a kernel built with CONFIG_SECCOMP=y and CONFIG_SECCOMP_FILTER=y",
+        )
     try:
         policy = seccomp.build_policy(seccomp.native_arch()).describe()
     except IsolationUnavailable as exc:
@@ -210,8 +224,13 @@ def _landlock_check(found: int | IsolationUnavailable | None) -> Check:
     if not isinstance(found, int):
         reason = found.reason if found is not None else "the kernel has no Landlock"
         fix = found.fix if found is not None else None
-        return Check(name="landlock", ok=False, detail=reason + "; runs go without it",
-                     fix=fix, required=False)
+        return Check(
+            name="landlock",
+            ok=False,
+            detail=reason + "; runs go without it",
+            fix=fix,
+            required=False,
+        )
     extras = ["filesystem rules"]
     if found >= 4:
         extras.append("TCP bind/connect")
@@ -257,39 +276,67 @@ def _kvm_check(dev: Path = Path("/dev/kvm")) -> Check:
     try:
         os.close(os.open(dev, os.O_RDWR | os.O_CLOEXEC))
     except OSError as exc:
-        return Check(name="kvm", ok=False, detail=f"{dev} is not openable read-write: "
-                     f"{exc.strerror}", fix=fix, required=False)
-    return Check(name="kvm", ok=True, detail=f"{dev} is openable read-write", fix=None,
-                 required=False)
+        return Check(
+            name="kvm",
+            ok=False,
+            detail=f"{dev} is not openable read-write: {exc.strerror}",
+            fix=fix,
+            required=False,
+        )
+    return Check(
+        name="kvm", ok=True, detail=f"{dev} is openable read-write", fix=None, required=False
+    )
 
 
 def _tool_check(name: str, programs: tuple[str, ...], fix: str) -> Check:
     """An optional program for a later backend: its path and first ``--version`` line."""
     path = next((p for p in map(shutil.which, programs) if p), None)
     if path is None:
-        return Check(name=name, ok=False, detail=f"{' or '.join(programs)} not on PATH", fix=fix,
-                     required=False)
+        return Check(
+            name=name,
+            ok=False,
+            detail=f"{' or '.join(programs)} not on PATH",
+            fix=fix,
+            required=False,
+        )
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True,
-                             timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+        out = subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         first = (out.stdout or out.stderr).strip().splitlines()[:1]
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check(name=name, ok=False, detail=f"{path} --version failed: {exc}", fix=fix,
-                     required=False)
+        return Check(
+            name=name, ok=False, detail=f"{path} --version failed: {exc}", fix=fix, required=False
+        )
     detail = f"{path}: {first[0] if first else 'no version output'}"
     return Check(name=name, ok=True, detail=detail, fix=None, required=False)
 
 
 def _python_check() -> Check:
     rt = python_runtime()
-    return Check(name="python runtime", ok=True, detail=f"{rt.identity}, sha256 {rt.sha256[:12]}",
-                 fix=None, required=True)
+    return Check(
+        name="python runtime",
+        ok=True,
+        detail=f"{rt.identity}, sha256 {rt.sha256[:12]}",
+        fix=None,
+        required=True,
+    )
 
 
 def _bash_check() -> Check:
     rt = bash_runtime()  # raises ConfigError without bash, which diagnose() reports
-    return Check(name="bash runtime", ok=True, detail=f"{rt.interpreter}, sha256 {rt.sha256[:12]}",
-                 fix=None, required=False)
+    return Check(
+        name="bash runtime",
+        ok=True,
+        detail=f"{rt.interpreter}, sha256 {rt.sha256[:12]}",
+        fix=None,
+        required=False,
+    )
 
 
 def _guarded(name: str, required: bool, fn: Callable[[], Check]) -> Check:
@@ -298,8 +345,13 @@ def _guarded(name: str, required: bool, fn: Callable[[], Check]) -> Check:
         return fn()
     except Exception as exc:
         fix = getattr(exc, "fix", None) or _REPORT
-        return Check(name=name, ok=False, detail=f"check failed: {type(exc).__name__}: {exc}",
-                     fix=fix, required=required)
+        return Check(
+            name=name,
+            ok=False,
+            detail=f"check failed: {type(exc).__name__}: {exc}",
+            fix=fix,
+            required=required,
+        )
 
 
 def diagnose() -> DoctorReport:
@@ -308,8 +360,11 @@ def diagnose() -> DoctorReport:
     try:
         found = bw.find_bwrap()
     except Exception as exc:  # the bwrap and user namespace checks report it
-        found = exc if isinstance(exc, IsolationUnavailable) else IsolationUnavailable(
-            "bubblewrap", f"{type(exc).__name__}: {exc}", _REPORT)
+        found = (
+            exc
+            if isinstance(exc, IsolationUnavailable)
+            else IsolationUnavailable("bubblewrap", f"{type(exc).__name__}: {exc}", _REPORT)
+        )
     bwrap_path = found.path if isinstance(found, bw.Bwrap) else None
     steps: list[tuple[str, bool, Callable[[], Check]]] = [
         ("sandcell", False, _version_check),
@@ -322,11 +377,22 @@ def diagnose() -> DoctorReport:
         ("python runtime", True, _python_check),
         ("bash runtime", False, _bash_check),
         ("kvm", False, _kvm_check),
-        ("gvisor", False, lambda: _tool_check(
-            "gvisor", ("runsc",), "only for a future gVisor backend: install runsc")),
-        ("qemu", False, lambda: _tool_check(
-            "qemu", ("qemu-system-x86_64", "qemu-system-aarch64"),
-            "only for a future microVM backend: install qemu-system")),
+        (
+            "gvisor",
+            False,
+            lambda: _tool_check(
+                "gvisor", ("runsc",), "only for a future gVisor backend: install runsc"
+            ),
+        ),
+        (
+            "qemu",
+            False,
+            lambda: _tool_check(
+                "qemu",
+                ("qemu-system-x86_64", "qemu-system-aarch64"),
+                "only for a future microVM backend: install qemu-system",
+            ),
+        ),
     ]
     return DoctorReport(tuple(_guarded(name, req, fn) for name, req, fn in steps))
 

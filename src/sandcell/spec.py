@@ -61,7 +61,9 @@ class Limits:
                 "interpreter; raise it"
             )
         if self.max_pids < 2:
-            raise ConfigError("limit max_pids must be at least 2 (the sandbox init and the program)")
+            raise ConfigError(
+                "limit max_pids must be at least 2 (the sandbox init and the program)"
+            )
 
     def with_(self, **changes: float | int | None) -> Limits:
         """A copy with the given limits replaced; ``None`` values are ignored."""
@@ -121,9 +123,7 @@ class RunRequest:
         seen: set[str] = set()
         for item in self.inputs:
             if item.name in seen:
-                raise ConfigError(
-                    f"two inputs are both named {item.name!r}; rename one of them"
-                )
+                raise ConfigError(f"two inputs are both named {item.name!r}; rename one of them")
             seen.add(item.name)
 
 
@@ -135,7 +135,9 @@ def input_from_path(path: str | os.PathLike[str]) -> InputFile:
     resolved = p.resolve()
     name = resolved.name
     if not name or name in {".", ".."}:
-        raise ConfigError(f"input {str(path)!r} has no usable name; pass a file or a named directory")
+        raise ConfigError(
+            f"input {str(path)!r} has no usable name; pass a file or a named directory"
+        )
     return InputFile(host_path=resolved, name=name)
 
 

