@@ -1,0 +1,237 @@
+"""Shared fixtures: real sandboxes, as root (in-process executor) and as an ordinary user (the CLI).
+
+``sandbox`` is parametrized over the identities this host can test. As root, runs go through one
+in-process :class:`Executor`; as the unprivileged user, through ``sandcell run --json`` started with
+``runuser``, so the whole rootless path (workspace helper, rlimits mode) is exercised. A host that
+cannot do one of them skips those tests with the reason; CI creates the user so both run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sandcell import Executor, IsolationMode, Limits, RunRequest, input_from_path, result_to_dict
+from sandcell.spec import MiB
+
+UNPRIV_USER = os.environ.get("SANDCELL_TEST_USER", "sandcell-test")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Runs code in a real sandbox as one identity and returns the ``--json`` result as a dict."""
+
+    identity: str
+    run: Callable[..., dict[str, object]]
+    home: Path
+
+
+@pytest.fixture(scope="session")
+def root_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sandcell-home")
+
+
+@pytest.fixture(scope="session")
+def executor(root_home: Path) -> Iterator[Executor]:
+    if os.geteuid() != 0:
+        pytest.skip("the in-process executor fixture runs as root; this test run is not root")
+    with Executor(home=root_home) as ex:
+        yield ex
+
+
+def _readable_by(user: str, path: Path) -> bool:
+    return (
+        subprocess.run(
+            ["runuser", "-u", user, "--", "test", "-r", str(path)], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
+
+
+@dataclass(frozen=True)
+class UnprivEnv:
+    user: str
+    python: str
+    pythonpath: str
+    home: Path
+    runs: Path
+    mode: IsolationMode = IsolationMode.STRICT
+
+
+@pytest.fixture(scope="session")
+def unpriv(tmp_path_factory: pytest.TempPathFactory) -> UnprivEnv:
+    """An ordinary user that can run this checkout's sandcell (staged where it can read it)."""
+    if os.geteuid() != 0:
+        pytest.skip("switching to an unprivileged user needs root (run the suite as root)")
+    if shutil.which("runuser") is None:
+        pytest.skip("runuser is not installed (util-linux)")
+    try:
+        pwd.getpwnam(UNPRIV_USER)
+    except KeyError:
+        pytest.skip(f"user {UNPRIV_USER} does not exist; create it: useradd -m {UNPRIV_USER}")
+    real_python = Path(os.path.realpath(sys.executable))
+    if not _readable_by(UNPRIV_USER, real_python):
+        pytest.skip(
+            f"the base interpreter {real_python} is not readable by {UNPRIV_USER}; build the "
+            "test venv from a system Python (/usr/bin/python3), as .ci/run does"
+        )
+    stage = Path(f"/tmp/sandcell-unpriv-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(mode=0o755)
+    venv = Path(sys.prefix)
+    if _readable_by(UNPRIV_USER, venv / "pyvenv.cfg") and _readable_by(UNPRIV_USER, REPO / "src"):
+        python, src = str(venv / "bin" / "python"), REPO / "src"
+    else:
+        shutil.copytree(venv, stage / "venv", symlinks=True)
+        shutil.copytree(REPO / "src", stage / "src", symlinks=True)
+        python, src = str(stage / "venv" / "bin" / "python"), stage / "src"
+    home = stage / "home"
+    runs = stage / "runs"
+    for d in (home, runs):
+        d.mkdir()
+        shutil.chown(d, UNPRIV_USER, UNPRIV_USER)
+        d.chmod(0o700)
+    env = UnprivEnv(user=UNPRIV_USER, python=python, pythonpath=str(src), home=home, runs=runs)
+    return UnprivEnv(**{**env.__dict__, "mode": _user_mode(env)})
+
+
+def run_as_user(
+    env: UnprivEnv, args: Sequence[str], *, stdin: bytes = b"", timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
+    """``sandcell ARGS`` as the unprivileged user, with a clean environment."""
+    cmd = [
+        "runuser", "-u", env.user, "--", "env", "-i",
+        f"PATH=/usr/bin:/bin", f"HOME={env.home}", f"PYTHONPATH={env.pythonpath}",
+        f"SANDCELL_HOME={env.home}", f"SANDCELL_RUNS={env.runs}",
+        env.python, "-m", "sandcell", *args,
+    ]  # fmt: skip
+    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, check=False)
+
+
+def _cli_args(
+    code: str,
+    *,
+    lang: str,
+    inputs: Sequence[Path],
+    exports: Sequence[str],
+    limits: dict[str, float],
+) -> list[str]:
+    args = ["run", "--json", "--lang", lang, "-c", code]
+    for p in inputs:
+        args += ["--input", str(p)]
+    for g in exports:
+        args += ["--export", g]
+    flag = {
+        "wall_time_s": "--timeout",
+        "cpu_time_s": "--cpu-time",
+        "memory_mb": "--memory",
+        "max_pids": "--pids",
+        "max_open_files": "--open-files",
+        "max_file_mb": "--file-size",
+        "workspace_mb": "--workspace",
+        "stdout_bytes": "--max-stdout",
+        "stderr_bytes": "--max-stderr",
+    }
+    for key, value in limits.items():
+        args += [flag[key], str(value)]
+    return args
+
+
+def _limits(limits: dict[str, float]) -> Limits:
+    conv = dict(limits)
+    for key, new in (("memory_mb", "memory_bytes"), ("max_file_mb", "max_file_bytes"),
+                     ("workspace_mb", "workspace_bytes")):
+        if key in conv:
+            conv[new] = int(conv.pop(key) * MiB)
+    return Limits().with_(**conv)
+
+
+@pytest.fixture(params=["root", "user"])
+def sandbox(
+    request: pytest.FixtureRequest, root_home: Path, tmp_path: Path
+) -> Sandbox:
+    """A runner for real sandboxed runs, once as root and once as an ordinary user.
+
+    ``run(code, lang="python", inputs=(), exports=(), stdin=b"", **limits)`` where limits are
+    ``wall_time_s, cpu_time_s, memory_mb, max_pids, max_open_files, max_file_mb, workspace_mb,
+    stdout_bytes, stderr_bytes``. Returns the JSON result. The user identity runs in the weaker
+    ``rlimits`` mode when this host gives ordinary users no cgroups (recorded in the result).
+    """
+    if request.param == "root":
+        ex: Executor = request.getfixturevalue("executor")
+
+        def run_root(
+            code: str,
+            *,
+            lang: str = "python",
+            inputs: Sequence[Path] = (),
+            exports: Sequence[str] = (),
+            stdin: bytes = b"",
+            **limits: float,
+        ) -> dict[str, object]:
+            req = RunRequest(
+                code=code,
+                language=lang,  # type: ignore[arg-type]
+                inputs=tuple(input_from_path(p) for p in inputs),
+                exports=tuple(exports),
+                stdin=stdin,
+                limits=_limits(limits),
+            )
+            return result_to_dict(ex.run(req))
+
+        return Sandbox(identity="root", run=run_root, home=root_home)
+
+    env: UnprivEnv = request.getfixturevalue("unpriv")
+    for p in (tmp_path, *tmp_path.parents):
+        if p == Path("/"):
+            break
+        p.chmod(p.stat().st_mode | 0o005)
+    mode = env.mode
+
+    def run_user(
+        code: str,
+        *,
+        lang: str = "python",
+        inputs: Sequence[Path] = (),
+        exports: Sequence[str] = (),
+        stdin: bytes = b"",
+        **limits: float,
+    ) -> dict[str, object]:
+        args = _cli_args(code, lang=lang, inputs=inputs, exports=exports, limits=limits)
+        if mode is IsolationMode.RLIMITS:
+            args.insert(1, "--isolation=rlimits")
+        if stdin:
+            stdin_file = tmp_path / f"stdin-{os.urandom(4).hex()}"
+            stdin_file.write_bytes(stdin)
+            stdin_file.chmod(0o644)
+            args += ["--stdin", str(stdin_file)]
+        proc = run_as_user(env, args)
+        try:
+            out: dict[str, object] = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(
+                f"sandcell as {env.user} printed no JSON (exit {proc.returncode}): "
+                f"{proc.stderr.decode(errors='replace')}"
+            ) from None
+        return out
+
+    return Sandbox(identity="user", run=run_user, home=env.home)
+
+
+def _user_mode(env: UnprivEnv) -> IsolationMode:
+    probe = run_as_user(env, ["run", "--json", "-c", "pass"])
+    if probe.returncode == 0:
+        return IsolationMode.STRICT
+    if b"cgroups is unavailable" in probe.stderr:
+        return IsolationMode.RLIMITS
+    raise AssertionError(f"sandcell cannot run as {env.user}: {probe.stderr.decode()}")
