@@ -93,6 +93,9 @@ def python_runtime() -> Runtime:
     interpreter = os.path.abspath(interpreter)
     dirs, links = _root_layout()
     wanted = ["/usr", base_prefix, prefix, os.path.dirname(real_python)]
+    # Font configuration, so matplotlib and Pillow find fonts without complaining; no secrets.
+    if os.path.isdir("/etc/fonts"):
+        wanted.append("/etc/fonts")
     if in_venv:
         wanted.append(os.path.abspath(sys.prefix))
     ro_dirs = _minimal_roots([*dirs, *wanted])

@@ -267,6 +267,7 @@ class Sandbox:
         mode: str = "python",
         target: Sequence[str] | None = None,
         pass_fds: Sequence[int] = (),
+        prefix: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
         plan_path = self.control / "plan.json"
         plan_path.write_text(plan_text if plan_text is not None else self.plan().to_json())
@@ -275,7 +276,7 @@ class Sandbox:
         script.write_text(textwrap.dedent(code))
         if target is None:
             target = [str(script)] if mode == "python" else ["/bin/bash", str(script)]
-        cmd = [sys.executable, "-I", str(BOOT), str(plan_path), mode, *target, *args]
+        cmd = [*prefix, sys.executable, "-I", str(BOOT), str(plan_path), mode, *target, *args]
         return subprocess.run(
             cmd,
             cwd=self.work,
@@ -454,8 +455,18 @@ def test_uncaught_exception_shows_only_the_program(sandbox: Sandbox) -> None:
     assert "boot" not in r.stderr
 
 
-def test_syntax_error_is_reported_like_the_interpreter(sandbox: Sandbox) -> None:
-    r = sandbox.run("x = (\n")
+# With Landlock applied the boot compiles through the C API (ctypes is loaded anyway); without,
+# through the builtin compile(): both paths must look the same to the program.
+both_compilers = pytest.mark.parametrize("landlocked", [True, False], ids=["capi", "builtin"])
+
+
+def _plan_text(sandbox: Sandbox, landlocked: bool) -> str:
+    return sandbox.plan().to_json() if landlocked else L.boot_plan_json(plan=None)
+
+
+@both_compilers
+def test_syntax_error_is_reported_like_the_interpreter(sandbox: Sandbox, landlocked: bool) -> None:
+    r = sandbox.run("x = (\n", plan_text=_plan_text(sandbox, landlocked))
     plain = subprocess.run(
         [sys.executable, "-I", str(sandbox.control / "main.py")],
         capture_output=True,
@@ -467,7 +478,8 @@ def test_syntax_error_is_reported_like_the_interpreter(sandbox: Sandbox) -> None
     assert "SyntaxError" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_the_program_sees_a_normal_main(sandbox: Sandbox) -> None:
+@both_compilers
+def test_the_program_sees_a_normal_main(sandbox: Sandbox, landlocked: bool) -> None:
     r = sandbox.run(
         '''
         """The docstring."""
@@ -491,6 +503,7 @@ def test_the_program_sees_a_normal_main(sandbox: Sandbox) -> None:
         ''',
         "one",
         "two words",
+        plan_text=_plan_text(sandbox, landlocked),
     )
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.splitlines()
@@ -514,6 +527,31 @@ def test_the_program_sees_a_normal_main(sandbox: Sandbox) -> None:
     assert got["spec"] is None
     assert got["boot_in_main"] is False
     assert second == "guarded"
+
+
+@both_compilers
+@pytest.mark.parametrize(
+    "source",
+    [
+        b"# -*- coding: latin-1 -*-\nprint(ascii('\xe9'))\n",
+        b"\xef\xbb\xbfprint(ascii('\xc3\xa9'))\n",
+    ],
+    ids=["cookie", "bom"],
+)
+def test_source_encoding_is_honoured(sandbox: Sandbox, landlocked: bool, source: bytes) -> None:
+    script = sandbox.work / "enc.py"
+    script.write_bytes(source)
+    r = sandbox.run("", plan_text=_plan_text(sandbox, landlocked), target=[str(script)])
+    assert (r.returncode, r.stdout, r.stderr) == (0, "'\\xe9'\n", "")
+
+
+@both_compilers
+def test_nul_bytes_are_refused(sandbox: Sandbox, landlocked: bool) -> None:
+    script = sandbox.work / "nul.py"
+    script.write_bytes(b"print('before')\x00print('after')\n")
+    r = sandbox.run("", plan_text=_plan_text(sandbox, landlocked), target=[str(script)])
+    assert (r.returncode, r.stdout) == (1, "")
+    assert "null bytes" in r.stderr
 
 
 def test_functions_of_main_pickle(sandbox: Sandbox) -> None:
@@ -575,6 +613,22 @@ def test_descriptors_are_closed_and_status_is_reported(sandbox: Sandbox) -> None
     assert fds == "[0, 1, 2, 3]"  # stdio and the descriptor of the listing itself
     assert first_line == "a,b"
     assert (sandbox.work / "data.csv").is_symlink()
+
+
+def test_descriptors_above_the_open_files_limit_are_closed(sandbox: Sandbox) -> None:
+    r_fd, w_fd = os.pipe()
+    high = os.dup2(w_fd, 1000, inheritable=False)
+    try:
+        r = sandbox.run(
+            "import os; print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))",
+            pass_fds=(high,),
+            # The launcher lowers RLIMIT_NOFILE before the boot; a descriptor above it stays open.
+            prefix=["bash", "-c", 'ulimit -n 64 && exec "$@"', "limit"],
+        )
+    finally:
+        for fd in (r_fd, w_fd, high):
+            os.close(fd)
+    assert (r.returncode, r.stdout) == (0, "[0, 1, 2, 3]\n"), r.stderr
 
 
 def test_missing_paths_are_skipped(sandbox: Sandbox) -> None:
@@ -651,6 +705,7 @@ def test_exec_mode_runs_bash_under_the_same_rules(sandbox: Sandbox) -> None:
             cat {sandbox.secret} >/dev/null 2>&1 && echo "secret ok" || echo "secret denied"
             echo hello > out.txt && echo "work ok"
             [ -e /proc/$$/fd/{stray_w} ] && echo "stray open" || echo "stray closed"
+            echo "to stderr" > /dev/stderr
             exit 7
             """,
             "a",
@@ -669,6 +724,7 @@ def test_exec_mode_runs_bash_under_the_same_rules(sandbox: Sandbox) -> None:
         "work ok",
         "stray closed",
     ]
+    assert r.stderr == "to stderr\n"
     assert (sandbox.work / "out.txt").read_text() == "hello\n"
 
 

@@ -423,8 +423,9 @@ def boot_bytecode(boot_path: str = SANDBOX_BOOT) -> bytes:
     version refuses it): use it when the runtime's interpreter is sandcell's own, else run the
     ``.py``. Tracebacks name ``boot_path``.
     """
-    import importlib.util  # noqa: PLC0415 - only the hosts that precompile pay for it
-    import marshal  # noqa: PLC0415
+    # Imported here: only the hosts that precompile pay for them.
+    import importlib.util
+    import marshal
 
     source = BOOT_SCRIPT.read_bytes()
     code = compile(source, boot_path, "exec", dont_inherit=True)
