@@ -235,6 +235,9 @@ class LandlockPlan:
     read_only: tuple[str, ...]
     read_write: tuple[str, ...]
     abi: int
+    list_dirs: tuple[str, ...] = ()
+    """Directories whose listing (only) is allowed, beneath them too: ``/`` so that ``ls /`` works;
+    reading a file still needs one of the other rules."""
     deny_tcp: bool = True
     scope_signals: bool = True
     scope_abstract_unix: bool = True
@@ -248,6 +251,7 @@ class LandlockPlan:
         _check_paths("read_exec", self.read_exec)
         _check_paths("read_only", self.read_only)
         _check_paths("read_write", self.read_write)
+        _check_paths("list_dirs", self.list_dirs)
 
     @property
     def handled_fs(self) -> int:
@@ -267,6 +271,7 @@ class LandlockPlan:
         handled = self.handled_fs
         merged: dict[str, int] = {}
         for paths, rights in (
+            (self.list_dirs, ACCESS_FS_READ_DIR),
             (self.read_exec, RIGHTS_READ_EXEC),
             (self.read_only, RIGHTS_READ_ONLY),
             (self.read_write, RIGHTS_READ_WRITE),
@@ -292,6 +297,7 @@ class LandlockPlan:
             "read_exec": list(self.read_exec),
             "read_only": list(self.read_only),
             "read_write": list(self.read_write),
+            "list_dirs": list(self.list_dirs),
             "deny_tcp": self.deny_tcp,
             "scope_signals": self.scope_signals,
             "scope_abstract_unix": self.scope_abstract_unix,
@@ -309,6 +315,7 @@ class LandlockPlan:
                 read_exec=tuple(data["read_exec"]),
                 read_only=tuple(data["read_only"]),
                 read_write=tuple(data["read_write"]),
+                list_dirs=tuple(data.get("list_dirs", ())),
                 abi=data["abi"],
                 deny_tcp=bool(data["deny_tcp"]),
                 scope_signals=bool(data["scope_signals"]),
@@ -362,6 +369,7 @@ def build_plan(
         read_exec=_unique(runtime_paths),
         read_only=_unique(read_only),
         read_write=_unique([work_dir, tmp_dir, *DEV_READ_WRITE]),
+        list_dirs=("/",),
         abi=abi,
         required=required,
     )

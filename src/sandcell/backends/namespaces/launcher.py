@@ -239,7 +239,10 @@ def launch(
             break
     if stopped_by:
         on_kill()
-        _kill(sandbox_pid, proc)
+        # With a workspace helper, ``proc`` is the helper and its process group holds it: killing
+        # that group would lose bwrap's status (and the workspace to export from). Killing the
+        # sandbox init is enough: bwrap then exits and the helper reports its status.
+        _kill(sandbox_pid, proc if helper is None else None)
     if helper is None:
         # The init of the sandbox is gone once its pipes are closed; reap bwrap (bounded).
         status, rusage = _reap(proc)
@@ -324,12 +327,13 @@ def _decode(status: int) -> tuple[int | None, int | None]:
     return code, None
 
 
-def _kill(sandbox_pid: int, proc: subprocess.Popen[bytes]) -> None:
+def _kill(sandbox_pid: int, proc: subprocess.Popen[bytes] | None) -> None:
     # SIGKILL to the init of the pid namespace kills every process in it.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(sandbox_pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    if proc is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage | None]:
