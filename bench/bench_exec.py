@@ -1,4 +1,4 @@
-"""Benchmark: what a fresh sandcell sandbox costs per run, against baselines measured in the same run.
+"""Benchmark: what a fresh sandcell sandbox costs per run, against same-run baselines.
 
 Usage::
 
@@ -252,8 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--runs",
         type=int,
-        default=50,
-        help="measured rounds for the no-op (the CPU loop gets N/2, pandas N/5; default 50)",
+        default=80,
+        help="measured rounds for the no-op (the CPU loop gets N/2, pandas N/5; default 80)",
     )
     ap.add_argument(
         "--throughput-runs", type=int, default=100, help="runs per throughput measurement"
@@ -297,7 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_latency(name, code, s)
 
         print(f"\n== throughput: fresh no-op runs, {args.throughput_runs} per cell")
-        print(f"{'concurrency':<13}{'bwrap runs/s':>14}{'sandcell runs/s':>17}{'sandcell/bwrap':>16}")
+        head = ("concurrency", "bwrap runs/s", "sandcell runs/s", "sandcell/bwrap")
+        print(f"{head[0]:<13}{head[1]:>14}{head[2]:>17}{head[3]:>16}")
         for c in (1, 2):
             tp = throughput(ex, total=args.throughput_runs, concurrency=c)
             ratio = tp["sandcell"] / tp["bwrap"]

@@ -96,6 +96,15 @@ def test_bash_success(sandbox: Sandbox) -> None:
     assert r["stdout"] == "42\n"
 
 
+def test_exit_status_above_128_is_an_error_not_a_signal(sandbox: Sandbox) -> None:
+    # A program that exits with 137 was not killed by SIGKILL: the outcome must say so (the
+    # JSON outcome is documented as authoritative where the CLI exit status is ambiguous).
+    r = sandbox.run("import sys\nsys.exit(137)")
+    assert (r["outcome"], r["exit_code"], r["signal"]) == ("error", 137, None), r
+    r = sandbox.run("exit 130", lang="bash")
+    assert (r["outcome"], r["exit_code"], r["signal"]) == ("error", 130, None), r
+
+
 def test_killed_by_signal(sandbox: Sandbox) -> None:
     r = sandbox.run("import os\nprint('dying', flush=True)\nos.kill(os.getpid(), 9)")
     assert r["outcome"] == "killed"
@@ -274,6 +283,13 @@ def test_stdout_cap(sandbox: Sandbox) -> None:
     assert set(str(r["stdout"])) <= {"x", "\n"}
 
 
+def test_output_exactly_at_the_cap_is_kept_whole(sandbox: Sandbox) -> None:
+    r = sandbox.run("import sys\nsys.stdout.write('x' * 1000)", stdout_bytes=1000)
+    assert r["outcome"] == "ok", r
+    assert r["stdout_truncated"] is False
+    assert r["stdout"] == "x" * 1000
+
+
 def test_stderr_cap_is_independent_of_stdout(sandbox: Sandbox) -> None:
     r = sandbox.run(
         "import sys\nprint('small', flush=True)\n"
@@ -355,6 +371,7 @@ def test_max_file_size(sandbox: Sandbox) -> None:
             try:
                 for _ in range(8):  # 2 MiB
                     os.write(fd, chunk)
+                    print(json.dumps({"size": os.fstat(fd).st_size}), flush=True)
             except OSError as exc:
                 error = exc.errno
             print(json.dumps({"errno": error, "size": os.fstat(fd).st_size}), flush=True)
@@ -362,13 +379,17 @@ def test_max_file_size(sandbox: Sandbox) -> None:
         ),
         max_file_mb=1,
     )
+    sizes = [json.loads(line)["size"] for line in str(r["stdout"]).splitlines()]
+    assert sizes, r
+    # Whichever way the write is stopped, no more than the limit was ever written.
+    assert max(sizes) <= MiB, sizes
     if r["outcome"] == "killed":
         assert r["signal"] == 25, r  # SIGXFSZ
         return
     assert r["outcome"] == "ok", r
     seen = _seen(r)
     assert seen["errno"] == 27, seen  # EFBIG
-    assert seen["size"] <= MiB, seen
+    assert seen["size"] == MiB, seen
 
 
 def test_max_file_size_bash_is_killed_or_refused(sandbox: Sandbox) -> None:

@@ -121,6 +121,8 @@ class Attack:
         """Assert the attack ran to its end, nothing got through and every attempt was blocked."""
         out = str(result.get("stdout", ""))
         where = f"[{self.identity}] "
+        if os.environ.get("SANDCELL_ESCAPE_SHOW"):  # pytest -s: see every verdict
+            print(f"\n{where}{_show(result)}")
         assert "BREACH" not in out, where + "ESCAPE: " + _show(result)
         assert "UNEXPECTED" not in out, where + "an attempt failed oddly: " + _show(result)
         assert result.get("outcome") == outcome, where + "wrong outcome: " + _show(result)
@@ -275,8 +277,8 @@ def unix_listener_factory() -> Iterator[object]:
 
     def make(address: str | bytes) -> Listener:
         lst = _listener(socket.AF_UNIX, socket.SOCK_STREAM, address)
-        if isinstance(address, str):
-            os.chmod(address, 0o777)
+        if isinstance(address, str) and not address.startswith("\0"):
+            os.chmod(address, 0o777)  # so that the user identity could connect, were it visible
         made.append(lst)
         return lst
 

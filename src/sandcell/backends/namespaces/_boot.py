@@ -44,6 +44,7 @@ _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _S_IFMT = 0o170000
 _S_IFDIR = 0o040000
+_SCOPE_SIGNAL = 2  # LANDLOCK_SCOPE_SIGNAL
 _PY_FILE_INPUT = 257
 
 
@@ -284,6 +285,42 @@ def _run_python(script: str, args: list[str]) -> None:
         raise SystemExit(1)
 
 
+def _supervise(child: int, status_fd: int) -> NoReturn:
+    """Wait for the program, report its raw wait status, and exit as it did."""
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(_BOOT_FAILED)
+    try:
+        os.write(status_fd, f"W{status}\n".encode())
+    except OSError:
+        pass
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def _scope_signals() -> None:
+    """A nested Landlock domain that only scopes signals: the program can no longer signal the
+    boot's supervising process, which sits in the enclosing domain."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (0).to_bytes(8, "little") * 2 + _SCOPE_SIGNAL.to_bytes(8, "little")
+    fd = libc.syscall(
+        ctypes.c_long(_SYS_CREATE_RULESET), attr, ctypes.c_size_t(24), ctypes.c_uint32(0)
+    )
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset (signal scope)")
+    try:
+        if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)):
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self (signal scope)")
+    finally:
+        os.close(fd)
+
+
 def _exec(argv: list[str]) -> NoReturn:
     try:
         os.execv(argv[0], argv)  # an argv, no shell involved
@@ -319,9 +356,20 @@ def _main(argv: list[str]) -> None:
     if status_fd is not None:
         try:
             os.write(status_fd, b"1")
-            os.close(status_fd)
         except OSError as exc:
             _fail(f"status descriptor {status_fd}: {exc}")
+        # The program runs in a child; this process stays, trusted and idle, to report how the
+        # program really ended (an exit status of 137 and death by SIGKILL look the same to
+        # bwrap). The status descriptor never reaches the program.
+        child = os.fork()
+        if child:
+            _supervise(child, status_fd)
+        os.close(status_fd)
+        if landlock is not None and landlock["ruleset"]["scoped"] & _SCOPE_SIGNAL:
+            try:
+                _scope_signals()
+            except Exception as exc:
+                _fail(f"landlock: {exc}")
 
     if mode == "exec":
         _exec(target)

@@ -207,6 +207,7 @@ def launch(
     out, err = bytearray(), bytearray()
     out_trunc = err_trunc = False
     started = False
+    status_bytes = b""
     stopped_by: str | None = None
     open_fds = {out_fd: "stdout", err_fd: "stderr", pipes.status_r: "status"}
     while open_fds:
@@ -223,6 +224,7 @@ def launch(
                 continue
             if kind == "status":
                 started = True
+                status_bytes += chunk
             elif kind == "stdout":
                 room = stdout_cap - len(out)
                 out += chunk[: max(room, 0)]
@@ -259,7 +261,8 @@ def launch(
         finally:
             helper.release()
             _reap(proc)
-    code, sig = _decode(status)
+    reported = _reported_status(status_bytes)
+    code, sig = _decode(status) if reported is None else _decode_wait(reported)
     return Launched(
         started=started,
         exit_code=code,
@@ -317,7 +320,25 @@ class HelperChannel:
                 os.close(fd)
 
 
+def _reported_status(data: bytes) -> int | None:
+    """The program's wait status as the boot's supervising process reported it, if it did."""
+    _, marker, rest = data.partition(b"W")
+    if not marker or not rest.endswith(b"\n"):
+        return None
+    try:
+        return int(rest)
+    except ValueError:
+        return None
+
+
+def _decode_wait(status: int) -> tuple[int | None, int | None]:
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), None
+
+
 def _decode(status: int) -> tuple[int | None, int | None]:
+    """Fallback when the boot could not report (it was killed): bwrap's own exit status."""
     if os.WIFSIGNALED(status):
         return None, os.WTERMSIG(status)
     code = os.WEXITSTATUS(status)

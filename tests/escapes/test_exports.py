@@ -1,0 +1,249 @@
+"""Escapes through the export of files: the workspace is prepared by hostile code, then sandcell
+copies the requested files out. Only regular files leave, as plain bytes, within the caps; links,
+FIFOs, devices, sockets, hostile names and oversized files are rejected with a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .conftest import Attack
+
+PREPARED = "PREPARED"
+
+
+def _artifacts(res: dict[str, object]) -> list[dict[str, object]]:
+    return list(res["artifacts"])  # type: ignore[call-overload]
+
+
+def _rejected(res: dict[str, object]) -> dict[str, str]:
+    return {str(r["path"]): str(r["reason"]) for r in res["rejected_exports"]}  # type: ignore[attr-defined,index]
+
+
+def _stored(attack: Attack, sha: str) -> Path:
+    return attack.home / "artifacts" / sha[:2] / sha[2:]
+
+
+def _exported_contents(attack: Attack, res: dict[str, object]) -> list[bytes]:
+    return [_stored(attack, str(a["sha256"])).read_bytes() for a in _artifacts(res)]
+
+
+def _prepared(attack: Attack, res: dict[str, object]) -> str:
+    out = str(res["stdout"])
+    if os.environ.get("SANDCELL_ESCAPE_SHOW"):
+        print(f"\n[{attack.identity}] {out}artifacts={res['artifacts']}")
+        print(f"rejected={res['rejected_exports'][:6]}")  # type: ignore[index]
+    assert res["outcome"] == "ok", f"[{attack.identity}] {res['reason']}: {res['stderr']}"
+    assert PREPARED in out, f"[{attack.identity}] the workspace was not prepared: {res}"
+    assert "BREACH" not in out, f"[{attack.identity}] ESCAPE: {out}"
+    return out
+
+
+def test_blocks_export_of_symlink_to_etc_passwd(attack: Attack) -> None:
+    body = f"""
+    os.mkdir("out")
+    os.symlink("/etc/passwd", "out/passwd.txt")
+    os.symlink("/etc", "out/etc")
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*", "out/etc/*"])
+    _prepared(attack, res)
+    assert _artifacts(res) == [], f"[{attack.identity}] ESCAPE: {res['artifacts']}"
+    rejected = _rejected(res)
+    assert "symbolic link" in rejected.get("out/passwd.txt", ""), rejected
+
+
+def test_blocks_export_of_symlink_to_host_file(attack: Attack, tmp_path: Path) -> None:
+    """Links to host paths (a file, a directory) that exist on the host but not in the sandbox:
+    the exporter, working on the host, must not follow them."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host secret: BREACH\n")
+    secret.chmod(0o644)
+    body = f"""
+    os.mkdir("out")
+    os.symlink({str(secret)!r}, "out/report.txt")
+    os.symlink({str(tmp_path)!r}, "hostdir")
+    os.symlink("/", "rootdir")
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*", "hostdir/*", "rootdir/etc/*", "**/*.txt"])
+    _prepared(attack, res)
+    contents = _exported_contents(attack, res)
+    assert not any(b"host secret" in c for c in contents), f"[{attack.identity}] ESCAPE"
+    assert _artifacts(res) == [], res["artifacts"]
+    assert "symbolic link" in _rejected(res).get("out/report.txt", ""), res["rejected_exports"]
+
+
+def test_blocks_export_of_hard_link(attack: Attack) -> None:
+    """A hard link into the workspace from /tmp fails (another filesystem); two names for one file
+    inside the workspace are both refused (a link count above one may mean a host file)."""
+    body = f"""
+    with open("/tmp/elsewhere.txt", "w") as f:
+        f.write("from /tmp")
+    os.mkdir("out")
+    attempt("hard link /tmp -> workspace", lambda: os.link("/tmp/elsewhere.txt", "out/linked.txt") or "linked",
+            ok=(errno.EXDEV,))
+    attempt("hard link /usr -> workspace", lambda: os.link("/usr/bin/env", "out/env") or "linked",
+            ok=(errno.EXDEV, errno.EPERM, errno.EACCES))
+    with open("out/a.txt", "w") as f:
+        f.write("twice")
+    os.link("out/a.txt", "out/b.txt")
+    print("nlink", os.stat("out/a.txt").st_nlink)
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*"])
+    out = _prepared(attack, res)
+    assert out.count("blocked:") == 2 and "UNEXPECTED" not in out, out
+    assert "nlink 2" in out, out
+    assert _artifacts(res) == [], f"[{attack.identity}] a hard-linked file was exported"
+    rejected = _rejected(res)
+    for name in ("out/a.txt", "out/b.txt"):
+        assert "hard link" in rejected.get(name, ""), rejected
+
+
+def test_blocks_export_of_fifo(attack: Attack) -> None:
+    """A FIFO with no writer would block a naive reader forever; the run must end and the FIFO be
+    refused."""
+    body = f"""
+    os.mkdir("out")
+    os.mkfifo("out/results.csv")
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*"], wall_time_s=20)
+    _prepared(attack, res)
+    assert _artifacts(res) == []
+    assert "named pipe" in _rejected(res).get("out/results.csv", ""), res["rejected_exports"]
+
+
+def test_blocks_export_of_socket_file(attack: Attack) -> None:
+    body = f"""
+    os.mkdir("out")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind("out/data.sock")
+    s.listen(1)
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*"])
+    _prepared(attack, res)
+    assert _artifacts(res) == []
+    assert "socket" in _rejected(res).get("out/data.sock", ""), res["rejected_exports"]
+
+
+def test_blocks_export_of_device_node(attack: Attack) -> None:
+    body = f"""
+    os.mkdir("out")
+    for name, dev in (("null", os.makedev(1, 3)), ("mem", os.makedev(1, 1)), ("sda", os.makedev(8, 0))):
+        kind = stat.S_IFCHR if name != "sda" else stat.S_IFBLK
+        attempt(f"mknod out/{{name}}", lambda: os.mknod(f"out/{{name}}", kind | 0o666, dev) or "created",
+                ok=(errno.EPERM, errno.EACCES))
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*"])
+    out = _prepared(attack, res)
+    assert out.count("blocked:") == 3 and "UNEXPECTED" not in out, out
+    assert _artifacts(res) == [], f"[{attack.identity}] ESCAPE: a device node was exported"
+
+
+def test_blocks_setuid_bit_on_export(attack: Attack) -> None:
+    """A setuid (setgid, sticky, executable) file is exported as bytes: the stored copy is 0644."""
+    body = f"""
+    os.mkdir("out")
+    with open("out/tool", "w") as f:
+        f.write("#!/bin/sh\\nid\\n")
+    os.chmod("out/tool", 0o7755)
+    print("mode", oct(stat.S_IMODE(os.stat("out/tool").st_mode)))
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*"])
+    _prepared(attack, res)
+    arts = _artifacts(res)
+    assert [a["path"] for a in arts] == ["out/tool"], res
+    stored = _stored(attack, str(arts[0]["sha256"]))
+    mode = stat.S_IMODE(stored.stat().st_mode)
+    assert mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX) == 0, oct(mode)
+    assert mode & 0o111 == 0, oct(mode)
+    assert mode == 0o644, oct(mode)
+    assert stored.read_bytes() == b"#!/bin/sh\nid\n"
+
+
+def test_blocks_export_of_huge_sparse_file(attack: Attack) -> None:
+    """A 10 GiB sparse file (allowed by a raised file-size limit) is refused from its size, never
+    read; the run and the export finish."""
+    body = f"""
+    os.mkdir("out")
+    try:
+        with open("out/huge.bin", "wb") as f:
+            f.truncate(10 << 30)
+        print("size", os.stat("out/huge.bin").st_size)
+    except OSError as exc:
+        blocked("make a 10 GiB sparse file", errname(exc))
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*"], max_file_mb=16384)
+    out = _prepared(attack, res)
+    assert _artifacts(res) == [], f"[{attack.identity}] a 10 GiB file was exported"
+    if "blocked:" not in out:
+        reason = _rejected(res).get("out/huge.bin", "")
+        assert "over the per-file cap" in reason, res["rejected_exports"]
+
+
+def test_blocks_hostile_export_names(attack: Attack) -> None:
+    """Names with a newline, an escape sequence or invalid UTF-8 are refused and shown escaped; a
+    name starting with '-' is harmless and exported as is."""
+    body = f"""
+    os.mkdir("out")
+    for raw in (b"out/evil\\nname.txt", b"out/\\x1b[31mred\\x1b[0m.txt", b"out/bad\\xff.txt",
+                b"out/\\xc2\\x9bcsi.txt", b"out/-rf.txt"):
+        fd = os.open(raw, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, raw)
+        os.close(fd)
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/*"])
+    _prepared(attack, res)
+    arts = _artifacts(res)
+    assert [a["path"] for a in arts] == ["out/-rf.txt"], arts
+    rejected = _rejected(res)
+    assert len(rejected) == 4, rejected
+    for path, reason in rejected.items():
+        assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in path), repr(path)
+        assert "\udcff" not in path and "\ufffd" not in path, repr(path)
+        assert "control character" in reason or "UTF-8" in reason, (path, reason)
+    assert "out/bad\\xff.txt" in rejected, rejected
+    assert "out/evil\\x0aname.txt" in rejected, rejected
+
+
+def test_blocks_export_of_thousands_of_files(attack: Attack) -> None:
+    body = f"""
+    os.mkdir("many")
+    for i in range(3000):
+        with open(f"many/f{{i:04d}}.txt", "w") as f:
+            f.write(str(i))
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["many/*"])
+    _prepared(attack, res)
+    arts = _artifacts(res)
+    rejected = _rejected(res)
+    assert len(arts) == 100, len(arts)
+    assert len(rejected) == 2900, len(rejected)
+    assert all("max_files" in r for r in rejected.values())
+    assert [a["path"] for a in arts] == [f"many/f{i:04d}.txt" for i in range(100)]
+
+
+def test_blocks_export_escaping_workspace_by_directory_swap(attack: Attack) -> None:
+    """A directory named by the globs is really a link to the host's root (then to /etc): the walk
+    must not descend into it."""
+    body = f"""
+    os.symlink("/", "out")
+    os.symlink("/etc", "reports")
+    print({PREPARED!r})
+    """
+    res = attack.run(body, exports=["out/etc/passwd", "out/**", "reports/*"])
+    _prepared(attack, res)
+    assert _artifacts(res) == [], f"[{attack.identity}] ESCAPE: {res['artifacts']}"
+    assert os.path.exists("/etc/passwd")  # the host file the globs were after

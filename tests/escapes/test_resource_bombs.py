@@ -1,0 +1,205 @@
+"""Resource bombs: processes, memory, disk, inodes, output and time are capped by the kernel, the run
+ends with the right outcome, and nothing of it outlives the run on the host.
+
+Processes started by an attack carry a unique marker in their command line (``argv[0]``), so the
+host can look for survivors after the run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .conftest import processes_with
+
+if TYPE_CHECKING:
+    from .conftest import Attack
+
+MiB = 1024 * 1024
+
+
+def _survivors(token: str, grace_s: float = 5.0) -> list[str]:
+    """Host processes still carrying the marker once the run is over (after a short grace for the
+    kernel to finish tearing down the namespace)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = processes_with(token)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def test_blocks_fork_bomb(attack: Attack, token: str) -> None:
+    """Fork until the kernel refuses; the children (sleepers) die with the run."""
+    body = f"""
+    import time
+    n = 0
+    for n in range(1, 1001):
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            blocked(f"fork number {{n}}", errname(exc))
+            break
+        if pid == 0:
+            try:
+                os.execv("/bin/sleep", ["sleep-{token}", "30"])
+            finally:
+                os._exit(1)
+    else:
+        breach("1000 processes forked without a refusal")
+    """
+    res = attack.run(body, max_pids=16)
+    out = attack.expect_blocked(res, attempts=1)
+    assert "EAGAIN" in out, out
+    assert not _survivors(token), f"[{attack.identity}] processes outlived the run"
+
+
+@pytest.mark.slow
+def test_blocks_shell_fork_bomb(attack: Attack, token: str) -> None:
+    """The classic ``f(){ f|f & }; f``: the process count stays at the cap, the host is untouched."""
+    body = f"""
+    import subprocess, time
+    subprocess.Popen(["/bin/bash", "-c", ": {token}; f(){{ f | f & }}; f"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2)
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    if len(pids) > 40:
+        breach(f"{{len(pids)}} processes alive in the sandbox")
+    else:
+        blocked("grow past the process cap", f"{{len(pids)}} processes alive")
+    sys.stdout.flush()
+    os._exit(0)
+    """
+    res = attack.run(body, max_pids=24, wall_time_s=20)
+    out = str(res["stdout"])
+    assert "BREACH" not in out, res
+    assert "blocked: grow past the process cap" in out, res
+    assert res["outcome"] in ("ok", "timeout"), res
+    assert not _survivors(token), f"[{attack.identity}] fork bomb processes outlived the run"
+
+
+def test_blocks_memory_bomb(attack: Attack) -> None:
+    body = """
+    print("bomb: allocating", flush=True)
+    hoard = []
+    for i in range(64):
+        hoard.append(b"\\x01" * (16 << 20))  # touched pages, not a lazy calloc
+    breach(f"allocated {len(hoard) * 16} MiB under a 64 MiB limit")
+    """
+    res = attack.run(body, memory_mb=64)
+    out = str(res["stdout"])
+    assert "bomb: allocating" in out, res
+    assert "BREACH" not in out, f"[{attack.identity}] ESCAPE: {res}"
+    assert res["outcome"] == "memory_limit", res
+
+
+def test_blocks_workspace_disk_fill(attack: Attack) -> None:
+    body = """
+    written = 0
+    chunk = b"\\x01" * (1 << 20)
+    try:
+        for i in range(256):
+            with open(f"fill-{i}.bin", "wb") as f:
+                for _ in range(4):
+                    f.write(chunk)
+                    f.flush()
+                    written += 1
+    except OSError as exc:
+        blocked(f"fill the workspace (after {written} MiB)", errname(exc))
+    if written > 24:
+        breach(f"{written} MiB written into a 16 MiB workspace")
+    """
+    res = attack.run(body, workspace_mb=16)
+    out = attack.expect_blocked(res, attempts=1)
+    assert "ENOSPC" in out, out
+
+
+def test_blocks_workspace_inode_fill(attack: Attack) -> None:
+    body = """
+    made = 0
+    try:
+        for made in range(100_000):
+            os.close(os.open(f"i{made}", os.O_CREAT | os.O_WRONLY, 0o644))
+    except OSError as exc:
+        blocked(f"create files (after {made})", errname(exc))
+    if made > 20_000:
+        breach(f"{made} files created in a workspace capped at 16384 inodes")
+    """
+    res = attack.run(body)
+    out = attack.expect_blocked(res, attempts=1)
+    assert "ENOSPC" in out, out
+
+
+def test_blocks_tmp_disk_fill(attack: Attack) -> None:
+    body = """
+    written = 0
+    chunk = b"\\x01" * (1 << 20)
+    try:
+        for i in range(512):
+            with open(f"/tmp/fill-{i}.bin", "wb") as f:
+                for _ in range(4):
+                    f.write(chunk)
+                    f.flush()
+                    written += 1
+    except OSError as exc:
+        blocked(f"fill /tmp (after {written} MiB)", errname(exc))
+    if written > 96:
+        breach(f"{written} MiB written into a 64 MiB /tmp")
+    """
+    res = attack.run(body)
+    out = attack.expect_blocked(res, attempts=1)
+    assert "ENOSPC" in out, out
+
+
+def test_blocks_stdout_flood(attack: Attack) -> None:
+    body = """
+    print("flood: start", flush=True)
+    block = "A" * 65536
+    for _ in range(10_000):
+        sys.stdout.write(block)
+    breach("640 MiB of output went through")
+    """
+    res = attack.run(body, stdout_bytes=65536)
+    out = str(res["stdout"])
+    assert out.startswith("flood: start"), res["reason"]
+    assert "BREACH" not in out
+    assert res["outcome"] == "output_limit", res["reason"]
+    assert res["stdout_truncated"] is True
+    assert len(out.encode()) <= 65536
+
+
+def test_blocks_stderr_flood(attack: Attack) -> None:
+    body = """
+    block = "E" * 65536
+    for _ in range(10_000):
+        sys.stderr.write(block)
+    breach("640 MiB of error output went through")
+    """
+    res = attack.run(body, stderr_bytes=65536)
+    assert "BREACH" not in str(res["stdout"])
+    assert res["outcome"] == "output_limit", res["reason"]
+    assert res["stderr_truncated"] is True
+    assert len(str(res["stderr"]).encode()) <= 65536
+
+
+@pytest.mark.slow
+def test_blocks_infinite_loop(attack: Attack, token: str) -> None:
+    """A busy loop with a long sleeper child: the run ends at the wall limit and the whole process
+    tree is gone."""
+    body = f"""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execv("/bin/sleep", ["sleep-{token}", "1000"])
+        finally:
+            os._exit(1)
+    print("loop: start", flush=True)
+    while True:
+        pass
+    """
+    res = attack.run(body, wall_time_s=2)
+    assert "loop: start" in str(res["stdout"]), res
+    assert res["outcome"] == "timeout", res["reason"]
+    assert not _survivors(token), f"[{attack.identity}] the sleeper outlived the run"

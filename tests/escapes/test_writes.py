@@ -1,0 +1,169 @@
+"""Escapes by writing outside the workspace: the runtime, the root, /etc, the control directory and
+the inputs are read-only; only the workspace (the working directory) and the private /tmp take
+writes.
+
+Every write attempt is harmless if it got through: it creates a new, uniquely named entry, opens an
+existing file for appending without writing, or sets a mode to the value it already has. The test
+removes anything that appeared on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from .conftest import Attack
+
+VENV = os.path.abspath(sys.prefix)
+
+
+def _write_attempts(directory: str, existing: str | None, token: str) -> str:
+    """Attack body: create a file, make a directory, append to and chmod an existing file."""
+    return f"""
+    d = {directory!r}
+    ok = (errno.EROFS, errno.EACCES, errno.EPERM)
+    def create():
+        fd = os.open(os.path.join(d, {token!r}), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"BREACH\\n")
+        os.close(fd)
+        return "created"
+    attempt(f"create a file in {{d}}", create, ok=ok)
+    attempt(f"make a directory in {{d}}", lambda: os.mkdir(os.path.join(d, {token!r} + ".d")) or "made", ok=ok)
+    attempt(f"create a symlink in {{d}}", lambda: os.symlink("/", os.path.join(d, {token!r} + ".l")) or "made", ok=ok)
+    existing = {existing!r}
+    if existing is not None:
+        def append():
+            fd = os.open(existing, os.O_WRONLY | os.O_APPEND)
+            os.close(fd)
+            return "opened for writing"
+        attempt(f"open {{existing}} for writing", append, ok=ok)
+        mode = stat.S_IMODE(os.stat(existing).st_mode)
+        attempt(f"chmod {{existing}}", lambda: os.chmod(existing, mode) or "chmod done", ok=ok)
+        attempt(f"rename {{existing}}", lambda: os.rename(existing, existing) or "renamed", ok=ok)
+    """
+
+
+def _host_cleanup(directory: str, token: str) -> list[str]:
+    """Remove what a breach left on the host; returns what was there."""
+    left = []
+    for suffix in ("", ".d", ".l"):
+        p = Path(directory) / (token + suffix)
+        if p.is_symlink() or p.exists():
+            left.append(str(p))
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    return left
+
+
+def _site_packages() -> str:
+    return next(p for p in sys.path if p.startswith(VENV + "/") and p.endswith("site-packages"))
+
+
+TARGETS = {
+    "usr": ("/usr", "/usr/bin/env"),
+    "usr_bin": ("/usr/bin", "/usr/bin/env"),
+    "venv": (VENV, os.path.join(VENV, "pyvenv.cfg")),
+    "venv_site_packages": ("<site-packages>", None),
+    "root_dir": ("/", None),
+    "etc": ("/etc", "/etc/passwd"),
+    "control_dir": ("/sandcell", "/sandcell/main.py"),
+}
+
+
+@pytest.mark.parametrize("target", list(TARGETS), ids=list(TARGETS))
+def test_blocks_write_outside_workspace(attack: Attack, token: str, target: str) -> None:
+    directory, existing = TARGETS[target]
+    if directory == "<site-packages>":
+        directory = _site_packages()
+        existing = os.path.join(directory, "sandcell", "__init__.py")
+        if not os.path.exists(existing):
+            existing = None
+    attempts = 3 + (3 if existing else 0)
+    left: list[str] = []
+    try:
+        res = attack.run(_write_attempts(directory, existing, token))
+        attack.expect_blocked(res, attempts=attempts)
+    finally:
+        if directory != "/sandcell":
+            left = _host_cleanup(directory, token)
+    assert not left, f"[{attack.identity}] ESCAPE: the sandbox wrote {left} on the host"
+
+
+def test_blocks_write_to_inputs(attack: Attack, tmp_path: Path, token: str) -> None:
+    src = tmp_path / "data"
+    src.mkdir()
+    (src / "table.csv").write_text("a,b\n1,2\n")
+    src.chmod(0o777)  # writable on the host by anyone: only the sandbox's mount may stop writes
+    (src / "table.csv").chmod(0o666)
+    single = tmp_path / "single.txt"
+    single.write_text("hello\n")
+    single.chmod(0o666)
+    body = _write_attempts("/inputs/data", "/inputs/data/table.csv", token) + """
+    def overwrite():
+        with open("/inputs/single.txt", "w") as f:
+            f.write("BREACH")
+        return "overwritten"
+    attempt("overwrite /inputs/single.txt", overwrite, ok=(errno.EROFS, errno.EACCES, errno.EPERM))
+    attempt("create a file in /inputs", lambda: open("/inputs/new.txt", "w") and "created",
+            ok=(errno.EROFS, errno.EACCES, errno.EPERM))
+    attempt("remove /inputs/single.txt", lambda: os.unlink("/inputs/single.txt") or "removed",
+            ok=(errno.EROFS, errno.EACCES, errno.EPERM, errno.EBUSY))
+    """
+    res = attack.run(body, inputs=[src, single])
+    attack.expect_blocked(res, attempts=6 + 3)
+    assert single.read_text() == "hello\n"
+    assert (src / "table.csv").read_text() == "a,b\n1,2\n"
+    assert sorted(p.name for p in src.iterdir()) == ["table.csv"]
+
+
+def test_blocks_fifo_in_input_dir(attack: Attack, tmp_path: Path) -> None:
+    """A FIFO in an input directory, read by a host process, must not become a way to write out."""
+    src = tmp_path / "shared"
+    src.mkdir(mode=0o755)
+    fifo = src / "pipe"
+    os.mkfifo(fifo, 0o666)
+    fifo.chmod(0o666)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a host reader is there
+    try:
+        body = """
+        def write():
+            fd = os.open("/inputs/shared/pipe", os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                return os.write(fd, b"BREACH through a FIFO")
+            finally:
+                os.close(fd)
+        attempt("write to a host FIFO in an input", write)
+        """
+        res = attack.run(body, inputs=[src])
+        attack.expect_blocked(res, attempts=1)
+        with contextlib.suppress(BlockingIOError):
+            got = os.read(reader, 4096)
+            assert not got, f"[{attack.identity}] ESCAPE: the host read {got!r} from the FIFO"
+    finally:
+        os.close(reader)
+
+
+def test_allows_writes_to_tmp_and_workspace(attack: Attack) -> None:
+    """The control: the two writable places do take writes (so the blocks above mean something)."""
+    body = """
+    for d in ("/tmp", os.getcwd()):
+        p = os.path.join(d, "probe.txt")
+        with open(p, "w") as f:
+            f.write("ok")
+        os.mkdir(os.path.join(d, "sub"))
+        print("wrote", p, open(p).read(), flush=True)
+    print("cwd", os.getcwd())
+    """
+    res = attack.run(body)
+    assert res["outcome"] == "ok", res
+    out = str(res["stdout"])
+    assert "wrote /tmp/probe.txt ok" in out and "wrote /sandbox/probe.txt ok" in out, res
