@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from sandcell import Executor, IsolationMode, Limits, RunRequest, input_from_path, result_to_dict
+from sandcell import (
+    ConfigError,
+    Executor,
+    IsolationMode,
+    Limits,
+    RunRequest,
+    input_from_path,
+    result_to_dict,
+)
 from sandcell.spec import MiB
 
 UNPRIV_USER = os.environ.get("SANDCELL_TEST_USER", "sandcell-test")
@@ -111,7 +119,7 @@ def run_as_user(
     """``sandcell ARGS`` as the unprivileged user, with a clean environment."""
     cmd = [
         "runuser", "-u", env.user, "--", "env", "-i",
-        f"PATH=/usr/bin:/bin", f"HOME={env.home}", f"PYTHONPATH={env.pythonpath}",
+        "PATH=/usr/bin:/bin", f"HOME={env.home}", f"PYTHONPATH={env.pythonpath}",
         f"SANDCELL_HOME={env.home}", f"SANDCELL_RUNS={env.runs}",
         env.python, "-m", "sandcell", *args,
     ]  # fmt: skip
@@ -216,6 +224,9 @@ def sandbox(
             stdin_file.chmod(0o644)
             args += ["--stdin", str(stdin_file)]
         proc = run_as_user(env, args)
+        if proc.returncode == 78 and not proc.stdout:
+            # The CLI's "refused before running" status: the same error the API raises.
+            raise ConfigError(proc.stderr.decode(errors="replace").strip())
         try:
             out: dict[str, object] = json.loads(proc.stdout)
         except json.JSONDecodeError:

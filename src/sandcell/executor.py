@@ -23,6 +23,7 @@ from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports, val
 from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend, BackendResult
 from sandcell.errors import InfraError
+from sandcell.inputs import inspect_inputs
 from sandcell.runtimes import runtime_for
 from sandcell.spec import (
     Artifact,
@@ -46,30 +47,6 @@ def _now() -> str:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _hash_path(path: Path) -> dict[str, object]:
-    """Content hash of an input: a file's bytes, or a manifest of a directory's regular files."""
-    if path.is_file():
-        h = hashlib.sha256()
-        size = 0
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-                size += len(chunk)
-        return {"kind": "file", "sha256": h.hexdigest(), "size": size}
-    manifest = hashlib.sha256()
-    count = 0
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            p = Path(root) / name
-            if p.is_symlink() or not p.is_file():
-                continue
-            sub = _hash_path(p)
-            manifest.update(f"{p.relative_to(path)}\0{sub['sha256']}\n".encode())
-            count += 1
-    return {"kind": "directory", "sha256": manifest.hexdigest(), "files": count}
 
 
 class Executor:
@@ -122,6 +99,7 @@ class Executor:
     def run(self, request: RunRequest) -> RunResult:
         """Run one program in a fresh sandbox. Outcomes are results; only misuse raises."""
         globs = validate_globs(request.exports)
+        inputs = inspect_inputs(request.inputs)
         run_id = uuid.uuid4().hex
         started_at = _now()
 
@@ -150,11 +128,15 @@ class Executor:
             reason=br.reason,
             started_at=started_at,
         )
-        self.audit.append(self._record(request, result, br))
+        self.audit.append(self._record(request, result, br, inputs))
         return result
 
     def _record(
-        self, request: RunRequest, result: RunResult, br: BackendResult
+        self,
+        request: RunRequest,
+        result: RunResult,
+        br: BackendResult,
+        inputs: list[dict[str, object]],
     ) -> Mapping[str, object]:
         runtime = runtime_for(request.language)
         enforcement = result.enforcement
@@ -175,10 +157,7 @@ class Executor:
             "limits": asdict(request.limits),
             "mode": request.mode.value,
             "env_names": sorted(request.env),
-            "inputs": [
-                {"name": i.name, "host_path": str(i.host_path), **_hash_path(i.host_path)}
-                for i in request.inputs
-            ],
+            "inputs": inputs,
             "stdin_sha256": _sha256(request.stdin),
             "exports": list(request.exports),
             "outcome": result.outcome.value,

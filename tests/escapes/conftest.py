@@ -1,10 +1,10 @@
 """Helpers for the escape suite: attack programs with visible verdicts, and host-side observers.
 
-Every attack prints one line per attempt: ``blocked: <what> -> <errno>`` when the sandbox stopped it,
-``BREACH <what>`` when it got through, ``UNEXPECTED <what>`` when it failed for a reason that says
-nothing either way (a wrong errno: the call reached a kernel path it should not have). The program
-ends with :data:`END`, so a program that crashed half-way never passes. :meth:`Attack.expect_blocked`
-checks all of that at once and shows the whole run when it fails.
+Every attack prints one line per attempt: ``blocked: <what> -> <errno>`` when the sandbox stopped
+it, ``BREACH <what>`` when it got through, ``UNEXPECTED <what>`` when it failed for a reason that
+says nothing either way (a wrong errno: the call reached a kernel path it should not have). The
+program ends with :data:`END`, so a program that crashed half-way never passes.
+:meth:`Attack.expect_blocked` checks all of that at once and shows the whole run when it fails.
 
 Attacks that only the host can judge (a connection that must not arrive, a process that must
 survive) pair the run with an observer started by the test.
@@ -19,9 +19,10 @@ import socket
 import subprocess
 import textwrap
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,13 +108,15 @@ def _show(result: Mapping[str, object]) -> str:
 class Attack:
     """Runs attack programs in one identity's sandbox."""
 
-    sandbox: object
+    sandbox: Any
+    """The shared ``sandbox`` fixture's runner (tests/conftest.py)."""
     identity: str
     home: Path
 
-    def run(self, body: str, *, raw: bool = False, **kw: object) -> dict[str, object]:
+    def run(self, body: str, *, raw: bool = False, **kw: Any) -> dict[str, object]:
         code = body if raw else attack_code(body)
-        return self.sandbox.run(code, **kw)  # type: ignore[attr-defined,no-any-return]
+        result: dict[str, object] = self.sandbox.run(code, **kw)
+        return result
 
     def expect_blocked(
         self, result: Mapping[str, object], *, attempts: int | None = None, outcome: str = "ok"
@@ -136,12 +139,8 @@ class Attack:
 
 
 @pytest.fixture
-def attack(sandbox: object) -> Attack:
-    return Attack(
-        sandbox=sandbox,
-        identity=sandbox.identity,  # type: ignore[attr-defined]
-        home=sandbox.home,  # type: ignore[attr-defined]
-    )
+def attack(sandbox: Any) -> Attack:
+    return Attack(sandbox=sandbox, identity=sandbox.identity, home=sandbox.home)
 
 
 @pytest.fixture
@@ -156,7 +155,7 @@ def token() -> str:
 @pytest.fixture
 def run_with_host_state(
     attack: Attack, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> object:
+) -> Callable[..., dict[str, object]]:
     """``run(body, env={...}, pass_fds=(...))``: a run whose *sandboxing process* holds the given
     environment variables and inherited descriptors, in both identities.
 
@@ -167,7 +166,7 @@ def run_with_host_state(
     """
 
     def run(
-        body: str, *, env: Mapping[str, str], pass_fds: Sequence[int] = (), **kw: object
+        body: str, *, env: Mapping[str, str], pass_fds: Sequence[int] = (), **kw: Any
     ) -> dict[str, object]:
         if attack.identity == "root":
             for k, v in env.items():
@@ -202,7 +201,7 @@ def run_with_host_state(
     return run
 
 
-# -- host-side observers ----------------------------------------------------------------------------
+# -- host-side observers --------------------------------------------------------------------------
 
 
 @dataclass
@@ -247,7 +246,7 @@ class Listener:
         return self.seen
 
 
-def _listener(family: int, kind: int, address: object) -> Listener:
+def _listener(family: int, kind: int, address: Any) -> Listener:
     sock = socket.socket(family, kind)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(address)
@@ -272,7 +271,7 @@ def udp_listener() -> Iterator[Listener]:
 
 
 @pytest.fixture
-def unix_listener_factory() -> Iterator[object]:
+def unix_listener_factory() -> Iterator[Callable[[str | bytes], Listener]]:
     made: list[Listener] = []
 
     def make(address: str | bytes) -> Listener:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .conftest import Attack
@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 PREPARED = "PREPARED"
 
 
-def _artifacts(res: dict[str, object]) -> list[dict[str, object]]:
-    return list(res["artifacts"])  # type: ignore[call-overload]
+def _artifacts(res: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(res["artifacts"])
 
 
-def _rejected(res: dict[str, object]) -> dict[str, str]:
-    return {str(r["path"]): str(r["reason"]) for r in res["rejected_exports"]}  # type: ignore[attr-defined,index]
+def _rejected(res: dict[str, Any]) -> dict[str, str]:
+    return {str(r["path"]): str(r["reason"]) for r in res["rejected_exports"]}
 
 
 def _stored(attack: Attack, sha: str) -> Path:
@@ -85,9 +85,11 @@ def test_blocks_export_of_hard_link(attack: Attack) -> None:
     with open("/tmp/elsewhere.txt", "w") as f:
         f.write("from /tmp")
     os.mkdir("out")
-    attempt("hard link /tmp -> workspace", lambda: os.link("/tmp/elsewhere.txt", "out/linked.txt") or "linked",
+    attempt("hard link /tmp -> workspace",
+            lambda: os.link("/tmp/elsewhere.txt", "out/linked.txt") or "linked",
             ok=(errno.EXDEV,))
-    attempt("hard link /usr -> workspace", lambda: os.link("/usr/bin/env", "out/env") or "linked",
+    attempt("hard link /usr -> workspace",
+            lambda: os.link("/usr/bin/env", "out/env") or "linked",
             ok=(errno.EXDEV, errno.EPERM, errno.EACCES))
     with open("out/a.txt", "w") as f:
         f.write("twice")
@@ -136,10 +138,12 @@ def test_blocks_export_of_socket_file(attack: Attack) -> None:
 def test_blocks_export_of_device_node(attack: Attack) -> None:
     body = f"""
     os.mkdir("out")
-    for name, dev in (("null", os.makedev(1, 3)), ("mem", os.makedev(1, 1)), ("sda", os.makedev(8, 0))):
-        kind = stat.S_IFCHR if name != "sda" else stat.S_IFBLK
-        attempt(f"mknod out/{{name}}", lambda: os.mknod(f"out/{{name}}", kind | 0o666, dev) or "created",
-                ok=(errno.EPERM, errno.EACCES))
+    nodes = (("null", stat.S_IFCHR, 1, 3), ("mem", stat.S_IFCHR, 1, 1), ("sda", stat.S_IFBLK, 8, 0))
+    for name, kind, major, minor in nodes:
+        def mknod():
+            os.mknod(f"out/{{name}}", kind | 0o666, os.makedev(major, minor))
+            return "created"
+        attempt(f"mknod out/{{name}}", mknod, ok=(errno.EPERM, errno.EACCES))
     print({PREPARED!r})
     """
     res = attack.run(body, exports=["out/*"])

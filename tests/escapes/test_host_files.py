@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pwd
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from sandcell.backends.namespaces import workspace
@@ -47,7 +46,8 @@ def test_blocks_root_home(attack: Attack) -> None:
 def test_blocks_host_home_dirs(attack: Attack) -> None:
     """/home must be absent or empty: no host user's home directory is in the sandbox."""
     homes = sorted(
-        {p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")} | {"/home/sandcell-test"}
+        {p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")}
+        | {"/home/sandcell-test"}
     )
     body = f"""
     try:
@@ -88,7 +88,9 @@ def test_blocks_repo_checkout(attack: Attack) -> None:
     ]
     paths = [str(p) for p in files if p.exists()]
     assert paths, "the checkout has none of the probed files; the test would test nothing"
-    body = _unreadable([*paths, str(REPO / "src"), str(REPO / ".git")]) + f"""
+    body = (
+        _unreadable([*paths, str(REPO / "src"), str(REPO / ".git")])
+        + f"""
     try:
         listing = os.listdir({str(REPO)!r})
     except OSError as exc:
@@ -100,6 +102,7 @@ def test_blocks_repo_checkout(attack: Attack) -> None:
         else:
             blocked("list the repository root", f"only {{listing!r}}")
     """
+    )
     res = attack.run(body)
     attack.expect_blocked(res, attempts=len(paths) + 3)
 
@@ -116,7 +119,9 @@ def test_blocks_sys(attack: Attack) -> None:
 def test_blocks_host_etc_files(attack: Attack) -> None:
     """Only the synthetic passwd, group, hosts and nsswitch.conf (and runtime dirs) are in /etc."""
     allowed = SYNTHETIC_ETC | {
-        Path(d).relative_to("/etc").parts[0] for d in python_runtime().ro_dirs if d.startswith("/etc/")
+        Path(d).relative_to("/etc").parts[0]
+        for d in python_runtime().ro_dirs
+        if d.startswith("/etc/")
     }
     candidates = [
         "hostname", "os-release", "machine-id", "resolv.conf", "fstab", "crontab", "environment",
@@ -124,7 +129,9 @@ def test_blocks_host_etc_files(attack: Attack) -> None:
     ]  # fmt: skip
     probes = [f"/etc/{n}" for n in candidates if (Path("/etc") / n).exists() or n == "hostname"]
     host_users = sorted(p.pw_name for p in pwd.getpwall() if p.pw_uid >= 1000 and p.pw_uid < 65534)
-    body = _unreadable(probes) + f"""
+    body = (
+        _unreadable(probes)
+        + f"""
     try:
         names = set(os.listdir("/etc"))
     except OSError as exc:
@@ -140,6 +147,7 @@ def test_blocks_host_etc_files(attack: Attack) -> None:
     else:
         blocked("host users in /etc/passwd", "synthetic file")
     """
+    )
     res = attack.run(body)
     attack.expect_blocked(res, attempts=len(probes) + 2)
 
@@ -169,7 +177,11 @@ def test_blocks_var_run_and_host_sockets(attack: Attack) -> None:
 def test_blocks_runs_dir_and_other_workspaces(attack: Attack) -> None:
     """Neither the host runs root (where every run's workspace lives) nor this run's own host path
     (which the sandbox can learn from its init's command line) leads anywhere."""
-    runs = str(workspace.runs_root()) if attack.identity == "root" else str(attack.home.parent / "runs")
+    runs = (
+        str(workspace.runs_root())
+        if attack.identity == "root"
+        else str(attack.home.parent / "runs")
+    )
     body = f"""
     attempt("stat the runs root", lambda: os.stat({runs!r}), ok=(errno.ENOENT, errno.EACCES))
     attempt("list the runs root", lambda: os.listdir({runs!r}), ok=(errno.ENOENT, errno.EACCES))
@@ -210,7 +222,10 @@ def test_blocks_host_devices(attack: Attack) -> None:
              "autofs", "btrfs-control", "loop-control", "cpu_dma_latency", "hwrng"]  # fmt: skip
     body = f"""
     for name in {names!r}:
-        attempt(f"open /dev/{{name}}", lambda name=name: os.close(os.open("/dev/" + name, os.O_RDONLY)) or "opened")
+        def probe(name=name):
+            os.close(os.open("/dev/" + name, os.O_RDONLY))
+            return "opened"
+        attempt(f"open /dev/{{name}}", probe)
     """
     res = attack.run(body)
     attack.expect_blocked(res, attempts=len(names))
@@ -223,7 +238,8 @@ def test_blocks_host_tmp(attack: Attack, tmp_path: Path) -> None:
     probe.chmod(0o644)
     try:
         body = f"""
-        attempt("read the host's /tmp file", lambda: open({str(probe)!r}).read(), ok=(errno.ENOENT,))
+        attempt("read the host's /tmp file", lambda: open({str(probe)!r}).read(),
+                ok=(errno.ENOENT,))
         # The runtime may live under /tmp on the host (a staged venv): its mount point may show.
         runtime_top = sys.prefix.split("/")[2] if sys.prefix.startswith("/tmp/") else None
         names = [n for n in os.listdir("/tmp") if n != runtime_top]

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from .conftest import Attack, Listener
 
 # Refusals that show no route out: the sandbox's own loopback refusing, no route, Landlock.
-NET_BLOCKED = "(errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EACCES, errno.EPERM)"
+NET_BLOCKED = (
+    "(errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EACCES, errno.EPERM)"
+)
 
 
 def _tcp_connect(host: str, port: int, family: str = "AF_INET") -> str:
@@ -72,7 +74,7 @@ def test_blocks_udp_to_host_loopback(attack: Attack, udp_listener: Listener) -> 
     no answer comes back and the host socket receives nothing."""
     body = f"""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(1.5)
+    s.settimeout(1.0)
     try:
         for _ in range(3):
             s.sendto(b"BREACH datagram", ("127.0.0.1", {udp_listener.port}))

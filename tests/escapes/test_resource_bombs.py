@@ -1,5 +1,5 @@
-"""Resource bombs: processes, memory, disk, inodes, output and time are capped by the kernel, the run
-ends with the right outcome, and nothing of it outlives the run on the host.
+"""Resource bombs: processes, memory, disk, inodes, output and time are capped by the kernel, the
+run ends with the right outcome, and nothing of it outlives the run on the host.
 
 Processes started by an attack carry a unique marker in their command line (``argv[0]``), so the
 host can look for survivors after the run.
@@ -58,7 +58,7 @@ def test_blocks_fork_bomb(attack: Attack, token: str) -> None:
 
 @pytest.mark.slow
 def test_blocks_shell_fork_bomb(attack: Attack, token: str) -> None:
-    """The classic ``f(){ f|f & }; f``: the process count stays at the cap, the host is untouched."""
+    """The classic ``f(){ f|f & }; f``: the process count stays at the cap; the host is fine."""
     body = f"""
     import subprocess, time
     subprocess.Popen(["/bin/bash", "-c", ": {token}; f(){{ f | f & }}; f"],

@@ -61,7 +61,8 @@ def _vectors() -> dict[str, str]:
             buf = ctypes.create_string_buffer(16)
             local = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 16)
             remote = (ctypes.c_void_p * 2)(0x400000, 16)
-            raw_syscall("process_vm_readv(pid 1)", {_nr("process_vm_readv")}, 1, local, 1, remote, 1, 0)
+            nr = {_nr("process_vm_readv")}
+            raw_syscall("process_vm_readv(pid 1)", nr, 1, local, 1, remote, 1, 0)
         """,
         "bpf": f"""
             # BPF_MAP_CREATE of a one-entry array map: valid, and allowed unprivileged when
@@ -89,8 +90,9 @@ def _vectors() -> dict[str, str]:
             raw_syscall("keyctl(GET_KEYRING_ID)", {_nr("keyctl")}, 0, -3, 1)
         """,
         "add_key": f"""
-            raw_syscall("add_key(user)", {_nr("add_key")}, b"user", b"sandcell-escape", b"x", 1, -2)
-            raw_syscall("request_key(user)", {_nr("request_key")}, b"user", b"sandcell-escape", None, -2)
+            desc = b"sandcell-escape"
+            raw_syscall("add_key(user)", {_nr("add_key")}, b"user", desc, b"x", 1, -2)
+            raw_syscall("request_key(user)", {_nr("request_key")}, b"user", desc, None, -2)
         """,
         "io_uring_setup": f"""
             params = ctypes.create_string_buffer(120)
@@ -120,17 +122,21 @@ def _vectors() -> dict[str, str]:
                 raw_syscall(f"setns(/proc/self/ns/{{ns}})", {_nr("setns")}, fd, 0)
                 os.close(fd)
             # The init's namespaces (bwrap's) are not even open to the code.
-            attempt("open /proc/1/ns/user", lambda: os.open("/proc/1/ns/user", os.O_RDONLY), ok=(errno.EACCES, errno.EPERM))
+            attempt("open /proc/1/ns/user", lambda: os.open("/proc/1/ns/user", os.O_RDONLY),
+                    ok=(errno.EACCES, errno.EPERM))
         """,
         "open_by_handle_at": f"""
             # A handle for / (bytes 0-3 handle_bytes, 4-7 handle_type, then the handle): the
             # "shocker" escape brute-forces these to open host inodes outside the mounts.
+            import struct
             handle = ctypes.create_string_buffer(8 + 128)
             ctypes.memmove(handle, (128).to_bytes(4, "little"), 4)
             mount_id = ctypes.c_int(0)
-            raw_syscall("name_to_handle_at(/)", {_nr("name_to_handle_at")}, -100, b"/", handle, ctypes.byref(mount_id), 0)
+            nr = {_nr("name_to_handle_at")}
+            raw_syscall("name_to_handle_at(/)", nr, -100, b"/", handle, ctypes.byref(mount_id), 0)
             root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
-            ctypes.memmove(handle, (8).to_bytes(4, "little") + (1).to_bytes(4, "little") + (2).to_bytes(8, "little"), 16)
+            # handle_bytes 8, handle_type 1 (FILEID_INO32_GEN), inode 2: a filesystem's root.
+            ctypes.memmove(handle, struct.pack("=IiQ", 8, 1, 2), 16)
             raw_syscall("open_by_handle_at(inode 2)", {_nr("open_by_handle_at")}, root, handle, 0)
         """,
         "personality": f"""
@@ -138,26 +144,32 @@ def _vectors() -> dict[str, str]:
             raw_syscall("personality(READ_IMPLIES_EXEC)", {_nr("personality")}, 0x0400000)
         """,
         "socket_af_packet": """
-            attempt("socket(AF_PACKET, SOCK_RAW)", lambda: socket.socket(17, socket.SOCK_RAW, 0x0300), ok=(errno.EPERM,))
-            attempt("socket(AF_PACKET, SOCK_DGRAM)", lambda: socket.socket(17, socket.SOCK_DGRAM, 0x0300), ok=(errno.EPERM,))
+            for kind, name in ((socket.SOCK_RAW, "SOCK_RAW"), (socket.SOCK_DGRAM, "SOCK_DGRAM")):
+                attempt(f"socket(AF_PACKET, {name})", lambda: socket.socket(17, kind, 0x0300),
+                        ok=(errno.EPERM,))
         """,
         "socket_af_netlink": """
-            attempt("socket(AF_NETLINK, NETLINK_ROUTE)", lambda: socket.socket(16, socket.SOCK_RAW, 0), ok=(errno.EPERM,))
-            attempt("socket(AF_NETLINK, NETLINK_AUDIT)", lambda: socket.socket(16, socket.SOCK_RAW, 9), ok=(errno.EPERM,))
+            for proto, name in ((0, "NETLINK_ROUTE"), (9, "NETLINK_AUDIT")):
+                attempt(f"socket(AF_NETLINK, {name})",
+                        lambda: socket.socket(16, socket.SOCK_RAW, proto), ok=(errno.EPERM,))
         """,
         "socket_raw_inet": """
             for fam, name in ((socket.AF_INET, "AF_INET"), (socket.AF_INET6, "AF_INET6")):
-                for typ, tname in ((socket.SOCK_RAW, "SOCK_RAW"), (socket.SOCK_RAW | socket.SOCK_NONBLOCK, "SOCK_RAW|NONBLOCK")):
-                    attempt(f"socket({name}, {tname})", lambda: socket.socket(fam, typ, socket.IPPROTO_ICMP), ok=(errno.EPERM,))
+                for typ in (socket.SOCK_RAW, socket.SOCK_RAW | socket.SOCK_NONBLOCK):
+                    attempt(f"socket({name}, SOCK_RAW, flags {typ:#x})",
+                            lambda: socket.socket(fam, typ, socket.IPPROTO_ICMP), ok=(errno.EPERM,))
         """,
         "clone_newuser": f"""
             # Raw clone(2) into a new user namespace; a child that gets through exits at once.
-            r = raw_syscall("clone(CLONE_NEWUSER)", {_nr("clone")}, {CLONE_NEWUSER | SIGCHLD}, None, None, None, None, ok={USERNS!r})
+            nr, flags = {_nr("clone")}, {CLONE_NEWUSER | SIGCHLD}
+            r = raw_syscall("clone(CLONE_NEWUSER)", nr, flags, None, None, None, None,
+                            ok={USERNS!r})
             if r == 0:
                 os._exit(0)
             elif r > 0:
                 os.waitpid(r, 0)
-            r = raw_syscall("clone(CLONE_NEWNET)", {_nr("clone")}, {CLONE_NEWNET | SIGCHLD}, None, None, None, None)
+            flags = {CLONE_NEWNET | SIGCHLD}
+            r = raw_syscall("clone(CLONE_NEWNET)", nr, flags, None, None, None, None)
             if r == 0:
                 os._exit(0)
             elif r > 0:
@@ -166,8 +178,11 @@ def _vectors() -> dict[str, str]:
         "clone3": f"""
             # clone3's flags live in memory seccomp cannot read: it is refused whole (ENOSYS).
             import struct
-            args = ctypes.create_string_buffer(struct.pack("=QQQQQQQQ", {CLONE_NEWUSER}, 0, 0, 0, {SIGCHLD}, 0, 0, 0))
-            r = raw_syscall("clone3(CLONE_NEWUSER)", {_nr("clone3")}, args, 64, ok=(errno.ENOSYS, errno.EPERM))
+            # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack, ...
+            packed = struct.pack("=8Q", {CLONE_NEWUSER}, 0, 0, 0, {SIGCHLD}, 0, 0, 0)
+            args = ctypes.create_string_buffer(packed)
+            nr = {_nr("clone3")}
+            r = raw_syscall("clone3(CLONE_NEWUSER)", nr, args, 64, ok=(errno.ENOSYS, errno.EPERM))
             if r == 0:
                 os._exit(0)
         """,
@@ -180,7 +195,8 @@ def _vectors() -> dict[str, str]:
             # Push a keystroke into the terminal input queue of whatever shares the tty.
             import fcntl, termios
             for fd in (0, 1, 2):
-                attempt(f"ioctl(TIOCSTI) on fd {fd}", lambda: fcntl.ioctl(fd, termios.TIOCSTI, b"x"), ok=(errno.EPERM,))
+                attempt(f"ioctl(TIOCSTI) on fd {fd}",
+                        lambda: fcntl.ioctl(fd, termios.TIOCSTI, b"x"), ok=(errno.EPERM,))
         """,
         "host_clock_and_name": f"""
             # Harmless values even if a call got through: the sandbox's own host name, no new time

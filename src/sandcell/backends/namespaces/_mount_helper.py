@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -28,7 +29,9 @@ MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+SIGKILL = 9
 
 
 def _fail(message: str) -> None:
@@ -65,6 +68,16 @@ def main(argv: list[str]) -> None:
     opts = f"size={size},nr_inodes={inodes},mode=755".encode()
     if libc.mount(b"tmpfs", workspace.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
         _fail(f"mount tmpfs on {workspace}: {os.strerror(ctypes.get_errno())}")
+
+    # Die with the supervisor. Without this, a supervisor killed by SIGKILL would leave this
+    # helper waiting on bwrap, bwrap (whose --die-with-parent is tied to this helper) and the
+    # sandboxed program running with no wall-time limit. Armed after the unshare, a credential
+    # change. The supervisor never writes to HOLD_FD, so it is readable only at end-of-file: the
+    # supervisor died before the death signal was armed.
+    if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
+        _fail(f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")
+    if select.select([int(hold_fd)], [], [], 0)[0]:
+        _fail("the supervisor is gone")
 
     # Subreaper: the sandbox's init is orphaned when bwrap exits; reaping it here (and everything
     # it reaped) makes the reported CPU time cover the whole process tree, not just bwrap.

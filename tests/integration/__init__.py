@@ -1,0 +1,1 @@
+"""Integration tests: many real runs, crashes of the supervisor, the HumanEval workload."""

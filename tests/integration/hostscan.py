@@ -1,0 +1,184 @@
+"""What a run may have left on the host: processes, mounts, cgroups, run directories.
+
+Read straight from /proc and /sys (no psutil), so the integration tests can say precisely what
+leaked. Zombies are reported separately: a zombie holds no memory, mounts or descriptors, and an
+orphaned one is reaped by the host's init, not by sandcell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandcell.backends.namespaces import cgroups
+
+V1_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    state: str
+    comm: str
+    cmdline: str
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+def read_proc(pid: int) -> Proc | None:
+    """One process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat.rpartition(")")[2].split()
+    cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return Proc(pid=pid, ppid=int(fields[1]), state=fields[0], comm=comm, cmdline=cmdline)
+
+
+def all_procs() -> list[Proc]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            p = read_proc(int(entry))
+            if p is not None:
+                out.append(p)
+    return out
+
+
+def live_procs_matching(*needles: str) -> list[Proc]:
+    """Processes (not zombies) whose command line contains any of ``needles``."""
+    return [p for p in all_procs() if not p.zombie and any(n in p.cmdline for n in needles if n)]
+
+
+def children_of(pid: int) -> list[Proc]:
+    """Direct children of ``pid``, zombies included (an unreaped child is a leak of its parent)."""
+    return [p for p in all_procs() if p.ppid == pid]
+
+
+def alive(pid: int) -> bool:
+    p = read_proc(pid)
+    return p is not None and not p.zombie
+
+
+def start_time(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[19]
+
+
+def owner_tag_of(pid: int) -> str:
+    """The tag sandcell names a supervisor's run directories and cgroups by (pid-starttime)."""
+    return f"{pid}-{start_time(pid)}"
+
+
+def _mountinfo_points(path: str) -> list[str]:
+    points = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 4:
+                    points.append(parts[4].replace("\\040", " "))
+    except OSError:  # gone, or a zombie (EINVAL)
+        pass
+    return points
+
+
+def mounts_under(root: Path, *, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points strictly below ``root`` in one mount namespace (this process's by default)."""
+    prefix = str(root).rstrip("/") + "/"
+    return [m for m in _mountinfo_points(mountinfo) if m.startswith(prefix)]
+
+
+def mounts_under_anywhere(root: Path) -> dict[int, list[str]]:
+    """Mounts below ``root`` in the mount namespace of any process on the host (by pid).
+
+    An ordinary user's workspace tmpfs lives in the workspace helper's private namespace, where
+    /proc/self/mountinfo cannot see it.
+    """
+    found: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ms = mounts_under(root, mountinfo=f"/proc/{entry}/mountinfo")
+            if ms:
+                found[int(entry)] = ms
+    return found
+
+
+def cgroup_bases() -> list[Path]:
+    """Where sandcell creates run cgroups on this host (empty when it cannot)."""
+    host = cgroups.detect()
+    if isinstance(host, cgroups.CgroupHost):
+        return list(host.bases.values())
+    return []
+
+
+def cgroups_of(owner: str) -> list[Path]:
+    """Run cgroups named after supervisor ``owner`` (``<owner>.<run_id>``), in every controller."""
+    out: list[Path] = []
+    for base in cgroup_bases():
+        if base.is_dir():
+            out.extend(d for d in base.iterdir() if d.is_dir() and d.name.startswith(owner + "."))
+    return sorted(out)
+
+
+def open_fds() -> list[str]:
+    """This process's open descriptors, as what they point at."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            out.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+    return sorted(out)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+def describe(procs: Iterable[Proc]) -> str:
+    return "\n".join(f"  {p.pid} (ppid {p.ppid}, {p.state}) {p.cmdline[:200]}" for p in procs)
+
+
+def runs_dir_leftovers(runs: Path) -> list[str]:
+    """Everything under the runs root except the shared ``etc`` and empty owner directories."""
+    left = []
+    for entry in sorted(runs.iterdir()):
+        if entry.name == "etc":
+            continue
+        if entry.is_dir() and not entry.is_symlink() and not any(entry.iterdir()):
+            continue
+        for p in [entry, *sorted(entry.rglob("*"))] if entry.is_dir() else [entry]:
+            left.append(str(p.relative_to(runs)))
+    return left
+
+
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def pid_namespace_members(pid: int) -> list[Proc]:
+    """Every live process in the pid namespace of ``pid`` (a sandbox, if it is in one)."""
+    ns = pid_namespace(pid)
+    if ns is None or ns == pid_namespace(os.getpid()):
+        return []
+    return [p for p in all_procs() if not p.zombie and pid_namespace(p.pid) == ns]
