@@ -22,6 +22,7 @@ import contextlib
 import os
 import platform
 import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,10 @@ class NamespacesBackend:
 
     def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
         layers = self._decide(request)
+        if layers.cgroup_host is not None:
+            threading.Thread(
+                target=cgroups.prime_attach, args=(layers.cgroup_host,), daemon=True
+            ).start()
         runtime = runtime_for(request.language)
         run_dir = self.root / workspace.owner_tag() / run_id
         cgroup: cgroups.RunCgroup | None = None
