@@ -157,17 +157,18 @@ def _cli_args(
 
 def _limits(limits: dict[str, float]) -> Limits:
     conv = dict(limits)
-    for key, new in (("memory_mb", "memory_bytes"), ("max_file_mb", "max_file_bytes"),
-                     ("workspace_mb", "workspace_bytes")):
+    for key, new in (
+        ("memory_mb", "memory_bytes"),
+        ("max_file_mb", "max_file_bytes"),
+        ("workspace_mb", "workspace_bytes"),
+    ):
         if key in conv:
             conv[new] = int(conv.pop(key) * MiB)
     return Limits().with_(**conv)
 
 
 @pytest.fixture(params=["root", "user"])
-def sandbox(
-    request: pytest.FixtureRequest, root_home: Path, tmp_path: Path
-) -> Sandbox:
+def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
     """A runner for real sandboxed runs, once as root and once as an ordinary user.
 
     ``run(code, lang="python", inputs=(), exports=(), stdin=b"", **limits)`` where limits are

@@ -3,7 +3,7 @@
 ::
 
     SandcellError
-    ├── ConfigError            the caller asked for something invalid (bad limit, missing file, bad glob)
+    ├── ConfigError            the caller asked for something invalid (bad limit, file, glob)
     ├── IsolationUnavailable   a layer the run asks for cannot be enforced on this host
     ├── InfraError             sandcell itself failed before the code ran; safe to retry
     └── AuditError             the run record store is unusable or was tampered with

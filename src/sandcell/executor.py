@@ -1,7 +1,9 @@
-"""The executor: the one object every surface (CLI, Python, later HTTP, MCP, the agent) runs code through.
+"""The executor: the one object every surface (CLI, Python, later HTTP, MCP, the agent) runs
+code through.
 
-``Executor.run`` = validate the request → run it on a backend in a fresh sandbox → export the declared
-files → write the run record → return the typed result. ``run_async`` is the same for asyncio.
+``Executor.run`` = validate the request → run it on a backend in a fresh sandbox → export the
+declared files → write the run record → return the typed result. ``run_async`` is the same for
+asyncio.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The values that flow through the execution layer: what to run, under which limits, and what came out.
+"""The values of the execution layer: what to run, under which limits, and what came out.
 
 Everything here is a frozen dataclass: built once, checked once, passed around without copies.
 Units are in the names (``_s``, ``_ms``, ``_bytes``).
@@ -23,7 +23,7 @@ MiB = 1024 * 1024
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """Hard limits of one run. Every one is enforced by the kernel, never by the code's good will."""
+    """Hard limits of one run, each enforced by the kernel, never by the code's good will."""
 
     wall_time_s: float = 30.0
     """Wall-clock limit; at the limit the whole process tree is killed (outcome ``timeout``)."""
@@ -38,7 +38,7 @@ class Limits:
     max_file_bytes: int = 128 * MiB
     """Largest file a process may write (RLIMIT_FSIZE)."""
     workspace_bytes: int = 256 * MiB
-    """Size of the writable working directory (a size-capped tmpfs); a full workspace gives ENOSPC."""
+    """Size of the writable working directory (a tmpfs); a full workspace gives ENOSPC."""
     workspace_inodes: int = 16384
     """Files and directories the working directory may hold."""
     tmp_bytes: int = 64 * MiB
@@ -71,13 +71,15 @@ class Limits:
 
 
 class IsolationMode(enum.Enum):
-    """How strictly limits are enforced. ``STRICT`` is the default; weaker modes are asked for by name."""
+    """How limits are enforced: ``STRICT`` by default; a weaker mode only when asked for by name."""
 
     STRICT = "strict"
-    """cgroups for memory, pids and CPU accounting; a host without them raises IsolationUnavailable."""
+    """cgroups for memory, pids and CPU accounting; a host without them raises
+    IsolationUnavailable."""
     RLIMITS = "rlimits"
     """Weaker, for users without cgroup delegation: memory by RLIMIT_AS, processes by RLIMIT_NPROC
-    (counted per host user), no whole-tree memory or CPU accounting. Recorded in every run record."""
+    (counted in the sandbox's user namespace), no whole-tree memory accounting. Recorded in
+    every run record."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,7 +110,7 @@ class RunRequest:
     only the names of these variables are recorded, never the values."""
     mode: IsolationMode = IsolationMode.STRICT
     landlock: bool | None = None
-    """``True`` requires Landlock, ``False`` disables it, ``None`` uses it where the kernel has it."""
+    """``True`` requires Landlock, ``False`` disables it, ``None`` uses it where available."""
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:

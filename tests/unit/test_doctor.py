@@ -19,8 +19,18 @@ from sandcell.doctor import Check, DoctorReport, diagnose, render
 from sandcell.errors import IsolationUnavailable
 
 NAMES = (
-    "sandcell", "kernel", "bubblewrap", "user namespaces", "seccomp", "landlock", "cgroups",
-    "python runtime", "bash runtime", "kvm", "gvisor", "qemu",
+    "sandcell",
+    "kernel",
+    "bubblewrap",
+    "user namespaces",
+    "seccomp",
+    "landlock",
+    "cgroups",
+    "python runtime",
+    "bash runtime",
+    "kvm",
+    "gvisor",
+    "qemu",
 )
 
 
@@ -83,8 +93,9 @@ def test_cgroups_unavailable_blocks_and_names_rlimits() -> None:
     text = render(DoctorReport((check,)))
     assert text.splitlines()[0].startswith("[!!] cgroups")
     assert "fix: mount cgroup v2" in text
-    assert text.endswith("blocked by cgroups; the weaker mode --isolation rlimits can run "
-                         "without cgroups")
+    assert text.endswith(
+        "blocked by cgroups; the weaker mode --isolation rlimits can run without cgroups"
+    )
 
 
 def test_cgroups_v2_reports_controllers(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ class BackendResult:
 
 
 class Backend(Protocol):
-    """An isolation engine. ``run`` starts a fresh sandbox, runs one program, destroys the sandbox."""
+    """An isolation engine: ``run`` starts a fresh sandbox, runs one program, destroys it."""
 
     name: str
 

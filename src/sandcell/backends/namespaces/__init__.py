@@ -1,4 +1,4 @@
-"""The default backend: Linux namespaces through bubblewrap, with seccomp, Landlock, cgroups, rlimits.
+"""The default backend: Linux namespaces via bubblewrap, with seccomp, Landlock, cgroups, rlimits.
 
 :meth:`NamespacesBackend.run` reads as the order of containment:
 
@@ -324,7 +324,9 @@ class NamespacesBackend:
         ll: dict[str, str] = {
             "user_namespace": f"uid {os.geteuid()} mapped to sandbox uid 1000, no capabilities",
             "pid_namespace": "yes",
-            "mount_namespace": f"runtime read-only, private /tmp, {SANDBOX_WORKDIR}, inputs read-only",
+            "mount_namespace": (
+                f"runtime read-only, private /tmp, {SANDBOX_WORKDIR}, inputs read-only"
+            ),
             "network_namespace": "empty (loopback only)",
             "ipc_namespace": "yes",
             "uts_namespace": "yes",

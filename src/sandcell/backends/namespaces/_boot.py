@@ -295,9 +295,10 @@ def _supervise(child: int, status_fd: int) -> NoReturn:
             continue
         except ChildProcessError:
             os._exit(_BOOT_FAILED)
-    try:
+    # Not contextlib.suppress: the boot keeps its imports to the minimum.
+    try:  # noqa: SIM105
         os.write(status_fd, f"W{status}\n".encode())
-    except OSError:
+    except OSError:  # the supervisor is gone; the exit status below still tells
         pass
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 

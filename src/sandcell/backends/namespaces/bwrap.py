@@ -2,8 +2,9 @@
 
 The argument list is the filesystem and namespace half of the security argument, so it is built by
 one pure function, :func:`build_argv`, and unit-tested without privileges. Order matters in bwrap
-(later mounts cover earlier ones), and the order below is: private ``/tmp``, ``/proc``, ``/dev``, the
-workspace, the run's read-only control directory, inputs, synthetic ``/etc``, the runtime read-only.
+(later mounts cover earlier ones), and the order below is: private ``/tmp``, ``/proc``, ``/dev``,
+the workspace, the run's read-only control directory, inputs, synthetic ``/etc``, and the runtime
+read-only last.
 """
 
 from __future__ import annotations
@@ -163,4 +164,4 @@ ETC_FILES: Mapping[str, str] = {
     "hosts": f"127.0.0.1 localhost {SANDBOX_HOSTNAME}\n::1 localhost\n",
     "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
 }
-"""Synthetic files for the sandbox's ``/etc``: enough for ``id`` and ``localhost``, nothing of the host."""
+"""Synthetic ``/etc`` files: enough for ``id`` and ``localhost``, nothing of the host."""

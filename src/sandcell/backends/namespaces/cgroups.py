@@ -2,8 +2,8 @@
 
 Two host shapes are supported: cgroup v2 (most hosts today; needs root or a delegated subtree) and
 cgroup v1 (older hosts, and this project's CI machine). The settings of a run are a pure plan,
-:func:`plan_settings`; :class:`RunCgroup` creates the group, applies the plan, moves the sandbox into
-it before any untrusted code runs, reads usage and removes the group.
+:func:`plan_settings`; :class:`RunCgroup` creates the group, applies the plan, moves the sandbox
+into it before any untrusted code runs, reads usage and removes the group.
 
 Swap is closed on both: ``memory.swap.max = 0`` on v2, ``memory.memsw.limit_in_bytes`` equal to the
 memory limit on v1 (or ``memory.swappiness = 0`` where swap accounting is off), so a run cannot
