@@ -77,7 +77,7 @@ class UnprivEnv:
 
 
 @pytest.fixture(scope="session")
-def unpriv(tmp_path_factory: pytest.TempPathFactory) -> UnprivEnv:
+def unpriv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UnprivEnv]:
     """An ordinary user that can run this checkout's sandcell (staged where it can read it)."""
     if os.geteuid() != 0:
         pytest.skip("switching to an unprivileged user needs root (run the suite as root)")
@@ -110,7 +110,8 @@ def unpriv(tmp_path_factory: pytest.TempPathFactory) -> UnprivEnv:
         shutil.chown(d, UNPRIV_USER, UNPRIV_USER)
         d.chmod(0o700)
     env = UnprivEnv(user=UNPRIV_USER, python=python, pythonpath=str(src), home=home, runs=runs)
-    return UnprivEnv(**{**env.__dict__, "mode": _user_mode(env)})
+    yield UnprivEnv(**{**env.__dict__, "mode": _user_mode(env)})
+    shutil.rmtree(stage, ignore_errors=True)
 
 
 def run_as_user(
