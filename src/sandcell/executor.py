@@ -8,7 +8,6 @@ asyncio.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import hashlib
 import os
@@ -96,6 +95,8 @@ class Executor:
 
     async def run_async(self, request: RunRequest) -> RunResult:
         """:meth:`run` for asyncio: the sandbox is supervised on a worker thread."""
+        import asyncio  # only asyncio callers pay for importing it
+
         return await asyncio.to_thread(self.run, request)
 
     def run(self, request: RunRequest) -> RunResult:

