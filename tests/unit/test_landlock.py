@@ -216,7 +216,17 @@ def test_boot_is_standalone() -> None:
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
     # typing only under TYPE_CHECKING; json only where _json is missing.
-    assert imported <= {"__future__", "os", "sys", "typing", "_json", "json", "ctypes", "struct"}
+    assert imported <= {
+        "__future__",
+        "os",
+        "sys",
+        "typing",
+        "_json",
+        "json",
+        "ctypes",
+        "struct",
+        "gc",
+    }
 
 
 def test_boot_parses_plans_like_json() -> None:
