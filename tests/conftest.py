@@ -14,7 +14,7 @@ import pwd
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,16 +115,26 @@ def unpriv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UnprivEnv]:
 
 
 def run_as_user(
-    env: UnprivEnv, args: Sequence[str], *, stdin: bytes = b"", timeout: float = 120
+    env: UnprivEnv,
+    args: Sequence[str],
+    *,
+    stdin: bytes = b"",
+    timeout: float = 120,
+    extra_env: Mapping[str, str] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    """``sandcell ARGS`` as the unprivileged user, with a clean environment."""
+    """``sandcell ARGS`` as the unprivileged user, with a clean environment (plus ``extra_env``
+    and ``pass_fds``, for tests that check those do not reach the sandbox)."""
     cmd = [
         "runuser", "-u", env.user, "--", "env", "-i",
         "PATH=/usr/bin:/bin", f"HOME={env.home}", f"PYTHONPATH={env.pythonpath}",
         f"SANDCELL_HOME={env.home}", f"SANDCELL_RUNS={env.runs}",
+        *(f"{k}={v}" for k, v in (extra_env or {}).items()),
         env.python, "-m", "sandcell", *args,
     ]  # fmt: skip
-    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, check=False)
+    return subprocess.run(
+        cmd, input=stdin, capture_output=True, timeout=timeout, check=False, pass_fds=pass_fds
+    )
 
 
 def _cli_args(

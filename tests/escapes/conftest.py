@@ -16,7 +16,6 @@ import contextlib
 import os
 import secrets
 import socket
-import subprocess
 import textwrap
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import run_as_user
 
 END = "ATTACK-COMPLETE"
 
@@ -180,16 +180,7 @@ def run_with_host_state(
         args = ["run", "--json", "-c", attack_code(body)]
         if unpriv.mode.value == "rlimits":
             args.insert(1, "--isolation=rlimits")
-        cmd = [
-            "runuser", "-u", unpriv.user, "--", "env", "-i",
-            "PATH=/usr/bin:/bin", f"HOME={unpriv.home}", f"PYTHONPATH={unpriv.pythonpath}",
-            f"SANDCELL_HOME={unpriv.home}", f"SANDCELL_RUNS={unpriv.runs}",
-            *(f"{k}={v}" for k, v in env.items()),
-            unpriv.python, "-m", "sandcell", *args,
-        ]  # fmt: skip
-        proc = subprocess.run(
-            cmd, capture_output=True, timeout=120, check=False, pass_fds=tuple(pass_fds)
-        )
+        proc = run_as_user(unpriv, args, extra_env=env, pass_fds=tuple(pass_fds))
         try:
             out: dict[str, object] = json.loads(proc.stdout)
         except json.JSONDecodeError:
