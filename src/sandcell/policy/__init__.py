@@ -1,0 +1,1 @@
+"""Policy: profiles (the permission matrix), checks before the run, and the decision."""

@@ -1,0 +1,1 @@
+"""Validation of what comes out of a run: declared result, invariants, leak scan, terminal safety."""
