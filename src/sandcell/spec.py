@@ -153,6 +153,12 @@ class Outcome(enum.Enum):
     OUTPUT_LIMIT = "output_limit"
     KILLED = "killed"
     INFRA_ERROR = "infra_error"
+    DENIED = "denied"
+    """The policy refused the code before it ran (the findings say why)."""
+    AWAITING_APPROVAL = "awaiting_approval"
+    """The policy wants a person to approve the code first; it has not run."""
+    INVALID_OUTPUT = "invalid_output"
+    """It ran, but its declared result failed validation; nothing is handed on as if right."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,6 +224,13 @@ class RunResult:
     """A sentence on why the run ended as it did (which limit, which signal, what failed)."""
     started_at: str = ""
     """ISO 8601 UTC time the run started."""
+    policy: Mapping[str, object] | None = None
+    """The profile (name, sha256), the decision and the findings of the checks before the run,
+    and the approval (who, when) where one was needed."""
+    validation: Mapping[str, object] | None = None
+    """The declared result and its validation (``valid``, ``errors``, ``value``), if declared."""
+    leaks: tuple[Mapping[str, object], ...] = ()
+    """Token and key patterns found (and redacted) in what left the sandbox."""
 
     @property
     def ok(self) -> bool:
@@ -256,4 +269,7 @@ def result_to_dict(result: RunResult) -> dict[str, object]:
             "weakened": list(e.weakened),
         },
         "started_at": result.started_at,
+        "policy": dict(result.policy) if result.policy is not None else None,
+        "validation": dict(result.validation) if result.validation is not None else None,
+        "leaks": [dict(leak) for leak in result.leaks],
     }

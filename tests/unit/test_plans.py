@@ -507,7 +507,11 @@ def test_result_to_dict_shape() -> None:
         "rejected_exports",
         "enforcement",
         "started_at",
+        "policy",
+        "validation",
+        "leaks",
     }
+    assert d["policy"] is None and d["validation"] is None and d["leaks"] == []
     assert d["outcome"] == "error"
     assert d["exit_code"] == 2 and d["signal"] is None
     assert d["usage"] == {"wall_ms": 12.5, "cpu_ms": 3.0, "peak_memory_bytes": 4096}
