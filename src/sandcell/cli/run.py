@@ -1,20 +1,14 @@
-"""The command line: a thin layer over :class:`sandcell.executor.Executor`.
-
-``main(argv) -> int`` parses, builds a request, runs it and maps the outcome to an exit status
-(see :mod:`sandcell.status`). Nothing here decides anything about isolation.
-"""
+"""``sandcell run``: build a request from the command line, run it, report it."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from sandcell import status
-from sandcell.errors import AuditError, ConfigError, SandcellError
+from sandcell.errors import ConfigError
 from sandcell.spec import (
     LANGUAGES,
     IsolationMode,
@@ -26,19 +20,7 @@ from sandcell.spec import (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="sandcell",
-        description="Run untrusted code in a disposable sandbox with hard limits and a record.",
-    )
-    p.add_argument(
-        "--home",
-        type=Path,
-        help="data directory for records and artifacts "
-        "(default: $SANDCELL_HOME or the user data directory)",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = sub.add_parser("run", help="run a program in a fresh sandbox")
     r.add_argument("file", nargs="?", help="program file, or - to read the program from stdin")
     r.add_argument("-c", dest="code", help="program text")
@@ -89,22 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-landlock", action="store_true", help="do not apply Landlock")
     r.add_argument("--json", action="store_true", help="print one JSON object with the result")
 
-    d = sub.add_parser("doctor", help="report what this host can enforce")
-    d.add_argument("--json", action="store_true")
 
-    a = sub.add_parser("audit", help="the run records")
-    asub = a.add_subparsers(dest="audit_command", required=True)
-    al = asub.add_parser("list", help="recent runs, newest first")
-    al.add_argument("--limit", type=int, default=20)
-    al.add_argument("--json", action="store_true")
-    ash = asub.add_parser("show", help="one run's record")
-    ash.add_argument("run_id")
-    ash.add_argument("--json", action="store_true")
-    asub.add_parser("verify", help="check the hash chain for changed, deleted or reordered records")
-    return p
-
-
-def _read_code(args: argparse.Namespace) -> str:
+def read_code(args: argparse.Namespace) -> str:
     if args.code is not None and args.file is not None:
         raise ConfigError("give the program either as FILE or with -c, not both")
     if args.code is not None:
@@ -124,8 +92,8 @@ def _read_code(args: argparse.Namespace) -> str:
         raise ConfigError(f"cannot read program file {args.file!r}: {exc.strerror}") from None
 
 
-def _request(args: argparse.Namespace) -> RunRequest:
-    code = _read_code(args)
+def build_request(args: argparse.Namespace) -> RunRequest:
+    code = read_code(args)
     limits = Limits().with_(
         wall_time_s=args.timeout,
         cpu_time_s=args.cpu_time,
@@ -166,10 +134,10 @@ def _request(args: argparse.Namespace) -> RunRequest:
     )
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from sandcell.executor import Executor
 
-    request = _request(args)
+    request = build_request(args)
     if args.out is not None and not request.exports:
         raise ConfigError("--out needs at least one --export GLOB to say what to copy out")
     with Executor(home=args.home) as ex:
@@ -196,105 +164,3 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for path in copied:
             print(f"sandcell: exported {path}", file=sys.stderr)
     return status.exit_code_for(result)
-
-
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    from sandcell.doctor import diagnose, render
-
-    report = diagnose()
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(render(report))
-    return 0 if report.can_run else 1
-
-
-def _cmd_audit(args: argparse.Namespace) -> int:
-    from sandcell.audit import AuditLog
-    from sandcell.executor import data_dir
-
-    home = args.home or data_dir()
-    with AuditLog(home / "audit.sqlite3") as log:
-        if args.audit_command == "list":
-            entries = log.list(limit=args.limit)
-            if args.json:
-                print(json.dumps([_summary(e.record) for e in entries], ensure_ascii=False))
-            else:
-                for e in entries:
-                    s = _summary(e.record)
-                    print(
-                        f"{s['run_id']}  {s['started_at']}  {s['language']:<6} "
-                        f"{s['outcome']:<13} {s['wall_ms']} ms"
-                    )
-            return 0
-        if args.audit_command == "show":
-            entry = log.get(args.run_id)
-            if entry is None:
-                print(
-                    f"sandcell: no run {args.run_id!r} in {home / 'audit.sqlite3'}", file=sys.stderr
-                )
-                return 1
-            if args.json:
-                print(
-                    json.dumps(
-                        {
-                            "seq": entry.seq,
-                            "hash": entry.hash,
-                            "prev_hash": entry.prev_hash,
-                            "record": entry.record,
-                        },
-                        ensure_ascii=False,
-                    )
-                )
-            else:
-                print(json.dumps(entry.record, indent=2, ensure_ascii=False))
-                print(f"# seq {entry.seq}, hash {entry.hash}")
-            return 0
-        report = log.verify()
-        if report.ok:
-            print(f"ok: {report.count} records, hash chain intact")
-            return 0
-        for p in report.problems:
-            print(f"{p.kind}: seq {p.seq} run {p.run_id}: {p.detail}")
-        return 1
-
-
-def _summary(record: object) -> dict[str, object]:
-    r = record if isinstance(record, dict) else {}
-    usage = r.get("usage") if isinstance(r.get("usage"), dict) else {}
-    assert isinstance(usage, dict)
-    return {
-        "run_id": r.get("run_id"),
-        "started_at": r.get("started_at"),
-        "language": r.get("language"),
-        "outcome": r.get("outcome"),
-        "wall_ms": usage.get("wall_ms"),
-    }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``sandcell``; returns the exit status."""
-    args = _parser().parse_args(argv)
-    try:
-        if args.command == "run":
-            return _cmd_run(args)
-        if args.command == "doctor":
-            return _cmd_doctor(args)
-        return _cmd_audit(args)
-    except AuditError as exc:
-        print(f"sandcell: audit: {exc}", file=sys.stderr)
-        return status.EXIT_CONFIG
-    except SandcellError as exc:
-        print(f"sandcell: {exc}", file=sys.stderr)
-        return status.exit_code_for_error(exc)
-    except KeyboardInterrupt:
-        return 130
-
-
-def entry() -> None:
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    entry()

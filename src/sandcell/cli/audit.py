@@ -1,0 +1,82 @@
+"""``sandcell audit``: list, show and verify the run records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sandcell.audit import AuditLog
+from sandcell.executor import data_dir
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    a = sub.add_parser("audit", help="the run records")
+    asub = a.add_subparsers(dest="audit_command", required=True)
+    al = asub.add_parser("list", help="recent runs, newest first")
+    al.add_argument("--limit", type=int, default=20)
+    al.add_argument("--json", action="store_true")
+    ash = asub.add_parser("show", help="one run's record")
+    ash.add_argument("run_id")
+    ash.add_argument("--json", action="store_true")
+    asub.add_parser("verify", help="check the hash chain for changed, deleted or reordered records")
+
+
+def handle(args: argparse.Namespace) -> int:
+    home = args.home or data_dir()
+    with AuditLog(home / "audit.sqlite3") as log:
+        if args.audit_command == "list":
+            entries = log.list(limit=args.limit)
+            if args.json:
+                print(json.dumps([_summary(e.record) for e in entries], ensure_ascii=False))
+            else:
+                for e in entries:
+                    s = _summary(e.record)
+                    print(
+                        f"{s['run_id']}  {s['started_at']}  {s['language']:<6} "
+                        f"{s['outcome']:<13} {s['wall_ms']} ms"
+                    )
+            return 0
+        if args.audit_command == "show":
+            entry = log.get(args.run_id)
+            if entry is None:
+                print(
+                    f"sandcell: no run {args.run_id!r} in {home / 'audit.sqlite3'}", file=sys.stderr
+                )
+                return 1
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "seq": entry.seq,
+                            "hash": entry.hash,
+                            "prev_hash": entry.prev_hash,
+                            "record": entry.record,
+                        },
+                        ensure_ascii=False,
+                    )
+                )
+            else:
+                print(json.dumps(entry.record, indent=2, ensure_ascii=False))
+                print(f"# seq {entry.seq}, hash {entry.hash}")
+            return 0
+        report = log.verify()
+        if report.ok:
+            print(f"ok: {report.count} records, hash chain intact")
+            return 0
+        for p in report.problems:
+            print(f"{p.kind}: seq {p.seq} run {p.run_id}: {p.detail}")
+        return 1
+
+
+def _summary(record: object) -> dict[str, object]:
+    r = record if isinstance(record, dict) else {}
+    usage = r.get("usage") if isinstance(r.get("usage"), dict) else {}
+    assert isinstance(usage, dict)
+    return {
+        "run_id": r.get("run_id"),
+        "started_at": r.get("started_at"),
+        "language": r.get("language"),
+        "outcome": r.get("outcome"),
+        "wall_ms": usage.get("wall_ms"),
+    }
