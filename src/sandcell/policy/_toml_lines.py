@@ -5,14 +5,20 @@ number, so this module scans the text once and remembers where each table header
 appears. It understands what profile files use (``[table]`` and ``[a."b.c"]`` headers, bare,
 quoted and dotted keys, multi-line strings and arrays); a key it cannot place (one inside an
 inline table, say) falls back to the line of the nearest enclosing table, so a message always
-points somewhere sensible. It is a locator for messages, not a parser: ``tomllib`` has already
-accepted the text when this runs.
+points somewhere sensible. It is a locator for messages, not a parser: ``tomllib`` parses.
+
+:class:`TomlDoc` wraps the parsed file with typed reads whose errors carry those lines, and
+:class:`ProfileError` is the error they raise (re-exported by :mod:`sandcell.policy.profiles`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Collection, Sequence
+from typing import NoReturn, cast
+
+from sandcell.errors import ConfigError
 
 _KEY_PART = r'(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|\'[^\']*\')'
 _KEY = re.compile(rf"\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
@@ -96,3 +102,103 @@ class LineIndex:
             if f'"{item}"' in text or f"'{item}'" in text:
                 return number
         return start
+
+
+class ProfileError(ConfigError):
+    """A profile file is invalid: ``<file>:<line>: <reason>`` (no line when none applies)."""
+
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+_SYNTAX_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
+
+
+class TomlDoc:
+    """A parsed TOML file whose errors point at lines: typed reads of optional keys.
+
+    Every read takes the full key path (``("limits", "memory_mb")``) and returns None when the
+    key is absent, so the caller can leave the default in place.
+    """
+
+    def __init__(self, shown: str, raw: bytes) -> None:
+        self.shown = shown
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProfileError(shown, None, f"not UTF-8 text ({exc.reason})") from None
+        try:
+            self.data: dict[str, object] = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            message = str(exc)
+            at = _SYNTAX_AT.search(message)
+            if at:  # "Invalid value (at line 3, column 5)" -> line 3, "invalid value (column 5)"
+                reason = f"invalid TOML: {message[: at.start()]} (column {at.group(2)})"
+                raise ProfileError(shown, int(at.group(1)), reason) from None
+            line = len(text.splitlines()) or None  # "(at end of document)"
+            raise ProfileError(shown, line, f"invalid TOML: {message}") from None
+        self.lines = LineIndex(text)
+
+    def fail(self, reason: str, path: Sequence[str], item: str | None = None) -> NoReturn:
+        """Raise :class:`ProfileError` at the line of ``path`` (or of ``item`` in its value)."""
+        line = self.lines.line(path) if item is None else self.lines.item_line(path, item)
+        raise ProfileError(self.shown, line, reason)
+
+    def table(self, path: Sequence[str], known: Collection[str] | None) -> dict[str, object]:
+        """The table at ``path`` ({} when absent), refusing keys not in ``known`` (if given)."""
+        value: object = self.data
+        for i, part in enumerate(path):
+            assert isinstance(value, dict)
+            value = value.get(part, {})
+            if not isinstance(value, dict):
+                self.fail(f"{_name(path[: i + 1])} must be a table", path[: i + 1])
+        table = cast("dict[str, object]", value)
+        for key in table:
+            if known is not None and key not in known:
+                where = f"in [{'.'.join(path)}]" if path else "at the top level"
+                choices = ", ".join(known)
+                self.fail(f"unknown key {key!r} {where}; known keys: {choices}", (*path, key))
+        return table
+
+    def _get(self, path: Sequence[str]) -> object:
+        value: object = self.data
+        for part in path:
+            if not isinstance(value, dict) or part not in value:
+                return None
+            value = value[part]
+        return value
+
+    def string(self, path: Sequence[str]) -> str | None:
+        """A string, or None when absent."""
+        value = self._get(path)
+        if value is not None and not isinstance(value, str):
+            self.fail(f"{_name(path)} must be a string, got {value!r}", path)
+        return value
+
+    def integer(self, path: Sequence[str], *, number: bool = False) -> int | float | None:
+        """An integer (or, with ``number``, an integer or a float), or None when absent."""
+        value = self._get(path)
+        kinds = (int, float) if number else (int,)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            what = "a number" if number else "an integer"
+            self.fail(f"{_name(path)} must be {what}, got {value!r}", path)
+        return value
+
+    def strings(self, path: Sequence[str]) -> tuple[str, ...] | None:
+        """A list of strings as a tuple, or None when absent."""
+        value = self._get(path)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(f"{_name(path)} must be a list of strings, got {value!r}", path)
+        return tuple(cast("list[str]", value))
+
+
+def _name(path: Sequence[str]) -> str:
+    """``("limits", "memory_mb")`` -> ``[limits] memory_mb``, for messages."""
+    if len(path) == 1:
+        return path[0]
+    return f"[{'.'.join(path[:-1])}] {path[-1]}"

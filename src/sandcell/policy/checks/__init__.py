@@ -1,1 +1,63 @@
-"""Static checks of the code before it runs: findings with rule ids and locations."""
+"""Static checks of the code before it runs: findings with rule ids and locations.
+
+Checks are defence in depth, not a boundary. They read the code as written (the Python syntax
+tree, a real parse of the shell) and report what it plainly reaches for: processes, native code,
+dynamic code, the network, package managers, paths outside the workspace. Determined code can
+evade them (``docs/checks-evasions.md`` records which tricks are caught and which are not), so
+nothing relies on them alone: the sandbox (namespaces, seccomp, Landlock, cgroups, no network)
+is the boundary, and holds whatever the checks miss.
+
+:func:`check` runs the checks for one language; :func:`decide` turns the findings into the
+profile's verdict: allow, deny (outcome ``denied``) or approve (outcome ``awaiting_approval``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import assert_never
+
+from sandcell.policy.checks.findings import (
+    APPROVAL_MODES,
+    RULES,
+    SEVERITIES,
+    Approval,
+    Decision,
+    Finding,
+    Severity,
+    Verdict,
+    decide,
+)
+from sandcell.policy.checks.python_rules import SAFE_STDLIB, check_python
+from sandcell.policy.checks.shell_rules import check_shell
+from sandcell.spec import Language
+
+__all__ = [
+    "APPROVAL_MODES",
+    "RULES",
+    "SAFE_STDLIB",
+    "SEVERITIES",
+    "Approval",
+    "Decision",
+    "Finding",
+    "Severity",
+    "Verdict",
+    "check",
+    "check_python",
+    "check_shell",
+    "decide",
+]
+
+
+def check(
+    code: str, language: Language, *, allowed_imports: Collection[str] | None, network: bool
+) -> list[Finding]:
+    """Findings for ``code`` in ``language`` (``python`` or ``bash``), in source order.
+
+    ``allowed_imports`` is the profile's package allowlist for Python (``None``: any import);
+    ``network`` says whether the profile gives the run a network.
+    """
+    if language == "python":
+        return check_python(code, allowed_imports=allowed_imports, network=network)
+    if language == "bash":
+        return check_shell(code, network=network)
+    assert_never(language)

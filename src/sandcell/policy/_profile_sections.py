@@ -1,0 +1,358 @@
+"""The sections of a profile: frozen dataclasses that check themselves when built.
+
+Each section is one part of the permission matrix (filesystem, network, limits, runtime, checks,
+validation). Its defaults are what an absent section or key means, and they deny: they are
+exactly what the built-in ``strict`` profile says. Each ``__post_init__`` refuses an invalid
+value with :class:`SectionError`, naming the field (and the list item) so that the loader in
+:mod:`sandcell.policy.profiles` can point at the line of the profile file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from fnmatch import translate
+from functools import cache
+from types import MappingProxyType
+from typing import Literal, get_args
+
+from sandcell.artifacts import validate_globs
+from sandcell.errors import ConfigError
+from sandcell.spec import LANGUAGES, Language, Limits, MiB
+
+# The same literals as ``sandcell.policy.checks.findings``, spelled out here rather than imported:
+# importing that package pulls in every check, and the checks may one day need a Profile.
+Severity = Literal["info", "warning", "deny"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+Approval = Literal["never", "on_findings", "always"]
+APPROVAL_MODES: tuple[Approval, ...] = get_args(Approval)
+NetworkMode = Literal["none", "allowlist"]
+
+STRICT_CEILINGS = Limits(
+    wall_time_s=60.0,
+    cpu_time_s=120,
+    memory_bytes=1024 * MiB,
+    max_pids=128,
+    max_open_files=1024,
+    max_file_bytes=256 * MiB,
+    workspace_bytes=512 * MiB,
+    workspace_inodes=65536,
+    tmp_bytes=256 * MiB,
+    stdout_bytes=8 * MiB,
+    stderr_bytes=8 * MiB,
+)
+"""The ceilings a profile gets when it names none (those of ``strict``)."""
+
+LIMIT_KEYS: Mapping[str, tuple[str, int]] = MappingProxyType(
+    {
+        "wall_time_s": ("wall_time_s", 1),
+        "cpu_time_s": ("cpu_time_s", 1),
+        "memory_mb": ("memory_bytes", MiB),
+        "max_pids": ("max_pids", 1),
+        "max_open_files": ("max_open_files", 1),
+        "max_file_mb": ("max_file_bytes", MiB),
+        "workspace_mb": ("workspace_bytes", MiB),
+        "workspace_inodes": ("workspace_inodes", 1),
+        "tmp_mb": ("tmp_bytes", MiB),
+        "stdout_bytes": ("stdout_bytes", 1),
+        "stderr_bytes": ("stderr_bytes", 1),
+    }
+)
+"""TOML key under ``[limits]`` and ``[ceilings]`` -> (:class:`Limits` field, unit in bytes)."""
+
+_RULE_ID = re.compile(r"^(py|sh)\.[a-z0-9-]+$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PACKAGE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# Suffixes under which anyone can register a name. Not the whole Public Suffix List: ccTLD
+# second levels (co.uk, com.au...) are caught by shape below, these are the common others.
+_SHARED_SUFFIXES = frozenset(
+    {
+        *("github.io", "gitlab.io", "herokuapp.com", "appspot.com", "blogspot.com"),
+        *("cloudfront.net", "amazonaws.com", "s3.amazonaws.com", "azurewebsites.net"),
+        *("netlify.app", "vercel.app", "pages.dev", "workers.dev"),
+    }
+)
+_CC_SECOND_LEVELS = frozenset(
+    {"ac", "co", "com", "edu", "gob", "gov", "go", "ltd", "mil", "ne", "net", "or", "org", "sch"}
+)
+
+
+class SectionError(ConfigError):
+    """A field of a section is invalid: ``field`` (and ``item``, for a list) say which."""
+
+    def __init__(self, reason: str, field: str, item: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.field, self.item = reason, field, item
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` cannot be on a network allowlist, or None if it can.
+
+    A host is a lower-case DNS name of at least two labels. A wildcard may only be the whole
+    first label, under a registrable domain: ``*.example.com`` is fine, ``*``, ``*.com`` and
+    ``*.co.uk`` are refused because they cover domains that anyone can register.
+    """
+    name = host[2:] if host.startswith("*.") else host
+    labels = name.split(".")
+    if host == "*" or "*" in name:
+        return (
+            f"{host!r} is not a host: a wildcard may only be the first label, as in '*.example.com'"
+        )
+    if len(host) > 253 or not all(_LABEL.match(label) for label in labels):
+        return f"{host!r} is not a host name: use lower-case labels of letters, digits and '-'"
+    if labels[-1].isdigit():
+        return f"{host!r} is not a host: IP addresses are not supported, name the host"
+    public = (
+        len(labels) == 1
+        or name in _SHARED_SUFFIXES
+        or (len(labels) == 2 and len(labels[1]) == 2 and labels[0] in _CC_SECOND_LEVELS)
+    )
+    if len(labels) == 1 and not host.startswith("*."):
+        return f"{host!r} is not a host: name a full host under a domain, e.g. 'api.example.com'"
+    if public and host.startswith("*."):
+        return (
+            f"{host!r} is not a host: it is too broad, covering every domain under the public "
+            f"suffix {name!r}; put the wildcard under a registrable domain, e.g. '*.example.{name}'"
+        )
+    if public:
+        return f"{host!r} is not a host: it is a public suffix; name a host under it"
+    return None
+
+
+def glob_covers(allowed: tuple[str, ...], requested: tuple[str, ...]) -> bool:
+    """Whether every path the requested glob matches is matched by the allowed glob.
+
+    Both are split into components. Conservative where unsure: a wildcard in a requested
+    component is covered only by ``*``, by the same text, or by ``*<literal suffix>`` when the
+    requested component ends with that suffix.
+    """
+    if not allowed:
+        return not requested
+    head, rest = allowed[0], allowed[1:]
+    if head == "**":  # any number of components, a requested '**' included
+        return any(glob_covers(rest, requested[i:]) for i in range(len(requested) + 1))
+    if not requested or requested[0] == "**":
+        return False
+    part = requested[0]
+    if any(ch in part for ch in "*?["):
+        suffix = head[1:]
+        ok = head in (part, "*") or (
+            head.startswith("*")
+            and not any(ch in suffix for ch in "*?[]")
+            and part.endswith(suffix)
+        )
+    else:
+        ok = _translate(head).match(part) is not None
+    return ok and glob_covers(rest, requested[1:])
+
+
+@cache
+def _translate(component: str) -> re.Pattern[str]:
+    return re.compile(translate(component))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilesystemRules:
+    """What a run may see and take out, besides its own working directory."""
+
+    max_inputs: int = 8
+    """Host files or directories a run may be given, read-only. ``0`` allows none; absent: 8.
+    (The workspace size is a limit: ``workspace_mb`` under ``[limits]`` and ``[ceilings]``.)"""
+    export_globs: tuple[str, ...] = ()
+    """Globs a requested export must be covered by (:meth:`Profile.allows_export`). Empty or
+    absent: no export is allowed."""
+
+    def __post_init__(self) -> None:
+        inputs = self.max_inputs
+        if isinstance(inputs, bool) or not isinstance(inputs, int) or not 0 <= inputs <= 1000:
+            raise SectionError("max_inputs must be an integer from 0 to 1000", "max_inputs")
+        for glob in self.export_globs:
+            try:
+                validate_globs([glob])
+            except ConfigError as exc:
+                raise SectionError(str(exc), "export_globs", glob) from None
+        object.__setattr__(self, "export_globs", validate_globs(self.export_globs))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkRules:
+    """What a run may reach. Only ``none`` can be enforced today."""
+
+    mode: NetworkMode = "none"
+    """``none`` (absent: the default): no network at all. ``allowlist``: only ``hosts``,
+    through the egress proxy, which does not exist yet (:meth:`Profile.require_enforceable`)."""
+    hosts: tuple[str, ...] = ()
+    """Host names, or ``*.domain`` under a registrable domain (:func:`host_problem`). Empty or
+    absent: none. Must be empty when ``mode`` is ``none``."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in get_args(NetworkMode):
+            raise SectionError(
+                f"unknown network mode {self.mode!r}; use 'none' or 'allowlist'", "mode"
+            )
+        if self.mode == "none" and self.hosts:
+            raise SectionError(
+                "hosts are listed but mode is 'none'; set mode = 'allowlist'", "hosts"
+            )
+        for host in self.hosts:
+            problem = host_problem(host)
+            if problem:
+                raise SectionError(problem, "hosts", host)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitRules:
+    """The limits a run gets unless it asks otherwise, and the most it may ask for."""
+
+    defaults: Limits = field(default_factory=Limits)
+    """``[limits]``: a key that is absent takes the :class:`Limits` default."""
+    ceilings: Limits = STRICT_CEILINGS
+    """``[ceilings]``: a key that is absent takes the :data:`STRICT_CEILINGS` value. Every
+    default must be at most its ceiling; a request above a ceiling is refused."""
+
+    def __post_init__(self) -> None:
+        for f in fields(Limits):
+            default, ceiling = getattr(self.defaults, f.name), getattr(self.ceilings, f.name)
+            if default > ceiling:
+                raise SectionError(
+                    f"limit {f.name} has a default of {show_limit(f.name, default)}, above "
+                    f"its ceiling of {show_limit(f.name, ceiling)}; lower the limit or raise "
+                    "the ceiling",
+                    f.name,
+                )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeRules:
+    """What may run, and what the program may import."""
+
+    languages: tuple[Language, ...] = LANGUAGES
+    """Languages allowed. Empty: none. Absent: python and bash."""
+    runtime: str = "default"
+    """The runtime image; only ``default`` (the environment sandcell is installed in) exists."""
+    allowed_imports: tuple[str, ...] = ()
+    """Top-level modules allowed beyond the safe standard library of the Python checks
+    (:data:`sandcell.policy.checks.python_rules.SAFE_STDLIB`); ``"*"`` allows any. Empty or
+    absent: that safe set only. Dotted names are refused: a submodule comes with its package."""
+    allowed_packages: tuple[str, ...] = ()
+    """Distributions a run may have installed on top of the runtime. Empty or absent: none.
+    (Nothing is installed at run time yet; the runtime's own packages need no entry.)"""
+
+    def __post_init__(self) -> None:
+        for lang in self.languages:
+            if lang not in LANGUAGES:
+                raise SectionError(
+                    f"unknown language {lang!r}; use {', '.join(LANGUAGES)}", "languages", lang
+                )
+        if self.runtime != "default":
+            raise SectionError(
+                f"unknown runtime {self.runtime!r}; only 'default' exists", "runtime"
+            )
+        for module in self.allowed_imports:
+            if module != "*" and not _MODULE.match(module):
+                raise SectionError(
+                    f"{module!r} is not a top-level module name (write 'os', not 'os.path': a "
+                    "submodule gives access to its package), or '*' for any",
+                    "allowed_imports",
+                    module,
+                )
+        for package in self.allowed_packages:
+            if not _PACKAGE.match(package):
+                raise SectionError(
+                    f"{package!r} is not a package name", "allowed_packages", package
+                )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckRules:
+    """Which static-check rules apply, and at what severity."""
+
+    disabled: tuple[str, ...] = ()
+    """Rule ids (``py.process``) that do not run. Empty or absent: every rule runs."""
+    severity: Mapping[str, Severity] = field(default_factory=lambda: MappingProxyType({}))
+    """Rule id -> severity replacing the rule's own. Empty or absent: each rule's own."""
+
+    def __post_init__(self) -> None:
+        for rule in (*self.disabled, *self.severity):
+            if not _RULE_ID.match(rule):
+                where = "disabled" if rule in self.disabled else "severity"
+                raise SectionError(
+                    f"{rule!r} is not a rule id (like 'py.process' or 'sh.network-tool')",
+                    where,
+                    rule,
+                )
+        for rule, level in self.severity.items():
+            if level not in SEVERITIES:
+                raise SectionError(
+                    f"unknown severity {level!r}; use {', '.join(SEVERITIES)}", "severity", rule
+                )
+            if rule in self.disabled:
+                raise SectionError(
+                    f"rule {rule!r} is both disabled and given a severity", "severity", rule
+                )
+        object.__setattr__(self, "severity", MappingProxyType(dict(self.severity)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationRules:
+    """What the output of a run must look like."""
+
+    result_schema: Mapping[str, object] | None = None
+    """JSON Schema the declared result must satisfy. Absent: the result is not validated."""
+    result_file: str | None = None
+    """File, relative to the working directory, holding the result as JSON. Absent: stdout."""
+
+    def __post_init__(self) -> None:
+        if self.result_schema is not None:
+            _check_schema(self.result_schema)
+            object.__setattr__(self, "result_schema", MappingProxyType(dict(self.result_schema)))
+        if self.result_file is not None:
+            if any(ch in self.result_file for ch in "*?["):
+                raise SectionError("result_file must be a path, not a glob", "result_file")
+            try:
+                validate_globs([self.result_file])
+            except ConfigError as exc:
+                raise SectionError(
+                    str(exc).replace("export glob", "result_file"), "result_file"
+                ) from None
+
+
+def _check_schema(schema: object) -> None:
+    def json_like(value: object) -> bool:
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and json_like(v) for k, v in value.items())
+        if isinstance(value, list):
+            return all(json_like(v) for v in value)
+        return value is None or isinstance(value, str | int | float | bool)
+
+    if not isinstance(schema, Mapping) or not json_like(dict(schema)):
+        raise SectionError(
+            "result_schema must be a table of JSON values (no dates)", "result_schema"
+        )
+    # jsonschema has no type information: imported by name so its values are plainly Any.
+    validators = importlib.import_module("jsonschema.validators")
+    exceptions = importlib.import_module("jsonschema.exceptions")
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except exceptions.SchemaError as exc:
+        raise SectionError(
+            f"result_schema is not a valid JSON Schema: {exc.message}", "result_schema"
+        ) from None
+
+
+def show_limit(limit: str, value: float) -> str:
+    """A value of the :class:`Limits` field ``limit`` for people: ``512 MiB``, ``30 s``."""
+    if limit.endswith("_bytes"):
+        for unit, size in (("GiB", 1024 * MiB), ("MiB", MiB), ("KiB", 1024)):
+            if value >= size and value % size == 0:
+                return f"{plain(value // size)} {unit}"
+        return f"{plain(value)} bytes"
+    return f"{plain(value)} s" if limit.endswith("_s") else plain(value)
+
+
+def plain(value: float) -> str:
+    """A number as written in a profile: ``2147483648``, ``2.5``, never ``2.14748e+09``."""
+    return str(int(value)) if value == int(value) else repr(float(value))

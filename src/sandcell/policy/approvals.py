@@ -1,0 +1,535 @@
+"""Runs that wait for a person: the approval queue, one SQLite file.
+
+A run the policy holds for approval is stored as a *ticket*: the request, the findings, the profile
+and why. A person reads it (:func:`render_ticket`) and approves or denies.
+:meth:`ApprovalStore.approve` returns the request rebuilt from the store after checking it is
+exactly what was submitted (the code against ``code_sha256``, the whole request against
+``request_sha256``); the caller runs it, calls :meth:`ApprovalStore.mark_ran` and puts
+:func:`approval_record` into the run record. States:
+``pending`` → ``approved`` → ``ran``, or ``pending`` → ``denied``; each change is one ``BEGIN
+IMMEDIATE`` transaction that re-reads the state under the write lock, so of two racing approvers
+(threads or processes) exactly one wins.
+
+The whole request is stored, **environment variable values and stdin included**, because the
+approved run must be the submitted run. The file is 0600 in a 0700 directory; still, pass no secrets
+in ``env`` (give the code a host-side tool instead). The hashes catch a request edited after
+submission; whoever can write the file can rewrite them too, so its permissions are the protection.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import contextlib
+import hashlib
+import json
+import os
+import pwd
+import secrets
+import socket
+import sqlite3
+import threading
+import unicodedata
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import platformdirs
+
+from sandcell.errors import ConfigError
+from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest
+
+__all__ = [
+    "MIN_PREFIX",
+    "STATUSES",
+    "ApprovalError",
+    "ApprovalStore",
+    "ApprovedRun",
+    "Ticket",
+    "approval_record",
+    "default_approvals_path",
+    "default_approver",
+    "render_list",
+    "render_ticket",
+    "request_from_dict",
+    "request_to_dict",
+]
+
+STATUSES = ("pending", "approved", "denied", "ran")
+MIN_PREFIX = 6
+"""Shortest id prefix accepted in place of a full ticket id."""
+
+_T = TypeVar("_T")
+_APPLICATION_ID = int.from_bytes(b"sndq", "big")  # tells our file from any other SQLite file
+_BUSY_TIMEOUT_S = 30.0  # transactions are sub-millisecond; only a wedged process makes this expire
+_SCHEMA = """CREATE TABLE approvals (id TEXT PRIMARY KEY, created_at TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied', 'ran')),
+    request TEXT NOT NULL, code_sha256 TEXT NOT NULL, request_sha256 TEXT NOT NULL,
+    profile TEXT NOT NULL, findings TEXT NOT NULL, reason_for_approval TEXT NOT NULL,
+    decided_by TEXT, decided_at TEXT, decision_reason TEXT, run_id TEXT)"""
+
+
+class ApprovalError(ConfigError):
+    """A ticket is unknown, ambiguous, in the wrong state, or its stored request was changed."""
+
+
+# --- serialisation ----------------------------------------------------------------------------
+
+
+def request_to_dict(req: RunRequest) -> dict[str, object]:
+    """The JSON form of ``req``, complete (env values and stdin too) so it can be re-run exactly."""
+    return {
+        "code": req.code,
+        "language": req.language,
+        "inputs": [{"host_path": str(i.host_path), "name": i.name} for i in req.inputs],
+        "exports": list(req.exports),
+        "limits": {f.name: getattr(req.limits, f.name) for f in fields(req.limits)},
+        "stdin_b64": base64.b64encode(req.stdin).decode("ascii"),
+        "env": dict(req.env),
+        "mode": req.mode.value,
+        "landlock": req.landlock,
+    }
+
+
+def _field(d: Mapping[str, object], key: str, kind: type[_T]) -> _T:
+    value = d[key]
+    if not isinstance(value, kind):
+        raise TypeError(f"{key} should be {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def request_from_dict(d: Mapping[str, object]) -> RunRequest:
+    """Inverse of :func:`request_to_dict`; a malformed dict raises :class:`ApprovalError`.
+
+    A limit missing from ``d`` takes its default (it did not exist when the request was stored);
+    an unknown one is refused, since it could not be honoured.
+    """
+    try:
+        limits = _field(d, "limits", dict)
+        unknown = set(limits) - {f.name for f in fields(Limits)}
+        if unknown:
+            raise ValueError(f"unknown limits {sorted(unknown)}")
+        landlock = d["landlock"]
+        if landlock is not None and not isinstance(landlock, bool):
+            raise TypeError("landlock should be true, false or null")
+        env = _field(d, "env", dict)
+        exports = _field(d, "exports", list)
+        if not all(isinstance(v, str) for v in [*env.values(), *env, *exports]):
+            raise TypeError("env and exports must hold strings")
+        return RunRequest(
+            code=_field(d, "code", str),
+            language=cast(Language, _field(d, "language", str)),
+            inputs=tuple(
+                InputFile(host_path=Path(_field(i, "host_path", str)), name=_field(i, "name", str))
+                for i in _field(d, "inputs", list)
+            ),
+            exports=tuple(exports),
+            limits=Limits(**cast(dict[str, Any], limits)),
+            stdin=base64.b64decode(_field(d, "stdin_b64", str), validate=True),
+            env=env,
+            mode=IsolationMode(_field(d, "mode", str)),
+            landlock=landlock,
+        )
+    except (KeyError, TypeError, ValueError) as e:  # ConfigError and binascii.Error are ValueErrors
+        raise ApprovalError(f"the stored request is malformed: {e}") from e
+
+
+def _canonical(value: object) -> str:
+    # ensure_ascii: lone surrogates (legal in a Python str) survive SQLite's UTF-8 as escapes.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _sha256(text: str) -> str:
+    # surrogatepass: never fails; for valid text it equals the executor's code.encode() hash.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# --- tickets ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticket:
+    """One stored request and where it stands; the columns of its row, parsed."""
+
+    id: str
+    created_at: str
+    status: str
+    request: RunRequest
+    code_sha256: str
+    request_sha256: str
+    profile: dict[str, object]
+    """``name``, ``source`` and ``sha256`` of the profile that required approval."""
+    findings: tuple[dict[str, object], ...]
+    reason_for_approval: str
+    decided_by: str | None
+    decided_at: str | None
+    decision_reason: str | None
+    run_id: str | None
+    intact: bool
+    """False when the stored request no longer matches its hashes (it will not be approved)."""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form for ``--json`` output; the request in full, env values included."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["request"] = request_to_dict(self.request)
+        d["findings"] = list(self.findings)
+        return d
+
+
+# The columns are the Ticket's fields, in order, except the computed ``intact``.
+_NAMES = tuple(f.name for f in fields(Ticket))[:-1]
+_SELECT = f"SELECT {', '.join(_NAMES)} FROM approvals"  # noqa: S608 (constant column names)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovedRun:
+    """What :meth:`ApprovalStore.approve` returns: the ticket and the verified request to run."""
+
+    ticket: Ticket
+    request: RunRequest
+
+
+def approval_record(ticket: Ticket) -> dict[str, object]:
+    """The approval fields of the run record of an approved (or ran) ticket."""
+    if ticket.status not in ("approved", "ran"):
+        raise ApprovalError(f"approval {ticket.id} is {ticket.status}, not approved")
+    return {
+        "approval_id": ticket.id,
+        "approved_by": ticket.decided_by,
+        "approved_at": ticket.decided_at,
+        "decision_reason": ticket.decision_reason,
+        "requested_because": ticket.reason_for_approval,
+    }
+
+
+def default_approvals_path() -> Path:
+    """``$SANDCELL_HOME/approvals.sqlite3``, else in the per-user data directory (like audit)."""
+    home = os.environ.get("SANDCELL_HOME")
+    base = Path(home).expanduser() if home else platformdirs.user_data_path("sandcell")
+    return base / "approvals.sqlite3"
+
+
+def default_approver() -> str:
+    """Who approves from the CLI: ``$SANDCELL_APPROVER``, else ``user@hostname``."""
+    if override := os.environ.get("SANDCELL_APPROVER", "").strip():
+        return override
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (containers)
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _required(value: str, what: str) -> str:
+    if not value.strip():
+        raise ApprovalError(f"{what} must not be empty")
+    return value.strip()
+
+
+# --- the store --------------------------------------------------------------------------------
+
+
+class ApprovalStore:
+    """The approval queue in one SQLite file; safe to share between threads and processes."""
+
+    def __init__(self, path: Path) -> None:
+        """Open (creating file 0600, parents 0700, schema) the store at ``path``."""
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        _create_private_file(self.path)
+        try:
+            # isolation_level=None: no implicit transactions; each method opens its own.
+            conn = sqlite3.connect(
+                self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as e:
+            raise ApprovalError(f"cannot open approval store {self.path}: {e}") from e
+        self._conn: sqlite3.Connection | None = conn
+        try:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")  # readers never block an approver
+                conn.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error as e:  # e.g. "file is not a database"
+                raise ApprovalError(f"cannot open approval store {self.path}: {e}") from e
+            with self._txn() as c:
+                app_id = int(c.execute("PRAGMA application_id").fetchone()[0])
+                tables = c.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                if app_id == 0 and tables == 0:
+                    c.execute(_SCHEMA)
+                    c.execute(f"PRAGMA application_id = {_APPLICATION_ID:d}")
+                elif app_id != _APPLICATION_ID:
+                    raise ApprovalError(f"{self.path} is not a sandcell approval store")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection; idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> ApprovalStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(
+        self,
+        request: RunRequest,
+        *,
+        profile: Mapping[str, object],
+        findings: Sequence[Mapping[str, object]],
+        why: str,
+    ) -> Ticket:
+        """Store ``request`` as a pending ticket; ``why`` says why it needs approval."""
+        req = _canonical(request_to_dict(request))
+        try:
+            row = (
+                secrets.token_hex(6),
+                _now(),
+                "pending",
+                req,
+                _sha256(request.code),
+                _sha256(req),
+                _canonical(dict(profile)),
+                _canonical([dict(f) for f in findings]),
+                _required(why, "the reason the run needs approval"),
+            )
+        except (TypeError, ValueError) as e:
+            raise ApprovalError(f"profile or findings are not JSON-serialisable: {e}") from e
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT INTO approvals (id, created_at, status, request, code_sha256, "
+                "request_sha256, profile, findings, reason_for_approval) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            return self._ticket(self._find(conn, row[0]))
+
+    def get(self, id_or_prefix: str) -> Ticket:
+        """The ticket with this id, or the only one starting with it (≥ MIN_PREFIX chars)."""
+        with self._txn(write=False) as conn:
+            return self._ticket(self._find(conn, id_or_prefix))
+
+    def list(self, status: str | None = "pending", limit: int = 50) -> builtins.list[Ticket]:
+        """Up to ``limit`` tickets in ``status`` (any status for ``None``), newest first."""
+        if status is not None and status not in STATUSES:
+            raise ApprovalError(f"unknown status {status!r}; choose one of {', '.join(STATUSES)}")
+        where = "" if status is None else " WHERE status = ?"
+        with self._txn(write=False) as conn:
+            order = " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+            args = (*([status] if status else []), max(limit, 0))
+            rows = conn.execute(_SELECT + where + order, args).fetchall()
+            return [self._ticket(r) for r in rows]
+
+    def approve(self, id_or_prefix: str, *, by: str, reason: str = "") -> ApprovedRun:
+        """Approve a pending ticket; the returned request is verified against the stored hashes."""
+        by = _required(by, "the approver (by)")
+        with self._txn() as conn:
+            ticket = self._ticket(self._find(conn, id_or_prefix))
+            self._expect(ticket, "pending", "approved")
+            if not ticket.intact:
+                raise ApprovalError(
+                    f"the request of approval {ticket.id} no longer matches its hash: it was "
+                    "changed after it was submitted; refusing to run it"
+                )
+            ticket = self._update(conn, ticket.id, "approved", by, reason.strip() or None)
+        return ApprovedRun(ticket, ticket.request)
+
+    def deny(self, id_or_prefix: str, *, by: str, reason: str) -> Ticket:
+        """Deny a pending ticket; the reason is required (it is what the requester reads)."""
+        by = _required(by, "the approver (by)")
+        reason = _required(reason, "the reason for denying")
+        with self._txn() as conn:
+            ticket = self._ticket(self._find(conn, id_or_prefix))
+            self._expect(ticket, "pending", "denied")
+            return self._update(conn, ticket.id, "denied", by, reason)
+
+    def mark_ran(self, id_or_prefix: str, run_id: str) -> Ticket:
+        """Record that the approved ticket ran as ``run_id`` (approved → ran)."""
+        run_id = _required(run_id, "run_id")
+        with self._txn() as conn:
+            ticket = self._ticket(self._find(conn, id_or_prefix))
+            self._expect(ticket, "approved", "marked as ran")
+            conn.execute(
+                "UPDATE approvals SET status = 'ran', run_id = ? WHERE id = ?", (run_id, ticket.id)
+            )
+            return self._ticket(self._find(conn, ticket.id))
+
+    # --- internals ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _txn(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE takes the write lock before the state is read, so the check and the change
+        # are atomic across processes; the thread lock does the same for the shared connection.
+        with self._lock:
+            if self._conn is None:
+                raise ApprovalError(f"approval store {self.path} is closed")
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise ApprovalError(f"approval store {self.path}: {e}") from e
+
+    def _find(self, conn: sqlite3.Connection, id_or_prefix: str) -> Any:
+        key = id_or_prefix.strip().lower()
+        row = conn.execute(_SELECT + " WHERE id = ?", (key,)).fetchone()
+        if row is not None:
+            return row
+        if len(key) >= MIN_PREFIX:
+            # ids sort bytewise, so every id with this prefix comes right after it: a range scan.
+            rows = conn.execute(_SELECT + " WHERE id >= ? ORDER BY id LIMIT 6", (key,)).fetchall()
+            matches = [r for r in rows if str(r[0]).startswith(key)]
+            if len(matches) == 1:
+                return matches[0]
+            if matches:
+                shown = ", ".join(str(r[0]) for r in matches[:5])
+                raise ApprovalError(
+                    f"approval id prefix {key!r} is ambiguous: it matches {shown}; give more "
+                    "characters"
+                )
+        raise ApprovalError(
+            f"no approval {key!r} in {self.path}; give the full id or a unique prefix of at least "
+            f"{MIN_PREFIX} characters (see `sandcell approvals list`)"
+        )
+
+    def _ticket(self, row: Any) -> Ticket:
+        col = dict(zip(_NAMES, row, strict=True))
+        try:
+            request = request_from_dict(json.loads(col["request"]))
+            profile, findings = json.loads(col["profile"]), json.loads(col["findings"])
+        except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+            raise ApprovalError(
+                f"approval {col['id']} in {self.path} is corrupt ({e}): edited outside sandcell"
+            ) from e
+        # Both hashes: the code is what the approver reads, but inputs, env and limits are as
+        # much a part of "the same run".
+        intact = (_sha256(request.code), _sha256(col["request"])) == (
+            col["code_sha256"],
+            col["request_sha256"],
+        )
+        col.update(request=request, profile=profile, findings=tuple(findings), intact=intact)
+        return Ticket(**col)
+
+    @staticmethod
+    def _expect(ticket: Ticket, status: str, action: str) -> None:
+        if ticket.status != status:
+            by = f" by {ticket.decided_by} at {ticket.decided_at}" if ticket.decided_by else ""
+            article = "an" if status[0] in "aeiou" else "a"
+            raise ApprovalError(
+                f"approval {ticket.id} is {ticket.status}{by}; only {article} {status} ticket "
+                f"can be {action}"
+            )
+
+    def _update(
+        self, conn: sqlite3.Connection, id_: str, status: str, by: str, reason: str | None
+    ) -> Ticket:
+        conn.execute(
+            "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, decision_reason = ? "
+            "WHERE id = ?",
+            (status, by, _now(), reason, id_),
+        )
+        return self._ticket(self._find(conn, id_))
+
+
+def _create_private_file(path: Path) -> None:
+    """Create ``path`` 0600 and missing parents 0700 before SQLite would with the umask's mode."""
+    missing = [p for p in path.parents if not p.exists()]
+    try:
+        for directory in reversed(missing):  # one by one: mkdir(parents=True) ignores the mode
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # the umask may have removed owner bits
+        finally:
+            os.close(fd)
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise ApprovalError(f"cannot create approval store {path}: {e.strerror or e}") from e
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _visible(text: str) -> str:
+    """One line of ``text`` safe for a terminal: control (ESC, C0, C1, newlines), format (bidi
+    overrides, zero-width) and separator characters become visible escapes such as ``\\x1b`` or
+    ``\\u202e``, so what the approver reads is what runs. Tabs are kept."""
+    return "".join(
+        ch
+        if ch == "\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Zl", "Zp")
+        else ascii(ch)[1:-1]
+        for ch in text
+    )
+
+
+def _finding_line(f: Mapping[str, object]) -> str:
+    where = f"{f.get('line', '?')}:{f.get('column', '?')}"
+    text = f"{f.get('rule_id', '?')} {f.get('severity', '?')} {where} {f.get('message', '')}"
+    return _visible(text.strip())
+
+
+def render_ticket(ticket: Ticket) -> str:
+    """The full text of ``sandcell approvals show``: metadata, findings and numbered code."""
+    req, p = ticket.request, ticket.profile
+    lines = [
+        f"approval  {ticket.id}  {ticket.status}",
+        f"created   {ticket.created_at}",
+        f"profile   {p.get('name', '?')} ({p.get('source', '?')}, sha256 {p.get('sha256', '?')})",
+        f"why       {ticket.reason_for_approval}",
+        f"language  {req.language}   mode {req.mode.value}   landlock {req.landlock}",
+        "limits    " + ", ".join(f"{f.name}={getattr(req.limits, f.name)}" for f in fields(Limits)),
+    ]
+    lines += [f"input     {i.name} <- {i.host_path}" for i in req.inputs]
+    lines += [f"export    {g}" for g in req.exports]
+    lines += [f"env       {k}={v}" for k, v in sorted(req.env.items())]
+    if req.stdin:
+        lines.append(f"stdin     {len(req.stdin)} bytes")
+    if ticket.decided_by:
+        lines.append(f"decided   {ticket.status} by {ticket.decided_by} at {ticket.decided_at}")
+        lines.append(f"reason    {ticket.decision_reason or '-'}")
+    if ticket.run_id:
+        lines.append(f"run       {ticket.run_id}")
+    if not ticket.intact:
+        lines.append("WARNING   the stored request was changed after submission; it cannot run")
+    lines = [_visible(line) for line in lines]
+    lines.append(f"findings ({len(ticket.findings)})" if ticket.findings else "no findings")
+    lines += ["  " + _finding_line(f) for f in ticket.findings]
+    code = req.code[:-1] if req.code.endswith("\n") else req.code
+    # Split on \n only: a \r stays on its line as a visible escape instead of moving the numbers.
+    code_lines = code.split("\n")
+    width = len(str(len(code_lines)))
+    lines.append(f"code (sha256 {ticket.code_sha256})")
+    lines += [f"{n:>{width}} | {_visible(c)}" for n, c in enumerate(code_lines, 1)]
+    return "\n".join(lines) + "\n"
+
+
+def render_list(tickets: Sequence[Ticket]) -> str:
+    """One line per ticket for ``sandcell approvals list``."""
+    if not tickets:
+        return "no approvals\n"
+    out = []
+    for t in tickets:
+        first = _finding_line(t.findings[0])[:72] if t.findings else "no findings"
+        more = f" (+{len(t.findings) - 1} more)" if len(t.findings) > 1 else ""
+        created = t.created_at[:19].replace("T", " ")
+        out.append(f"{t.id}  {created}  {t.request.language:<6}  {t.status:<8}  {first}{more}")
+    return "\n".join(out) + "\n"
