@@ -1,9 +1,10 @@
 """The executor: the one object every surface (CLI, Python, later HTTP, MCP, the agent) runs
 code through.
 
-``Executor.run`` = validate the request → run it on a backend in a fresh sandbox → export the
-declared files → write the run record → return the typed result. ``run_async`` is the same for
-asyncio.
+``Executor.run`` = admit the request under a profile (limits, exports, checks of the code) →
+allow, deny, or wait for approval → run it on a backend in a fresh sandbox → export the declared
+files → validate the declared result → redact leaked tokens → write the run record → return the
+typed result. ``run_async`` is the same for asyncio.
 """
 
 from __future__ import annotations
@@ -12,28 +13,56 @@ import datetime as dt
 import hashlib
 import os
 import platform
+import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import platformdirs
 
 from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports, validate_globs
 from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend, BackendResult
-from sandcell.errors import InfraError
+from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
+from sandcell.policy.approvals import (
+    ApprovalStore,
+    Ticket,
+    approval_record,
+    default_approver,
+)
+from sandcell.policy.gate import Admission, admit
+from sandcell.policy.profiles import DEFAULT_PROFILE, Profile, load_profile
 from sandcell.runtimes import runtime_for
 from sandcell.spec import (
     Artifact,
+    Enforcement,
+    IsolationMode,
     Outcome,
     RejectedExport,
     RunRequest,
     RunResult,
     Usage,
 )
+from sandcell.validation import (
+    InvariantLike,
+    Leak,
+    check_schema,
+    parse_invariant,
+    scan_artifact,
+    validate_output,
+)
+
+if TYPE_CHECKING:
+    import pydantic
+
+ApprovalCallback = Callable[[Ticket], bool]
+"""Called with the stored ticket of a run that needs approval; True approves and runs it."""
+
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH)", re.IGNORECASE)
 
 
 def data_dir() -> Path:
@@ -50,8 +79,25 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def host_secrets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Values of the host's secret-looking environment variables: never given to a sandbox, so
+    finding one in its output means it leaked some other way; they are redacted by value."""
+    env = os.environ if environ is None else environ
+    return tuple(v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 8)
+
+
+def _leak_dict(leak: Leak) -> dict[str, object]:
+    return {
+        "kind": leak.kind,
+        "severity": leak.severity,
+        "stream": leak.stream,
+        "line": leak.line,
+        "preview": leak.preview,
+    }
+
+
 class Executor:
-    """Runs requests in fresh sandboxes and keeps a record of each run.
+    """Runs requests in fresh sandboxes under a policy profile and keeps a record of each run.
 
     >>> with Executor() as ex:                                   # doctest: +SKIP
     ...     result = ex.run(RunRequest(code="print(6*7)"))
@@ -65,7 +111,10 @@ class Executor:
         backend: Backend | None = None,
         audit: AuditLog | None = None,
         store: ArtifactStore | None = None,
+        approvals: ApprovalStore | None = None,
+        profile: Profile | str | None = None,
         export_limits: ExportLimits | None = None,
+        known_secrets: Sequence[str] | None = None,
         home: Path | None = None,
     ) -> None:
         base = home or data_dir()
@@ -76,7 +125,12 @@ class Executor:
         self.backend: Backend = backend
         self.audit = audit or AuditLog(base / "audit.sqlite3")
         self.store = store or ArtifactStore(base / "artifacts")
+        self.approvals = approvals or ApprovalStore(base / "approvals.sqlite3")
+        # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
+        default = os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE
+        self.profile = self._profile(profile if profile is not None else default)
         self.export_limits = export_limits or ExportLimits()
+        self.known_secrets = tuple(host_secrets() if known_secrets is None else known_secrets)
 
     def __enter__(self) -> Executor:
         return self
@@ -92,15 +146,154 @@ class Executor:
     def close(self) -> None:
         self.backend.close()
         self.audit.close()
+        self.approvals.close()
 
-    async def run_async(self, request: RunRequest) -> RunResult:
+    @staticmethod
+    def _profile(profile: Profile | str) -> Profile:
+        return profile if isinstance(profile, Profile) else load_profile(profile)
+
+    async def run_async(
+        self,
+        request: RunRequest,
+        *,
+        profile: Profile | str | None = None,
+        schema: Mapping[str, object] | None = None,
+        model: type[pydantic.BaseModel] | None = None,
+        invariants: Sequence[InvariantLike] = (),
+        result_file: str | None = None,
+        approve: ApprovalCallback | None = None,
+    ) -> RunResult:
         """:meth:`run` for asyncio: the sandbox is supervised on a worker thread."""
         import asyncio  # only asyncio callers pay for importing it
 
-        return await asyncio.to_thread(self.run, request)
+        return await asyncio.to_thread(
+            self.run,
+            request,
+            profile=profile,
+            schema=schema,
+            model=model,
+            invariants=invariants,
+            result_file=result_file,
+            approve=approve,
+        )
 
-    def run(self, request: RunRequest) -> RunResult:
-        """Run one program in a fresh sandbox. Outcomes are results; only misuse raises."""
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        profile: Profile | str | None = None,
+        schema: Mapping[str, object] | None = None,
+        model: type[pydantic.BaseModel] | None = None,
+        invariants: Sequence[InvariantLike] = (),
+        result_file: str | None = None,
+        approve: ApprovalCallback | None = None,
+    ) -> RunResult:
+        """Run one program in a fresh sandbox, if the profile allows it.
+
+        Outcomes are results, including ``denied`` and ``awaiting_approval``; only a request the
+        profile cannot accept at all (an export or limit beyond it, a bad schema) raises
+        ConfigError. ``schema``/``model``/``invariants``/``result_file`` declare a result to
+        validate (on top of the profile's schema); ``approve`` decides at once for a run that
+        needs approval instead of leaving it waiting in the store.
+        """
+        prof = self._profile(profile) if profile is not None else self.profile
+        admission = admit(request, prof, result_file=result_file)
+        validators = _Validators.make(admission, schema=schema, model=model, invariants=invariants)
+        policy = admission.policy_record()
+        verdict = admission.decision.verdict
+        if verdict == "deny":
+            return self._not_run(
+                admission.request,
+                Outcome.DENIED,
+                f"denied by profile {prof.name!r}: {admission.decision.reason}",
+                policy,
+            )
+        if verdict == "approve":
+            ticket = self.approvals.submit(
+                admission.request,
+                profile=prof.to_record(),
+                findings=policy["findings"],  # type: ignore[arg-type]
+                why=admission.decision.reason,
+            )
+            if approve is None:
+                return self._not_run(
+                    admission.request,
+                    Outcome.AWAITING_APPROVAL,
+                    f"waiting for approval {ticket.id} ({admission.decision.reason}); "
+                    f"approve it with: sandcell approve {ticket.id}",
+                    {**policy, "approval": {"id": ticket.id, "status": "pending"}},
+                )
+            who = f"callback:{getattr(approve, '__qualname__', 'approve')}"
+            if not approve(ticket):
+                denied = self.approvals.deny(
+                    ticket.id, by=who, reason="the approval callback refused"
+                )
+                return self._not_run(
+                    admission.request,
+                    Outcome.DENIED,
+                    f"approval {ticket.id} was denied by {who}",
+                    {**policy, "approval": _denial(denied)},
+                )
+            approved = self.approvals.approve(ticket.id, by=who)
+            result = self._execute(
+                approved.request,
+                validators,
+                {**policy, "approval": approval_record(approved.ticket)},
+            )
+            self.approvals.mark_ran(ticket.id, result.run_id)
+            return result
+        return self._execute(admission.request, validators, policy)
+
+    def run_approved(
+        self, approval_id: str, *, by: str | None = None, reason: str = ""
+    ) -> RunResult:
+        """Approve a waiting run and run exactly the stored request (its hash is checked).
+
+        The profile must still be the one the run was submitted under (same content hash).
+        """
+        ticket = self.approvals.get(approval_id)
+        source = str(ticket.profile.get("source") or "")
+        # A built-in is loaded by name; a user profile from the file it was loaded from.
+        prof = self._profile(
+            str(ticket.profile.get("name"))
+            if source.startswith("builtin:") or not source
+            else source
+        )
+        if prof.sha256 != ticket.profile.get("sha256"):
+            raise ConfigError(
+                f"profile {prof.name!r} changed since approval {ticket.id} was submitted; deny "
+                "it and submit the run again under the current profile"
+            )
+        admission = admit(ticket.request, prof)
+        validators = _Validators.make(admission, schema=None, model=None, invariants=())
+        approved = self.approvals.approve(ticket.id, by=by or default_approver(), reason=reason)
+        policy = {**admission.policy_record(), "approval": approval_record(approved.ticket)}
+        result = self._execute(approved.request, validators, policy)
+        self.approvals.mark_ran(ticket.id, result.run_id)
+        return result
+
+    def deny_approval(self, approval_id: str, *, reason: str, by: str | None = None) -> RunResult:
+        """Deny a waiting run; the denial is recorded as a run that did not happen."""
+        ticket = self.approvals.deny(approval_id, by=by or default_approver(), reason=reason)
+        record = {
+            "profile": ticket.profile,
+            "verdict": "approve",
+            "reason": ticket.reason_for_approval,
+            "findings": list(ticket.findings),
+            "approval": _denial(ticket),
+        }
+        return self._not_run(
+            ticket.request,
+            Outcome.DENIED,
+            f"approval {ticket.id} was denied by {ticket.decided_by}: {ticket.decision_reason}",
+            record,
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _execute(
+        self, request: RunRequest, validators: _Validators, policy: Mapping[str, object]
+    ) -> RunResult:
         globs = validate_globs(request.exports)
         inputs = inspect_inputs(request.inputs)
         run_id = uuid.uuid4().hex
@@ -115,30 +308,91 @@ class Executor:
             br = self.backend.run(request, run_id=run_id, collect=collect)
         except InfraError as exc:
             br = _infra_result(str(exc))
+        stdout = br.stdout.decode("utf-8", errors="replace")
+        stderr = br.stderr.decode("utf-8", errors="replace")
+        outcome, reason = br.outcome, br.reason
+        validation: dict[str, object] | None = None
+        report = validate_output(
+            stdout=stdout,
+            stderr=stderr,
+            result_file=self._result_bytes(br.artifacts, validators.result_file),
+            schema=validators.schema,
+            model=validators.model,
+            invariants=validators.invariants,
+            known_secrets=self.known_secrets,
+        )
+        leaks = [_leak_dict(leak) for leak in report.leaks]
+        for artifact in br.artifacts:
+            data = self.store.path_for(artifact.sha256).read_bytes()
+            found = scan_artifact(data, path=artifact.path, known_secrets=self.known_secrets)
+            leaks += [_leak_dict(leak) for leak in found]
+        if validators.declared and outcome is Outcome.OK:
+            validation = {
+                "valid": report.valid,
+                "errors": list(report.errors),
+                "value": report.value if report.valid else None,
+            }
+            if not report.valid:
+                outcome = Outcome.INVALID_OUTPUT
+                reason = "the declared result failed validation: " + "; ".join(report.errors[:3])
         result = RunResult(
             run_id=run_id,
-            outcome=br.outcome,
+            outcome=outcome,
             exit_code=br.exit_code,
             signal=br.signal,
-            stdout=br.stdout.decode("utf-8", errors="replace"),
-            stderr=br.stderr.decode("utf-8", errors="replace"),
+            stdout=report.stdout,
+            stderr=report.stderr,
             stdout_truncated=br.stdout_truncated,
             stderr_truncated=br.stderr_truncated,
             usage=br.usage,
             artifacts=br.artifacts,
             rejected_exports=br.rejected_exports,
             enforcement=br.enforcement,
-            reason=br.reason,
+            reason=reason,
             started_at=started_at,
+            policy=policy,
+            validation=validation,
+            leaks=tuple(leaks),
         )
         self.audit.append(self._record(request, result, br, inputs))
+        return result
+
+    def _result_bytes(self, artifacts: Sequence[Artifact], result_file: str | None) -> bytes | None:
+        if result_file is None:
+            return None
+        for a in artifacts:
+            if a.path == result_file:
+                return self.store.path_for(a.sha256).read_bytes()
+        return b""  # declared but not written: validation says so
+
+    def _not_run(
+        self, request: RunRequest, outcome: Outcome, reason: str, policy: Mapping[str, object]
+    ) -> RunResult:
+        result = RunResult(
+            run_id=uuid.uuid4().hex,
+            outcome=outcome,
+            exit_code=None,
+            signal=None,
+            stdout="",
+            stderr="",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            usage=Usage(wall_ms=0.0, cpu_ms=None, peak_memory_bytes=None),
+            artifacts=(),
+            rejected_exports=(),
+            enforcement=None,
+            reason=reason,
+            started_at=_now(),
+            policy=policy,
+        )
+        self.audit.append(self._record(request, result, None, inspect_inputs(request.inputs)))
         return result
 
     def _record(
         self,
         request: RunRequest,
         result: RunResult,
-        br: BackendResult,
+        br: BackendResult | None,
         inputs: list[dict[str, object]],
     ) -> Mapping[str, object]:
         runtime = runtime_for(request.language)
@@ -157,7 +411,7 @@ class Executor:
             },
             "backend": {"name": self.backend.name, **self.backend.versions()},
             "host": {"kernel": platform.release(), "machine": platform.machine()},
-            "limits": asdict(request.limits),
+            "limits": asdict(request.effective_limits),
             "mode": request.mode.value,
             "env_names": sorted(request.env),
             "inputs": inputs,
@@ -168,14 +422,17 @@ class Executor:
             "exit_code": result.exit_code,
             "signal": result.signal,
             "usage": asdict(result.usage),
-            "stdout_sha256": _sha256(br.stdout),
-            "stderr_sha256": _sha256(br.stderr),
+            "stdout_sha256": _sha256(br.stdout if br else b""),
+            "stderr_sha256": _sha256(br.stderr if br else b""),
             "stdout": result.stdout,
             "stderr": result.stderr,
             "stdout_truncated": result.stdout_truncated,
             "stderr_truncated": result.stderr_truncated,
             "artifacts": [asdict(a) for a in result.artifacts],
             "rejected_exports": [asdict(r) for r in result.rejected_exports],
+            "policy": None if result.policy is None else dict(result.policy),
+            "validation": result.validation,
+            "leaks": list(result.leaks),
             "enforcement": None
             if enforcement is None
             else {
@@ -188,8 +445,6 @@ class Executor:
 
 
 def _infra_result(reason: str) -> BackendResult:
-    from sandcell.spec import Enforcement, IsolationMode
-
     return BackendResult(
         outcome=Outcome.INFRA_ERROR,
         exit_code=None,
@@ -204,3 +459,50 @@ def _infra_result(reason: str) -> BackendResult:
         enforcement=Enforcement(backend="none", layers={}, mode=IsolationMode.STRICT),
         reason=reason,
     )
+
+
+class _Validators:
+    """What the run's declared result is checked against, prepared before the run so that a bad
+    schema or invariant is refused before anything runs."""
+
+    def __init__(
+        self,
+        *,
+        schema: Mapping[str, object] | None,
+        model: type[pydantic.BaseModel] | None,
+        invariants: Sequence[InvariantLike],
+        result_file: str | None,
+    ) -> None:
+        self.schema = schema
+        self.model = model
+        self.invariants = invariants
+        self.result_file = result_file
+
+    @property
+    def declared(self) -> bool:
+        return bool(self.schema or self.model or self.invariants or self.result_file)
+
+    @classmethod
+    def make(
+        cls,
+        admission: Admission,
+        *,
+        schema: Mapping[str, object] | None,
+        model: type[pydantic.BaseModel] | None,
+        invariants: Sequence[InvariantLike],
+    ) -> _Validators:
+        schema = schema if schema is not None else admission.profile.validation.result_schema
+        if schema is not None:
+            check_schema(schema)
+        parsed = [parse_invariant(i) if isinstance(i, str) else i for i in invariants]
+        return cls(schema=schema, model=model, invariants=parsed, result_file=admission.result_file)
+
+
+def _denial(ticket: Ticket) -> dict[str, object]:
+    return {
+        "approval_id": ticket.id,
+        "denied_by": ticket.decided_by,
+        "denied_at": ticket.decided_at,
+        "decision_reason": ticket.decision_reason,
+        "requested_because": ticket.reason_for_approval,
+    }

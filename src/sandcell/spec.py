@@ -102,7 +102,9 @@ class RunRequest:
     inputs: tuple[InputFile, ...] = ()
     exports: tuple[str, ...] = ()
     """Globs, relative to the working directory, of files to export as artifacts."""
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits | None = None
+    """The run's limits; None takes the profile's defaults (the executor resolves them and
+    refuses any limit above the profile's ceiling)."""
     stdin: bytes = b""
     """Bytes fed to the program's standard input (then closed)."""
     env: Mapping[str, str] = field(default_factory=dict)
@@ -111,6 +113,11 @@ class RunRequest:
     mode: IsolationMode = IsolationMode.STRICT
     landlock: bool | None = None
     """``True`` requires Landlock, ``False`` disables it, ``None`` uses it where available."""
+
+    @property
+    def effective_limits(self) -> Limits:
+        """The limits a backend enforces: the given ones, else the built-in defaults."""
+        return self.limits if self.limits is not None else Limits()
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:

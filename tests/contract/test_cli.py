@@ -58,7 +58,9 @@ def sandcell(
     argv = list(args)
     if argv and argv[0] == "run":
         argv[1:1] = _mode_args()
-    env = {**os.environ, "SANDCELL_HOME": str(home)}
+    # These tests are about the execution layer's command line, so the code goes straight to the
+    # sandbox; the policy commands have their own tests (tests/contract/test_policy_cli.py).
+    env = {**os.environ, "SANDCELL_HOME": str(home), "SANDCELL_PROFILE": "unchecked"}
     proc = subprocess.run(
         [sys.executable, "-m", "sandcell", *argv],
         input=stdin,

@@ -177,7 +177,7 @@ def run_with_host_state(
         import json
 
         unpriv = request.getfixturevalue("unpriv")
-        args = ["run", "--json", "-c", attack_code(body)]
+        args = ["run", "--json", "--profile", "unchecked", "-c", attack_code(body)]
         if unpriv.mode.value == "rlimits":
             args.insert(1, "--isolation=rlimits")
         proc = run_as_user(unpriv, args, extra_env=env, pass_fds=tuple(pass_fds))

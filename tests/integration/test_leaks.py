@@ -173,7 +173,7 @@ _CLI_FLAGS = {
 
 
 def _cli_args(kind: Kind, code: str, mode: IsolationMode) -> list[str]:
-    args = ["run", "--json", "-c", code]
+    args = ["run", "--json", "--profile", "unchecked", "-c", code]
     if mode is IsolationMode.RLIMITS:
         args.insert(1, "--isolation=rlimits")
     for key, value in kind.limits.items():
@@ -213,7 +213,7 @@ def test_root_runs_leave_nothing(
     owner = workspace.owner_tag()
     schedule = _schedule(ROOT_RUNS_PER_KIND)
 
-    with Executor(home=tmp_path / "home") as ex:
+    with Executor(home=tmp_path / "home", profile="unchecked") as ex:
 
         def one(kind: Kind) -> tuple[str, str]:
             res = ex.run(

@@ -62,7 +62,7 @@ _SUPERVISOR = textwrap.dedent(
     """
     import os
     from sandcell import Executor, Limits, RunRequest
-    with Executor() as ex:
+    with Executor(profile="unchecked") as ex:
         ex.run(RunRequest(code=os.environ["CRASH_PROGRAM"],
                           limits=Limits().with_(wall_time_s=120)))
     """
@@ -195,7 +195,7 @@ def test_user_supervisor_sigkill(
         "PATH=/usr/bin:/bin", f"HOME={env.home}", f"PYTHONPATH={env.pythonpath}",
         f"SANDCELL_HOME={env.home}", f"SANDCELL_RUNS={env.runs}",
         env.python, "-m", "sandcell",
-        "run", *mode_args, "--json", "--timeout", "120", "-c", _program(marker),
+        "run", *mode_args, "--json", "--profile", "unchecked", "--timeout", "120", "-c", _program(marker),
     ]  # fmt: skip
     runuser = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     cleanup.append(runuser.pid)

@@ -369,7 +369,7 @@ def test_request_defaults() -> None:
     req = RunRequest(code="print(1)")
     assert req.language == "python"
     assert req.mode is IsolationMode.STRICT
-    assert req.limits == Limits()
+    assert req.limits is None and req.effective_limits == Limits()
     assert req.inputs == () and req.exports == () and req.stdin == b""
 
 

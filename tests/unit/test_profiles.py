@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandcell.errors import ConfigError, IsolationUnavailable
+from sandcell.policy._profile_sections import DEFAULT_EXPORT_GLOBS
 from sandcell.policy.profiles import (
     DEFAULT_PROFILE,
     STRICT_CEILINGS,
@@ -89,7 +90,7 @@ def test_strict_is_exactly_what_absent_means(tmp_path: Path) -> None:
     for section in ("filesystem", "network", "limits", "runtime", "checks", "validation"):
         assert getattr(empty, section) == getattr(strict, section), section
     assert empty.approval == strict.approval == "on_findings"
-    assert strict.filesystem.export_globs == ()
+    assert strict.filesystem.export_globs == DEFAULT_EXPORT_GLOBS
     assert strict.network.mode == "none"
     assert strict.import_allowlist() == frozenset()
     assert strict.limits.defaults == Limits()
@@ -357,7 +358,9 @@ def test_empty_denies_and_absent_takes_the_default(tmp_path: Path) -> None:
     absent = load_profile(str(write(tmp_path, "absent.toml", "")))
     for glob in ("out/a.png", "a.png", "**", "*"):
         assert not empty.allows_export(glob)
-        assert not absent.allows_export(glob)  # the default is the empty list too
+    # Absent takes strict's default: out/ and result files at the top, nothing wider.
+    assert absent.allows_export("out/a.png") and absent.allows_export("a.png")
+    assert not absent.allows_export("**") and not absent.allows_export("*")
     assert absent.filesystem == FilesystemRules()
     assert not empty.allows_inputs(1)
     assert absent.allows_inputs(8) and not absent.allows_inputs(9)

@@ -12,13 +12,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandcell import status
-from sandcell.cli import audit, doctor, run
+from sandcell.cli import approvals, audit, doctor, policy, run
 from sandcell.errors import AuditError, SandcellError
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": run.handle,
     "doctor": doctor.handle,
     "audit": audit.handle,
+    "check": policy.handle_check,
+    "policy": policy.handle_policy,
+    "approvals": approvals.handle_approvals,
+    "approve": approvals.handle_approve,
+    "deny": approvals.handle_deny,
 }
 
 
@@ -36,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for module in (run, doctor, audit):
         module.add_parser(sub)
+    policy.add_parsers(sub)
+    approvals.add_parsers(sub)
     return p
 
 

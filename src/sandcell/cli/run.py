@@ -9,15 +9,17 @@ from pathlib import Path
 
 from sandcell import status
 from sandcell.errors import ConfigError
+from sandcell.policy.profiles import Profile
 from sandcell.spec import (
     LANGUAGES,
     IsolationMode,
-    Limits,
     MiB,
     RunRequest,
+    RunResult,
     input_from_path,
     result_to_dict,
 )
+from sandcell.validation import load_schema, neutralise
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,6 +71,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded",
     )
     r.add_argument("--no-landlock", action="store_true", help="do not apply Landlock")
+    r.add_argument(
+        "--profile",
+        help="policy profile: a built-in name, a name from the profile directory, or a TOML path "
+        "(default: $SANDCELL_PROFILE, else strict; see sandcell policy list)",
+    )
+    r.add_argument("--schema", metavar="FILE", help="JSON Schema the declared result must meet")
+    r.add_argument(
+        "--invariant",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="a condition on the declared result, e.g. '0 <= result[\"rate\"] <= 100'",
+    )
+    r.add_argument(
+        "--result-file",
+        metavar="NAME",
+        help="read the declared result from this file in the working directory (default: the "
+        "last JSON line of stdout)",
+    )
     r.add_argument("--json", action="store_true", help="print one JSON object with the result")
 
 
@@ -92,19 +113,26 @@ def read_code(args: argparse.Namespace) -> str:
         raise ConfigError(f"cannot read program file {args.file!r}: {exc.strerror}") from None
 
 
-def build_request(args: argparse.Namespace) -> RunRequest:
+def requested_limits(args: argparse.Namespace) -> dict[str, float | None]:
+    """The limits given on the command line, in :class:`Limits` field names (None: not given)."""
+    mib = {"memory": args.memory, "file_size": args.file_size, "workspace": args.workspace}
+    return {
+        "wall_time_s": args.timeout,
+        "cpu_time_s": args.cpu_time,
+        "memory_bytes": mib["memory"] * MiB if mib["memory"] is not None else None,
+        "max_pids": args.pids,
+        "max_open_files": args.open_files,
+        "max_file_bytes": mib["file_size"] * MiB if mib["file_size"] is not None else None,
+        "workspace_bytes": mib["workspace"] * MiB if mib["workspace"] is not None else None,
+        "stdout_bytes": args.max_stdout,
+        "stderr_bytes": args.max_stderr,
+    }
+
+
+def build_request(args: argparse.Namespace, profile: Profile) -> RunRequest:
     code = read_code(args)
-    limits = Limits().with_(
-        wall_time_s=args.timeout,
-        cpu_time_s=args.cpu_time,
-        memory_bytes=args.memory * MiB if args.memory is not None else None,
-        max_pids=args.pids,
-        max_open_files=args.open_files,
-        max_file_bytes=args.file_size * MiB if args.file_size is not None else None,
-        workspace_bytes=args.workspace * MiB if args.workspace is not None else None,
-        stdout_bytes=args.max_stdout,
-        stderr_bytes=args.max_stderr,
-    )
+    # Refused here, not clamped, when above the profile's ceiling.
+    limits = profile.limits_for(requested_limits(args))
     env: dict[str, str] = {}
     for item in args.env:
         name, sep, value = item.partition("=")
@@ -137,30 +165,60 @@ def build_request(args: argparse.Namespace) -> RunRequest:
 def handle(args: argparse.Namespace) -> int:
     from sandcell.executor import Executor
 
-    request = build_request(args)
-    if args.out is not None and not request.exports:
+    if args.out is not None and not args.export:
         raise ConfigError("--out needs at least one --export GLOB to say what to copy out")
-    with Executor(home=args.home) as ex:
-        result = ex.run(request)
-        copied: list[Path] = []
-        if args.out is not None and result.artifacts:
-            copied = ex.store.copy_out(result.artifacts, args.out)
-    if args.json:
+    schema = load_schema(Path(args.schema)) if args.schema else None
+    with Executor(home=args.home, profile=args.profile) as ex:
+        request = build_request(args, ex.profile)
+        result = ex.run(
+            request,
+            schema=schema,
+            invariants=tuple(args.invariant),
+            result_file=args.result_file,
+        )
+        copied = (
+            ex.store.copy_out(result.artifacts, args.out) if args.out and result.artifacts else []
+        )
+    return report(result, as_json=args.json, copied=copied, out=args.out)
+
+
+def report(result: RunResult, *, as_json: bool, copied: list[Path], out: Path | None) -> int:
+    """Print a result as ``run`` does (shared with ``approve``) and return the exit status."""
+    if as_json:
         body = result_to_dict(result)
-        if args.out is not None:
+        if out is not None:
             body["copied_to"] = [str(p) for p in copied]
         print(json.dumps(body, ensure_ascii=False))
-    else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
-        if result.outcome.value not in ("ok", "error"):
-            print(
-                f"sandcell: {result.outcome.value}: {result.reason} (run {result.run_id})",
-                file=sys.stderr,
-            )
-        for rej in result.rejected_exports:
-            print(f"sandcell: not exported: {rej.path}: {rej.reason}", file=sys.stderr)
-        for path in copied:
-            print(f"sandcell: exported {path}", file=sys.stderr)
+        return status.exit_code_for(result)
+    # Escape and control sequences reach a terminal defanged; a pipe gets the bytes as they were.
+    out_text = neutralise(result.stdout) if sys.stdout.isatty() else result.stdout
+    err_text = neutralise(result.stderr) if sys.stderr.isatty() else result.stderr
+    sys.stdout.write(out_text)
+    sys.stdout.flush()
+    sys.stderr.write(err_text)
+    if result.outcome.value not in ("ok", "error"):
+        print(
+            f"sandcell: {result.outcome.value}: {result.reason} (run {result.run_id})",
+            file=sys.stderr,
+        )
+    policy = result.policy or {}
+    findings = policy.get("findings") if result.outcome.value in _POLICY_OUTCOMES else None
+    for f in findings if isinstance(findings, list) else []:
+        print(
+            f"sandcell: {f['rule_id']} ({f['severity']}) line {f['line']}: {f['message']}",
+            file=sys.stderr,
+        )
+    validation = result.validation or {}
+    errors = validation.get("errors")
+    for err in errors if isinstance(errors, list) else []:
+        print(f"sandcell: invalid result: {err}", file=sys.stderr)
+    for leak in result.leaks:
+        print(f"sandcell: redacted {leak['kind']} in {leak['stream']}", file=sys.stderr)
+    for rej in result.rejected_exports:
+        print(f"sandcell: not exported: {rej.path}: {rej.reason}", file=sys.stderr)
+    for path in copied:
+        print(f"sandcell: exported {path}", file=sys.stderr)
     return status.exit_code_for(result)
+
+
+_POLICY_OUTCOMES = ("denied", "awaiting_approval")

@@ -154,6 +154,19 @@ def _translate(component: str) -> re.Pattern[str]:
     return re.compile(translate(component))
 
 
+DEFAULT_EXPORT_GLOBS: tuple[str, ...] = (
+    "out/**",
+    "*.json",
+    "*.csv",
+    "*.txt",
+    "*.md",
+    "*.png",
+    "*.svg",
+)
+"""What strict (and an absent ``export_globs``) lets leave: files under out/, and results,
+charts and tables at the top of the working directory."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FilesystemRules:
     """What a run may see and take out, besides its own working directory."""
@@ -161,7 +174,7 @@ class FilesystemRules:
     max_inputs: int = 8
     """Host files or directories a run may be given, read-only. ``0`` allows none; absent: 8.
     (The workspace size is a limit: ``workspace_mb`` under ``[limits]`` and ``[ceilings]``.)"""
-    export_globs: tuple[str, ...] = ()
+    export_globs: tuple[str, ...] = DEFAULT_EXPORT_GLOBS
     """Globs a requested export must be covered by (:meth:`Profile.allows_export`). Empty or
     absent: no export is allowed."""
 

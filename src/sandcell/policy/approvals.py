@@ -85,7 +85,9 @@ def request_to_dict(req: RunRequest) -> dict[str, object]:
         "language": req.language,
         "inputs": [{"host_path": str(i.host_path), "name": i.name} for i in req.inputs],
         "exports": list(req.exports),
-        "limits": {f.name: getattr(req.limits, f.name) for f in fields(req.limits)},
+        "limits": None
+        if req.limits is None
+        else {f.name: getattr(req.limits, f.name) for f in fields(Limits)},
         "stdin_b64": base64.b64encode(req.stdin).decode("ascii"),
         "env": dict(req.env),
         "mode": req.mode.value,
@@ -107,8 +109,8 @@ def request_from_dict(d: Mapping[str, object]) -> RunRequest:
     an unknown one is refused, since it could not be honoured.
     """
     try:
-        limits = _field(d, "limits", dict)
-        unknown = set(limits) - {f.name for f in fields(Limits)}
+        limits = None if d.get("limits", {}) is None else _field(d, "limits", dict)
+        unknown = set(limits or {}) - {f.name for f in fields(Limits)}
         if unknown:
             raise ValueError(f"unknown limits {sorted(unknown)}")
         landlock = d["landlock"]
@@ -126,7 +128,7 @@ def request_from_dict(d: Mapping[str, object]) -> RunRequest:
                 for i in _field(d, "inputs", list)
             ),
             exports=tuple(exports),
-            limits=Limits(**cast(dict[str, Any], limits)),
+            limits=None if limits is None else Limits(**cast(dict[str, Any], limits)),
             stdin=base64.b64decode(_field(d, "stdin_b64", str), validate=True),
             env=env,
             mode=IsolationMode(_field(d, "mode", str)),
@@ -496,7 +498,8 @@ def render_ticket(ticket: Ticket) -> str:
         f"profile   {p.get('name', '?')} ({p.get('source', '?')}, sha256 {p.get('sha256', '?')})",
         f"why       {ticket.reason_for_approval}",
         f"language  {req.language}   mode {req.mode.value}   landlock {req.landlock}",
-        "limits    " + ", ".join(f"{f.name}={getattr(req.limits, f.name)}" for f in fields(Limits)),
+        "limits    "
+        + ", ".join(f"{f.name}={getattr(req.effective_limits, f.name)}" for f in fields(Limits)),
     ]
     lines += [f"input     {i.name} <- {i.host_path}" for i in req.inputs]
     lines += [f"export    {g}" for g in req.exports]

@@ -139,8 +139,8 @@ class NamespacesBackend:
                 try:
                     workspace.mount_tmpfs(
                         work,
-                        size_bytes=request.limits.workspace_bytes,
-                        inodes=request.limits.workspace_inodes,
+                        size_bytes=request.effective_limits.workspace_bytes,
+                        inodes=request.effective_limits.workspace_inodes,
                         mode=0o755,
                     )
                     mounted = True
@@ -158,12 +158,12 @@ class NamespacesBackend:
                 cgroup.create(
                     cgroups.plan_settings(
                         layers.cgroup_host.version,
-                        memory_bytes=request.limits.memory_bytes,
-                        max_pids=request.limits.max_pids,
+                        memory_bytes=request.effective_limits.memory_bytes,
+                        max_pids=request.effective_limits.max_pids,
                         swap_accounting=cgroups.swap_accounting(layers.cgroup_host),
                     )
                 )
-            rlimit_plan = plan_rlimits(request.limits, request.mode)
+            rlimit_plan = plan_rlimits(request.effective_limits, request.mode)
 
             # -- 4. argument list ----------------------------------------------------------
             pipes = Pipes(self._seccomp_program)
@@ -181,7 +181,7 @@ class NamespacesBackend:
                         etc_dir=self.root / "etc",
                         inputs=[(i.host_path, i.name) for i in request.inputs],
                         env=env,
-                        tmp_bytes=request.limits.tmp_bytes,
+                        tmp_bytes=request.effective_limits.tmp_bytes,
                         seccomp_fd=fds.seccomp,
                         info_fd=fds.info_w,
                         block_fd=fds.block_r,
@@ -212,8 +212,8 @@ class NamespacesBackend:
                         "-S",
                         str(_MOUNT_HELPER),
                         str(work),
-                        str(request.limits.workspace_bytes),
-                        str(request.limits.workspace_inodes),
+                        str(request.effective_limits.workspace_bytes),
+                        str(request.effective_limits.workspace_inodes),
                         str(result_w),
                         str(hold_r),
                         ",".join(map(str, fds.passed())),
@@ -229,9 +229,9 @@ class NamespacesBackend:
                     argv,
                     pipes=pipes,
                     stdin=request.stdin,
-                    wall_time_s=request.limits.wall_time_s,
-                    stdout_cap=request.limits.stdout_bytes,
-                    stderr_cap=request.limits.stderr_bytes,
+                    wall_time_s=request.effective_limits.wall_time_s,
+                    stdout_cap=request.effective_limits.stdout_bytes,
+                    stderr_cap=request.effective_limits.stderr_bytes,
                     on_sandbox_pid=on_sandbox_pid,
                     on_kill=on_kill,
                     after_exit=after_exit,
@@ -335,7 +335,7 @@ class NamespacesBackend:
             "seccomp": self._seccomp_policy.describe(),
             "rlimits": "cpu, open files, file size, core"
             + (", address space, processes" if request.mode is IsolationMode.RLIMITS else ""),
-            "workspace_quota": f"tmpfs of {request.limits.workspace_bytes} bytes",
+            "workspace_quota": f"tmpfs of {request.effective_limits.workspace_bytes} bytes",
             "bubblewrap": self.bwrap.version_text,
         }
         weakened: list[str] = []
@@ -355,7 +355,7 @@ class NamespacesBackend:
 def _classify(
     launched: Launched, cg: cgroups.CgroupUsage | None, request: RunRequest
 ) -> tuple[Outcome, str]:
-    limits = request.limits
+    limits = request.effective_limits
     if not launched.started:
         err = launched.stderr.decode(errors="replace").strip()
         if launched.exit_code == BOOT_FAILED_STATUS:
