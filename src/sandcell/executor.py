@@ -327,14 +327,17 @@ class Executor:
             found = scan_artifact(data, path=artifact.path, known_secrets=self.known_secrets)
             leaks += [_leak_dict(leak) for leak in found]
         if validators.declared and outcome is Outcome.OK:
+            missing = _missing_result(br, validators.result_file)
+            valid = report.valid and missing is None
+            errors = [missing] if missing is not None else list(report.errors)
             validation = {
-                "valid": report.valid,
-                "errors": list(report.errors),
-                "value": report.value if report.valid else None,
+                "valid": valid,
+                "errors": errors,
+                "value": report.value if valid else None,
             }
-            if not report.valid:
+            if not valid:
                 outcome = Outcome.INVALID_OUTPUT
-                reason = "the declared result failed validation: " + "; ".join(report.errors[:3])
+                reason = "the declared result failed validation: " + "; ".join(errors[:3])
         result = RunResult(
             run_id=run_id,
             outcome=outcome,
@@ -442,6 +445,17 @@ class Executor:
                 "weakened": list(enforcement.weakened),
             },
         }
+
+
+def _missing_result(br: BackendResult, result_file: str | None) -> str | None:
+    """Why the declared result file is not among the run's artifacts; None when it is (or when
+    the result comes from stdout)."""
+    if result_file is None or any(a.path == result_file for a in br.artifacts):
+        return None
+    for rejected in br.rejected_exports:
+        if rejected.path == result_file:
+            return f"the result file {result_file!r} was not exported: {rejected.reason}"
+    return f"the result file {result_file!r} was not written by the program"
 
 
 def _infra_result(reason: str) -> BackendResult:

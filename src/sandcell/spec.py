@@ -110,6 +110,9 @@ class RunRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the program. Nothing of the caller's environment is passed otherwise;
     only the names of these variables are recorded, never the values."""
+    packages: tuple[Path, ...] = ()
+    """Host directories of packages from the wheel cache (prepared ahead of time), mounted
+    read-only under ``/packages`` and importable after the runtime's own packages."""
     mode: IsolationMode = IsolationMode.STRICT
     landlock: bool | None = None
     """``True`` requires Landlock, ``False`` disables it, ``None`` uses it where available."""

@@ -29,7 +29,13 @@ from pathlib import Path
 
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, BwrapPlan, build_argv, find_bwrap
+from sandcell.backends.namespaces.bwrap import (
+    PACKAGES_DIR,
+    SANDBOX_WORKDIR,
+    BwrapPlan,
+    build_argv,
+    find_bwrap,
+)
 from sandcell.backends.namespaces.launcher import (
     BOOT_FAILED_STATUS,
     HelperChannel,
@@ -180,6 +186,7 @@ class NamespacesBackend:
                         control_dir=control,
                         etc_dir=self.root / "etc",
                         inputs=[(i.host_path, i.name) for i in request.inputs],
+                        packages=request.packages,
                         env=env,
                         tmp_bytes=request.effective_limits.tmp_bytes,
                         seccomp_fd=fds.seccomp,
@@ -306,7 +313,11 @@ class NamespacesBackend:
         lplan = None
         if layers.landlock_abi is not None:
             lplan = landlock.build_plan(
-                runtime_paths=[*runtime.ro_dirs, *(link for link, _ in runtime.symlinks)],
+                runtime_paths=[
+                    *runtime.ro_dirs,
+                    *(link for link, _ in runtime.symlinks),
+                    *([PACKAGES_DIR] if request.packages else []),
+                ],
                 input_dir="/inputs" if request.inputs else None,
                 work_dir=SANDBOX_WORKDIR,
                 abi=layers.landlock_abi,
@@ -315,6 +326,7 @@ class NamespacesBackend:
             plan=lplan,
             status_fd=status_fd,
             input_links=[(i.name, f"/inputs/{i.name}") for i in request.inputs],
+            python_paths=[f"{PACKAGES_DIR}/{p.name}" for p in request.packages],
         )
         path = control / _CONTROL_PLAN
         path.write_text(plan_text)

@@ -83,8 +83,11 @@ def _parse_json(text: str) -> Any:
     return value
 
 
-def _load_plan(path: str) -> tuple[dict[str, Any] | None, int | None, list[list[str]]]:
-    """(landlock section or None, status fd or None, input links), checked for shape."""
+def _load_plan(
+    path: str,
+) -> tuple[dict[str, Any] | None, int | None, list[list[str]], list[str]]:
+    """(landlock section or None, status fd or None, input links, extra python paths), checked
+    for shape."""
     with open(path, encoding="utf-8") as f:
         doc = _parse_json(f.read())
     if not isinstance(doc, dict) or doc.get("format") != 1:
@@ -92,6 +95,9 @@ def _load_plan(path: str) -> tuple[dict[str, Any] | None, int | None, list[list[
     landlock = doc.get("landlock")
     status_fd = doc.get("status_fd")
     links = doc.get("input_links") or []
+    python_paths = doc.get("python_paths") or []
+    if not all(type(p) is str and p.startswith("/") for p in python_paths):
+        raise ValueError(f"malformed python_paths {python_paths!r}")
     if landlock is not None:
         ruleset = landlock.get("ruleset") if isinstance(landlock, dict) else None
         if not isinstance(ruleset, dict) or not all(
@@ -106,7 +112,7 @@ def _load_plan(path: str) -> tuple[dict[str, Any] | None, int | None, list[list[
     for link in links:
         if not (len(link) == 2 and type(link[0]) is str and type(link[1]) is str):
             raise ValueError(f"malformed input link {link!r}")
-    return landlock, status_fd, links
+    return landlock, status_fd, links, python_paths
 
 
 def _close_inherited(keep: int | None) -> None:
@@ -336,7 +342,7 @@ def _main(argv: list[str]) -> None:
         _fail("usage: boot.py PLAN (python SCRIPT | exec PROGRAM) [ARGS...]")
     plan_path, mode, target = argv[1], argv[2], argv[3:]
     try:
-        landlock, status_fd, links = _load_plan(plan_path)
+        landlock, status_fd, links, python_paths = _load_plan(plan_path)
     except Exception as exc:
         _fail(f"cannot read the plan {plan_path}: {exc}")
 
@@ -349,6 +355,9 @@ def _main(argv: list[str]) -> None:
                 _fail(f"landlock: {exc}")
             warning = f"sandcell-boot: landlock: {exc}; running without it\n"
             os.write(2, warning.encode("utf-8", "backslashreplace"))
+    # Packages from the wheel cache: after the runtime's own site-packages, so they add modules
+    # but never shadow the runtime's.
+    sys.path.extend(python_paths)
     for link, link_target in links:
         try:
             os.symlink(link_target, link)

@@ -26,6 +26,8 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 SANDBOX_HOSTNAME = "sandcell"
 SANDBOX_WORKDIR = "/sandbox"
+PACKAGES_DIR = "/packages"
+"""Where packages from the wheel cache appear, read-only, one directory each."""
 """The writable working directory inside the sandbox (a name hosts rarely use, see build_argv)."""
 
 
@@ -121,6 +123,8 @@ class BwrapPlan:
     """Host directory with synthetic passwd, group and hosts files."""
     inputs: Sequence[tuple[Path, str]]
     """(host path, name): bound read-only at ``/inputs/<name>``."""
+    packages: Sequence[Path] = ()
+    """Host directories of cache packages: bound read-only at ``/packages/<name>``."""
     env: Mapping[str, str]
     tmp_bytes: int
     seccomp_fd: int | None
@@ -149,6 +153,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
     a += ["--ro-bind", str(plan.control_dir), "/sandcell"]
     for host_path, name in plan.inputs:
         a += ["--ro-bind", str(host_path), f"/inputs/{name}"]
+    for pkg in plan.packages:
+        a += ["--ro-bind", str(pkg), f"{PACKAGES_DIR}/{pkg.name}"]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
         a += ["--ro-bind", str(plan.etc_dir / name), f"/etc/{name}"]
     # The runtime last: a venv that lives under a path the sandbox also uses (a virtualenv in

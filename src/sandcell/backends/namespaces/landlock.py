@@ -404,6 +404,7 @@ def boot_plan_json(
     plan: LandlockPlan | None,
     status_fd: int | None = None,
     input_links: Sequence[tuple[str, str]] = (),
+    python_paths: Sequence[str] = (),
 ) -> str:
     """The ``plan.json`` the boot reads.
 
@@ -419,6 +420,7 @@ def boot_plan_json(
         "landlock": plan.to_dict() if plan is not None else None,
         "status_fd": status_fd,
         "input_links": [[link, target] for link, target in input_links],
+        "python_paths": list(python_paths),
     }
     return json.dumps(doc, indent=1) + "\n"
 
