@@ -195,7 +195,8 @@ def test_user_supervisor_sigkill(
         "PATH=/usr/bin:/bin", f"HOME={env.home}", f"PYTHONPATH={env.pythonpath}",
         f"SANDCELL_HOME={env.home}", f"SANDCELL_RUNS={env.runs}",
         env.python, "-m", "sandcell",
-        "run", *mode_args, "--json", "--profile", "unchecked", "--timeout", "120", "-c", _program(marker),
+        "run", *mode_args, "--json", "--profile", "unchecked", "--timeout", "120",
+        "-c", _program(marker),
     ]  # fmt: skip
     runuser = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     cleanup.append(runuser.pid)
