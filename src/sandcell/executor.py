@@ -434,7 +434,7 @@ class Executor:
             "artifacts": [asdict(a) for a in result.artifacts],
             "rejected_exports": [asdict(r) for r in result.rejected_exports],
             "policy": None if result.policy is None else dict(result.policy),
-            "validation": result.validation,
+            "validation": _validation_record(result.validation),
             "leaks": list(result.leaks),
             "enforcement": None
             if enforcement is None
@@ -445,6 +445,18 @@ class Executor:
                 "weakened": list(enforcement.weakened),
             },
         }
+
+
+def _validation_record(validation: Mapping[str, object] | None) -> dict[str, object] | None:
+    """The validation as the run record keeps it: a pydantic model's value in its JSON form
+    (the result keeps the model instance for the caller)."""
+    if validation is None:
+        return None
+    value = validation.get("value")
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        return {**validation, "value": dump(mode="json")}
+    return dict(validation)
 
 
 def _missing_result(br: BackendResult, result_file: str | None) -> str | None:
