@@ -230,7 +230,9 @@ def test_tampered_request_is_refused(ex: Executor) -> None:
     db = ex.approvals.path
     conn = sqlite3.connect(db)
     try:
-        (raw,) = conn.execute("SELECT request FROM approvals WHERE id = ?", (approval_id,)).fetchone()
+        (raw,) = conn.execute(
+            "SELECT request FROM approvals WHERE id = ?", (approval_id,)
+        ).fetchone()
         request = json.loads(raw)
         request["code"] = "print('not what was approved')"
         conn.execute(
@@ -277,6 +279,18 @@ def test_profile_changed_after_submission_is_refused(
     profile = result.policy["profile"]
     assert isinstance(profile, dict)
     assert profile["name"] == "mine"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the ticket does not store the caller's schema/model/invariants/result_file, so "
+    "run_approved runs the approved request without validating its declared result",
+)
+def test_approved_run_keeps_the_declared_result(ex: Executor) -> None:
+    code = "import subprocess\nprint('{\"rate\": 142}')"
+    approval_id = _approval_id(ex.run(RunRequest(code=code), schema=RATE_SCHEMA))
+    result = ex.run_approved(approval_id, by="tester")
+    assert result.outcome is Outcome.INVALID_OUTPUT
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -343,6 +357,10 @@ def test_pydantic_model(ex: Executor) -> None:
     assert good.outcome is Outcome.OK, good.reason
     assert good.validation is not None
     assert good.validation["value"] == Rate(rate=42)
+    # The record keeps the model's JSON form (a model instance is not JSON).
+    validation = _record(ex, good)["validation"]
+    assert isinstance(validation, dict)
+    assert validation["value"] == {"rate": 42.0}
 
 
 def test_result_file(ex: Executor) -> None:
@@ -377,9 +395,7 @@ def test_token_shapes_are_redacted(ex: Executor) -> None:
     result = ex.run(RunRequest(code=TOKEN_CODE))
     assert result.outcome is Outcome.OK, result.reason
     assert result.stdout == "[REDACTED:github_token]\n"
-    assert [(leak["kind"], leak["stream"]) for leak in result.leaks] == [
-        ("github_token", "stdout")
-    ]
+    assert [(leak["kind"], leak["stream"]) for leak in result.leaks] == [("github_token", "stdout")]
     preview = str(result.leaks[0]["preview"])
     assert "Ab3dEf6hIj9lMn2pQr5tUv8xYz1bCd4f" not in preview
     record = _record(ex, result)
@@ -390,7 +406,9 @@ def test_token_shapes_are_redacted(ex: Executor) -> None:
 def test_known_secret_is_redacted(tmp_path: Path) -> None:
     secret = "s3cr3t-value-123"
     with Executor(home=tmp_path, profile="strict", known_secrets=[secret]) as ex:
-        code = "import os, sys\nprint(os.environ['X'])\nprint('err', os.environ['X'], file=sys.stderr)"
+        code = (
+            "import os, sys\nprint(os.environ['X'])\nprint('err', os.environ['X'], file=sys.stderr)"
+        )
         result = ex.run(RunRequest(code=code, env={"X": secret}))
         assert result.outcome is Outcome.OK, result.reason
         assert secret not in result.stdout
@@ -408,7 +426,9 @@ def test_known_secret_is_redacted(tmp_path: Path) -> None:
 
 
 def test_token_in_an_artifact_is_reported_and_kept(ex: Executor) -> None:
-    code = "open('t.txt', 'w').write('token ' + 'gh' + 'p_' + 'Ab3dEf6hIj9lMn2pQr5tUv8xYz1bCd4fGh7j')"
+    code = (
+        "open('t.txt', 'w').write('token ' + 'gh' + 'p_' + 'Ab3dEf6hIj9lMn2pQr5tUv8xYz1bCd4fGh7j')"
+    )
     result = ex.run(RunRequest(code=code, exports=("*.txt",)))
     assert result.outcome is Outcome.OK, result.reason
     assert [(leak["kind"], leak["stream"]) for leak in result.leaks] == [("github_token", "t.txt")]
@@ -479,7 +499,7 @@ def test_audit_log_verifies_after_every_path(ex: Executor) -> None:
     ex.deny_approval(_approval_id(ex.run(RunRequest(code=SUBPROCESS_ID))), reason="no")
     ex.run(_printing({"rate": 142}), schema=RATE_SCHEMA)
     ex.run(RunRequest(code=TOKEN_CODE))
-    outcomes = [e.record["outcome"] for e in ex.audit.list(limit=100)]  # type: ignore[index]
+    outcomes = [str(e.record["outcome"]) for e in ex.audit.list(limit=100)]
     assert sorted(outcomes) == sorted(
         [
             "ok",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -12,6 +13,7 @@ from sandcell import status
 from sandcell.cli.run import read_code
 from sandcell.policy.checks import check, decide
 from sandcell.policy.profiles import (
+    DEFAULT_PROFILE,
     list_profiles,
     load_profile,
     render_list,
@@ -40,7 +42,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     c.add_argument("file", nargs="?", help="program file, or - for stdin")
     c.add_argument("-c", dest="code", help="program text")
     c.add_argument("--lang", choices=LANGUAGES, default="python")
-    c.add_argument("--profile", default=None, help="policy profile (default: strict)")
+    c.add_argument(
+        "--profile",
+        default=None,
+        help="policy profile (default: $SANDCELL_PROFILE, else strict, as for run)",
+    )
     c.add_argument("--json", action="store_true")
 
 
@@ -61,7 +67,8 @@ def handle_policy(args: argparse.Namespace) -> int:
 
 
 def handle_check(args: argparse.Namespace) -> int:
-    profile = load_profile(args.profile) if args.profile else load_profile()
+    # The same default as `run`, so that check says what run would decide.
+    profile = load_profile(args.profile or os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE)
     code = read_code(args)
     findings = check(
         code,
