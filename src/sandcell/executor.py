@@ -214,6 +214,13 @@ class Executor:
                 profile=prof.to_record(),
                 findings=policy["findings"],  # type: ignore[arg-type]
                 why=admission.decision.reason,
+                declared=_declared_for_storage(
+                    schema=schema,
+                    model=model,
+                    invariants=invariants,
+                    result_file=result_file,
+                    waiting=approve is None,
+                ),
             )
             if approve is None:
                 return self._not_run(
@@ -264,8 +271,27 @@ class Executor:
                 f"profile {prof.name!r} changed since approval {ticket.id} was submitted; deny "
                 "it and submit the run again under the current profile"
             )
-        admission = admit(ticket.request, prof)
-        validators = _Validators.make(admission, schema=None, model=None, invariants=())
+        declared = ticket.declared or {}
+        stored_file = declared.get("result_file")
+        admission = admit(
+            ticket.request, prof, result_file=stored_file if isinstance(stored_file, str) else None
+        )
+        stored_schema = declared.get("schema")
+        stored_invariants = declared.get("invariants")
+        validators = _Validators.make(
+            admission,
+            schema=stored_schema if isinstance(stored_schema, dict) else None,
+            model=None,
+            invariants=[str(i) for i in stored_invariants]
+            if isinstance(stored_invariants, list)
+            else (),
+        )
+        if admission.decision.verdict == "deny":
+            # Same code, same profile: only the checks themselves changed since submission.
+            raise ConfigError(
+                f"the checks now deny the code of approval {ticket.id} "
+                f"({admission.decision.reason}); deny it"
+            )
         approved = self.approvals.approve(ticket.id, by=by or default_approver(), reason=reason)
         policy = {**admission.policy_record(), "approval": approval_record(approved.ticket)}
         result = self._execute(approved.request, validators, policy)
@@ -522,6 +548,33 @@ class _Validators:
             check_schema(schema)
         parsed = [parse_invariant(i) if isinstance(i, str) else i for i in invariants]
         return cls(schema=schema, model=model, invariants=parsed, result_file=admission.result_file)
+
+
+def _declared_for_storage(
+    *,
+    schema: Mapping[str, object] | None,
+    model: type[pydantic.BaseModel] | None,
+    invariants: Sequence[InvariantLike],
+    result_file: str | None,
+    waiting: bool,
+) -> dict[str, object] | None:
+    """The caller's declared result in a form the approval store keeps (JSON), so that the
+    approved run, later, is validated as the caller asked. A pydantic model or a callable cannot
+    be stored: a run that must wait for a person cannot use them."""
+    if waiting and (model is not None or any(callable(i) for i in invariants)):
+        raise ConfigError(
+            "this run needs approval and will wait for it, but a pydantic model or a callable "
+            "invariant cannot be stored with it; pass approve=... to decide now, or declare the "
+            "result with a JSON Schema and textual invariants"
+        )
+    texts = [i if isinstance(i, str) else getattr(i, "source", None) for i in invariants]
+    if not (schema or texts or result_file):
+        return None
+    return {
+        "schema": dict(schema) if schema else None,
+        "invariants": [t for t in texts if isinstance(t, str)],
+        "result_file": result_file,
+    }
 
 
 def _denial(ticket: Ticket) -> dict[str, object]:

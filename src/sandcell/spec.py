@@ -280,6 +280,18 @@ def result_to_dict(result: RunResult) -> dict[str, object]:
         },
         "started_at": result.started_at,
         "policy": dict(result.policy) if result.policy is not None else None,
-        "validation": dict(result.validation) if result.validation is not None else None,
+        "validation": _json_validation(result.validation),
         "leaks": [dict(leak) for leak in result.leaks],
     }
+
+
+def _json_validation(validation: Mapping[str, object] | None) -> dict[str, object] | None:
+    """The validation part in JSON form: a pydantic model as the caller gets it becomes its
+    JSON dump."""
+    if validation is None:
+        return None
+    out = dict(validation)
+    dump = getattr(out.get("value"), "model_dump", None)
+    if callable(dump):
+        out["value"] = dump(mode="json")
+    return out

@@ -281,11 +281,6 @@ def test_profile_changed_after_submission_is_refused(
     assert profile["name"] == "mine"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the ticket does not store the caller's schema/model/invariants/result_file, so "
-    "run_approved runs the approved request without validating its declared result",
-)
 def test_approved_run_keeps_the_declared_result(ex: Executor) -> None:
     code = "import subprocess\nprint('{\"rate\": 142}')"
     approval_id = _approval_id(ex.run(RunRequest(code=code), schema=RATE_SCHEMA))
@@ -515,3 +510,9 @@ def test_audit_log_verifies_after_every_path(ex: Executor) -> None:
     report = ex.audit.verify()
     assert report.ok, report.problems
     assert report.count == 8
+
+
+def test_waiting_run_cannot_carry_a_callable_invariant(ex: Executor) -> None:
+    # A callable cannot be stored with a run that waits for a person: refused before anything.
+    with pytest.raises(ConfigError, match="cannot be stored"):
+        ex.run(RunRequest(code="import subprocess\nprint(1)"), invariants=[lambda v: True])

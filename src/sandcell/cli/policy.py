@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sandcell import status
 from sandcell.cli.run import read_code
+from sandcell.errors import ConfigError
 from sandcell.policy.checks import check, decide
 from sandcell.policy.profiles import (
     DEFAULT_PROFILE,
@@ -70,6 +71,11 @@ def handle_check(args: argparse.Namespace) -> int:
     # The same default as `run`, so that check says what run would decide.
     profile = load_profile(args.profile or os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE)
     code = read_code(args)
+    if not profile.allows_language(args.lang):
+        raise ConfigError(
+            f"profile {profile.name!r} does not allow {args.lang} programs; "
+            "use a profile that does (sandcell policy list)"
+        )
     findings = check(
         code,
         args.lang,

@@ -170,6 +170,9 @@ class Ticket:
     decision_reason: str | None
     run_id: str | None
     intact: bool
+    declared: Mapping[str, object] | None = None
+    """The result the caller declared (schema, textual invariants, result file), stored with
+    the request and covered by its hash, so the approved run is validated the same way."""
     """False when the stored request no longer matches its hashes (it will not be approved)."""
 
     def to_dict(self) -> dict[str, object]:
@@ -180,8 +183,8 @@ class Ticket:
         return d
 
 
-# The columns are the Ticket's fields, in order, except the computed ``intact``.
-_NAMES = tuple(f.name for f in fields(Ticket))[:-1]
+# The columns are the Ticket's fields, in order, except the computed ``intact`` and ``declared``.
+_NAMES = tuple(f.name for f in fields(Ticket))[:-2]
 _SELECT = f"SELECT {', '.join(_NAMES)} FROM approvals"  # noqa: S608 (constant column names)
 
 
@@ -291,9 +294,16 @@ class ApprovalStore:
         profile: Mapping[str, object],
         findings: Sequence[Mapping[str, object]],
         why: str,
+        declared: Mapping[str, object] | None = None,
     ) -> Ticket:
-        """Store ``request`` as a pending ticket; ``why`` says why it needs approval."""
-        req = _canonical(request_to_dict(request))
+        """Store ``request`` as a pending ticket; ``why`` says why it needs approval.
+
+        ``declared`` (JSON) is stored inside the request, under its hash.
+        """
+        stored = request_to_dict(request)
+        if declared:
+            stored["declared"] = dict(declared)
+        req = _canonical(stored)
         try:
             row = (
                 secrets.token_hex(6),
@@ -426,7 +436,14 @@ class ApprovalStore:
             col["code_sha256"],
             col["request_sha256"],
         )
-        col.update(request=request, profile=profile, findings=tuple(findings), intact=intact)
+        declared = json.loads(col["request"]).get("declared")
+        col.update(
+            request=request,
+            profile=profile,
+            findings=tuple(findings),
+            intact=intact,
+            declared=declared if isinstance(declared, dict) else None,
+        )
         return Ticket(**col)
 
     @staticmethod
