@@ -28,6 +28,7 @@ from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend, BackendResult
 from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
+from sandcell.packages import WheelCache
 from sandcell.policy.approvals import (
     ApprovalStore,
     Ticket,
@@ -126,6 +127,7 @@ class Executor:
         self.audit = audit or AuditLog(base / "audit.sqlite3")
         self.store = store or ArtifactStore(base / "artifacts")
         self.approvals = approvals or ApprovalStore(base / "approvals.sqlite3")
+        self.wheels = WheelCache(base / "wheels")
         # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
         default = os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE
         self.profile = self._profile(profile if profile is not None else default)
@@ -197,7 +199,7 @@ class Executor:
         needs approval instead of leaving it waiting in the store.
         """
         prof = self._profile(profile) if profile is not None else self.profile
-        admission = admit(request, prof, result_file=result_file)
+        admission = admit(request, prof, result_file=result_file, cache=self.wheels)
         validators = _Validators.make(admission, schema=schema, model=model, invariants=invariants)
         policy = admission.policy_record()
         verdict = admission.decision.verdict
@@ -274,7 +276,10 @@ class Executor:
         declared = ticket.declared or {}
         stored_file = declared.get("result_file")
         admission = admit(
-            ticket.request, prof, result_file=stored_file if isinstance(stored_file, str) else None
+            ticket.request,
+            prof,
+            result_file=stored_file if isinstance(stored_file, str) else None,
+            cache=self.wheels,
         )
         stored_schema = declared.get("schema")
         stored_invariants = declared.get("invariants")

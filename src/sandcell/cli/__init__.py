@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandcell import status
-from sandcell.cli import approvals, audit, doctor, policy, run
+from sandcell.cli import approvals, audit, doctor, packages, policy, run
 from sandcell.errors import AuditError, SandcellError
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -24,6 +24,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "approvals": approvals.handle_approvals,
     "approve": approvals.handle_approve,
     "deny": approvals.handle_deny,
+    "packages": packages.handle,
 }
 
 
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
     policy.add_parsers(sub)
     approvals.add_parsers(sub)
+    packages.add_parsers(sub)
     return p
 
 

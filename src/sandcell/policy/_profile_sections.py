@@ -251,8 +251,9 @@ class RuntimeRules:
     (:data:`sandcell.policy.checks.python_rules.SAFE_STDLIB`); ``"*"`` allows any. Empty or
     absent: that safe set only. Dotted names are refused: a submodule comes with its package."""
     allowed_packages: tuple[str, ...] = ()
-    """Distributions a run may have installed on top of the runtime. Empty or absent: none.
-    (Nothing is installed at run time yet; the runtime's own packages need no entry.)"""
+    """Distributions from the local wheel cache (``sandcell packages add``) a run may import on
+    top of the runtime; they are mounted read-only, never installed at run time. Empty or
+    absent: none. The runtime's own packages need no entry."""
 
     def __post_init__(self) -> None:
         for lang in self.languages:

@@ -1,17 +1,20 @@
 """The gate: a request measured against a profile, and the code against the checks, before any run.
 
-:func:`admit` is pure (it reads nothing but its arguments): it refuses a request that asks for
-more than the profile allows (a language, an export, inputs, a limit above a ceiling, a network
-the host cannot enforce) with a ConfigError, and otherwise returns the request with its limits
-resolved and the one decision the profile gives its code: allow, deny or approve.
+:func:`admit` reads nothing but its arguments (and the wheel cache's lock it is given): it refuses
+a request that asks for more than the profile allows (a language, an export, inputs, a limit above
+a ceiling, a network the host cannot enforce) with a ConfigError, and otherwise returns the request
+with its limits and packages resolved and the one decision the profile gives its code: allow,
+deny or approve.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from sandcell.errors import ConfigError
-from sandcell.policy.checks import Decision, check, decide
+from sandcell.packages import WheelCache, imports_of, resolve_packages
+from sandcell.policy.checks import Decision, Finding, check, decide
 from sandcell.policy.profiles import Profile
 from sandcell.spec import RunRequest
 
@@ -37,8 +40,18 @@ class Admission:
         }
 
 
-def admit(request: RunRequest, profile: Profile, *, result_file: str | None = None) -> Admission:
-    """Check ``request`` against ``profile``; raise ConfigError for what the profile forbids."""
+def admit(
+    request: RunRequest,
+    profile: Profile,
+    *,
+    result_file: str | None = None,
+    cache: WheelCache | None = None,
+) -> Admission:
+    """Check ``request`` against ``profile``; raise ConfigError for what the profile forbids.
+
+    With a wheel ``cache``, a Python import of a package outside the runtime is resolved: an
+    allowed cached package is mounted into the run, anything else is a ``py.package`` denial.
+    """
     profile.require_enforceable()
     if not profile.allows_language(request.language):
         raise ConfigError(
@@ -64,12 +77,31 @@ def admit(request: RunRequest, profile: Profile, *, result_file: str | None = No
         # The declared result has to leave the sandbox to be validated; the profile or the
         # caller declared it, so it needs no export rule of its own.
         exports = (*exports, result_file)
-    findings = check(
-        request.code,
-        request.language,
-        allowed_imports=profile.import_allowlist(),
-        network=profile.allows_network(),
-    )
+    allowlist = profile.import_allowlist()
+    packages: tuple[Path, ...] = request.packages
+    package_findings: tuple[Finding, ...] = ()
+    if cache is not None and request.language == "python":
+        resolution = resolve_packages(
+            imports_of(request.code),
+            allowed_packages=profile.runtime.allowed_packages,
+            cache=cache,
+            code=request.code,
+            local=_local_modules(request),
+        )
+        packages = tuple(dict.fromkeys((*packages, *resolution.paths)))
+        package_findings = resolution.findings
+        if allowlist is not None:
+            # A package the profile allows from the cache brings its import names with it.
+            allowlist = allowlist | {name for p in resolution.packages for name in p.imports}
+    findings = [
+        *check(
+            request.code,
+            request.language,
+            allowed_imports=allowlist,
+            network=profile.allows_network(),
+        ),
+        *package_findings,
+    ]
     decision = decide(
         findings,
         approval=profile.approval,
@@ -77,8 +109,13 @@ def admit(request: RunRequest, profile: Profile, *, result_file: str | None = No
         disabled=profile.checks.disabled,
     )
     return Admission(
-        request=replace(request, limits=limits, exports=exports),
+        request=replace(request, limits=limits, exports=exports, packages=packages),
         decision=decision,
         profile=profile,
         result_file=result_file,
     )
+
+
+def _local_modules(request: RunRequest) -> set[str]:
+    """Modules the run brings itself: its Python input files and input directories."""
+    return {i.name.removesuffix(".py") for i in request.inputs}

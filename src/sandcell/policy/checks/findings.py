@@ -43,6 +43,7 @@ RULES: dict[str, str] = {
     "py.deserialize": "pickle, marshal and friends (import: warning; loads: deny)",
     "py.network": "network modules and URLs when the profile has no network",
     "py.path": "path literals outside the workspace and inputs",
+    "py.package": "an import of a package neither in the runtime nor allowed from the wheel cache",
     "sh.syntax": "shell that does not parse (deny: it cannot run)",
     "sh.network": "network tools and /dev/tcp when the profile has no network",
     "sh.package": "package managers: pip, apt-get, npm, conda...",
