@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     results: dict[str, Any] = {"meta": meta, "latency": {}, "throughput": {}}
-    with Executor() as ex:
+    with Executor(profile="analysis") as ex:
         rounds = {
             "noop": max(3, args.runs),
             "cpu": max(3, args.runs // 2),

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from sandcell import status
 from sandcell.cli.run import read_code
-from sandcell.errors import ConfigError
-from sandcell.policy.checks import check, decide
+from sandcell.executor import data_dir
+from sandcell.packages import WheelCache
+from sandcell.policy.gate import admit
 from sandcell.policy.profiles import (
     DEFAULT_PROFILE,
     list_profiles,
@@ -20,7 +21,7 @@ from sandcell.policy.profiles import (
     render_list,
     render_matrix,
 )
-from sandcell.spec import LANGUAGES
+from sandcell.spec import LANGUAGES, RunRequest
 from sandcell.validation import neutralise
 
 _VERDICT_EXIT = {"allow": 0, "deny": status.EXIT_DENIED, "approve": status.EXIT_AWAITING_APPROVAL}
@@ -68,26 +69,11 @@ def handle_policy(args: argparse.Namespace) -> int:
 
 
 def handle_check(args: argparse.Namespace) -> int:
-    # The same default as `run`, so that check says what run would decide.
+    # The same default profile and the same gate as `run`, so check says what run would decide.
     profile = load_profile(args.profile or os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE)
-    code = read_code(args)
-    if not profile.allows_language(args.lang):
-        raise ConfigError(
-            f"profile {profile.name!r} does not allow {args.lang} programs; "
-            "use a profile that does (sandcell policy list)"
-        )
-    findings = check(
-        code,
-        args.lang,
-        allowed_imports=profile.import_allowlist(),
-        network=profile.allows_network(),
-    )
-    decision = decide(
-        findings,
-        approval=profile.approval,
-        severity_overrides=profile.checks.severity,
-        disabled=profile.checks.disabled,
-    )
+    request = RunRequest(code=read_code(args), language=args.lang)
+    home = args.home or data_dir()
+    decision = admit(request, profile, cache=WheelCache(home / "wheels")).decision
     if args.json:
         print(
             json.dumps(
