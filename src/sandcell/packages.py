@@ -617,6 +617,12 @@ def runtime_distributions() -> dict[str, tuple[str, Path]]:
 
 
 @functools.cache
+def _runtime_distribution_names() -> frozenset[str]:
+    # The runtime is read-only while sandcell runs: read its metadata once per process.
+    return frozenset(runtime_distributions())
+
+
+@functools.cache
 def runtime_imports() -> frozenset[str]:
     """Top-level names importable in the default runtime: the standard library, what each
     distribution declares (top_level.txt or RECORD) and the modules in site-packages. Computed
@@ -745,7 +751,10 @@ def resolve_packages(
     """
     allowed = {normalize_name(p) for p in allowed_packages}
     known = runtime_imports() | set(local)
-    in_runtime = set(runtime_distributions())
+    if set(code_imports) <= known:
+        # The common case, on every run: nothing to look up in the cache.
+        return Resolution(paths=(), packages=(), findings=())
+    in_runtime = _runtime_distribution_names()
     cached = {p.name: p for p in cache.packages()}
     by_import = {i: p for p in cached.values() for i in p.imports}
     sites = _import_sites(code) if code else {}
