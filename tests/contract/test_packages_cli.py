@@ -21,37 +21,11 @@ from sandcell.status import EXIT_CONFIG, EXIT_INFRA
 PIN = "tomli==2.0.1"
 """Small, pure Python, no dependencies, and a wheel for every Python 3."""
 
-# Until `packages` is registered in sandcell.cli, the same parsers and error mapping are reached
-# through this stand-in for `python -m sandcell`.
-_STANDIN = """
-import argparse, sys
-from pathlib import Path
-from sandcell import status
-from sandcell.cli import packages
-from sandcell.errors import SandcellError
-p = argparse.ArgumentParser(prog="sandcell")
-p.add_argument("--home", type=Path)
-packages.add_parsers(p.add_subparsers(dest="command", required=True))
-args = p.parse_args()
-try:
-    sys.exit(packages.handle(args))
-except SandcellError as exc:
-    print(f"sandcell: {exc}", file=sys.stderr)
-    sys.exit(status.exit_code_for_error(exc))
-"""
-
-
-def _registered() -> bool:
-    from sandcell import cli
-
-    return "packages" in getattr(cli, "_COMMANDS", {})
-
 
 def sandcell(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``sandcell ARGS`` with its data directory in ``home``."""
-    cmd = [sys.executable, "-m", "sandcell"] if _registered() else [sys.executable, "-c", _STANDIN]
     return subprocess.run(
-        [*cmd, *args],
+        [sys.executable, "-m", "sandcell", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "SANDCELL_HOME": str(home)},
@@ -140,3 +114,18 @@ def test_unsafe_local_wheel_is_a_config_error(home: Path, tmp_path: Path) -> Non
     assert p.returncode == EXIT_CONFIG
     assert "climbing out" in p.stderr
     assert not (tmp_path / "evil.py").exists()
+
+
+def test_runtime_lock_written_then_checked(home: Path, tmp_path: Path) -> None:
+    lock = tmp_path / "runtime.lock"
+    p = sandcell(home, "packages", "lock-runtime", str(lock))
+    assert p.returncode == 0, p.stderr
+    lines = lock.read_text().splitlines()
+    numpy = next(line for line in lines if line.startswith("numpy=="))
+    assert "# record-sha256:" in numpy
+    assert sandcell(home, "packages", "check-runtime", str(lock)).returncode == 0
+    # A runtime that drifted from its lock is reported, naming the package.
+    lock.write_text(lock.read_text().replace(numpy.split()[0], "numpy==0.0.1"))
+    p = sandcell(home, "packages", "check-runtime", str(lock))
+    assert p.returncode == 1
+    assert "numpy" in p.stdout

@@ -14,7 +14,12 @@ import sys
 from pathlib import Path
 
 from sandcell.executor import data_dir
-from sandcell.packages import CachedPackage, WheelCache
+from sandcell.packages import (
+    CachedPackage,
+    WheelCache,
+    check_runtime_lock,
+    write_runtime_lock,
+)
 from sandcell.validation import neutralise
 
 
@@ -33,6 +38,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     psub.add_parser("verify", help="re-hash the kept wheels and the extracted trees")
     pr = psub.add_parser("remove", help="drop packages from the cache")
     pr.add_argument("names", nargs="+", metavar="NAME")
+    rl = psub.add_parser(
+        "lock-runtime", help="write the runtime's pinned lock (name==version and record hashes)"
+    )
+    rl.add_argument("file", type=Path)
+    rc = psub.add_parser(
+        "check-runtime", help="compare the runtime with a lock written by lock-runtime"
+    )
+    rc.add_argument("file", type=Path)
 
 
 def _cache(args: argparse.Namespace) -> WheelCache:
@@ -49,6 +62,17 @@ def _line(p: CachedPackage) -> str:
 def handle(args: argparse.Namespace) -> int:
     cache = _cache(args)
     command = args.packages_command
+    if command == "lock-runtime":
+        write_runtime_lock(args.file)
+        print(f"runtime lock written to {args.file}")
+        return 0
+    if command == "check-runtime":
+        drift = check_runtime_lock(args.file)
+        for line in drift:
+            print(neutralise(line))
+        if not drift:
+            print(f"the runtime matches {args.file}")
+        return 1 if drift else 0
     if command == "add":
         if not args.requirements and not args.wheel:
             print("sandcell: packages add: give NAME==VERSION or --wheel FILE", file=sys.stderr)
