@@ -48,7 +48,6 @@ millisecond; a power cut can lose the last few appends but never corrupts the fi
 from __future__ import annotations
 
 import builtins
-import contextlib
 import hashlib
 import json
 import os
@@ -63,6 +62,7 @@ from typing import Any, Literal
 
 import platformdirs
 
+from sandcell._sqlite import open_private_db, transaction
 from sandcell.errors import AuditError
 
 __all__ = [
@@ -88,41 +88,31 @@ MIN_PREFIX = 6
 # Written into the SQLite header so a foreign database is recognised and never written to.
 _APPLICATION_ID = int.from_bytes(b"sndc", "big")
 _SCHEMA_VERSION = 1
-# How long an append waits for another process's write lock before giving up. Appends hold the
-# lock for well under a millisecond, so only a wedged process makes this expire.
-_BUSY_TIMEOUT_S = 30.0
 _FIX = "set SANDCELL_HOME or --audit-db to a writable location"
 
-# Statements creating a new log, with their parameters; run in one transaction.
-_SCHEMA: tuple[tuple[str, tuple[object, ...]], ...] = (
-    (
-        """
-        CREATE TABLE runs (
-            seq        INTEGER PRIMARY KEY,
-            run_id     TEXT UNIQUE NOT NULL,
-            created_at TEXT,
-            record     TEXT NOT NULL,
-            prev_hash  TEXT NOT NULL,
-            hash       TEXT NOT NULL
-        )
-        """,
-        (),
-    ),
+# Statements creating a new log, run in one transaction (which also sets the application id).
+_SCHEMA = (
+    """
+    CREATE TABLE runs (
+        seq        INTEGER PRIMARY KEY,
+        run_id     TEXT UNIQUE NOT NULL,
+        created_at TEXT,
+        record     TEXT NOT NULL,
+        prev_hash  TEXT NOT NULL,
+        hash       TEXT NOT NULL
+    )
+    """,
     # The CHECK keeps the head at exactly one row.
-    (
-        """
-        CREATE TABLE head (
-            id    INTEGER PRIMARY KEY CHECK (id = 1),
-            count INTEGER NOT NULL,
-            hash  TEXT NOT NULL
-        )
-        """,
-        (),
-    ),
-    ("INSERT INTO head (id, count, hash) VALUES (1, 0, ?)", (GENESIS_HASH,)),
-    # PRAGMAs take no bound parameters; both values are integer constants of this module.
-    (f"PRAGMA application_id = {_APPLICATION_ID:d}", ()),
-    (f"PRAGMA user_version = {_SCHEMA_VERSION:d}", ()),
+    """
+    CREATE TABLE head (
+        id    INTEGER PRIMARY KEY CHECK (id = 1),
+        count INTEGER NOT NULL,
+        hash  TEXT NOT NULL
+    )
+    """,
+    # Constants of this module only (GENESIS_HASH is 64 zeros); PRAGMAs take no bound parameters.
+    f"INSERT INTO head (id, count, hash) VALUES (1, 0, '{GENESIS_HASH}')",  # noqa: S608
+    f"PRAGMA user_version = {_SCHEMA_VERSION:d}",
 )
 
 ProblemKind = Literal["changed", "deleted", "reordered"]
@@ -214,23 +204,16 @@ class AuditLog:
         """
         self.path = Path(path)
         self._lock = threading.Lock()
-        _create_private_file(self.path)
-        try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=_BUSY_TIMEOUT_S,
-                # None: no implicit transactions; every write below opens its own explicitly.
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        except sqlite3.Error as e:
-            raise AuditError(f"cannot open audit log {self.path}: {e}; {_FIX}") from e
-        try:
-            _init_schema(conn, self.path)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn: sqlite3.Connection | None = conn
+        # No implicit transactions: every write below opens its own explicitly.
+        self._conn: sqlite3.Connection | None = open_private_db(
+            self.path,
+            application_id=_APPLICATION_ID,
+            schema=_SCHEMA,
+            error=AuditError,
+            what="audit log",
+            advice=_FIX,
+            check=self._check_schema,
+        )
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -277,8 +260,7 @@ class AuditLog:
             try:
                 # IMMEDIATE takes the write lock before the head is read, so no other process can
                 # append between our read of the head and our write of the new one.
-                conn.execute("BEGIN IMMEDIATE")
-                try:
+                with transaction(conn):
                     head = conn.execute("SELECT count, hash FROM head WHERE id = 1").fetchone()
                     if head is None:
                         raise AuditError(
@@ -297,11 +279,6 @@ class AuditLog:
                         (seq, run_id, created_at, canonical, prev_hash, digest),
                     )
                     conn.execute("UPDATE head SET count = ?, hash = ? WHERE id = 1", (seq, digest))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
             except sqlite3.IntegrityError as e:
                 if "run_id" in str(e):
                     raise AuditError(f"run {run_id} is already in the audit log {self.path}") from e
@@ -388,8 +365,7 @@ class AuditLog:
             conn = self._connection()
             try:
                 # A read transaction gives runs and head from the same snapshot.
-                conn.execute("BEGIN")
-                try:
+                with transaction(conn, write=False):
                     rows = conn.execute(
                         "SELECT seq, run_id, record, prev_hash, hash FROM runs ORDER BY seq"
                     ).fetchall()
@@ -397,8 +373,6 @@ class AuditLog:
                         heads = conn.execute("SELECT count, hash FROM head").fetchall()
                     except sqlite3.OperationalError:
                         heads = []  # the head table itself was dropped
-                finally:
-                    conn.execute("COMMIT")
             except sqlite3.Error as e:
                 raise AuditError(f"cannot read audit log {self.path}: {e}") from e
         chain = [
@@ -416,6 +390,22 @@ class AuditLog:
         return VerifyReport(ok=not problems, count=len(chain), problems=tuple(problems))
 
     # --- internals --------------------------------------------------------------------------
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """Refuse an existing log this sandcell cannot use (called while it is opened)."""
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > _SCHEMA_VERSION:
+            raise AuditError(
+                f"audit log {self.path} has schema version {version}, newer than this sandcell "
+                f"understands ({_SCHEMA_VERSION}); upgrade sandcell, or {_FIX}"
+            )
+        tables = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
+        if tables.fetchone() is None:
+            raise AuditError(
+                f"audit log {self.path} has lost its runs table: it was edited outside sandcell. "
+                f"Keep it for inspection and {_FIX}"
+            )
+        # A missing head table is left for verify to report (append refuses to chain).
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -442,89 +432,6 @@ class AuditLog:
 
 
 _SELECT = "SELECT seq, run_id, created_at, record, prev_hash, hash FROM runs"
-
-
-# --- opening ----------------------------------------------------------------------------------
-
-
-def _create_private_file(path: Path) -> None:
-    """Create ``path`` (mode 0o600) and its missing parents (mode 0o700) unless they exist.
-
-    Done before SQLite opens the file because SQLite would create it with the umask's mode, and
-    run records (code, outputs) are private. SQLite gives its -wal and -shm files the mode of the
-    database file.
-    """
-    missing: builtins.list[Path] = []
-    parent = path.parent
-    while not parent.exists():
-        missing.append(parent)
-        if parent.parent == parent:
-            break
-        parent = parent.parent
-    try:
-        # Created one by one: Path.mkdir(parents=True) ignores mode for the intermediate ones.
-        for directory in reversed(missing):
-            with contextlib.suppress(FileExistsError):  # another process created it meanwhile
-                directory.mkdir(mode=0o700)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            return
-        try:
-            os.fchmod(fd, 0o600)  # the umask may have removed bits we need (e.g. owner write)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise AuditError(f"cannot create audit log {path}: {e.strerror or e}; {_FIX}") from e
-
-
-def _init_schema(conn: sqlite3.Connection, path: Path) -> None:
-    """Set the pragmas and create the schema of a new log, or check an existing one is ours."""
-    try:
-        # WAL: readers never block the appender and commits need no fsync with NORMAL. The mode
-        # is stored in the file; on filesystems without shared memory SQLite keeps the old mode,
-        # which is slower but still correct, so the answer is not checked.
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            tables = {
-                str(r[0])
-                for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
-            app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            if not tables and app_id == 0:
-                for statement, params in _SCHEMA:
-                    conn.execute(statement, params)
-            elif app_id != _APPLICATION_ID:
-                raise AuditError(
-                    f"{path} is a SQLite database but not a sandcell audit log; refusing to "
-                    f"write to it. Move it aside, or {_FIX}"
-                )
-            elif version > _SCHEMA_VERSION:
-                raise AuditError(
-                    f"audit log {path} has schema version {version}, newer than this sandcell "
-                    f"understands ({_SCHEMA_VERSION}); upgrade sandcell, or {_FIX}"
-                )
-            elif "runs" not in tables:
-                raise AuditError(
-                    f"audit log {path} has lost its runs table: it was edited outside sandcell. "
-                    f"Keep it for inspection and {_FIX}"
-                )
-            # A missing head table is left for verify to report (append refuses to chain).
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    except sqlite3.DatabaseError as e:
-        if "not a database" in str(e) or "malformed" in str(e):
-            raise AuditError(
-                f"{path} is not a usable SQLite database ({e}). Move it aside to start a new "
-                f"audit log, or {_FIX}"
-            ) from e
-        raise AuditError(f"cannot open audit log {path}: {e}; {_FIX}") from e
 
 
 # --- verification -----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from typing import Any, TypeVar, cast
 
 import platformdirs
 
+from sandcell._sqlite import open_private_db, transaction
 from sandcell.errors import ConfigError
 from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest
 
@@ -63,7 +64,6 @@ MIN_PREFIX = 6
 
 _T = TypeVar("_T")
 _APPLICATION_ID = int.from_bytes(b"sndq", "big")  # tells our file from any other SQLite file
-_BUSY_TIMEOUT_S = 30.0  # transactions are sub-millisecond; only a wedged process makes this expire
 _SCHEMA = """CREATE TABLE approvals (id TEXT PRIMARY KEY, created_at TEXT NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied', 'ran')),
     request TEXT NOT NULL, code_sha256 TEXT NOT NULL, request_sha256 TEXT NOT NULL,
@@ -247,32 +247,14 @@ class ApprovalStore:
         """Open (creating file 0600, parents 0700, schema) the store at ``path``."""
         self.path = Path(path)
         self._lock = threading.Lock()
-        _create_private_file(self.path)
-        try:
-            # isolation_level=None: no implicit transactions; each method opens its own.
-            conn = sqlite3.connect(
-                self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as e:
-            raise ApprovalError(f"cannot open approval store {self.path}: {e}") from e
-        self._conn: sqlite3.Connection | None = conn
-        try:
-            try:
-                conn.execute("PRAGMA journal_mode = WAL")  # readers never block an approver
-                conn.execute("PRAGMA synchronous = NORMAL")
-            except sqlite3.Error as e:  # e.g. "file is not a database"
-                raise ApprovalError(f"cannot open approval store {self.path}: {e}") from e
-            with self._txn() as c:
-                app_id = int(c.execute("PRAGMA application_id").fetchone()[0])
-                tables = c.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-                if app_id == 0 and tables == 0:
-                    c.execute(_SCHEMA)
-                    c.execute(f"PRAGMA application_id = {_APPLICATION_ID:d}")
-                elif app_id != _APPLICATION_ID:
-                    raise ApprovalError(f"{self.path} is not a sandcell approval store")
-        except BaseException:
-            self.close()
-            raise
+        # No implicit transactions: each method opens its own (_txn).
+        self._conn: sqlite3.Connection | None = open_private_db(
+            self.path,
+            application_id=_APPLICATION_ID,
+            schema=(_SCHEMA,),
+            error=ApprovalError,
+            what="approval store",
+        )
 
     def close(self) -> None:
         """Close the connection; idempotent."""
@@ -386,16 +368,9 @@ class ApprovalStore:
         with self._lock:
             if self._conn is None:
                 raise ApprovalError(f"approval store {self.path} is closed")
-            conn = self._conn
             try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                try:
+                with transaction(self._conn, write=write) as conn:
                     yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
             except sqlite3.Error as e:
                 raise ApprovalError(f"approval store {self.path}: {e}") from e
 
@@ -465,24 +440,6 @@ class ApprovalStore:
             (status, by, _now(), reason, id_),
         )
         return self._ticket(self._find(conn, id_))
-
-
-def _create_private_file(path: Path) -> None:
-    """Create ``path`` 0600 and missing parents 0700 before SQLite would with the umask's mode."""
-    missing = [p for p in path.parents if not p.exists()]
-    try:
-        for directory in reversed(missing):  # one by one: mkdir(parents=True) ignores the mode
-            with contextlib.suppress(FileExistsError):
-                directory.mkdir(mode=0o700)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # the umask may have removed owner bits
-        finally:
-            os.close(fd)
-    except FileExistsError:
-        return
-    except OSError as e:
-        raise ApprovalError(f"cannot create approval store {path}: {e.strerror or e}") from e
 
 
 # --- rendering --------------------------------------------------------------------------------
