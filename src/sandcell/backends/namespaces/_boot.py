@@ -5,12 +5,15 @@ Usage (inside the sandbox)::
     python -I /sandcell/boot.py /sandcell/plan.json python /sandcell/main.py [ARGS...]
     python -I /sandcell/boot.py /sandcell/plan.json exec /bin/bash /sandcell/main.sh [ARGS...]
 
-Steps: read the plan; close every inherited descriptor above 2 but the status one; set
-no_new_privs and apply the Landlock ruleset the host compiled (see ``landlock.py``); create the
-input links; write one byte to the status descriptor and close it; then run the program. In
-``python`` mode the script runs in this process as a fresh ``__main__``, as ``python SCRIPT``
-would run it (argv, ``__file__``, tracebacks, exit statuses); in ``exec`` mode the argv is
-``execv``-ed. A boot failure exits with status 125 and a ``sandcell-boot:`` line on stderr.
+Steps: read the plan; close every inherited descriptor above 2 but the status one; fork. The
+parent stays outside the program, trusted and idle: once the child is ready it writes one byte
+to the status descriptor, then reports the child's raw wait status there and exits as it did.
+The child closes the status descriptor, sets no_new_privs, applies the Landlock ruleset the host
+compiled (see ``landlock.py``), creates the input links and runs the program. In ``python`` mode
+the script runs in that process as a fresh ``__main__``, as ``python SCRIPT`` would run it (argv,
+``__file__``, tracebacks, exit statuses); in ``exec`` mode the argv is ``execv``-ed. A boot
+failure exits with status 125 and a ``sandcell-boot:`` line on stderr. Without a status
+descriptor (outside sandcell) there is no fork.
 
 This file is standalone on purpose: it is copied into the sandbox and must not import sandcell.
 It runs on every sandboxed run, so it imports as little as it can: ``ctypes`` only when there is a
@@ -44,7 +47,6 @@ _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _S_IFMT = 0o170000
 _S_IFDIR = 0o040000
-_SCOPE_SIGNAL = 2  # LANDLOCK_SCOPE_SIGNAL
 _PY_FILE_INPUT = 257
 
 
@@ -291,8 +293,17 @@ def _run_python(script: str, args: list[str]) -> None:
         raise SystemExit(1)
 
 
-def _supervise(child: int, status_fd: int) -> NoReturn:
-    """Wait for the program, report its raw wait status, and exit as it did."""
+def _supervise(child: int, status_fd: int, ready_fd: int) -> NoReturn:
+    """Say the program is starting once the child has its restrictions, wait for it, report its
+    raw wait status, and exit as it did. A child that failed before it was ready (Landlock could
+    not be applied) is not reported as started: its exit status 125 says why."""
+    ready = os.read(ready_fd, 1)
+    os.close(ready_fd)
+    if ready:
+        try:  # noqa: SIM105 - contextlib costs more than the whole boot
+            os.write(status_fd, b"1")
+        except OSError:
+            pass
     while True:
         try:
             _, status = os.waitpid(child, 0)
@@ -301,31 +312,12 @@ def _supervise(child: int, status_fd: int) -> NoReturn:
             continue
         except ChildProcessError:
             os._exit(_BOOT_FAILED)
-    # Not contextlib.suppress: the boot keeps its imports to the minimum.
-    try:  # noqa: SIM105
-        os.write(status_fd, f"W{status}\n".encode())
-    except OSError:  # the supervisor is gone; the exit status below still tells
-        pass
+    if ready:
+        try:  # noqa: SIM105
+            os.write(status_fd, f"W{status}\n".encode())
+        except OSError:  # the supervisor is gone; the exit status below still tells
+            pass
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-
-
-def _scope_signals() -> None:
-    """A nested Landlock domain that only scopes signals: the program can no longer signal the
-    boot's supervising process, which sits in the enclosing domain."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    attr = (0).to_bytes(8, "little") * 2 + _SCOPE_SIGNAL.to_bytes(8, "little")
-    fd = libc.syscall(
-        ctypes.c_long(_SYS_CREATE_RULESET), attr, ctypes.c_size_t(24), ctypes.c_uint32(0)
-    )
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset (signal scope)")
-    try:
-        if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)):
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self (signal scope)")
-    finally:
-        os.close(fd)
 
 
 def _exec(argv: list[str]) -> NoReturn:
@@ -335,6 +327,26 @@ def _exec(argv: list[str]) -> NoReturn:
         # The shells' statuses: 127 not found, 126 found but not executable.
         os.write(2, f"sandcell-boot: exec {argv[0]}: {exc}\n".encode("utf-8", "backslashreplace"))
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+def _restrict(landlock: dict[str, Any] | None) -> None:
+    if landlock is None:
+        return
+    try:
+        _apply_landlock(landlock)
+    except Exception as exc:
+        if landlock.get("required", True):
+            _fail(f"landlock: {exc}")
+        warning = f"sandcell-boot: landlock: {exc}; running without it\n"
+        os.write(2, warning.encode("utf-8", "backslashreplace"))
+
+
+def _make_links(links: list[list[str]]) -> None:
+    for link, link_target in links:
+        try:
+            os.symlink(link_target, link)
+        except OSError as exc:
+            _fail(f"input link {link} -> {link_target}: {exc}")
 
 
 def _main(argv: list[str]) -> None:
@@ -347,30 +359,17 @@ def _main(argv: list[str]) -> None:
         _fail(f"cannot read the plan {plan_path}: {exc}")
 
     _close_inherited(status_fd)
-    if landlock is not None:
-        try:
-            _apply_landlock(landlock)
-        except Exception as exc:
-            if landlock.get("required", True):
-                _fail(f"landlock: {exc}")
-            warning = f"sandcell-boot: landlock: {exc}; running without it\n"
-            os.write(2, warning.encode("utf-8", "backslashreplace"))
     # Packages from the wheel cache: after the runtime's own site-packages, so they add modules
     # but never shadow the runtime's.
     sys.path.extend(python_paths)
-    for link, link_target in links:
-        try:
-            os.symlink(link_target, link)
-        except OSError as exc:
-            _fail(f"input link {link} -> {link_target}: {exc}")
-    if status_fd is not None:
-        try:
-            os.write(status_fd, b"1")
-        except OSError as exc:
-            _fail(f"status descriptor {status_fd}: {exc}")
+    if status_fd is None:
+        _restrict(landlock)
+        _make_links(links)
+    else:
         # The program runs in a child; this process stays, trusted and idle, to report how the
         # program really ended (an exit status of 137 and death by SIGKILL look the same to
         # bwrap). The status descriptor never reaches the program.
+        ready_r, ready_w = os.pipe()
         # Frozen, the boot's objects stay out of the child's garbage collections, whose
         # reference-count writes would otherwise copy their pages (a few ms per run).
         import gc
@@ -378,13 +377,17 @@ def _main(argv: list[str]) -> None:
         gc.freeze()
         child = os.fork()
         if child:
-            _supervise(child, status_fd)
+            os.close(ready_w)
+            _supervise(child, status_fd, ready_r)
+        os.close(ready_r)
         os.close(status_fd)
-        if landlock is not None and landlock["ruleset"]["scoped"] & _SCOPE_SIGNAL:
-            try:
-                _scope_signals()
-            except Exception as exc:
-                _fail(f"landlock: {exc}")
+        # Landlock in the child only: the supervising parent stays outside the program's
+        # domain, so the domain's signal scope keeps the program from killing it; and the parent
+        # never loads ctypes, whose heap pages the child would copy on first write (~10 ms).
+        _restrict(landlock)
+        _make_links(links)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
 
     if mode == "exec":
         _exec(target)
