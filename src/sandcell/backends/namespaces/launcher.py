@@ -216,6 +216,9 @@ def launch(
             stopped_by = "wall_time"
             break
         ready, _, _ = select.select(list(open_fds), [], [], remaining)
+        # The status pipe first: its "started" byte was written before the program could
+        # print, and a cap hit in the same batch must not hide it.
+        ready.sort(key=lambda fd: fd != pipes.status_r)
         for fd in ready:
             chunk = os.read(fd, _READ_CHUNK)
             kind = open_fds[fd]
@@ -239,6 +242,14 @@ def launch(
                     stopped_by = stopped_by or "stderr"
         if stopped_by:
             break
+    if stopped_by and pipes.status_r in open_fds:
+        # Stopped early: whatever the boot already reported is still in the pipe.
+        while select.select([pipes.status_r], [], [], 0)[0]:
+            chunk = os.read(pipes.status_r, _READ_CHUNK)
+            if not chunk:
+                break
+            started = True
+            status_bytes += chunk
     if stopped_by:
         on_kill()
         # With a workspace helper, ``proc`` is the helper and its process group holds it: killing
