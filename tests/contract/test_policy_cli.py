@@ -175,12 +175,16 @@ def test_check_bash(home: Path) -> None:
 
 
 def test_check_profile_and_its_default(home: Path) -> None:
+    # numpy is in the runtime and allowed by both; a bash program only by strict.
     numpy = ("check", "-c", "import numpy")
-    assert sandcell(home, *numpy).returncode == EXIT_AWAITING_APPROVAL  # strict
+    assert sandcell(home, *numpy).returncode == 0  # strict
     assert sandcell(home, *numpy, "--profile", "analysis").returncode == 0
+    bash = ("check", "--lang", "bash", "-c", "echo hi")
+    assert sandcell(home, *bash).returncode == 0
+    assert sandcell(home, *bash, "--profile", "analysis").returncode == EXIT_CONFIG
     # Without --profile, check decides under the profile run would use.
     env = _env(home, SANDCELL_PROFILE="analysis")
-    assert sandcell(home, *numpy, env=env).returncode == 0
+    assert sandcell(home, *bash, env=env).returncode == EXIT_CONFIG
 
 
 # --- run under a profile ----------------------------------------------------------------------
@@ -317,9 +321,11 @@ def test_run_analysis_example(home: Path, tmp_path: Path) -> None:
     assert chart.read_bytes().startswith(b"\x89PNG")
     summary = json.loads((out / "out" / "summary.json").read_text())
     assert summary["days"] == 7
-    # Under strict (the default) the same program waits: pandas is not in its allowlist.
-    held = sandcell(home, "run", str(EXAMPLES / "analysis.py"))
-    assert held.returncode == EXIT_AWAITING_APPROVAL
+    # Under strict (the default) the same program runs too: the analysis basics are allowed.
+    plain = sandcell(
+        home, "run", str(EXAMPLES / "analysis.py"), "--input", str(EXAMPLES / "sales.csv")
+    )
+    assert plain.returncode == 0, plain.stderr
 
 
 def test_run_limit_above_the_ceiling(home: Path) -> None:

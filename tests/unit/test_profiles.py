@@ -92,7 +92,8 @@ def test_strict_is_exactly_what_absent_means(tmp_path: Path) -> None:
     assert empty.approval == strict.approval == "on_findings"
     assert strict.filesystem.export_globs == DEFAULT_EXPORT_GLOBS
     assert strict.network.mode == "none"
-    assert strict.import_allowlist() == frozenset()
+    # The default runtime's analysis basics, nothing else beyond the safe standard library.
+    assert strict.import_allowlist() == frozenset({"numpy", "pandas", "matplotlib"})
     assert strict.limits.defaults == Limits()
     assert strict.limits.ceilings == STRICT_CEILINGS
 

@@ -246,10 +246,11 @@ class RuntimeRules:
     """Languages allowed. Empty: none. Absent: python and bash."""
     runtime: str = "default"
     """The runtime image; only ``default`` (the environment sandcell is installed in) exists."""
-    allowed_imports: tuple[str, ...] = ()
+    allowed_imports: tuple[str, ...] = ("numpy", "pandas", "matplotlib")
     """Top-level modules allowed beyond the safe standard library of the Python checks
-    (:data:`sandcell.policy.checks.python_rules.SAFE_STDLIB`); ``"*"`` allows any. Empty or
-    absent: that safe set only. Dotted names are refused: a submodule comes with its package."""
+    (:data:`sandcell.policy.checks.python_rules.SAFE_STDLIB`); ``"*"`` allows any. Empty: that
+    safe set only. Absent: that set plus the default runtime's analysis basics (numpy, pandas,
+    matplotlib), as in strict. Dotted names are refused: a submodule comes with its package."""
     allowed_packages: tuple[str, ...] = ()
     """Distributions from the local wheel cache (``sandcell packages add``) a run may import on
     top of the runtime; they are mounted read-only, never installed at run time. Empty or
