@@ -6,10 +6,10 @@ Usage (inside the sandbox)::
     python -I /sandcell/boot.py /sandcell/plan.json exec /bin/bash /sandcell/main.sh [ARGS...]
 
 Steps: read the plan; close every inherited descriptor above 2 but the status one; fork. The
-parent stays outside the program, trusted and idle: once the child is ready it writes one byte
-to the status descriptor, then reports the child's raw wait status there and exits as it did.
-The child closes the status descriptor, sets no_new_privs, applies the Landlock ruleset the host
-compiled (see ``landlock.py``), creates the input links and runs the program. In ``python`` mode
+parent stays outside the program, trusted and idle, and reports the child's raw wait status on
+the status descriptor, then exits as the child did. The child sets no_new_privs, applies the
+Landlock ruleset the host compiled (see ``landlock.py``), creates the input links, writes one
+byte ("started") to the status descriptor and closes it, and runs the program. In ``python`` mode
 the script runs in that process as a fresh ``__main__``, as ``python SCRIPT`` would run it (argv,
 ``__file__``, tracebacks, exit statuses); in ``exec`` mode the argv is ``execv``-ed. A boot
 failure exits with status 125 and a ``sandcell-boot:`` line on stderr. Without a status
@@ -293,17 +293,9 @@ def _run_python(script: str, args: list[str]) -> None:
         raise SystemExit(1)
 
 
-def _supervise(child: int, status_fd: int, ready_fd: int) -> NoReturn:
-    """Say the program is starting once the child has its restrictions, wait for it, report its
-    raw wait status, and exit as it did. A child that failed before it was ready (Landlock could
-    not be applied) is not reported as started: its exit status 125 says why."""
-    ready = os.read(ready_fd, 1)
-    os.close(ready_fd)
-    if ready:
-        try:  # noqa: SIM105 - contextlib costs more than the whole boot
-            os.write(status_fd, b"1")
-        except OSError:
-            pass
+def _supervise(child: int, status_fd: int) -> NoReturn:
+    """Wait for the program, report its raw wait status, and exit as it did. (A child that
+    failed before it started wrote no "started" byte; its exit status 125 says why.)"""
     while True:
         try:
             _, status = os.waitpid(child, 0)
@@ -312,11 +304,10 @@ def _supervise(child: int, status_fd: int, ready_fd: int) -> NoReturn:
             continue
         except ChildProcessError:
             os._exit(_BOOT_FAILED)
-    if ready:
-        try:  # noqa: SIM105
-            os.write(status_fd, f"W{status}\n".encode())
-        except OSError:  # the supervisor is gone; the exit status below still tells
-            pass
+    try:  # noqa: SIM105 - contextlib costs more than the whole boot
+        os.write(status_fd, f"W{status}\n".encode())
+    except OSError:  # the supervisor is gone; the exit status below still tells
+        pass
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
@@ -369,7 +360,6 @@ def _main(argv: list[str]) -> None:
         # The program runs in a child; this process stays, trusted and idle, to report how the
         # program really ended (an exit status of 137 and death by SIGKILL look the same to
         # bwrap). The status descriptor never reaches the program.
-        ready_r, ready_w = os.pipe()
         # Frozen, the boot's objects stay out of the child's garbage collections, whose
         # reference-count writes would otherwise copy their pages (a few ms per run).
         import gc
@@ -377,17 +367,18 @@ def _main(argv: list[str]) -> None:
         gc.freeze()
         child = os.fork()
         if child:
-            os.close(ready_w)
-            _supervise(child, status_fd, ready_r)
-        os.close(ready_r)
-        os.close(status_fd)
+            _supervise(child, status_fd)
         # Landlock in the child only: the supervising parent stays outside the program's
-        # domain, so the domain's signal scope keeps the program from killing it; and the parent
-        # never loads ctypes, whose heap pages the child would copy on first write (~10 ms).
+        # domain, so the domain's signal scope keeps the program from killing it.
         _restrict(landlock)
         _make_links(links)
-        os.write(ready_w, b"1")
-        os.close(ready_w)
+        # "Started", written here, before the program can print anything; then the descriptor
+        # is closed, so the program never holds it.
+        try:
+            os.write(status_fd, b"1")
+            os.close(status_fd)
+        except OSError as exc:
+            _fail(f"status descriptor {status_fd}: {exc}")
 
     if mode == "exec":
         _exec(target)

@@ -226,8 +226,10 @@ def launch(
                 del open_fds[fd]
                 continue
             if kind == "status":
-                started = True
                 status_bytes += chunk
+                # Only the "1" the boot writes right before the program counts as started; a
+                # wait status alone means it failed before that.
+                started = status_bytes.startswith(b"1")
             elif kind == "stdout":
                 room = stdout_cap - len(out)
                 out += chunk[: max(room, 0)]
@@ -248,8 +250,8 @@ def launch(
             chunk = os.read(pipes.status_r, _READ_CHUNK)
             if not chunk:
                 break
-            started = True
             status_bytes += chunk
+            started = status_bytes.startswith(b"1")
     if stopped_by:
         on_kill()
         # With a workspace helper, ``proc`` is the helper and its process group holds it: killing
