@@ -139,6 +139,32 @@ def run_as_user(
     )
 
 
+def run_cli(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    stdin: bytes = b"",
+    cwd: Path | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``sandcell ARGS`` in a subprocess of this interpreter; stdout and stderr decoded."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandcell", *args],
+        input=stdin,
+        capture_output=True,
+        env=dict(env),
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+    return subprocess.CompletedProcess(
+        proc.args,
+        proc.returncode,
+        proc.stdout.decode("utf-8", errors="replace"),
+        proc.stderr.decode("utf-8", errors="replace"),
+    )
+
+
 def _cli_args(
     code: str,
     *,

@@ -12,10 +12,10 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import run_cli
 
 from sandcell import Executor, RunRequest, RunResult
 from sandcell.backends.namespaces import cgroups
@@ -61,21 +61,7 @@ def sandcell(
     # These tests are about the execution layer's command line, so the code goes straight to the
     # sandbox; the policy commands have their own tests (tests/contract/test_policy_cli.py).
     env = {**os.environ, "SANDCELL_HOME": str(home), "SANDCELL_PROFILE": "unchecked"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sandcell", *argv],
-        input=stdin,
-        capture_output=True,
-        env=env,
-        cwd=cwd,
-        timeout=120,
-        check=False,
-    )
-    return subprocess.CompletedProcess(
-        proc.args,
-        proc.returncode,
-        proc.stdout.decode("utf-8", errors="replace"),
-        proc.stderr.decode("utf-8", errors="replace"),
-    )
+    return run_cli(argv, env=env, stdin=stdin, cwd=cwd)
 
 
 def run_json(home: Path, *args: str, stdin: bytes = b"") -> tuple[int, dict[str, object]]:

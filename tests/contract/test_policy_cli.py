@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import run_cli
 
 from sandcell.status import (
     EXIT_AWAITING_APPROVAL,
@@ -53,20 +54,7 @@ def sandcell(
     home: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``sandcell ARGS`` with its data directory in ``home``; stdout and stderr as text."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "sandcell", *args],
-        capture_output=True,
-        env=env or _env(home),
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
-    return subprocess.CompletedProcess(
-        proc.args,
-        proc.returncode,
-        proc.stdout.decode("utf-8", errors="replace"),
-        proc.stderr.decode("utf-8", errors="replace"),
-    )
+    return run_cli(args, env=env or _env(home), cwd=REPO)
 
 
 def _submit(home: Path, code: str = "import subprocess\nprint('approved run')") -> str:

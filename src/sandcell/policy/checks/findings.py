@@ -17,7 +17,8 @@ approval        any ``deny``         any ``warning``        else
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import posixpath
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -96,6 +97,23 @@ class Decision:
     """The findings that were weighed, after overrides; disabled rules are left out."""
     reason: str
     """One sentence for a person: which rules decided it, or why nothing did."""
+
+
+def outside_roots(path: str, roots: Sequence[str], *, benign: Collection[str] = ()) -> bool:
+    """Whether a path literal points outside ``roots`` (shared by the Python and shell rules).
+
+    ``~`` paths and relative paths that climb out (``../x``) are outside; ``benign`` absolute
+    paths (``/dev/null`` and the like) never are.
+    """
+    if path.startswith("~"):
+        return True
+    norm = posixpath.normpath(path)
+    if not path.startswith("/"):
+        return norm == ".." or norm.startswith("../")
+    norm = "/" + norm.lstrip("/")
+    if norm in benign:
+        return False
+    return not any(norm == r or norm.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def snippet_of(line_text: str) -> str:

@@ -29,7 +29,7 @@ from sandcell.policy.checks._python_names import (
     norm,
     prefix_in,
 )
-from sandcell.policy.checks.findings import Finding, Severity, snippet_of
+from sandcell.policy.checks.findings import Finding, Severity, outside_roots, snippet_of
 
 __all__ = ["SAFE_STDLIB", "check_python"]
 
@@ -392,14 +392,4 @@ class _Checker(Resolver):
 
     def _outside(self, path: str) -> bool:
         """Whether a path literal points outside the readable roots."""
-        if path.startswith("~"):
-            return True
-        norm_path = posixpath.normpath(path)
-        if not path.startswith("/"):
-            return norm_path == ".." or norm_path.startswith("../")
-        norm_path = "/" + norm_path.lstrip("/")
-        if norm_path in _BENIGN_PATHS:
-            return False
-        return not any(
-            norm_path == r or norm_path.startswith(r.rstrip("/") + "/") for r in self.roots
-        )
+        return outside_roots(path, self.roots, benign=_BENIGN_PATHS)

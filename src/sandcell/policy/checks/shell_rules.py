@@ -36,7 +36,7 @@ from sandcell.policy.checks._shell_words import (
     text,
     walk,
 )
-from sandcell.policy.checks.findings import Finding, Severity, snippet_of
+from sandcell.policy.checks.findings import Finding, Severity, outside_roots, snippet_of
 from sandcell.policy.checks.python_rules import check_python
 
 __all__ = ["check_shell"]
@@ -331,15 +331,12 @@ class _ShellChecker:
                 self.report(node, "write-outside", what=f"`{base}`", path=p, roots=roots)
 
     def _outside(self, path: str) -> bool:
-        if path.startswith("~"):
-            return True
-        norm = posixpath.normpath(path)
-        if not path.startswith("/"):
-            return norm == ".." or norm.startswith("../")
-        norm = "/" + norm.lstrip("/")
-        if norm in _BENIGN or norm.startswith("/dev/fd/"):
+        # /dev/fd/N is a descriptor the script already holds, not a place on disk.
+        if path.startswith("/") and ("/" + posixpath.normpath(path).lstrip("/")).startswith(
+            "/dev/fd/"
+        ):
             return False
-        return not any(norm == r or norm.startswith(r.rstrip("/") + "/") for r in self.roots)
+        return outside_roots(path, self.roots, benign=_BENIGN)
 
     # -- redirections, pipelines, background ----------------------------------------------
 
