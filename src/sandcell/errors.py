@@ -6,7 +6,9 @@
     ├── ConfigError            the caller asked for something invalid (bad limit, file, glob)
     ├── IsolationUnavailable   a layer the run asks for cannot be enforced on this host
     ├── InfraError             sandcell itself failed before the code ran; safe to retry
-    └── AuditError             the run record store is unusable or was tampered with
+    ├── AuditError             the run record store is unusable or was tampered with
+    └── ModelError             the language model could not be asked (auth, rate limit, network)
+        └── ModelRateLimited   the provider said to slow down (retry after a delay)
 
 An outcome of a run (timeout, memory limit, non-zero exit...) is not an exception: it is a field
 of :class:`sandcell.spec.RunResult`. Exceptions are for runs that could not be attempted.
@@ -43,3 +45,22 @@ class InfraError(SandcellError, RuntimeError):
 
 class AuditError(SandcellError, RuntimeError):
     """The audit store cannot be opened or written."""
+
+
+class ModelError(SandcellError, RuntimeError):
+    """The model provider refused or failed a request; the message says which and why."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class ModelRateLimited(ModelError):
+    """The provider answered 429 (or an overload); ``retry_after_s`` is its hint, if it gave one."""
+
+    def __init__(
+        self, message: str, *, status: int | None = 429, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message, status=status, retryable=True)
+        self.retry_after_s = retry_after_s

@@ -47,6 +47,8 @@ from sandcell.spec import (
     RunRequest,
     RunResult,
     Usage,
+    output_to_dict,
+    start_to_dict,
 )
 from sandcell.validation import (
     InvariantLike,
@@ -339,6 +341,24 @@ class Executor:
             br = self.backend.run(request, run_id=run_id, collect=collect)
         except InfraError as exc:
             br = _infra_result(str(exc))
+        return self.finish(
+            request, br, validators, policy, run_id=run_id, started_at=started_at, inputs=inputs
+        )
+
+    def finish(
+        self,
+        request: RunRequest,
+        br: BackendResult,
+        validators: _Validators,
+        policy: Mapping[str, object],
+        *,
+        run_id: str,
+        started_at: str,
+        inputs: list[dict[str, object]],
+        session_id: str | None = None,
+    ) -> RunResult:
+        """What happens after a sandbox ran: validate the declared result, scan for leaks, write
+        the record, return the typed result. Shared by one-shot runs and session cells."""
         stdout = br.stdout.decode("utf-8", errors="replace")
         stderr = br.stderr.decode("utf-8", errors="replace")
         outcome, reason = br.outcome, br.reason
@@ -387,6 +407,9 @@ class Executor:
             policy=policy,
             validation=validation,
             leaks=tuple(leaks),
+            outputs=br.outputs,
+            start=br.start,
+            session_id=session_id,
         )
         self.audit.append(self._record(request, result, br, inputs))
         return result
@@ -467,6 +490,9 @@ class Executor:
             "policy": None if result.policy is None else dict(result.policy),
             "validation": _validation_record(result.validation),
             "leaks": list(result.leaks),
+            "outputs": [output_to_dict(o) for o in result.outputs],
+            "start": start_to_dict(result.start),
+            "session_id": result.session_id,
             "enforcement": None
             if enforcement is None
             else {

@@ -116,6 +116,9 @@ class RunRequest:
     mode: IsolationMode = IsolationMode.STRICT
     landlock: bool | None = None
     """``True`` requires Landlock, ``False`` disables it, ``None`` uses it where available."""
+    display: bool = False
+    """Python only: capture rich outputs as a notebook would (the last expression's value,
+    DataFrames as tables, open matplotlib figures as PNG and SVG) into ``RunResult.outputs``."""
 
     @property
     def effective_limits(self) -> Limits:
@@ -202,6 +205,35 @@ class RejectedExport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DisplayOutput:
+    """One rich output of a run, as a notebook shows it: a value, a table or a figure.
+
+    ``data`` maps a media type to its text form (``text/plain``, ``text/html``,
+    ``application/json``); binary forms (``image/png``, ``image/svg+xml``) are stored as artifacts.
+    """
+
+    kind: Literal["value", "table", "figure"]
+    data: Mapping[str, str] = field(default_factory=dict)
+    artifacts: tuple[Artifact, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartInfo:
+    """How the sandbox of a run was started (recorded with every run)."""
+
+    mode: Literal["cold", "template", "pool"] = "cold"
+    """``cold``: a new sandbox from scratch; ``template``: forked at call time from a
+    pre-initialised template that never ran untrusted code, then isolated as a fresh sandbox;
+    ``pool``: the same, forked ahead of time and waiting unused."""
+    template: str | None = None
+    """The template's id (its runtime, preloaded modules and when it started)."""
+    preloaded: tuple[str, ...] = ()
+    """Modules imported in the template before the fork."""
+    wait_ms: float = 0.0
+    """Time spent waiting for a sandbox to become available."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Enforcement:
     """Which isolation layers were actually active for the run."""
 
@@ -241,6 +273,11 @@ class RunResult:
     """The declared result and its validation (``valid``, ``errors``, ``value``), if declared."""
     leaks: tuple[Mapping[str, object], ...] = ()
     """Token and key patterns found (and redacted) in what left the sandbox."""
+    outputs: tuple[DisplayOutput, ...] = ()
+    """Rich outputs (requested with ``RunRequest.display`` or in a session), in order."""
+    start: StartInfo = field(default_factory=StartInfo)
+    session_id: str | None = None
+    """The session this run was a cell of, if any."""
 
     @property
     def ok(self) -> bool:
@@ -265,10 +302,7 @@ def result_to_dict(result: RunResult) -> dict[str, object]:
             "cpu_ms": result.usage.cpu_ms,
             "peak_memory_bytes": result.usage.peak_memory_bytes,
         },
-        "artifacts": [
-            {"path": a.path, "sha256": a.sha256, "size": a.size, "media_type": a.media_type}
-            for a in result.artifacts
-        ],
+        "artifacts": [artifact_to_dict(a) for a in result.artifacts],
         "rejected_exports": [{"path": r.path, "reason": r.reason} for r in result.rejected_exports],
         "enforcement": None
         if e is None
@@ -282,6 +316,30 @@ def result_to_dict(result: RunResult) -> dict[str, object]:
         "policy": dict(result.policy) if result.policy is not None else None,
         "validation": _json_validation(result.validation),
         "leaks": [dict(leak) for leak in result.leaks],
+        "outputs": [output_to_dict(o) for o in result.outputs],
+        "start": start_to_dict(result.start),
+        "session_id": result.session_id,
+    }
+
+
+def artifact_to_dict(a: Artifact) -> dict[str, object]:
+    return {"path": a.path, "sha256": a.sha256, "size": a.size, "media_type": a.media_type}
+
+
+def output_to_dict(o: DisplayOutput) -> dict[str, object]:
+    return {
+        "kind": o.kind,
+        "data": dict(o.data),
+        "artifacts": [artifact_to_dict(a) for a in o.artifacts],
+    }
+
+
+def start_to_dict(s: StartInfo) -> dict[str, object]:
+    return {
+        "mode": s.mode,
+        "template": s.template,
+        "preloaded": list(s.preloaded),
+        "wait_ms": s.wait_ms,
     }
 
 

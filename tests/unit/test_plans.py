@@ -510,8 +510,13 @@ def test_result_to_dict_shape() -> None:
         "policy",
         "validation",
         "leaks",
+        "outputs",
+        "start",
+        "session_id",
     }
     assert d["policy"] is None and d["validation"] is None and d["leaks"] == []
+    assert d["outputs"] == [] and d["session_id"] is None
+    assert d["start"] == {"mode": "cold", "template": None, "preloaded": [], "wait_ms": 0.0}
     assert d["outcome"] == "error"
     assert d["exit_code"] == 2 and d["signal"] is None
     assert d["usage"] == {"wall_ms": 12.5, "cpu_ms": 3.0, "peak_memory_bytes": 4096}

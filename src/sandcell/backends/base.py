@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from sandcell.spec import Artifact, Enforcement, Outcome, RejectedExport, RunRequest, Usage
+from sandcell.spec import (
+    Artifact,
+    DisplayOutput,
+    Enforcement,
+    Outcome,
+    RejectedExport,
+    RunRequest,
+    StartInfo,
+    Usage,
+)
 
 Collector = Callable[[Path], tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]]
 """Called with the workspace, while it still exists and no sandbox process is alive, to export."""
@@ -29,6 +38,8 @@ class BackendResult:
     rejected_exports: tuple[RejectedExport, ...]
     enforcement: Enforcement
     reason: str
+    outputs: tuple[DisplayOutput, ...] = ()
+    start: StartInfo = field(default_factory=StartInfo)
 
 
 class Backend(Protocol):

@@ -1,0 +1,1 @@
+"""Language models for the agent: one small interface, fakes, and provider adapters."""
