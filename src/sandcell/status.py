@@ -19,6 +19,16 @@ exit code               meaning
 
 A program that itself exits with 120-255 is indistinguishable without ``--json``, whose ``outcome``
 field is authoritative.
+
+``sandcell batch`` answers for many runs at once: 0 when every task has a result and passed, 1
+(``EXIT_BATCH_FAILED``) when every task ran but at least one did not pass, 128 + N when signal N
+interrupted it (the same command resumes), 78 for a bad tasks file (nothing ran).
+
+``sandcell ask`` answers for its stop reason: 0 ``answered``; 1 ``retries_exhausted`` (no
+trustworthy result); 3 (``EXIT_BUDGET``) ``budget_steps``, ``budget_tokens`` or
+``budget_sandbox_time``; 75 ``model_error`` (the model could not be asked; try again later);
+122 ``untraceable_answer``; 123 ``denied`` or ``approval_denied``; 125 ``awaiting_approval``;
+78 when no model is configured (the message says how to configure one).
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ EXIT_AWAITING_APPROVAL = 125
 EXIT_USAGE = 2
 EXIT_INFRA = 75
 EXIT_CONFIG = 78
+EXIT_BATCH_FAILED = 1
+EXIT_BUDGET = 3
 
 
 def exit_code_for(result: RunResult) -> int:
@@ -69,3 +81,29 @@ def exit_code_for_error(exc: SandcellError) -> int:
     if isinstance(exc, InfraError):
         return EXIT_INFRA
     return EXIT_CONFIG
+
+
+def exit_code_for_batch(*, all_passed: bool, interrupted_by: int | None) -> int:
+    """The CLI exit status for a batch: interrupted, some task not passed, or all passed."""
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    return 0 if all_passed else EXIT_BATCH_FAILED
+
+
+_STOP_EXIT: dict[str, int] = {
+    "answered": 0,
+    "retries_exhausted": 1,
+    "budget_steps": EXIT_BUDGET,
+    "budget_tokens": EXIT_BUDGET,
+    "budget_sandbox_time": EXIT_BUDGET,
+    "model_error": EXIT_INFRA,
+    "untraceable_answer": EXIT_INVALID_OUTPUT,
+    "denied": EXIT_DENIED,
+    "approval_denied": EXIT_DENIED,
+    "awaiting_approval": EXIT_AWAITING_APPROVAL,
+}
+
+
+def exit_code_for_stop(stop_reason: str) -> int:
+    """The CLI exit status of ``sandcell ask`` for the agent's stop reason."""
+    return _STOP_EXIT.get(stop_reason, 1)

@@ -1,0 +1,171 @@
+"""What the model is told before its first reply: the sandbox's rules and the task with its inputs.
+
+The model sees the question, the inputs' names and sizes, and a small sample of each text input
+(its first lines, at most ``sample_bytes``), with known secrets and token patterns redacted. It
+never sees more of the data: the data is read by the code, in the sandbox.
+
+Security limitation: the sample does leave the host, to whoever serves the model. Pass
+``sample_bytes=0`` to send names and sizes only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sandcell.agent.protocol import ANSWER_TAG
+from sandcell.policy.profiles import Profile
+from sandcell.spec import InputFile, Limits, MiB
+from sandcell.validation import Redactor
+
+__all__ = ["DEFAULT_SAMPLE_BYTES", "describe_inputs", "system_prompt", "task_message"]
+
+DEFAULT_SAMPLE_BYTES = 1024
+"""Per input: the first lines of a text file, up to this many bytes."""
+_SAMPLE_LINES = 6
+_DIR_ENTRIES = 20
+_PROBE_BYTES = 8192
+
+
+def system_prompt(profile: Profile, *, limits: Limits, exports: Sequence[str]) -> str:
+    """The rules of the sandbox and of the reply protocol, for the system message."""
+    allowlist = profile.import_allowlist()
+    imports = (
+        "any module installed in the runtime"
+        if allowlist is None
+        else "the Python standard library"
+        + (f" and {', '.join(sorted(allowlist))}" if allowlist else "")
+        + "; nothing else is installed and nothing can be installed"
+    )
+    languages = ", ".join(profile.runtime.languages)
+    export_line = (
+        f"Files you are asked for leave the sandbox only if their path matches one of: "
+        f"{', '.join(exports)} (create the directories first, e.g. os.makedirs('out', "
+        "exist_ok=True)); nothing else is kept."
+        if exports
+        else "No files leave the sandbox: report results by printing them."
+    )
+    example = json.dumps(
+        {
+            "explanation": "One or two plain sentences answering the question with the computed "
+            "figures.",
+            "figures": [{"name": "what it is", "value": 0.0725, "unit": "", "run": 1}],
+        }
+    )
+    return f"""\
+You answer questions by writing short programs, running them in a sandbox, reading their real \
+output and explaining it. Never guess or estimate a number: compute it and print it.
+
+The sandbox:
+- No network and no secrets. Every program runs in a fresh sandbox: variables and files do not \
+carry over from one run to the next, so each program must be complete.
+- The working directory is /sandbox (writable, {limits.workspace_bytes // MiB} MiB). Input files \
+are read-only under /inputs/NAME and also linked into the working directory as NAME.
+- {export_line}
+- Languages: {languages}. Python may import {imports}.
+- Each run is limited to {limits.wall_time_s:g} s wall time and \
+{limits.memory_bytes // MiB} MiB of memory; output beyond {limits.stdout_bytes} bytes ends it.
+- A policy checks the code before it runs. Code that starts processes, loads native code, \
+deserialises pickles, reaches for the network or reads outside the working directory and \
+/inputs is refused or held for a person's approval: write plain computations.
+
+Reply with exactly one fenced block each time, and nothing but a short plan around it:
+1. A program to run, in a ```python block (or ```bash where allowed). Print every figure you \
+will report, with a label, at full precision.
+2. Once the output you have seen answers the question, the final answer as JSON in an \
+```{ANSWER_TAG} block:
+```{ANSWER_TAG}
+{example}
+```
+Rules for the answer: every number in the explanation and in the figures must appear in the \
+printed output of a successful run, at least as precisely as you state it (round only when \
+stating). "run" is the number of the run whose output shows the figure. If the data cannot \
+answer the question, say so in the explanation, without numbers."""
+
+
+def task_message(
+    question: str,
+    inputs: Sequence[InputFile],
+    *,
+    sample_bytes: int = DEFAULT_SAMPLE_BYTES,
+    known_secrets: Sequence[str] = (),
+    schema: Mapping[str, object] | None = None,
+    invariants: Sequence[str] = (),
+) -> str:
+    """The first user message: the question, the inputs, and the declared result if any."""
+    parts = [f"Question: {question.strip()}"]
+    if inputs:
+        parts.append(
+            "Inputs:\n" + describe_inputs(inputs, sample_bytes=sample_bytes, secrets=known_secrets)
+        )
+    else:
+        parts.append("There are no input files.")
+    if schema is not None or invariants:
+        lines = [
+            "Every program must print its result as one JSON object on the last line of stdout."
+        ]
+        if schema is not None:
+            lines.append(f"It must meet this JSON Schema: {json.dumps(schema)}")
+        for inv in invariants:
+            lines.append(f"It must satisfy: {inv}")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def describe_inputs(
+    inputs: Sequence[InputFile], *, sample_bytes: int, secrets: Sequence[str] = ()
+) -> str:
+    """Names, sizes and a small, redacted sample of each input, one entry each."""
+    redactor = Redactor(secrets)
+    return "\n".join(_describe(i, sample_bytes, redactor) for i in inputs)
+
+
+def _describe(item: InputFile, sample_bytes: int, redactor: Redactor) -> str:
+    path = item.host_path
+    where = f"/inputs/{item.name} (also ./{item.name})"
+    if path.is_dir():
+        entries = sorted(p for p in path.rglob("*") if p.is_file())
+        shown = [
+            f"    {p.relative_to(path)} ({_size(p.stat().st_size)})" for p in entries[:_DIR_ENTRIES]
+        ]
+        more = len(entries) - len(shown)
+        tail = [f"    ... and {more} more files"] if more > 0 else []
+        return "\n".join([f"- directory {where}, {len(entries)} files:", *shown, *tail])
+    size = path.stat().st_size
+    head = f"- file {where}, {_size(size)}"
+    sample = _sample(path, sample_bytes)
+    if sample is None:
+        return f"{head}, binary"
+    if not sample:
+        return head
+    text, _ = redactor.scan_text(sample)
+    return f"{head}; its first lines:\n```\n{text}\n```"
+
+
+def _sample(path: Path, sample_bytes: int) -> str | None:
+    """The first lines of a text file within ``sample_bytes``; None for a binary file."""
+    with path.open("rb") as f:
+        probe = f.read(_PROBE_BYTES)
+    if b"\x00" in probe:
+        return None
+    if sample_bytes <= 0:
+        return ""
+    chunk = probe[:sample_bytes]
+    lines = chunk.split(b"\n")
+    if len(probe) > len(chunk):
+        # Only whole lines: a cut line would show the model a value that is not in the data.
+        lines = lines[:-1]
+    lines = lines[:_SAMPLE_LINES]
+    try:
+        return b"\n".join(lines).decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        return None
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    if n < MiB:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / MiB:.1f} MiB"

@@ -1,0 +1,159 @@
+"""``sandcell ask`` end to end: a subprocess, a scripted model, the real sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.conftest import REPO, run_cli
+
+EXAMPLES = REPO / "examples"
+TURNS = EXAMPLES / "agent" / "conversion_rate.turns.json"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    # Nothing of the caller's model configuration: no keys, no SANDCELL_MODEL, no config file.
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "SANDCELL_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(REPO / "src"),
+    }
+
+
+@pytest.fixture
+def root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("these runs use the root sandbox path; this test run is not root")
+
+
+def test_no_model_configured_says_how_and_exits_78(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["ask", "How many rows?", "--input", str(EXAMPLES / "sales.csv")], env=_env(tmp_path)
+    )
+    assert proc.returncode == 78, proc.stderr
+    assert "no model is configured" in proc.stderr
+    assert "--model" in proc.stderr and "SANDCELL_MODEL" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_interactive_approval_needs_a_terminal(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["ask", "Rate?", "--approve-interactive", "--model", f"scripted:{TURNS}"],
+        env=_env(tmp_path),
+    )
+    assert proc.returncode == 78
+    assert "--approve-interactive needs a terminal" in proc.stderr
+
+
+@pytest.mark.usefixtures("root")
+def test_ask_with_a_scripted_model_renders_the_answer(tmp_path: Path) -> None:
+    proc = run_cli(
+        [
+            "ask",
+            "What is the average conversion rate per day in sales.csv?",
+            "--input",
+            str(EXAMPLES / "sales.csv"),
+            "--model",
+            f"scripted:{TURNS}",
+        ],
+        env=_env(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("Answer\n") and "6.60%" in out
+    assert "Figures" in out and "mean daily conversion rate" in out
+    assert "Code that ran (attempt 1, python" in out and "pd.read_csv" in out
+    assert "sandcell audit show " in out
+    # Progress went to stderr while it worked.
+    assert "running attempt 1 (python)" in proc.stderr
+    assert "stopped: answered" in proc.stderr
+
+
+@pytest.mark.usefixtures("root")
+def test_json_is_one_object_with_the_whole_transcript(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    proc = run_cli(
+        [
+            "ask",
+            "Plot weekly revenue",
+            "--input",
+            str(EXAMPLES / "sales.csv"),
+            "--export",
+            "out/*.png",
+            "--out",
+            str(tmp_path / "report"),
+            "--profile",
+            "analysis",
+            "--model",
+            f"scripted:{EXAMPLES / 'agent' / 'weekly_revenue.turns.json'}",
+            "--json",
+        ],
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    assert body["stop_reason"] == "answered" and body["answered"] is True
+    assert {"explanation", "figures", "attempts", "run_ids", "artifacts", "usage", "events"} <= set(
+        body
+    )
+    assert body["figures"][0]["value"] == 13375.0
+    (attempt,) = body["attempts"]
+    assert attempt["outcome"] == "ok" and "savefig" in attempt["code"]
+    assert body["run_ids"] == [attempt["run_id"]]
+    assert [a["path"] for a in body["artifacts"]] == ["out/weekly_revenue.png"]
+    png = tmp_path / "report" / "out" / "weekly_revenue.png"
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert body["model_settings"]["provider"] == "scripted"
+    # The run ids resolve in the audit log.
+    shown = run_cli(["audit", "show", attempt["run_id"]], env=env)
+    assert shown.returncode == 0, shown.stderr
+
+
+@pytest.mark.usefixtures("root")
+def test_a_stop_reason_has_its_own_exit_code(tmp_path: Path) -> None:
+    turns = tmp_path / "wait.turns.json"
+    turns.write_text(json.dumps(["```python\nprint(94 / 1388 * 100)\n```"]))
+    proc = run_cli(
+        [
+            "ask",
+            "Conversion rate?",
+            "--profile",
+            "supervised",
+            "--model",
+            f"scripted:{turns}",
+            "--json",
+        ],
+        env=_env(tmp_path),
+    )
+    assert proc.returncode == 125, proc.stderr
+    body = json.loads(proc.stdout)
+    assert body["stop_reason"] == "awaiting_approval" and body["approval_id"]
+    assert f"sandcell approve {body['approval_id']}" in body["message"]
+
+
+@pytest.mark.usefixtures("root")
+def test_interactive_approval_asks_on_the_terminal(tmp_path: Path) -> None:
+    primary, secondary = os.openpty()
+    try:
+        os.write(primary, b"y\n")  # the person's answer, waiting in the terminal
+        proc = subprocess.run(
+            [sys.executable, "-m", "sandcell", "ask", "What is the average conversion rate per "
+             "day in sales.csv?", "--input", str(EXAMPLES / "sales.csv"), "--profile",
+             "supervised", "--approve-interactive", "--model", f"scripted:{TURNS}", "--json"],
+            stdin=secondary, capture_output=True, env=_env(tmp_path), timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 0, stderr
+    assert "approve this run? [y/N]" in stderr and "pd.read_csv" in stderr
+    body = json.loads(proc.stdout)
+    assert body["stop_reason"] == "answered"
+    assert body["attempts"][0]["approval_id"]
