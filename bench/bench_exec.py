@@ -41,9 +41,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 # Set before sandcell is imported or an Executor is built: nothing of the user's is touched.
@@ -51,9 +50,13 @@ _HOME = tempfile.mkdtemp(prefix="sandcell-bench-")
 os.environ["SANDCELL_HOME"] = _HOME
 os.environ["SANDCELL_RUNS"] = os.path.join(_HOME, "runs")
 
+from _common import Runner, bwrap_argv, python_argv, subprocess_runner  # noqa: E402
+from _common import run_pool as _pool  # noqa: E402
+from _stats import p90  # noqa: E402
+
 from sandcell import Executor, Outcome, RunRequest  # noqa: E402
 from sandcell.backends.namespaces.bwrap import find_bwrap  # noqa: E402
-from sandcell.runtimes import common_env, python_runtime  # noqa: E402
+from sandcell.runtimes import python_runtime  # noqa: E402
 
 WORKLOADS: dict[str, str] = {
     "noop": "pass",
@@ -67,43 +70,8 @@ WORKLOADS: dict[str, str] = {
 }
 VARIANTS = ("python", "bwrap", "sandcell", "sandcell-noll")
 
-Runner = Callable[[], None]
-
 
 # -- the variants ------------------------------------------------------------------------------
-
-
-def _env() -> dict[str, str]:
-    """The environment sandcell gives a program, given to the baselines too (no host values)."""
-    return {**common_env(), **python_runtime().env}
-
-
-def python_argv(code: str) -> list[str]:
-    return [python_runtime().interpreter, "-I", "-c", code]
-
-
-def bwrap_argv(code: str) -> list[str]:
-    rt = python_runtime()
-    a = [find_bwrap().path, "--unshare-all", "--unshare-user", "--die-with-parent"]
-    for d in rt.ro_dirs:
-        a += ["--ro-bind", d, d]
-    for link, target in rt.symlinks:
-        a += ["--symlink", target, link]
-    a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    return [*a, "--", *python_argv(code)]
-
-
-def subprocess_runner(argv: Sequence[str]) -> Runner:
-    env = _env()
-
-    def run() -> None:
-        p = subprocess.run(argv, capture_output=True, env=env, check=False)
-        if p.returncode != 0:
-            raise RuntimeError(
-                f"{argv[0]} exited with {p.returncode}: {p.stderr.decode(errors='replace')[-500:]}"
-            )
-
-    return run
 
 
 def sandcell_runner(ex: Executor, code: str, *, landlock: bool | None = None) -> Runner:
@@ -135,12 +103,6 @@ def _time(run: Runner) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def p90(xs: Sequence[float]) -> float:
-    if len(xs) < 2:
-        return xs[0]
-    return statistics.quantiles(xs, n=10, method="inclusive")[-1]
-
-
 def latency(
     ex: Executor, code: str, *, runs: int, warmup: int, rng: random.Random
 ) -> dict[str, list[float]]:
@@ -155,36 +117,6 @@ def latency(
         for v in order:
             samples[v].append(_time(rs[v]))
     return samples
-
-
-def _pool(run: Runner, total: int, workers: int) -> float:
-    """Seconds for ``total`` runs by ``workers`` threads sharing one counter."""
-    lock = threading.Lock()
-    left = [total]
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if left[0] <= 0 or errors:
-                    return
-                left[0] -= 1
-            try:
-                run()
-            except BaseException as exc:
-                errors.append(exc)
-                return
-
-    threads = [threading.Thread(target=worker) for _ in range(workers)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return elapsed
 
 
 def throughput(ex: Executor, *, total: int, concurrency: int, chunks: int = 4) -> dict[str, float]:

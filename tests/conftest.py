@@ -8,10 +8,13 @@ cannot do one of them skips those tests with the reason; CI creates the user so 
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +32,7 @@ from sandcell import (
     input_from_path,
     result_to_dict,
 )
+from sandcell.backends.namespaces import WarmConfig
 from sandcell.spec import MiB
 
 UNPRIV_USER = os.environ.get("SANDCELL_TEST_USER", "sandcell-test")
@@ -42,6 +46,8 @@ class Sandbox:
     identity: str
     run: Callable[..., dict[str, object]]
     home: Path
+    start: str = "cold"
+    """How the sandbox starts: ``cold``, ``template`` or ``pool`` (warm starts, python only)."""
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +63,26 @@ def executor(root_home: Path) -> Iterator[Executor]:
     # the static checks (which have their own tests) to the sandbox itself.
     with Executor(home=root_home, profile="unchecked") as ex:
         yield ex
+
+
+def _warm_executor(root_home: Path, mode: str) -> Iterator[Executor]:
+    if os.geteuid() != 0:
+        pytest.skip("the in-process executor fixture runs as root; this test run is not root")
+    warm = WarmConfig(mode=mode)  # type: ignore[arg-type]
+    with Executor(home=root_home, profile="unchecked", warm=warm) as ex:
+        yield ex
+
+
+@pytest.fixture(scope="session")
+def executor_template(root_home: Path) -> Iterator[Executor]:
+    """The root executor with warm starts from a template (numpy and pandas preloaded)."""
+    yield from _warm_executor(root_home, "template")
+
+
+@pytest.fixture(scope="session")
+def executor_pool(root_home: Path) -> Iterator[Executor]:
+    """The root executor with a warm pool of pre-isolated sandboxes."""
+    yield from _warm_executor(root_home, "pool")
 
 
 def _readable_by(user: str, path: Path) -> bool:
@@ -206,17 +232,27 @@ def _limits(limits: dict[str, float]) -> Limits:
     return Limits().with_(**conv)
 
 
-@pytest.fixture(params=["root", "user"])
+# identity-start: python runs of the warm modes start from a template or a pool (bash, and what
+# else a warm start cannot serve, start cold there and say so).
+SANDBOX_PARAMS = ["root", "user", "root-template", "root-pool", "user-pool"]
+
+
+@pytest.fixture(params=SANDBOX_PARAMS)
 def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
-    """A runner for real sandboxed runs, once as root and once as an ordinary user.
+    """A runner for real sandboxed runs, once as root and once as an ordinary user, each also
+    with warm starts (``root-template``, ``root-pool``, ``user-pool``).
 
     ``run(code, lang="python", inputs=(), exports=(), stdin=b"", **limits)`` where limits are
     ``wall_time_s, cpu_time_s, memory_mb, max_pids, max_open_files, max_file_mb, workspace_mb,
     stdout_bytes, stderr_bytes``. Returns the JSON result. The user identity runs in the weaker
     ``rlimits`` mode when this host gives ordinary users no cgroups (recorded in the result).
     """
-    if request.param == "root":
-        ex: Executor = request.getfixturevalue("executor")
+    identity, _, start = str(request.param).partition("-")
+    start = start or "cold"
+    if identity == "root":
+        ex: Executor = request.getfixturevalue(
+            "executor" if start == "cold" else f"executor_{start}"
+        )
 
         def run_root(
             code: str,
@@ -237,7 +273,7 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             )
             return result_to_dict(ex.run(req))
 
-        return Sandbox(identity="root", run=run_root, home=root_home)
+        return Sandbox(identity="root", run=run_root, home=root_home, start=start)
 
     env: UnprivEnv = request.getfixturevalue("unpriv")
     for p in (tmp_path, *tmp_path.parents):
@@ -258,6 +294,8 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
         args = _cli_args(code, lang=lang, inputs=inputs, exports=exports, limits=limits)
         if mode is IsolationMode.RLIMITS:
             args.insert(1, "--isolation=rlimits")
+        if start != "cold":
+            args.insert(1, f"--start={start}")
         if stdin:
             stdin_file = tmp_path / f"stdin-{os.urandom(4).hex()}"
             stdin_file.write_bytes(stdin)
@@ -276,7 +314,7 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             ) from None
         return out
 
-    return Sandbox(identity="user", run=run_user, home=env.home)
+    return Sandbox(identity="user", run=run_user, home=env.home, start=start)
 
 
 def _user_mode(env: UnprivEnv) -> IsolationMode:
@@ -286,3 +324,67 @@ def _user_mode(env: UnprivEnv) -> IsolationMode:
     if b"cgroups is unavailable" in probe.stderr:
         return IsolationMode.RLIMITS
     raise AssertionError(f"sandcell cannot run as {env.user}: {probe.stderr.decode()}")
+
+
+# --- No real model requests from tests -------------------------------------------------------
+# Model adapters are tested against local servers; nothing a test does may reach a real provider
+# (it would cost money, leak prompts and make results depend on the internet).
+
+_MODEL_ENV_PREFIXES = ("OPENAI_", "ANTHROPIC_")
+
+
+def _loopback(address: object) -> bool:
+    host = address[0] if isinstance(address, tuple) and address else address
+    if not isinstance(host, str):
+        return False
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+@pytest.fixture(scope="session")
+def _empty_model_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model-config") / "config.toml"
+    path.write_text("# tests/conftest.py: no model is configured during tests\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_model_requests(monkeypatch: pytest.MonkeyPatch, _empty_model_config: Path) -> None:
+    """Blocks connections to anything but loopback and unix sockets, and hides model settings.
+
+    ``OPENAI_*``, ``ANTHROPIC_*`` and ``SANDCELL_MODEL`` are removed and ``SANDCELL_CONFIG`` points
+    at an empty file, so neither this process nor a CLI subprocess that inherits the environment
+    finds a key or a developer's model config. The connect guard covers this process only.
+    """
+    for name in list(os.environ):
+        if name.startswith(_MODEL_ENV_PREFIXES) or name == "SANDCELL_MODEL":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SANDCELL_CONFIG", str(_empty_model_config))
+
+    real_connect = socket.socket.connect
+    real_connect_ex = socket.socket.connect_ex
+
+    def refuse(sock: socket.socket, address: object) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address):
+            raise PermissionError(
+                errno.EACCES,
+                f"tests may not connect to {address!r}: only loopback and unix sockets "
+                "(tests/conftest.py _no_model_requests)",
+            )
+
+    def connect(sock: socket.socket, address: object) -> None:
+        refuse(sock, address)
+        real_connect(sock, address)  # type: ignore[arg-type]
+
+    def connect_ex(sock: socket.socket, address: object) -> int:
+        refuse(sock, address)
+        return real_connect_ex(sock, address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)

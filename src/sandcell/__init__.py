@@ -9,6 +9,7 @@ export and a record of every run.
 
 from sandcell.artifacts import ArtifactStore, ExportLimits
 from sandcell.audit import AuditLog
+from sandcell.backends.namespaces.warm import WarmConfig
 from sandcell.errors import (
     AuditError,
     ConfigError,
@@ -52,6 +53,7 @@ __all__ = [
     "RunResult",
     "SandcellError",
     "Usage",
+    "WarmConfig",
     "input_from_path",
     "result_to_dict",
 ]

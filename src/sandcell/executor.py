@@ -16,7 +16,7 @@ import platform
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -26,6 +26,7 @@ import platformdirs
 from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports, validate_globs
 from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend, BackendResult
+from sandcell.display import DisplayCollection, take_outputs
 from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
 from sandcell.packages import WheelCache
@@ -41,7 +42,9 @@ from sandcell.runtimes import runtime_for
 from sandcell.spec import (
     Artifact,
     Enforcement,
+    InputFile,
     IsolationMode,
+    Limits,
     Outcome,
     RejectedExport,
     RunRequest,
@@ -61,6 +64,9 @@ from sandcell.validation import (
 
 if TYPE_CHECKING:
     import pydantic
+
+    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.sessions import Session
 
 ApprovalCallback = Callable[[Ticket], bool]
 """Called with the stored ticket of a run that needs approval; True approves and runs it."""
@@ -119,12 +125,18 @@ class Executor:
         export_limits: ExportLimits | None = None,
         known_secrets: Sequence[str] | None = None,
         home: Path | None = None,
+        warm: WarmConfig | None = None,
     ) -> None:
         base = home or data_dir()
         if backend is None:
             from sandcell.backends.namespaces import NamespacesBackend
 
-            backend = NamespacesBackend()
+            # warm: python runs start from a template or a warm pool (see backends/namespaces).
+            backend = NamespacesBackend(warm=warm)
+        elif warm is not None:
+            raise ConfigError(
+                "warm starts are an option of the default backend: pass warm or backend, not both"
+            )
         self.backend: Backend = backend
         self.audit = audit or AuditLog(base / "audit.sqlite3")
         self.store = store or ArtifactStore(base / "artifacts")
@@ -255,6 +267,34 @@ class Executor:
             return result
         return self._execute(admission.request, validators, policy)
 
+    def session(
+        self,
+        *,
+        profile: Profile | str | None = None,
+        limits: Limits | None = None,
+        inputs: Sequence[InputFile] = (),
+        mode: IsolationMode = IsolationMode.STRICT,
+        landlock: bool | None = None,
+        idle_timeout_s: float | None = None,
+        max_lifetime_s: float | None = None,
+    ) -> Session:
+        """Start a session: one sandbox kept alive across cells (see :mod:`sandcell.sessions`).
+
+        Each cell is checked under ``profile`` and recorded as a run with the session's id.
+        """
+        from sandcell.sessions import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_LIFETIME_S, Session
+
+        return Session(
+            self,
+            profile=profile,
+            limits=limits,
+            inputs=inputs,
+            mode=mode,
+            landlock=landlock,
+            idle_timeout_s=idle_timeout_s or DEFAULT_IDLE_TIMEOUT_S,
+            max_lifetime_s=max_lifetime_s or DEFAULT_MAX_LIFETIME_S,
+        )
+
     def run_approved(
         self, approval_id: str, *, by: str | None = None, reason: str = ""
     ) -> RunResult:
@@ -332,7 +372,12 @@ class Executor:
         run_id = uuid.uuid4().hex
         started_at = _now()
 
+        displayed: list[DisplayCollection] = []
+
         def collect(ws: Path) -> tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]:
+            if request.display:
+                # First, and the output directory goes with it: never exported as a file.
+                displayed.append(take_outputs(ws, self.store))
             if not globs:
                 return (), ()
             return collect_exports(ws, globs, self.store, self.export_limits)
@@ -341,6 +386,10 @@ class Executor:
             br = self.backend.run(request, run_id=run_id, collect=collect)
         except InfraError as exc:
             br = _infra_result(str(exc))
+        if displayed and br.outcome is not Outcome.INFRA_ERROR:
+            shown = displayed[0]
+            rejected = br.rejected_exports + shown.rejected
+            br = replace(br, outputs=br.outputs + shown.outputs, rejected_exports=rejected)
         return self.finish(
             request, br, validators, policy, run_id=run_id, started_at=started_at, inputs=inputs
         )
@@ -474,6 +523,7 @@ class Executor:
             "inputs": inputs,
             "stdin_sha256": _sha256(request.stdin),
             "exports": list(request.exports),
+            "display": request.display,
             "outcome": result.outcome.value,
             "reason": result.reason,
             "exit_code": result.exit_code,

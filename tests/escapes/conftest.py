@@ -180,6 +180,8 @@ def run_with_host_state(
         args = ["run", "--json", "--profile", "unchecked", "-c", attack_code(body)]
         if unpriv.mode.value == "rlimits":
             args.insert(1, "--isolation=rlimits")
+        if attack.sandbox.start != "cold":
+            args.insert(1, f"--start={attack.sandbox.start}")
         proc = run_as_user(unpriv, args, extra_env=env, pass_fds=tuple(pass_fds))
         try:
             out: dict[str, object] = json.loads(proc.stdout)

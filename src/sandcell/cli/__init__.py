@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandcell import status
-from sandcell.cli import approvals, audit, doctor, packages, policy, run
+from sandcell.cli import approvals, ask, audit, batch, doctor, packages, policy, pool, run, session
 from sandcell.errors import AuditError, SandcellError
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -25,6 +25,10 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "approve": approvals.handle_approve,
     "deny": approvals.handle_deny,
     "packages": packages.handle,
+    "batch": batch.handle,
+    "ask": ask.handle,
+    "session": session.handle,
+    "pool": pool.handle,
 }
 
 
@@ -40,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $SANDCELL_HOME or the user data directory)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (run, doctor, audit):
+    for module in (run, doctor, audit, batch, ask, session, pool):
         module.add_parser(sub)
     policy.add_parsers(sub)
     approvals.add_parsers(sub)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sandcell import status
+from sandcell.cli.render import render_outputs
 from sandcell.errors import ConfigError
 from sandcell.policy.profiles import Profile
 from sandcell.spec import (
@@ -41,7 +42,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="GLOB",
         help="files to export, relative to the working directory (repeatable)",
     )
-    r.add_argument("--out", type=Path, help="copy exported artifacts into this directory")
+    r.add_argument(
+        "--out",
+        type=Path,
+        help="copy exported artifacts (and, with --display, figures) into this directory",
+    )
+    r.add_argument(
+        "--display",
+        action="store_true",
+        help="python: show the last expression's value, tables and matplotlib figures as a "
+        "notebook would; figures are saved under --out (default ./sandcell-outputs/RUN_ID)",
+    )
     r.add_argument("--timeout", type=float, metavar="SECONDS", help="wall-time limit")
     r.add_argument("--cpu-time", type=int, metavar="SECONDS", help="CPU-time limit per process")
     r.add_argument("--memory", type=int, metavar="MB", help="memory limit of the sandbox")
@@ -71,6 +82,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded",
     )
     r.add_argument("--no-landlock", action="store_true", help="do not apply Landlock")
+    r.add_argument(
+        "--start",
+        choices=("cold", "template", "pool"),
+        default="cold",
+        help="how a python run's sandbox starts: cold (default), forked from a template with "
+        "numpy and pandas imported, or taken from a warm pool of such sandboxes; the record "
+        "says which (and why a run started cold anyway)",
+    )
     r.add_argument(
         "--profile",
         help="policy profile: a built-in name, a name from the profile directory, or a TOML path "
@@ -131,6 +150,8 @@ def requested_limits(args: argparse.Namespace) -> dict[str, float | None]:
 
 def build_request(args: argparse.Namespace, profile: Profile) -> RunRequest:
     code = read_code(args)
+    if args.display and args.lang != "python":
+        raise ConfigError("--display works for python programs only; drop it or use --lang python")
     # Refused here, not clamped, when above the profile's ceiling.
     limits = profile.limits_for(requested_limits(args))
     env: dict[str, str] = {}
@@ -159,16 +180,22 @@ def build_request(args: argparse.Namespace, profile: Profile) -> RunRequest:
         env=env,
         mode=IsolationMode(args.isolation),
         landlock=False if args.no_landlock else None,
+        display=args.display,
     )
 
 
 def handle(args: argparse.Namespace) -> int:
     from sandcell.executor import Executor
 
-    if args.out is not None and not args.export:
-        raise ConfigError("--out needs at least one --export GLOB to say what to copy out")
+    if args.out is not None and not args.export and not args.display:
+        raise ConfigError(
+            "--out needs at least one --export GLOB (or --display) to say what to copy out"
+        )
     schema = load_schema(Path(args.schema)) if args.schema else None
-    with Executor(home=args.home, profile=args.profile) as ex:
+    from sandcell.backends.namespaces.warm import WarmConfig
+
+    warm = None if args.start == "cold" else WarmConfig(mode=args.start, pool_size=1)
+    with Executor(home=args.home, profile=args.profile, warm=warm) as ex:
         request = build_request(args, ex.profile)
         result = ex.run(
             request,
@@ -179,11 +206,27 @@ def handle(args: argparse.Namespace) -> int:
         copied = (
             ex.store.copy_out(result.artifacts, args.out) if args.out and result.artifacts else []
         )
-    return report(result, as_json=args.json, copied=copied, out=args.out)
+        rendered = ""
+        if args.display and result.outputs:
+            figures = [a for o in result.outputs for a in o.artifacts]
+            if not args.json:
+                out = args.out or Path("sandcell-outputs") / result.run_id
+                rendered = render_outputs(result.outputs, ex.store, out)
+            elif args.out is not None and figures:
+                copied += ex.store.copy_out(figures, args.out)
+    return report(result, as_json=args.json, copied=copied, out=args.out, rendered=rendered)
 
 
-def report(result: RunResult, *, as_json: bool, copied: list[Path], out: Path | None) -> int:
-    """Print a result as ``run`` does (shared with ``approve``) and return the exit status."""
+def report(
+    result: RunResult,
+    *,
+    as_json: bool,
+    copied: list[Path],
+    out: Path | None,
+    rendered: str = "",
+) -> int:
+    """Print a result as ``run`` does (shared with ``approve``) and return the exit status.
+    ``rendered``: the outputs as :func:`render_outputs` shows them, printed after stdout."""
     if as_json:
         body = result_to_dict(result)
         if out is not None:
@@ -194,6 +237,8 @@ def report(result: RunResult, *, as_json: bool, copied: list[Path], out: Path | 
     out_text = neutralise(result.stdout) if sys.stdout.isatty() else result.stdout
     err_text = neutralise(result.stderr) if sys.stderr.isatty() else result.stderr
     sys.stdout.write(out_text)
+    if rendered:
+        sys.stdout.write(("\n" if out_text and not out_text.endswith("\n") else "") + rendered)
     sys.stdout.flush()
     sys.stderr.write(err_text)
     if result.outcome.value not in ("ok", "error"):

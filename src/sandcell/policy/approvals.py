@@ -92,6 +92,7 @@ def request_to_dict(req: RunRequest) -> dict[str, object]:
         "env": dict(req.env),
         "mode": req.mode.value,
         "landlock": req.landlock,
+        "display": req.display,
     }
 
 
@@ -118,6 +119,9 @@ def request_from_dict(d: Mapping[str, object]) -> RunRequest:
             raise TypeError("landlock should be true, false or null")
         env = _field(d, "env", dict)
         exports = _field(d, "exports", list)
+        display = d.get("display", False)  # absent in requests stored before display existed
+        if not isinstance(display, bool):
+            raise TypeError("display should be true or false")
         if not all(isinstance(v, str) for v in [*env.values(), *env, *exports]):
             raise TypeError("env and exports must hold strings")
         return RunRequest(
@@ -133,6 +137,7 @@ def request_from_dict(d: Mapping[str, object]) -> RunRequest:
             env=env,
             mode=IsolationMode(_field(d, "mode", str)),
             landlock=landlock,
+            display=display,
         )
     except (KeyError, TypeError, ValueError) as e:  # ConfigError and binascii.Error are ValueErrors
         raise ApprovalError(f"the stored request is malformed: {e}") from e

@@ -24,7 +24,7 @@ import platform
 import signal
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sandcell.backends.base import BackendResult, Collector
@@ -44,6 +44,8 @@ from sandcell.backends.namespaces.launcher import (
     launch,
 )
 from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
+from sandcell.backends.namespaces.warm import WarmConfig, WarmStarter, WarmStats
+from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import IsolationUnavailable
 from sandcell.runtimes import Runtime, code_path, common_env, runtime_for
 from sandcell.spec import (
@@ -60,6 +62,12 @@ from sandcell.spec import (
 # would cost about 2 ms.
 _CONTROL_BOOT = "boot.pyc"
 _CONTROL_PLAN = "plan.json"
+_CONTROL_DISPLAY = "display.pyc"
+# Display outputs go to a directory of the workspace: it outlives the sandbox until the host
+# collects it (a tmpfs of bwrap's own would die with the sandbox), it is already capped by the
+# workspace quota, and the rootless path reads it through /proc/PID/root like the exports. The
+# executor reads it first and removes it, so it is never exported nor seen as a program's file.
+_DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
 _MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
 
 
@@ -79,11 +87,15 @@ class _Layers:
 
 
 class NamespacesBackend:
-    """Runs each program in a fresh bubblewrap sandbox. One instance serves many runs."""
+    """Runs each program in a fresh bubblewrap sandbox. One instance serves many runs.
+
+    ``warm``: start python runs from a template or a pool of pre-isolated children instead
+    (see ``warm.py``); what those cannot serve starts cold, and the record says why.
+    """
 
     name = "namespaces"
 
-    def __init__(self) -> None:
+    def __init__(self, warm: WarmConfig | None = None) -> None:
         self.bwrap = find_bwrap()
         self.arch = seccomp.native_arch()
         self._seccomp_policy = seccomp.build_policy(self.arch)
@@ -93,7 +105,9 @@ class NamespacesBackend:
         self.rootless = os.geteuid() != 0
         self.root = workspace.prepare_root()
         self._boot_code = landlock.boot_bytecode()
+        self._display_code: bytes | None = None  # compiled on the first run that displays
         sweep()
+        self._warm = WarmStarter(self, warm) if warm is not None else None
 
     # -- 1. layers -------------------------------------------------------------------------
 
@@ -121,11 +135,27 @@ class NamespacesBackend:
         }
 
     def close(self) -> None:
-        """Nothing is held between runs."""
+        """Nothing is held between cold runs; a warm template and its pool are ended."""
+        if self._warm is not None:
+            self._warm.close()
+
+    def warm_stats(self) -> WarmStats | None:
+        """The template and pool, as they are now (None without warm starts)."""
+        return self._warm.stats() if self._warm is not None else None
 
     # -- the run ---------------------------------------------------------------------------
 
     def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
+        if self._warm is None:
+            return self._run_cold(request, run_id=run_id, collect=collect)
+        warm = self._warm.run(request, run_id=run_id, collect=collect)
+        if isinstance(warm, BackendResult):
+            return warm
+        cold = self._run_cold(request, run_id=run_id, collect=collect)
+        layers = {**cold.enforcement.layers, "warm_start": f"not used: {warm}"}
+        return replace(cold, enforcement=replace(cold.enforcement, layers=layers))
+
+    def _run_cold(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
         layers = self._decide(request)
         if layers.cgroup_host is not None:
             threading.Thread(
@@ -296,6 +326,12 @@ class NamespacesBackend:
         self, control: Path, request: RunRequest, runtime: Runtime, layers: _Layers
     ) -> None:
         (control / _CONTROL_BOOT).write_bytes(self._boot_code)
+        if _displays(request):
+            if self._display_code is None:
+                self._display_code = landlock.boot_bytecode(
+                    f"{landlock.SANDBOX_DIR}/display.py", script=landlock.DISPLAY_SCRIPT
+                )
+            (control / _CONTROL_DISPLAY).write_bytes(self._display_code)
         code_file = control / code_path(request.language).name
         code_file.write_text(request.code, encoding="utf-8")
         for p in control.iterdir():
@@ -327,6 +363,9 @@ class NamespacesBackend:
             status_fd=status_fd,
             input_links=[(i.name, f"/inputs/{i.name}") for i in request.inputs],
             python_paths=[f"{PACKAGES_DIR}/{p.name}" for p in request.packages],
+            display=(_DISPLAY_DIR, f"{landlock.SANDBOX_DIR}/{_CONTROL_DISPLAY}")
+            if _displays(request)
+            else None,
         )
         path = control / _CONTROL_PLAN
         path.write_text(plan_text)
@@ -362,6 +401,11 @@ class NamespacesBackend:
         return Enforcement(
             backend=self.name, layers=ll, mode=request.mode, weakened=tuple(weakened)
         )
+
+
+def _displays(request: RunRequest) -> bool:
+    """Whether the run captures rich outputs (python programs only)."""
+    return request.display and request.language == "python"
 
 
 def _classify(
@@ -420,4 +464,4 @@ def sweep() -> list[str]:
     return sorted(set(removed))
 
 
-__all__ = ["NamespacesBackend", "sweep"]
+__all__ = ["NamespacesBackend", "WarmConfig", "WarmStats", "sweep"]

@@ -11,7 +11,9 @@ the status descriptor, then exits as the child did. The child sets no_new_privs,
 Landlock ruleset the host compiled (see ``landlock.py``), creates the input links, writes one
 byte ("started") to the status descriptor and closes it, and runs the program. In ``python`` mode
 the script runs in that process as a fresh ``__main__``, as ``python SCRIPT`` would run it (argv,
-``__file__``, tracebacks, exit statuses); in ``exec`` mode the argv is ``execv``-ed. A boot
+``__file__``, tracebacks, exit statuses), or, when the plan has a ``display`` section, as one
+notebook cell of ``_display.run_cell`` (loaded before the fork, from the compiled module the plan
+names); in ``exec`` mode the argv is ``execv``-ed. A boot
 failure exits with status 125 and a ``sandcell-boot:`` line on stderr. Without a status
 descriptor (outside sandcell) there is no fork.
 
@@ -87,9 +89,9 @@ def _parse_json(text: str) -> Any:
 
 def _load_plan(
     path: str,
-) -> tuple[dict[str, Any] | None, int | None, list[list[str]], list[str]]:
-    """(landlock section or None, status fd or None, input links, extra python paths), checked
-    for shape."""
+) -> tuple[dict[str, Any] | None, int | None, list[list[str]], list[str], dict[str, str] | None]:
+    """(landlock section or None, status fd or None, input links, extra python paths, display
+    section or None), checked for shape."""
     with open(path, encoding="utf-8") as f:
         doc = _parse_json(f.read())
     if not isinstance(doc, dict) or doc.get("format") != 1:
@@ -98,6 +100,11 @@ def _load_plan(
     status_fd = doc.get("status_fd")
     links = doc.get("input_links") or []
     python_paths = doc.get("python_paths") or []
+    display = doc.get("display")
+    if display is not None and not (
+        isinstance(display, dict) and all(type(display.get(k)) is str for k in ("dir", "module"))
+    ):
+        raise ValueError(f"malformed display section {display!r}")
     if not all(type(p) is str and p.startswith("/") for p in python_paths):
         raise ValueError(f"malformed python_paths {python_paths!r}")
     if landlock is not None:
@@ -114,7 +121,7 @@ def _load_plan(
     for link in links:
         if not (len(link) == 2 and type(link[0]) is str and type(link[1]) is str):
             raise ValueError(f"malformed input link {link!r}")
-    return landlock, status_fd, links, python_paths
+    return landlock, status_fd, links, python_paths, display
 
 
 def _close_inherited(keep: int | None) -> None:
@@ -234,8 +241,34 @@ def _report(exc: BaseException, tb: Any) -> None:
         sys.__excepthook__(type(exc), exc, tb)
 
 
-def _run_python(script: str, args: list[str]) -> None:
-    """Run ``script`` in this process as ``__main__``, as ``python script args...`` would."""
+def _load_display(module_path: str) -> Any:
+    """The display module (``_display.py``, shipped compiled), as a module of its own that
+    stays out of ``sys.modules``. The frozen importlib's loader checks the .pyc header."""
+    name = "_sandcell_display"
+    loader = sys.modules["_frozen_importlib_external"].SourcelessFileLoader(name, module_path)
+    module = type(sys)(name)
+    exec(loader.get_code(name), module.__dict__)  # noqa: S102 - sandcell's own module
+    return module
+
+
+def _run_displayed(display: tuple[Any, str], source: bytes, ns: dict[str, Any], path: str) -> None:
+    """The program as one notebook cell (``_display.run_cell``): the value of a last expression
+    and open figures are written as outputs; statuses and tracebacks as in ``_run_python``."""
+    module, out_dir = display
+    try:
+        # The host writes the program as UTF-8; run_cell parses text, so the cookie is moot.
+        module.run_cell(source.decode("utf-8-sig"), ns, out_dir, filename=path)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        # Without the boot's and run_cell's frames; a syntax error gets no traceback at all.
+        _report(exc, module.user_traceback(exc.__traceback__))
+        raise SystemExit(1) from None
+
+
+def _run_python(script: str, args: list[str], display: tuple[Any, str] | None = None) -> None:
+    """Run ``script`` in this process as ``__main__``, as ``python script args...`` would; with
+    ``display`` (the display module and output directory), as a notebook cell."""
     main_file = os.path.abspath(script)  # Python >= 3.9 makes __main__.__file__ absolute
     boot = sys.argv[0]
     orig = getattr(sys, "orig_argv", None)
@@ -269,6 +302,9 @@ def _run_python(script: str, args: list[str]) -> None:
     loader_type = sys.modules["_frozen_importlib_external"].SourceFileLoader
     ns["__loader__"] = loader_type("__main__", main_file)
     sys.modules["__main__"] = main
+    if display is not None:
+        _run_displayed(display, source, ns, main_file)
+        return
 
     failed = False
     try:
@@ -345,9 +381,15 @@ def _main(argv: list[str]) -> None:
         _fail("usage: boot.py PLAN (python SCRIPT | exec PROGRAM) [ARGS...]")
     plan_path, mode, target = argv[1], argv[2], argv[3:]
     try:
-        landlock, status_fd, links, python_paths = _load_plan(plan_path)
+        landlock, status_fd, links, python_paths, display_plan = _load_plan(plan_path)
     except Exception as exc:
         _fail(f"cannot read the plan {plan_path}: {exc}")
+    display: tuple[Any, str] | None = None
+    if display_plan is not None and mode == "python":
+        try:
+            display = (_load_display(display_plan["module"]), display_plan["dir"])
+        except Exception as exc:
+            _fail(f"cannot load the display module {display_plan['module']}: {exc}")
 
     _close_inherited(status_fd)
     # Packages from the wheel cache: after the runtime's own site-packages, so they add modules
@@ -382,7 +424,7 @@ def _main(argv: list[str]) -> None:
 
     if mode == "exec":
         _exec(target)
-    _run_python(target[0], target[1:])
+    _run_python(target[0], target[1:], display)
 
 
 if __name__ == "__main__":

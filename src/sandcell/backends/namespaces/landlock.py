@@ -96,6 +96,8 @@ SANDBOX_BOOT = f"{SANDBOX_DIR}/boot.py"
 SANDBOX_PLAN = f"{SANDBOX_DIR}/plan.json"
 BOOT_SCRIPT = Path(__file__).with_name("_boot.py")
 """The boot script on the host, to be copied to :data:`SANDBOX_BOOT`."""
+DISPLAY_SCRIPT = Path(__file__).with_name("_display.py")
+"""The rich-output module on the host, shipped compiled for runs that ask for display."""
 BOOT_FAILED_STATUS = 125
 """Exit status of the boot when it could not apply a layer it was asked for."""
 PLAN_FORMAT = 1
@@ -405,13 +407,15 @@ def boot_plan_json(
     status_fd: int | None = None,
     input_links: Sequence[tuple[str, str]] = (),
     python_paths: Sequence[str] = (),
+    display: tuple[str, str] | None = None,
 ) -> str:
     """The ``plan.json`` the boot reads.
 
     ``plan`` None runs the program without Landlock. ``status_fd``: a descriptor the boot writes
     one byte to, then closes, right before the program starts (every other inherited descriptor
     above 2 is closed). ``input_links``: (link, target) symlinks the boot creates, a relative link
-    being relative to the working directory.
+    being relative to the working directory. ``display``: (output directory, compiled display
+    module) inside the sandbox, to run a python program as a notebook cell.
     """
     if status_fd is not None and (isinstance(status_fd, bool) or status_fd < 3):
         raise ConfigError(f"boot plan: status_fd must be a descriptor above 2, got {status_fd!r}")
@@ -421,23 +425,25 @@ def boot_plan_json(
         "status_fd": status_fd,
         "input_links": [[link, target] for link, target in input_links],
         "python_paths": list(python_paths),
+        "display": None if display is None else {"dir": display[0], "module": display[1]},
     }
     return json.dumps(doc, indent=1) + "\n"
 
 
-def boot_bytecode(boot_path: str = SANDBOX_BOOT) -> bytes:
+def boot_bytecode(boot_path: str = SANDBOX_BOOT, *, script: Path = BOOT_SCRIPT) -> bytes:
     """The boot script compiled to a ``.pyc`` file's bytes, to run as ``python -I boot.pyc ...``.
 
     Saves compiling the boot on every run (about 2 ms). Only valid for an interpreter of the
     exact version running this function (the file starts with its magic number, and a different
     version refuses it): use it when the runtime's interpreter is sandcell's own, else run the
-    ``.py``. Tracebacks name ``boot_path``.
+    ``.py``. Tracebacks name ``boot_path``. ``script``: another standalone module to compile
+    the same way (:data:`DISPLAY_SCRIPT`).
     """
     # Imported here: only the hosts that precompile pay for them.
     import importlib.util
     import marshal
 
-    source = BOOT_SCRIPT.read_bytes()
+    source = script.read_bytes()
     code = compile(source, boot_path, "exec", dont_inherit=True)
     # The .pyc header: magic, flags (0: timestamp-based), mtime, source size. Run directly, only
     # the magic is checked; a zero mtime keeps the bytes reproducible.

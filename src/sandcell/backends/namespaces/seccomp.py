@@ -47,6 +47,7 @@ __all__ = [
     "SECCOMP_RET_ALLOW",
     "SECCOMP_RET_ERRNO",
     "SECCOMP_RET_KILL_PROCESS",
+    "SETUP_ALLOWED",
     "SUPPORTED_ARCHES",
     "SYSCALL_NUMBERS",
     "ArgCondition",
@@ -54,6 +55,7 @@ __all__ = [
     "DeniedSyscall",
     "SeccompPolicy",
     "build_policy",
+    "build_setup_policy",
     "native_arch",
     "syscall_number",
 ]
@@ -541,6 +543,31 @@ def build_policy(arch: str) -> SeccompPolicy:
         denied=tuple(d for d in _DENIED if d.name in table),
         arg_rules=tuple(r for r in _ARG_RULES if r.name in table),
         enosys=tuple(d for d in _ENOSYS if d.name in table),
+    )
+
+
+# What the per-run setup of a warm start does after the template's fork, before the run's full
+# filter goes on: new namespaces, its own mounts (tmpfs, /proc, inputs moved in from the host).
+SETUP_ALLOWED: Final[tuple[str, ...]] = (
+    "mount",
+    "umount2",
+    "unshare",
+    "move_mount",
+    "mount_setattr",
+)
+
+
+def build_setup_policy(arch: str) -> SeccompPolicy:
+    """The looser filter of a warm-start template (see ``template.py``): :func:`build_policy`
+    without :data:`SETUP_ALLOWED`. Every run forked from the template installs the full filter
+    on top of it before any untrusted byte arrives; stacked filters all apply, so the run is held
+    to the full one."""
+    full = build_policy(arch)
+    return SeccompPolicy(
+        arch=arch,
+        denied=tuple(d for d in full.denied if d.name not in SETUP_ALLOWED),
+        arg_rules=full.arg_rules,
+        enosys=full.enosys,
     )
 
 

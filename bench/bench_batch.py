@@ -1,0 +1,177 @@
+"""Benchmark: ``sandcell batch`` on the 164 HumanEval problems against plain ``python3`` processes.
+
+Usage::
+
+    .venv/bin/python bench/bench_batch.py [--concurrency 1 2] [--profile unchecked] [--json]
+
+Both sides run the same programs: each problem's prompt and canonical solution, then its test and
+``check(ENTRY_POINT)`` (``examples/humaneval/make_tasks.py``), with the same interpreter
+(``sandcell.runtimes.python_runtime().interpreter``). The baseline starts one
+``python -I -c PROGRAM`` process per task from a thread pool of the same size, and counts a task
+passed when it exits 0. sandcell runs ``sandcell batch TASKS --concurrency N --restart --json``
+as a subprocess: each task in a fresh sandbox (namespaces, cgroups, seccomp, Landlock), checked by
+the policy profile and written to the audit log. Tasks per second are over the run phase (the
+summary's ``elapsed_s``); the wall time of the whole command, start-up included, is shown too.
+
+The profile defaults to ``unchecked`` so that every program runs: the default ``strict`` profile
+denies HumanEval/160, which calls ``eval`` on a built string. Records and run directories go to a
+temporary ``SANDCELL_HOME``/``SANDCELL_RUNS``, removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import runpy
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+_HOME = tempfile.mkdtemp(prefix="sandcell-bench-batch-")
+os.environ["SANDCELL_HOME"] = _HOME
+os.environ["SANDCELL_RUNS"] = os.path.join(_HOME, "runs")
+
+from sandcell.batch import load_tasks, program_for  # noqa: E402
+from sandcell.batch.judge import new_marker  # noqa: E402
+from sandcell.policy.profiles import load_profile  # noqa: E402
+from sandcell.runtimes import python_runtime  # noqa: E402
+
+
+def machine() -> dict[str, object]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "python": platform.python_version(),
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Row:
+    variant: str
+    concurrency: int
+    tasks: int
+    passed: int
+    elapsed_s: float
+    """The run phase: the thread pool's time, or the batch summary's ``elapsed_s``."""
+    wall_s: float
+    """The whole command, start-up included."""
+
+    @property
+    def tasks_per_s(self) -> float:
+        return self.tasks / self.elapsed_s
+
+
+def bench_python(programs: list[str], concurrency: int) -> Row:
+    python = python_runtime().interpreter
+
+    def one(code: str) -> bool:
+        p = subprocess.run([python, "-I", "-c", code], capture_output=True, check=False)
+        return p.returncode == 0
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        passed = sum(pool.map(one, programs))
+    elapsed = time.monotonic() - t0
+    return Row(
+        variant="python3",
+        concurrency=concurrency,
+        tasks=len(programs),
+        passed=passed,
+        elapsed_s=elapsed,
+        wall_s=elapsed,
+    )
+
+
+def bench_sandcell(tasks: Path, concurrency: int, profile: str) -> Row:
+    argv = [sys.executable, "-m", "sandcell", "batch", str(tasks), "-j", str(concurrency)]
+    argv += ["--restart", "--json", "--profile", profile]
+    t0 = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"sandcell batch failed (exit {p.returncode}): {p.stderr}")
+    s = json.loads(p.stdout)
+    return Row(
+        variant="sandcell",
+        concurrency=concurrency,
+        tasks=int(s["ran"]),
+        passed=int(s["passed"]),
+        elapsed_s=float(s["elapsed_s"]),
+        wall_s=wall,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--profile", default="unchecked")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = ap.parse_args()
+    try:
+        make = runpy.run_path(str(REPO / "examples" / "humaneval" / "make_tasks.py"))
+        tasks_file = Path(_HOME) / "humaneval.jsonl"
+        make["write"](tasks_file)
+        tasks = load_tasks(tasks_file, load_profile(args.profile))
+        # The baseline runs exactly what the sandbox runs (the completion marker included).
+        programs = [program_for(t, new_marker()) for t in tasks]
+        info = machine()
+        rows: list[Row] = []
+        for n in args.concurrency:
+            rows.append(bench_python(programs, n))
+            rows.append(bench_sandcell(tasks_file, n, args.profile))
+    finally:
+        shutil.rmtree(_HOME, ignore_errors=True)
+    ratios = {
+        s.concurrency: s.tasks_per_s / b.tasks_per_s
+        for b in rows
+        for s in rows
+        if b.variant == "python3" and s.variant == "sandcell" and s.concurrency == b.concurrency
+    }
+    if args.json:
+        body = {
+            "machine": info,
+            "profile": args.profile,
+            "rows": [{**asdict(r), "tasks_per_s": r.tasks_per_s} for r in rows],
+            "ratio_sandcell_to_python": ratios,
+        }
+        print(json.dumps(body, indent=2))
+        return
+    load = info["loadavg_at_start"]
+    print(f"# sandcell batch vs plain python3: {len(programs)} HumanEval problems")
+    print(
+        f"# {info['date']}  {info['cpu']} x{info['cpus']}  kernel {info['kernel']}  "
+        f"load {load}  profile {args.profile}"
+    )
+    print(f"{'variant':<10} {'conc':>4} {'tasks/s':>8} {'passed':>7} {'run s':>7} {'wall s':>7}")
+    for r in rows:
+        print(
+            f"{r.variant:<10} {r.concurrency:>4} {r.tasks_per_s:>8.1f} {r.passed:>7} "
+            f"{r.elapsed_s:>7.2f} {r.wall_s:>7.2f}"
+        )
+    for n, ratio in ratios.items():
+        print(f"concurrency {n}: sandcell runs at {ratio:.2f}x the rate of plain python3")
+
+
+if __name__ == "__main__":
+    main()

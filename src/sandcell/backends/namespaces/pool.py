@@ -1,0 +1,157 @@
+"""The warm pool: isolated, never-used children of the template, forked ahead of time.
+
+A refill thread keeps ``size`` children waiting; :meth:`WarmPool.take` hands one out, which serves
+exactly one run and is then destroyed; the thread forks a replacement. A child found dead when it
+is taken (its template restarted, say) is discarded and the next one tried.
+
+Idle memory is measured per child from ``/proc/PID/smaps_rollup`` of its two processes: PSS
+(shared pages split between their users) and USS (pages only that child holds).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandcell.backends.namespaces.template import WarmChild
+from sandcell.errors import InfraError
+
+__all__ = ["PoolStats", "WarmPool", "idle_memory"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolStats:
+    """A snapshot of the pool."""
+
+    size: int
+    """How many children the pool keeps waiting."""
+    ready: int
+    """How many are waiting now."""
+    forked: int
+    """Children forked since the pool started."""
+    taken: int
+    """Children handed to runs (each used once)."""
+    discarded: int
+    """Children destroyed unused (found dead, or the pool closed)."""
+    refill_errors: int
+    last_error: str | None
+    idle_pss_bytes: int
+    """PSS of all waiting children together."""
+    idle_uss_bytes: int
+    """USS (private pages) of all waiting children together."""
+
+
+def idle_memory(pids: tuple[int, ...]) -> tuple[int, int]:
+    """(PSS, USS) in bytes of these processes together, from smaps_rollup (0 where unreadable)."""
+    pss = uss = 0
+    for pid in dict.fromkeys(pids):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    key, _, rest = line.partition(":")
+                    if key == "Pss":
+                        pss += int(rest.split()[0]) * 1024
+                    elif key in ("Private_Clean", "Private_Dirty"):
+                        uss += int(rest.split()[0]) * 1024
+        except (OSError, ValueError):
+            continue
+    return pss, uss
+
+
+class WarmPool:
+    """``size`` children of one template, refilled in the background."""
+
+    def __init__(self, fork: Callable[[], WarmChild], size: int) -> None:
+        self._fork = fork
+        self.size = size
+        self._ready: collections.deque[WarmChild] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._forked = self._taken = self._discarded = self._errors = 0
+        self._last_error: str | None = None
+        self._thread = threading.Thread(target=self._refill, name="sandcell-pool", daemon=True)
+        self._thread.start()
+
+    def _refill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) >= self.size:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                child = self._fork()
+            except InfraError as exc:
+                with self._cond:
+                    self._errors += 1
+                    self._last_error = str(exc)
+                    self._cond.notify_all()
+                    # A broken template: back off rather than spin; take() reports the error.
+                    self._cond.wait(timeout=min(0.05 * 2 ** min(self._errors, 6), 2.0))
+                continue
+            with self._cond:
+                self._forked += 1
+                if self._closed:
+                    child.discard()
+                    return
+                self._ready.append(child)
+                self._cond.notify_all()
+
+    def take(self, timeout_s: float) -> tuple[WarmChild, float]:
+        """A waiting child and how long the caller waited (ms). Raises InfraError on timeout."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        with self._cond:
+            while True:
+                while self._ready:
+                    child = self._ready.popleft()
+                    self._cond.notify_all()
+                    if child.alive():
+                        self._taken += 1
+                        return child, (time.monotonic() - t0) * 1000
+                    self._discarded += 1
+                    child.discard()
+                remaining = deadline - time.monotonic()
+                if self._closed or remaining <= 0:
+                    raise InfraError(
+                        "no warm sandbox became available"
+                        + (f": {self._last_error}" if self._last_error else "")
+                    )
+                errors = self._errors
+                self._cond.wait(timeout=remaining)
+                if self._errors != errors and not self._ready and self._last_error:
+                    raise InfraError(f"the warm pool cannot fork: {self._last_error}")
+
+    def stats(self) -> PoolStats:
+        with self._cond:
+            ready = list(self._ready)
+            snapshot = (self._forked, self._taken, self._discarded, self._errors, self._last_error)
+        pss = uss = 0
+        for child in ready:
+            p, u = idle_memory((child.outer_pid, child.init_pid))
+            pss, uss = pss + p, uss + u
+        forked, taken, discarded, errors, last = snapshot
+        return PoolStats(
+            size=self.size,
+            ready=len(ready),
+            forked=forked,
+            taken=taken,
+            discarded=discarded,
+            refill_errors=errors,
+            last_error=last,
+            idle_pss_bytes=pss,
+            idle_uss_bytes=uss,
+        )
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            ready, self._ready = list(self._ready), collections.deque()
+            self._discarded += len(ready)
+            self._cond.notify_all()
+        for child in ready:
+            child.discard()
+        self._thread.join(timeout=10)

@@ -1,0 +1,208 @@
+"""``sandcell batch``: run every task of a JSON-lines file, each in a fresh sandbox, resumably.
+
+Exit status (see :mod:`sandcell.status`): 0 when every task has a result and passed; 1 when every
+task ran but at least one did not pass (a run that ended other than ``ok``, a failed test, a
+stdout that differs); 128+N when signal N (SIGINT, SIGTERM) interrupted the batch, which the same
+command resumes; 78 for a bad tasks file, with nothing run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from sandcell import status
+from sandcell.errors import ConfigError
+from sandcell.spec import IsolationMode
+
+_PLAIN_EVERY_S = 5.0
+_BAR_WIDTH = 30
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    b = sub.add_parser(
+        "batch",
+        help="run many programs from a JSON-lines tasks file, resumably",
+        description="Run every task of TASKS (one JSON object a line: id, code, language, "
+        "inputs, stdin, expected_stdout, compare, test, limits, exports), each in a fresh "
+        "sandbox, writing one result line per task. Rerunning the same command resumes: tasks "
+        "with a result line are not run again.",
+    )
+    b.add_argument("tasks", type=Path, metavar="TASKS.jsonl")
+    b.add_argument(
+        "--concurrency",
+        "-j",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="tasks running at once (default: the number of CPUs)",
+    )
+    b.add_argument(
+        "--results", type=Path, metavar="FILE", help="results file (default: TASKS.results.jsonl)"
+    )
+    b.add_argument(
+        "--profile",
+        help="policy profile for every task (default: $SANDCELL_PROFILE, else strict)",
+    )
+    b.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="wall-time limit of a task that sets none in its limits",
+    )
+    b.add_argument(
+        "--isolation",
+        choices=[m.value for m in IsolationMode],
+        default=IsolationMode.STRICT.value,
+        help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded",
+    )
+    b.add_argument(
+        "--restart", action="store_true", help="discard the results file's lines and run all"
+    )
+    b.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def results_path_for(tasks: Path) -> Path:
+    """``tasks.jsonl`` → ``tasks.results.jsonl``, next to it."""
+    stem = tasks.name.removesuffix(".jsonl")
+    return tasks.with_name(f"{stem}.results.jsonl")
+
+
+class _Progress:
+    """A textual bar redrawn with ``\\r`` on a terminal, else a plain line every few seconds."""
+
+    def __init__(self, *, tty: bool) -> None:
+        self.tty = tty
+        self.last = 0.0
+        self.drawn = False
+
+    def __call__(self, p: object) -> None:
+        from sandcell.batch import BatchProgress
+
+        assert isinstance(p, BatchProgress)
+        now = time.monotonic()
+        if not self.tty and now - self.last < _PLAIN_EVERY_S and p.done < p.total:
+            return
+        self.last = now
+        rate = p.tasks_per_s
+        left = p.total - p.done
+        eta = f"{left / rate:.0f} s" if rate > 0 else "?"
+        text = (
+            f"{p.done}/{p.total} done, {p.passed} passed, {p.done - p.passed} failed, "
+            f"{rate:.1f} tasks/s, eta {eta}"
+        )
+        if self.tty:
+            filled = round(_BAR_WIDTH * p.done / p.total) if p.total else _BAR_WIDTH
+            bar = "#" * filled + "." * (_BAR_WIDTH - filled)
+            sys.stderr.write(f"\r[{bar}] {text}\x1b[K")
+            self.drawn = True
+        else:
+            sys.stderr.write(f"sandcell batch: {text}\n")
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, caught: list[int]) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` instead of killing the batch mid-write."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may install handlers; the caller stops us otherwise
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from sandcell.batch import load_tasks, run_batch
+    from sandcell.executor import Executor
+
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be at least 1, got {args.concurrency}")
+    results = args.results or results_path_for(args.tasks)
+    if results.resolve() == args.tasks.resolve():
+        raise ConfigError("--results must not be the tasks file itself")
+    stop = threading.Event()
+    caught: list[int] = []
+    with Executor(home=args.home, profile=args.profile) as ex:
+        tasks = load_tasks(
+            args.tasks,
+            ex.profile,
+            default_limits={"wall_time_s": args.timeout},
+            mode=IsolationMode(args.isolation),
+        )
+        progress = _Progress(tty=sys.stderr.isatty())
+        with _stop_on_signals(stop, caught):
+            try:
+                summary = run_batch(
+                    ex,
+                    tasks,
+                    results,
+                    concurrency=args.concurrency,
+                    restart=args.restart,
+                    stop=stop,
+                    on_progress=progress,
+                )
+            finally:
+                progress.end()
+    if summary.truncated_line is not None:
+        print(
+            f"sandcell: results line {summary.truncated_line} was incomplete (the last batch was "
+            "killed while writing it); its task ran again",
+            file=sys.stderr,
+        )
+    body = {**summary.to_dict(), "results": str(results), "concurrency": args.concurrency}
+    if args.json:
+        print(json.dumps(body, ensure_ascii=False))
+    else:
+        _print_summary(body)
+    interrupted_by: int | None = None
+    if summary.interrupted:
+        interrupted_by = int(caught[0] if caught else signal.SIGINT)
+        print(
+            f"sandcell: interrupted; {body['missing']} of {body['total']} tasks have no result: "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
+    return status.exit_code_for_batch(
+        all_passed=summary.progress.passed == summary.progress.total,
+        interrupted_by=interrupted_by,
+    )
+
+
+def _print_summary(body: dict[str, object]) -> None:
+    outcomes = body["outcomes"]
+    assert isinstance(outcomes, dict)
+    total, passed, done = body["total"], body["passed"], body["done"]
+    rate = 100.0 * float(passed) / float(done) if done else 0.0  # type: ignore[arg-type]
+    print(f"{total} tasks: {passed} passed, {body['failed']} failed ({rate:.1f}% pass rate)")
+    print("outcomes: " + (", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none"))
+    print(
+        f"this run: {body['ran']} tasks in {body['elapsed_s']} s, {body['tasks_per_s']} tasks/s "
+        f"at concurrency {body['concurrency']} ({body['skipped']} already had results)"
+    )
+    print(f"results: {body['results']}")
+
+
+__all__ = ["add_parser", "handle", "results_path_for"]

@@ -1,0 +1,752 @@
+"""The sandbox of one session: the namespaces backend's layers, kept alive across cells.
+
+Built from the backend's pieces, in the backend's order (see
+:mod:`sandcell.backends.namespaces`): layers decided and failed closed, a run directory with a
+size-capped workspace tmpfs (or the rootless workspace helper), the session's cgroup, the bwrap
+argument list with seccomp, the sandbox init moved into the cgroup and given its rlimits before
+it starts anything, then the boot applying Landlock and starting the kernel
+(``_kernel.py``) instead of a program.
+
+The kernel's standard input is one end of a socket pair: the cell channel. Its stdout and stderr
+are pipes the host reads while a cell runs; what arrives between a cell's start and its reply is
+that cell's output. :meth:`SessionSandbox.run_cell` enforces the cell's wall time with SIGINT to
+the kernel (the cell ends, the state stays) and, when the kernel does not return within
+:data:`INTERRUPT_GRACE_S`, kills the whole sandbox.
+
+bwrap is started, and waited for, by a keeper thread that lives as long as the session: bwrap's
+``--die-with-parent`` is tied to the thread that started it, so a session opened on a short-lived
+worker thread would otherwise die with that thread.
+
+Security limitations: the same as the namespaces backend's (a shared kernel). On top of them, the
+memory, process and CPU-time limits are the session's, not a cell's: a cell can use up what the
+session has left, and RLIMIT_CPU counts the kernel's CPU time over the whole session. Files are
+exported while the session is alive, so a process a cell left running can change them during the
+export (the export itself still refuses links and special files); export at close for a
+quiescent workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sandcell.backends.namespaces import NamespacesBackend, cgroups, workspace
+from sandcell.backends.namespaces.bwrap import BwrapPlan, build_argv
+from sandcell.backends.namespaces.launcher import (
+    HelperChannel,
+    Pipes,
+    _kill,
+    _read_info,
+    _reap,
+)
+from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
+from sandcell.errors import InfraError, IsolationUnavailable
+from sandcell.runtimes import common_env, runtime_for
+from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.spec import Enforcement, IsolationMode, Outcome, RunRequest, Usage
+
+INTERRUPT_GRACE_S = 2.0
+"""How long a cell has to return after the SIGINT at its time limit before the session is
+killed."""
+SETUP_TIMEOUT_S = 60.0
+
+_NS_DIR = Path(__file__).resolve().parents[1] / "backends" / "namespaces"
+_KERNEL_SOURCE = _NS_DIR / "_kernel.py"
+_DISPLAY_SOURCE = _NS_DIR / "_display.py"
+_READ_CHUNK = 65536
+
+
+def _pyc(source: Path, sandbox_path: str) -> bytes:
+    """A ``.pyc`` of ``source`` for this interpreter (the runtime's, as for the boot)."""
+    import importlib.util
+    import marshal
+
+    text = source.read_bytes()
+    code = compile(text, sandbox_path, "exec", dont_inherit=True)
+    header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") * 2
+    return header + (len(text) & 0xFFFFFFFF).to_bytes(4, "little") + marshal.dumps(code)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellRun:
+    """What the host observed for one cell."""
+
+    outcome: Outcome
+    reason: str
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    usage: Usage
+    out_dir: str | None
+    """The cell's display directory inside the sandbox, if the kernel made one."""
+    session_ended: str | None
+    """Why the session ended during this cell, or None when it goes on."""
+
+
+class _Output:
+    """One stream of one cell, capped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep what fits; True when the cap was passed."""
+        room = self.cap - len(self.data)
+        self.data += chunk[: max(room, 0)]
+        if len(chunk) > room:
+            self.truncated = True
+        return self.truncated
+
+
+class SessionSandbox:
+    """One live sandbox running a kernel. Not thread-safe: the session serialises its calls."""
+
+    def __init__(self, backend: NamespacesBackend, request: RunRequest, *, session_id: str) -> None:
+        self.backend = backend
+        self.request = request
+        self.session_id = session_id
+        self.limits = request.effective_limits
+        self.layers = backend._decide(request)
+        self.run_dir = backend.root / workspace.owner_tag() / session_id
+        self.work = self.run_dir / "work"
+        self.cgroup: cgroups.RunCgroup | None = None
+        self.mounted = False
+        self.helper: HelperChannel | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sandbox_pid: int | None = None
+        self.kernel_pid: int | None = None
+        self.display = False
+        self.ended: str | None = None
+        self.exit_status: int | None = None
+        self._sock: socket.socket | None = None
+        self._status_r: int | None = None
+        self._status = b""
+        self._decoder = FrameDecoder(max_bytes=MAX_KERNEL_MESSAGE)
+        self._messages: list[dict[str, object]] = []
+        self._keeper_stop = threading.Event()
+        self._keeper_done = threading.Event()
+        self._launch_error: BaseException | None = None
+        self._cell_seq = 0
+        self._torn_down = False
+        self._protocol_error: str | None = None
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the sandbox and wait for the kernel's hello. Cleans up after itself on error."""
+        try:
+            self._prepare()
+            started: queue.Queue[BaseException | None] = queue.Queue()
+            threading.Thread(
+                target=self._keeper, args=(started,), name=f"sandcell-session-{self.session_id}"
+            ).start()
+            error = started.get()
+            if error is not None:
+                raise error
+            self._await_hello()
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _prepare(self) -> None:
+        control = self.run_dir / "control"
+        self.work.mkdir(parents=True, mode=0o700)
+        control.mkdir(mode=0o755)
+        if not self.layers.use_helper:
+            try:
+                workspace.mount_tmpfs(
+                    self.work,
+                    size_bytes=self.limits.workspace_bytes,
+                    inodes=self.limits.workspace_inodes,
+                    mode=0o755,
+                )
+                self.mounted = True
+            except OSError as exc:
+                raise IsolationUnavailable(
+                    "workspace quota",
+                    f"could not mount the workspace tmpfs: {exc}",
+                    "check that the runs directory (SANDCELL_RUNS) is on a local filesystem",
+                ) from exc
+        (control / "boot.pyc").write_bytes(self.backend._boot_code)
+        (control / "kernel.pyc").write_bytes(_pyc(_KERNEL_SOURCE, "/sandcell/kernel.py"))
+        if _DISPLAY_SOURCE.is_file():
+            (control / "display.pyc").write_bytes(_pyc(_DISPLAY_SOURCE, "/sandcell/display.py"))
+            self.display = True
+        if self.layers.cgroup_host is not None:
+            self.cgroup = cgroups.RunCgroup(
+                self.layers.cgroup_host, f"{workspace.owner_tag()}.{self.session_id}"
+            )
+            self.cgroup.create(
+                cgroups.plan_settings(
+                    self.layers.cgroup_host.version,
+                    memory_bytes=self.limits.memory_bytes,
+                    max_pids=self.limits.max_pids,
+                    swap_accounting=cgroups.swap_accounting(self.layers.cgroup_host),
+                )
+            )
+
+    def _command(self) -> list[str]:
+        python = runtime_for("python").python
+        kernel = [python, "-I", "/sandcell/kernel.pyc"]
+        for pkg in self.request.packages:
+            kernel += ["--path", f"/packages/{pkg.name}"]
+        if self.display:
+            kernel += ["--display", "/sandcell/display.pyc"]
+        return [python, "-I", "/sandcell/boot.pyc", "/sandcell/plan.json", "exec", *kernel]
+
+    def _keeper(self, started: queue.Queue[BaseException | None]) -> None:
+        try:
+            self._launch()
+        except BaseException as exc:
+            started.put(exc)
+            self._keeper_done.set()
+            return
+        started.put(None)
+        # Held until teardown: bwrap (or the workspace helper) dies with this thread.
+        self._keeper_stop.wait()
+        self._keeper_done.set()
+
+    def _launch(self) -> None:
+        runtime = runtime_for("python")
+        control = self.run_dir / "control"
+        pipes = Pipes(self.backend._seccomp_program)
+        kernel_end: socket.socket | None = None
+        try:
+            fds = pipes.fds()
+            self.backend._write_plan(
+                control, self.request, runtime, self.layers, status_fd=fds.status_w
+            )
+            for p in control.iterdir():
+                p.chmod(0o444)
+            env = {**common_env(), **runtime.env, **self.request.env}
+            argv = build_argv(
+                BwrapPlan(
+                    bwrap=self.backend.bwrap.path,
+                    ro_dirs=runtime.ro_dirs,
+                    symlinks=runtime.symlinks,
+                    workspace=self.work,
+                    control_dir=control,
+                    etc_dir=self.backend.root / "etc",
+                    inputs=[(i.host_path, i.name) for i in self.request.inputs],
+                    packages=self.request.packages,
+                    env=env,
+                    tmp_bytes=self.limits.tmp_bytes,
+                    seccomp_fd=fds.seccomp,
+                    info_fd=fds.info_w,
+                    block_fd=fds.block_r,
+                    command=self._command(),
+                )
+            )
+            if self.layers.use_helper:
+                self.helper = HelperChannel()
+                result_w, hold_r = self.helper.child_fds()
+                argv = [
+                    runtime.python,
+                    "-I",
+                    "-S",
+                    str(_NS_DIR / "_mount_helper.py"),
+                    str(self.work),
+                    str(self.limits.workspace_bytes),
+                    str(self.limits.workspace_inodes),
+                    str(result_w),
+                    str(hold_r),
+                    ",".join(map(str, fds.passed())),
+                    "--",
+                    *argv,
+                ]
+            host_end, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock = host_end
+            try:
+                self.proc = subprocess.Popen(
+                    argv,
+                    stdin=kernel_end.fileno(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=fds.passed() + (self.helper.child_fds() if self.helper else ()),
+                    close_fds=True,
+                    env={},
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise InfraError(f"could not start bubblewrap: {exc}") from exc
+            kernel_end.close()
+            kernel_end = None
+            pipes.close_child_ends()
+            if self.helper is not None:
+                self.helper.close_child_ends()
+            pid = _read_info(pipes.info_r, self.proc, time.monotonic() + SETUP_TIMEOUT_S)
+            if pid is None:
+                raise InfraError(
+                    "bubblewrap did not start the session's sandbox: " + self._early_stderr()
+                )
+            self.sandbox_pid = pid
+            if self.cgroup is not None:
+                self.cgroup.attach(pid)
+            apply_rlimits(pid, plan_rlimits(self.limits, self.request.mode))
+            os.write(pipes.block_w, b"1")
+            # The status pipe stays open for the session: the boot reports the kernel's end there.
+            self._status_r = os.dup(pipes.status_r)
+        finally:
+            if kernel_end is not None:
+                kernel_end.close()
+            pipes.close_all()
+
+    def _early_stderr(self) -> str:
+        if self.proc is None or self.proc.stderr is None:
+            return "no error output"
+        fd = self.proc.stderr.fileno()
+        data = b""
+        while select.select([fd], [], [], 0.5)[0]:
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                break
+            data += chunk
+        return data.decode(errors="replace").strip() or "no error output"
+
+    def _await_hello(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc.stderr is not None
+        out, err = _Output(self.limits.stdout_bytes), _Output(self.limits.stderr_bytes)
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        while True:
+            msg = self._next_message()
+            if msg is not None:
+                if msg.get("op") != "hello" or not isinstance(msg.get("pid"), int):
+                    raise InfraError(f"the session kernel said {msg!r} instead of hello")
+                self.kernel_pid = self._host_pid(int(msg["pid"]))  # type: ignore[call-overload]
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise InfraError(f"the session kernel did not start within {SETUP_TIMEOUT_S:g} s")
+            if self._pump(out, err, remaining) == "ended":
+                raise InfraError(
+                    "the session's sandbox ended before its kernel started: "
+                    + (err.data.decode(errors="replace").strip() or self._describe_exit())
+                )
+
+    def _host_pid(self, ns_pid: int) -> int:
+        """The host pid of the kernel, found below the sandbox init by its pid in the sandbox."""
+        assert self.sandbox_pid is not None
+        todo = [self.sandbox_pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("NSpid:") and int(line.split()[-1]) == ns_pid:
+                            return pid
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    todo += [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        raise InfraError(f"could not find the session kernel (pid {ns_pid} in its sandbox)")
+
+    # -- the channel -------------------------------------------------------------------------
+
+    def _next_message(self) -> dict[str, object] | None:
+        if self._messages:
+            return self._messages.pop(0)
+        return None
+
+    def _pump(self, out: _Output, err: _Output, timeout_s: float) -> str | None:
+        """Read whatever is ready for up to ``timeout_s``. Returns ``"ended"`` once the kernel
+        exited, ``"stdout"``/``"stderr"`` when a cap was passed, else None."""
+        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc.stderr is not None and self._sock is not None
+        out_fd, err_fd = self.proc.stdout.fileno(), self.proc.stderr.fileno()
+        watch = [out_fd, err_fd, self._sock.fileno()]
+        if self._status_r is not None:
+            watch.append(self._status_r)
+        ready, _, _ = select.select(watch, [], [], max(timeout_s, 0))
+        capped: str | None = None
+        for fd in ready:
+            if fd == self._sock.fileno():
+                try:
+                    chunk = self._sock.recv(_READ_CHUNK)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    return "ended" if self._kernel_gone(wait_s=2.0) else None
+                self._decoder.feed(chunk)
+                try:
+                    self._messages += list(self._decoder.messages())
+                except ChannelError as exc:
+                    self._protocol_error = str(exc)
+                    return "ended"
+                continue
+            chunk = os.read(fd, _READ_CHUNK)
+            if fd == self._status_r:
+                if not chunk:
+                    os.close(self._status_r)
+                    self._status_r = None
+                    return "ended"
+                self._status += chunk
+                if self._reported_status() is not None:
+                    return "ended"
+            elif fd == out_fd and chunk and out.add(chunk):
+                capped = capped or "stdout"
+            elif fd == err_fd and chunk and err.add(chunk):
+                capped = capped or "stderr"
+        return capped
+
+    def _kernel_gone(self, *, wait_s: float) -> bool:
+        """After the channel closed: wait briefly for the boot's report of the kernel's end."""
+        deadline = time.monotonic() + wait_s
+        while self._status_r is not None and self._reported_status() is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._status_r], [], [], remaining)[0]:
+                break
+            chunk = os.read(self._status_r, _READ_CHUNK)
+            if not chunk:
+                break
+            self._status += chunk
+        return True
+
+    def _reported_status(self) -> int | None:
+        _, marker, rest = self._status.partition(b"W")
+        if not marker or not rest.endswith(b"\n"):
+            return None
+        try:
+            return int(rest)
+        except ValueError:
+            return None
+
+    def _describe_exit(self) -> str:
+        status = self._reported_status()
+        if status is None:
+            return "it exited without reporting a status"
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            return f"killed by signal {sig} ({signal.Signals(sig).name})"
+        return f"exited with status {os.WEXITSTATUS(status)}"
+
+    # -- one cell ----------------------------------------------------------------------------
+
+    def run_cell(self, code: str, *, timeout_s: float, hard_deadline: float | None) -> CellRun:
+        """Run one cell; ``hard_deadline`` (monotonic) is the session's end of life."""
+        if self.ended is not None:
+            raise InfraError(f"the session's sandbox has ended: {self.ended}")
+        assert self._sock is not None
+        self._cell_seq += 1
+        cell_id = self._cell_seq
+        out, err = _Output(self.limits.stdout_bytes), _Output(self.limits.stderr_bytes)
+        cpu0 = self._cpu_ms()
+        t0 = time.monotonic()
+        # A kernel that is gone refuses the cell; the loop below reports how it ended.
+        with contextlib.suppress(OSError):
+            self._sock.sendall(encode({"op": "cell", "id": cell_id, "code": code}))
+        deadline = t0 + timeout_s
+        stopped_by: str | None = None
+        reply: dict[str, object] | None = None
+        ended_why: str | None = None
+        while reply is None:
+            msg = self._next_message()
+            if msg is not None:
+                if msg.get("op") == "done" and msg.get("id") == cell_id:
+                    reply = msg
+                continue
+            now = time.monotonic()
+            if hard_deadline is not None and now >= hard_deadline:
+                ended_why = "lifetime"
+                break
+            limit = min(deadline, hard_deadline) if hard_deadline is not None else deadline
+            event = self._pump(out, err, limit - now)
+            if event == "ended":
+                ended_why = "kernel"
+                break
+            if event in ("stdout", "stderr") and stopped_by is None:
+                stopped_by = event
+                self._interrupt()
+                deadline = time.monotonic() + INTERRUPT_GRACE_S
+            elif event is None and time.monotonic() >= deadline:
+                if stopped_by is None:
+                    stopped_by = "wall_time"
+                    self._interrupt()
+                    deadline = time.monotonic() + INTERRUPT_GRACE_S
+                else:
+                    ended_why = "grace"
+                    break
+        if reply is not None:
+            self._drain(out, err)
+        wall_ms = (time.monotonic() - t0) * 1000
+        cg = self.cgroup.usage() if self.cgroup is not None else None
+        if ended_why is not None:
+            self._kill()
+            cg = self.cgroup.usage() if self.cgroup is not None else cg
+            self._drain(out, err)
+        cpu1 = self._cpu_ms(cg)
+        usage = Usage(
+            wall_ms=round(wall_ms, 3),
+            cpu_ms=round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None,
+            peak_memory_bytes=cg.peak_memory_bytes if cg is not None else self._peak_rss(),
+        )
+        outcome, reason, code_, sig = self._classify(
+            reply=reply, stopped_by=stopped_by, ended_why=ended_why, timeout_s=timeout_s, cg=cg
+        )
+        if ended_why is not None:
+            self.ended = reason
+        out_dir = reply.get("out_dir") if reply is not None else None
+        return CellRun(
+            outcome=outcome,
+            reason=reason,
+            exit_code=code_,
+            signal=sig,
+            stdout=bytes(out.data),
+            stderr=bytes(err.data),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            usage=usage,
+            out_dir=out_dir if isinstance(out_dir, str) else None,
+            session_ended=self.ended,
+        )
+
+    def _classify(
+        self,
+        *,
+        reply: dict[str, object] | None,
+        stopped_by: str | None,
+        ended_why: str | None,
+        timeout_s: float,
+        cg: cgroups.CgroupUsage | None,
+    ) -> tuple[Outcome, str, int | None, int | None]:
+        limits = self.limits
+        ended = "; the session ended"
+        if ended_why == "lifetime":
+            return Outcome.TIMEOUT, "the session reached its maximum lifetime" + ended, None, None
+        if ended_why == "grace":
+            what = (
+                f"wall-time limit of {timeout_s:g} s reached"
+                if stopped_by == "wall_time"
+                else f"{stopped_by} exceeded its cap"
+            )
+            return (
+                Outcome.TIMEOUT if stopped_by == "wall_time" else Outcome.OUTPUT_LIMIT,
+                f"{what} and the cell did not stop within {INTERRUPT_GRACE_S:g} s of the "
+                "interrupt" + ended,
+                None,
+                signal.SIGKILL,
+            )
+        if ended_why == "kernel":
+            return self._classify_death(cg, stopped_by, timeout_s)
+        assert reply is not None
+        status = reply.get("status")
+        if stopped_by == "wall_time" and status == "interrupted":
+            return (
+                Outcome.TIMEOUT,
+                f"wall-time limit of {timeout_s:g} s reached; the cell was interrupted, the "
+                "session and its state are kept",
+                None,
+                signal.SIGINT,
+            )
+        if stopped_by in ("stdout", "stderr"):
+            cap = limits.stdout_bytes if stopped_by == "stdout" else limits.stderr_bytes
+            return (
+                Outcome.OUTPUT_LIMIT,
+                f"{stopped_by} exceeded its cap of {cap} bytes; the cell was interrupted, the "
+                "session is kept",
+                None,
+                signal.SIGINT,
+            )
+        if status == "ok":
+            return Outcome.OK, "the cell ran to the end", 0, None
+        if status == "exit":
+            code = reply.get("exit_code")
+            code = code if isinstance(code, int) else 1
+            if code == 0:
+                return Outcome.OK, "the cell called exit with status 0", 0, None
+            return Outcome.ERROR, f"the cell called exit with status {code}", code, None
+        error = reply.get("error")
+        if error == "MemoryError" and self.request.mode is IsolationMode.RLIMITS:
+            return (
+                Outcome.MEMORY_LIMIT,
+                f"address-space limit of {limits.memory_bytes} bytes reached (a limit of the "
+                "whole session); the session is kept",
+                1,
+                None,
+            )
+        if status == "interrupted":
+            return Outcome.ERROR, "the cell raised KeyboardInterrupt", 1, None
+        return Outcome.ERROR, f"the cell raised {error}", 1, None
+
+    def _classify_death(
+        self, cg: cgroups.CgroupUsage | None, stopped_by: str | None, timeout_s: float
+    ) -> tuple[Outcome, str, int | None, int | None]:
+        ended = "; the session ended"
+        status = self._reported_status()
+        sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
+        code = os.WEXITSTATUS(status) if status is not None and sig is None else None
+        if self._protocol_error is not None:
+            why = f"the kernel broke its protocol ({self._protocol_error})"
+            return Outcome.ERROR, why + ended, None, None
+        if cg is not None and cg.oom_killed:
+            return (
+                Outcome.MEMORY_LIMIT,
+                f"memory limit of {self.limits.memory_bytes} bytes for the session reached, the "
+                "kernel was killed" + ended,
+                None,
+                sig,
+            )
+        if sig == signal.SIGXCPU or (
+            sig == signal.SIGKILL
+            and cg is not None
+            and cg.cpu_ms is not None
+            and cg.cpu_ms >= self.limits.cpu_time_s * 1000 * 0.98
+        ):
+            return (
+                Outcome.TIMEOUT,
+                f"CPU-time limit of {self.limits.cpu_time_s} s for the session reached" + ended,
+                None,
+                sig,
+            )
+        if sig is not None:
+            return (
+                Outcome.KILLED,
+                f"the session's interpreter was killed by signal {sig} "
+                f"({signal.Signals(sig).name})" + ended,
+                None,
+                sig,
+            )
+        return (
+            Outcome.ERROR,
+            f"the session's interpreter exited with status {code}" + ended,
+            code,
+            None,
+        )
+
+    def _interrupt(self) -> None:
+        if self.kernel_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.kernel_pid, signal.SIGINT)
+
+    def _drain(self, out: _Output, err: _Output) -> None:
+        """Everything already in the output pipes (written before the reply) belongs to the cell."""
+        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc.stderr is not None
+        for stream, sink in ((self.proc.stdout, out), (self.proc.stderr, err)):
+            fd = stream.fileno()
+            with contextlib.suppress(OSError, ValueError):
+                while select.select([fd], [], [], 0)[0]:
+                    chunk = os.read(fd, _READ_CHUNK)
+                    if not chunk:
+                        break
+                    sink.add(chunk)
+
+    def _cpu_ms(self, cg: cgroups.CgroupUsage | None = None) -> float | None:
+        if self.cgroup is not None:
+            usage = cg if cg is not None else self.cgroup.usage()
+            return usage.cpu_ms
+        if self.kernel_pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.kernel_pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) * 1000 / ticks
+
+    def _peak_rss(self) -> int | None:
+        if self.kernel_pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.kernel_pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            return None
+        return None
+
+    # -- files -------------------------------------------------------------------------------
+
+    def workspace_view(self) -> Path:
+        """The workspace as the host can read it (the helper's namespace for an ordinary user)."""
+        if self.helper is not None and self.proc is not None:
+            return Path(f"/proc/{self.proc.pid}/root{self.work}")
+        return self.work
+
+    def sandbox_path(self, path: str) -> Path:
+        """A path inside the live sandbox, as the host can read it."""
+        pid = self.kernel_pid if self.kernel_pid is not None else self.sandbox_pid
+        return Path(f"/proc/{pid}/root{path}")
+
+    def enforcement(self) -> Enforcement:
+        base = self.backend._enforcement(self.request, self.layers)
+        layers = {
+            **base.layers,
+            "session": "one sandbox for the whole session; per cell: wall time (SIGINT, then "
+            "the session is killed), output caps; memory, processes and CPU time are the "
+            "session's",
+        }
+        return replace(base, layers=layers)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+        if self.sandbox_pid is not None:
+            _kill(self.sandbox_pid, self.proc if self.helper is None else None)
+
+    def teardown(self, collect: Callable[[Path], None] | None = None) -> None:
+        """Kill the sandbox, let ``collect`` read the quiescent workspace, remove everything."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        if self.ended is None:
+            self.ended = "closed"
+        try:
+            if self._sock is not None:
+                self._sock.close()
+            self._kill()
+            if self.proc is not None:
+                if self.helper is None:
+                    _reap(self.proc)
+                else:
+                    with contextlib.suppress(InfraError):
+                        self.helper.read_result(time.monotonic() + 10)
+            if collect is not None and self.proc is not None and self.sandbox_pid is not None:
+                collect(self.workspace_view())
+        finally:
+            if self.helper is not None:
+                self.helper.release()
+                if self.proc is not None:
+                    _reap(self.proc)
+            self._keeper_stop.set()
+            self._keeper_done.wait(timeout=10)
+            if self.proc is not None:
+                for stream in (self.proc.stdout, self.proc.stderr):
+                    if stream is not None:
+                        stream.close()
+            if self._status_r is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._status_r)
+                self._status_r = None
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
+                self.cgroup.remove()
+            if self.mounted:
+                with contextlib.suppress(OSError):
+                    workspace.unmount(self.work)
+            workspace.remove_tree(self.run_dir)
+
+    def alive(self) -> bool:
+        return self.ended is None and self.proc is not None and self.proc.poll() is None
+
+
+__all__ = ["INTERRUPT_GRACE_S", "CellRun", "SessionSandbox"]

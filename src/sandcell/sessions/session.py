@@ -1,0 +1,389 @@
+"""A session: one sandbox kept alive across cells, like a notebook kernel.
+
+>>> with Executor() as ex, ex.session(profile="analysis") as s:      # doctest: +SKIP
+...     s.run("import math; x = 6 * 7")
+...     s.run("print(math.sqrt(x))").stdout
+'6.48074069840786\\n'
+
+Every cell goes through the policy gate under the session's profile before it is sent (a denied
+cell does not run and the session goes on), runs in the session's one sandbox (see
+:mod:`sandcell.sessions.sandbox`) and becomes one run in the record, with the session's id in
+``RunResult.session_id``. A cell has its own wall-time limit; memory, processes and CPU time are
+limits of the whole session. A watchdog ends the session after ``idle_timeout_s`` without a cell
+or at ``max_lifetime_s``; a cell still running at the end of life is ended with it. Once ended,
+nothing of the session is left on the host: no process, cgroup, mount or directory.
+
+Security limitations: see :mod:`sandcell.sessions.sandbox`. State persisting between cells is the
+point of a session, so a cell sees everything earlier cells left, including anything a hostile
+cell planted; a session is one trust domain, never shared between users or tasks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from sandcell.artifacts import collect_exports, validate_globs
+from sandcell.backends.base import BackendResult
+from sandcell.backends.namespaces import NamespacesBackend
+from sandcell.display import DisplayCollection, read_outputs
+from sandcell.errors import ConfigError
+from sandcell.inputs import inspect_inputs
+from sandcell.policy.gate import admit
+from sandcell.policy.profiles import Profile, load_profile
+from sandcell.sessions.sandbox import CellRun, SessionSandbox
+from sandcell.spec import (
+    Artifact,
+    InputFile,
+    IsolationMode,
+    Limits,
+    Outcome,
+    RejectedExport,
+    RunRequest,
+    RunResult,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from sandcell.executor import Executor
+
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+DEFAULT_MAX_LIFETIME_S = 3600.0
+
+
+class SessionEnded(ConfigError):
+    """A cell was sent to a session that has ended (closed, idle, out of lifetime, or killed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionInfo:
+    """What a session is, for listings."""
+
+    id: str
+    profile: str
+    created_at: str
+    cells: int
+    idle_timeout_s: float
+    max_lifetime_s: float
+    ended: str | None
+    """Why the session ended, or None while it is alive."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionEnd:
+    """What closing a session exported."""
+
+    artifacts: tuple[Artifact, ...]
+    rejected_exports: tuple[RejectedExport, ...]
+    reason: str
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+
+
+class Session:
+    """One live session; open it with :meth:`sandcell.Executor.session`.
+
+    Thread-safe: cells run one at a time. Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        profile: Profile | str | None = None,
+        limits: Limits | None = None,
+        inputs: Sequence[InputFile] = (),
+        mode: IsolationMode = IsolationMode.STRICT,
+        landlock: bool | None = None,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
+        session_id: str | None = None,
+    ) -> None:
+        if idle_timeout_s <= 0 or max_lifetime_s <= 0:
+            raise ConfigError("idle_timeout_s and max_lifetime_s must be positive")
+        backend = executor.backend
+        if not isinstance(backend, NamespacesBackend):
+            raise ConfigError(
+                f"sessions run on the namespaces backend; this executor uses {backend.name!r}"
+            )
+        self.executor = executor
+        self.profile = (
+            executor.profile
+            if profile is None
+            else profile
+            if isinstance(profile, Profile)
+            else load_profile(profile)
+        )
+        # The session's own request: the profile resolves its limits (refusing any above a
+        # ceiling) and accepts its inputs once; every cell is admitted again with its code.
+        base = RunRequest(
+            code="", inputs=tuple(inputs), limits=limits, mode=mode, landlock=landlock
+        )
+        self.request = admit(base, self.profile, cache=executor.wheels).request
+        self.id = session_id or uuid.uuid4().hex
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.max_lifetime_s = float(max_lifetime_s)
+        self.created_at = _now()
+        self.cells = 0
+        self._inputs_record = inspect_inputs(self.request.inputs)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._born = time.monotonic()
+        self._last_active = self._born
+        self._ended: str | None = None
+        self._sandbox = SessionSandbox(backend, self.request, session_id=self.id)
+        self._sandbox.start()
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"sandcell-session-watchdog-{self.id}", daemon=True
+        )
+        self._watchdog.start()
+
+    # -- context manager -----------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def ended(self) -> str | None:
+        """Why the session ended, or None while it is alive."""
+        return self._ended
+
+    @property
+    def sandbox_pid(self) -> int | None:
+        """The host pid of the sandbox's init (for inspection and tests)."""
+        return self._sandbox.sandbox_pid
+
+    @property
+    def run_dir(self) -> Path:
+        """The session's run directory on the host (removed when it ends)."""
+        return self._sandbox.run_dir
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self.id,
+            profile=self.profile.name,
+            created_at=self.created_at,
+            cells=self.cells,
+            idle_timeout_s=self.idle_timeout_s,
+            max_lifetime_s=self.max_lifetime_s,
+            ended=self._ended,
+        )
+
+    def idle_deadline(self) -> float:
+        """Monotonic time at which the session ends unless a cell runs (idle or lifetime)."""
+        return min(self._last_active + self.idle_timeout_s, self._born + self.max_lifetime_s)
+
+    # -- cells -----------------------------------------------------------------------------------
+
+    def run(
+        self, code: str, *, timeout_s: float | None = None, exports: Sequence[str] = ()
+    ) -> RunResult:
+        """Run one cell in the session; the result is also a run in the record.
+
+        ``timeout_s`` is this cell's wall-time limit (default: the session's ``wall_time_s``,
+        never above the profile's ceiling). ``exports`` are globs of workspace files to export
+        after the cell. Raises :class:`SessionEnded` once the session has ended.
+        """
+        with self._lock:
+            self._check_alive()
+            limits = self.request.effective_limits
+            if timeout_s is not None:
+                limits = limits.with_(wall_time_s=timeout_s)
+            request = replace(self.request, code=code, exports=tuple(exports), limits=limits)
+            admission = admit(request, self.profile, cache=self.executor.wheels)
+            request = replace(admission.request, packages=self.request.packages)
+            from sandcell.executor import _Validators
+
+            validators = _Validators.make(admission, schema=None, model=None, invariants=())
+            policy = admission.policy_record()
+            run_id = uuid.uuid4().hex
+            started_at = _now()
+            verdict = admission.decision.verdict
+            if verdict != "allow":
+                reason = (
+                    f"denied by profile {self.profile.name!r}: {admission.decision.reason}"
+                    if verdict == "deny"
+                    else f"the cell needs approval under profile {self.profile.name!r} "
+                    f"({admission.decision.reason}), and a session cannot wait for a person; "
+                    "run it with `sandcell run`, or use a profile that allows it"
+                )
+                br = self._not_run(reason)
+            else:
+                br = self._run_cell(request, run_id)
+            self.cells += 1
+            result = self.executor.finish(
+                request,
+                br,
+                validators,
+                policy,
+                run_id=run_id,
+                started_at=started_at,
+                inputs=self._inputs_record,
+                session_id=self.id,
+            )
+            self._last_active = time.monotonic()
+            if self._sandbox.ended is not None and self._ended is None:
+                self._end(self._sandbox.ended)
+            self._wake.set()
+            return result
+
+    def _run_cell(self, request: RunRequest, run_id: str) -> BackendResult:
+        timeout = request.effective_limits.wall_time_s
+        cell = self._sandbox.run_cell(
+            request.code, timeout_s=timeout, hard_deadline=self._born + self.max_lifetime_s
+        )
+        shown = self._outputs(cell)
+        artifacts: tuple[Artifact, ...] = ()
+        rejected: tuple[RejectedExport, ...] = ()
+        if request.exports:
+            globs = validate_globs(request.exports)
+            artifacts, rejected = collect_exports(
+                self._sandbox.workspace_view(),
+                globs,
+                self.executor.store,
+                self.executor.export_limits,
+            )
+        return BackendResult(
+            outcome=cell.outcome,
+            exit_code=cell.exit_code,
+            signal=cell.signal,
+            stdout=cell.stdout,
+            stderr=cell.stderr,
+            stdout_truncated=cell.stdout_truncated,
+            stderr_truncated=cell.stderr_truncated,
+            usage=cell.usage,
+            artifacts=artifacts,
+            rejected_exports=rejected + shown.rejected,
+            enforcement=self._sandbox.enforcement(),
+            reason=cell.reason,
+            outputs=shown.outputs,
+        )
+
+    def _outputs(self, cell: CellRun) -> DisplayCollection:
+        """The cell's rich outputs, read from the live sandbox like any hostile export."""
+        if cell.out_dir is None or cell.session_ended is not None:
+            return DisplayCollection()
+        return read_outputs(self._sandbox.sandbox_path(cell.out_dir), self.executor.store)
+
+    def _not_run(self, reason: str) -> BackendResult:
+        return BackendResult(
+            outcome=Outcome.DENIED,
+            exit_code=None,
+            signal=None,
+            stdout=b"",
+            stderr=b"",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            usage=Usage(wall_ms=0.0, cpu_ms=None, peak_memory_bytes=None),
+            artifacts=(),
+            rejected_exports=(),
+            enforcement=self._sandbox.enforcement(),
+            reason=reason,
+        )
+
+    def files(self) -> list[str]:
+        """Paths of the regular files in the session's workspace, relative to it, sorted."""
+        with self._lock:
+            self._check_alive()
+            root = self._sandbox.workspace_view()
+            found: list[str] = []
+            for dirpath, _dirs, names in os.walk(root, followlinks=False):
+                for name in names:
+                    full = Path(dirpath) / name
+                    if full.is_file() and not full.is_symlink():
+                        found.append(str(full.relative_to(root)))
+            return sorted(found)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def close(self, *, exports: Sequence[str] = ()) -> SessionEnd:
+        """End the session, exporting the workspace files matching ``exports`` first (once
+        nothing in the sandbox runs any more). Idempotent; exports need a live session."""
+        with self._lock:
+            if self._ended is not None:
+                if exports:
+                    raise SessionEnded(
+                        f"session {self.id} has ended ({self._ended}); nothing can be exported"
+                    )
+                return SessionEnd(artifacts=(), rejected_exports=(), reason=self._ended)
+            for glob in exports:
+                if not self.profile.allows_export(glob):
+                    raise ConfigError(
+                        f"profile {self.profile.name!r} does not allow exporting {glob!r}"
+                    )
+            globs = validate_globs(tuple(exports))
+            got: list[tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]] = []
+
+            def collect(view: Path) -> None:
+                if globs:
+                    got.append(
+                        collect_exports(
+                            view, globs, self.executor.store, self.executor.export_limits
+                        )
+                    )
+
+            self._end("closed", collect=collect)
+            artifacts, rejected = got[0] if got else ((), ())
+            return SessionEnd(artifacts=artifacts, rejected_exports=rejected, reason="closed")
+
+    def _end(self, reason: str, collect: Callable[[Path], None] | None = None) -> None:
+        self._ended = reason
+        self._wake.set()
+        self._sandbox.teardown(collect)
+
+    def _check_alive(self) -> None:
+        if self._ended is not None:
+            raise SessionEnded(f"session {self.id} has ended ({self._ended}); start a new session")
+
+    def _watch(self) -> None:
+        while self._ended is None:
+            self._wake.wait(timeout=max(self.idle_deadline() - time.monotonic(), 0.01))
+            self._wake.clear()
+            if self._ended is not None:
+                return
+            if time.monotonic() < self.idle_deadline():
+                continue
+            # A running cell holds the lock; it enforces the lifetime itself and refreshes idle.
+            if not self._lock.acquire(blocking=False):
+                self._wake.wait(timeout=1.0)
+                continue
+            try:
+                now = time.monotonic()
+                if self._ended is None and now >= self.idle_deadline():
+                    if now >= self._born + self.max_lifetime_s:
+                        why = f"maximum lifetime of {self.max_lifetime_s:g} s reached"
+                    else:
+                        why = f"idle for {self.idle_timeout_s:g} s (idle timeout)"
+                    self._end(why)
+            finally:
+                self._lock.release()
+
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_LIFETIME_S",
+    "Session",
+    "SessionEnd",
+    "SessionEnded",
+    "SessionInfo",
+]

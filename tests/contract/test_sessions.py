@@ -1,0 +1,309 @@
+"""Sessions: one sandbox kept alive across cells, with its limits, interrupts, expiry and cleanup.
+
+As root through the in-process executor (cgroups, strict mode), and through the CLI as root and
+as the unprivileged user (the detached session server; rlimits mode where this host gives users
+no cgroups). Each test asserts outcomes and what is left on the host, never how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.conftest import UnprivEnv, run_as_user, run_cli
+from tests.integration import hostscan
+
+from sandcell import Executor, Limits, Outcome
+from sandcell.backends.namespaces import workspace
+from sandcell.sessions import Session, SessionEnded
+from sandcell.spec import MiB
+
+
+@pytest.fixture
+def session(executor: Executor) -> Iterator[Session]:
+    with executor.session(limits=Limits(wall_time_s=20, memory_bytes=256 * MiB)) as s:
+        yield s
+
+
+def _leftovers(session_id: str, sandbox_pid: int | None, run_dir: Path) -> list[str]:
+    """What a closed session left on the host (empty when nothing)."""
+    left: list[str] = []
+    if sandbox_pid is not None and hostscan.alive(sandbox_pid):
+        left.append(f"sandbox init {sandbox_pid} alive")
+    if run_dir.exists():
+        left.append(f"run directory {run_dir}")
+    left += [f"mount {m}" for m in hostscan.mounts_under(run_dir)]
+    owner = workspace.owner_tag()
+    left += [str(c) for c in hostscan.cgroups_of(owner) if c.name == f"{owner}.{session_id}"]
+    return left
+
+
+def _assert_gone(s: Session) -> None:
+    pid, run_dir = s.sandbox_pid, s.run_dir
+    assert hostscan.wait_until(lambda: not _leftovers(s.id, pid, run_dir), timeout=10), _leftovers(
+        s.id, pid, run_dir
+    )
+
+
+def _wait_ended(s: Session, timeout: float = 60) -> str:
+    assert hostscan.wait_until(lambda: s.ended is not None, timeout=timeout), "session still alive"
+    assert s.ended is not None
+    return s.ended
+
+
+# -- state ----------------------------------------------------------------------------------
+
+
+def test_state_persists_across_cells(session: Session) -> None:
+    first = session.run("import json\nx = 41\nopen('notes.txt', 'w').write('kept')")
+    assert first.outcome is Outcome.OK, first.stderr
+    second = session.run("print(json.dumps({'x': x + 1}), open('notes.txt').read())")
+    assert second.outcome is Outcome.OK, second.stderr
+    assert second.stdout == '{"x": 42} kept\n'
+    assert session.files() == ["notes.txt"]
+
+
+def test_cells_show_values_and_figures(session: Session) -> None:
+    session.run("import matplotlib.pyplot as plt\nvalue = 6 * 7")
+    shown = session.run("value")
+    assert shown.outcome is Outcome.OK
+    assert [(o.kind, o.data.get("text/plain")) for o in shown.outputs] == [("value", "42")]
+    figure = session.run("plt.plot([1, 2, 3]);")
+    assert figure.outcome is Outcome.OK, figure.stderr
+    assert [o.kind for o in figure.outputs] == ["figure"]
+    media = sorted(a.media_type for a in figure.outputs[0].artifacts)
+    assert media == ["image/png", "image/svg+xml"]
+
+
+def test_cell_errors_keep_the_session(session: Session) -> None:
+    session.run("y = 1")
+    failed = session.run("1 / 0")
+    assert failed.outcome is Outcome.ERROR
+    assert "ZeroDivisionError" in failed.stderr
+    assert "kernel" not in failed.stderr  # the traceback shows the cell, not the kernel
+    exited = session.run("import sys; sys.exit(3)")
+    assert exited.outcome is Outcome.ERROR
+    assert exited.exit_code == 3
+    assert session.run("print(y)").stdout == "1\n"
+
+
+def test_endless_cell_is_interrupted_and_state_kept(session: Session) -> None:
+    session.run("counter = 7")
+    looped = session.run("while True:\n    counter += 0", timeout_s=1)
+    assert looped.outcome is Outcome.TIMEOUT
+    assert "interrupted" in looped.reason and "kept" in looped.reason
+    assert "KeyboardInterrupt" in looped.stderr
+    assert session.ended is None
+    after = session.run("print(counter)")
+    assert after.outcome is Outcome.OK
+    assert after.stdout == "7\n"
+
+
+def test_cell_ignoring_sigint_ends_the_session(executor: Executor) -> None:
+    s = executor.session()
+    s.run("v = 1")
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    stuck = s.run(code, timeout_s=1)
+    assert stuck.outcome is Outcome.TIMEOUT
+    assert "did not stop" in stuck.reason and "session ended" in stuck.reason
+    assert s.ended is not None
+    with pytest.raises(SessionEnded, match="has ended"):
+        s.run("print(v)")
+    _assert_gone(s)
+
+
+def test_output_cap_interrupts_the_cell_only(executor: Executor) -> None:
+    with executor.session(limits=Limits(stdout_bytes=4096)) as s:
+        s.run("z = 5")
+        flood = s.run("while True:\n    print('x' * 100)", timeout_s=20)
+        assert flood.outcome is Outcome.OUTPUT_LIMIT
+        assert flood.stdout_truncated
+        assert len(flood.stdout) <= 4096
+        assert s.run("print(z)").stdout == "5\n"
+
+
+# -- limits of the whole session ------------------------------------------------------------
+
+
+def test_memory_limit_holds_across_cells(executor: Executor) -> None:
+    with executor.session(limits=Limits(memory_bytes=160 * MiB)) as s:
+        kept = s.run("a = b'1' * (100 * 1024 * 1024)\nprint(len(a))")
+        assert kept.outcome is Outcome.OK, kept.reason
+        # Alone this fits the limit; on top of the first cell's memory it does not.
+        more = s.run("b = b'2' * (100 * 1024 * 1024)")
+        assert more.outcome is Outcome.MEMORY_LIMIT, (more.reason, more.stderr)
+        assert "session" in more.reason
+        # Under cgroups the kernel is killed and the session ends (reported as such).
+        if s.ended is not None:
+            assert "ended" in more.reason
+            _assert_gone(s)
+
+
+def test_idle_timeout_ends_the_session(executor: Executor) -> None:
+    s = executor.session(idle_timeout_s=1)
+    s.run("w = 1")
+    assert "idle" in _wait_ended(s)
+    with pytest.raises(SessionEnded, match="idle"):
+        s.run("print(w)")
+    _assert_gone(s)
+
+
+def test_max_lifetime_ends_a_running_cell(executor: Executor) -> None:
+    s = executor.session(max_lifetime_s=3)
+    cell = s.run("import time\ntime.sleep(120)", timeout_s=120)
+    assert cell.outcome is Outcome.TIMEOUT
+    assert "maximum lifetime" in cell.reason
+    assert s.ended is not None
+    _assert_gone(s)
+
+
+def test_max_lifetime_ends_an_idle_session(executor: Executor) -> None:
+    s = executor.session(max_lifetime_s=2, idle_timeout_s=600)
+    assert "maximum lifetime" in _wait_ended(s)
+    _assert_gone(s)
+
+
+# -- cleanup, record, policy, isolation -------------------------------------------------------
+
+
+def test_close_leaves_nothing_behind(executor: Executor) -> None:
+    s = executor.session()
+    s.run(
+        "import subprocess\np = subprocess.Popen(['sleep', '600'])\n"
+        "open('big', 'wb').write(b'0' * 4096)"
+    )
+    pid = s.sandbox_pid
+    assert pid is not None
+    members = hostscan.pid_namespace_members(pid)
+    assert any("sleep" in p.cmdline for p in members)
+    end = s.close(exports=["big"])
+    assert [a.path for a in end.artifacts] == ["big"]
+    _assert_gone(s)
+    assert not [p for p in members if hostscan.alive(p.pid)]
+    assert s.close().reason == "closed"  # idempotent
+
+
+def test_every_cell_is_a_recorded_run(session: Session, executor: Executor) -> None:
+    results = [session.run("q = 2"), session.run("print(q * 21)")]
+    for r in results:
+        assert r.session_id == session.id
+        entry = executor.audit.get(r.run_id)
+        assert entry is not None
+        assert entry.record["session_id"] == session.id
+        assert entry.record["code"] in ("q = 2", "print(q * 21)")
+        assert entry.record["outcome"] == "ok"
+    assert results[1].enforcement is not None
+    assert "session" in results[1].enforcement.layers
+
+
+def test_denied_cell_does_not_run_and_session_continues(executor: Executor) -> None:
+    with executor.session(profile="strict") as s:
+        assert s.run("n = 1").outcome is Outcome.OK
+        denied = s.run("n = 2\nimport ctypes")
+        assert denied.outcome is Outcome.DENIED
+        assert "py.native" in denied.reason
+        assert denied.session_id == s.id
+        entry = executor.audit.get(denied.run_id)
+        assert entry is not None and entry.record["outcome"] == "denied"
+        assert entry.record["session_id"] == s.id
+        after = s.run("print(n)")
+        assert after.outcome is Outcome.OK
+        assert after.stdout == "1\n"
+
+
+def test_two_sessions_cannot_see_each_other(executor: Executor) -> None:
+    with executor.session() as a, executor.session() as b:
+        a.run("secret = 'a-only'\nopen('a.txt', 'w').write('a')")
+        probe = b.run(
+            "import os\nprint('secret' in globals(), os.path.exists('a.txt'), "
+            "sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+        )
+        assert probe.outcome is Outcome.OK, probe.stderr
+        seen_secret, seen_file, pids = probe.stdout.split(" ", 2)
+        assert (seen_secret, seen_file) == ("False", "False")
+        # Only b's own sandbox: its init, the boot, the kernel.
+        assert len(json.loads(pids)) <= 3
+        assert a.sandbox_pid is not None and b.sandbox_pid is not None
+        assert hostscan.pid_namespace(a.sandbox_pid) != hostscan.pid_namespace(b.sandbox_pid)
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+Cli = Callable[[list[str]], "subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]"]
+
+
+def _cli_cycle(call: Cli, mode_args: list[str]) -> None:
+    """start, run (state kept), list, close, and the session is gone from list."""
+    start = call(["session", "start", "--profile", "unchecked", "--json", *mode_args])
+    assert start.returncode == 0, start.stderr
+    sid = json.loads(start.stdout)["id"]
+    try:
+        first = call(["session", "run", sid, "--json", "-c", "x = 20\nprint('set')"])
+        assert first.returncode == 0, first.stderr
+        assert json.loads(first.stdout)["session_id"] == sid
+        second = call(["session", "run", sid, "-c", "print(x + 22)"])
+        assert second.returncode == 0, second.stderr
+        assert _text(second.stdout) == "42\n"
+        value = call(["session", "run", sid, "-c", "x * 2"])
+        assert "Out[1]: 40" in _text(value.stdout)
+        timed = call(["session", "run", sid, "--timeout", "1", "-c", "while True: pass"])
+        assert timed.returncode == 124
+        listed = call(["session", "list", "--json"])
+        assert sid in [r["id"] for r in json.loads(listed.stdout)]
+    finally:
+        closed = call(["session", "close", sid])
+    assert closed.returncode == 0, closed.stderr
+    after = call(["session", "run", sid, "-c", "print(x)"])
+    assert after.returncode == 78
+    assert "no live session" in _text(after.stderr)
+    assert sid not in [r["id"] for r in json.loads(call(["session", "list", "--json"]).stdout)]
+
+
+def _text(data: str | bytes) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+def test_cli_session_as_root(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the root CLI test runs as root; this test run is not root")
+    env = {**os.environ, "SANDCELL_HOME": str(tmp_path / "home")}
+
+    def call(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return run_cli(args, env=env)
+
+    _cli_cycle(call, [])
+
+
+def test_cli_session_as_unprivileged_user(unpriv: UnprivEnv) -> None:
+    def call(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+        return run_as_user(unpriv, args)
+
+    mode = ["--isolation", unpriv.mode.value]
+    _cli_cycle(call, mode)
+    leftovers = hostscan.runs_dir_leftovers(unpriv.runs)
+    assert not [p for p in leftovers if "/" in p], leftovers
+
+
+def test_cli_idle_timeout_ends_the_server(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("runs as root; this test run is not root")
+    env = {**os.environ, "SANDCELL_HOME": str(tmp_path / "home")}
+    start = run_cli(
+        ["session", "start", "--profile", "unchecked", "--idle-timeout", "1", "--json"], env=env
+    )
+    assert start.returncode == 0, start.stderr
+    sid = json.loads(start.stdout)["id"]
+    pid = json.loads((tmp_path / "home" / "sessions" / f"{sid}.json").read_text())["pid"]
+
+    def gone() -> bool:
+        return not hostscan.alive(pid)
+
+    assert hostscan.wait_until(gone, timeout=60), "the session server outlived its idle timeout"
+    assert not (tmp_path / "home" / "sessions" / f"{sid}.sock").exists()
+    listed = run_cli(["session", "list", "--json"], env=env)
+    assert json.loads(listed.stdout) == []

@@ -1,0 +1,373 @@
+"""Runs started from the same template cannot see or affect each other, or the template.
+
+Each test lets a first run change, leave behind or corrupt something, then checks from a second
+run (and from the host) that nothing of it is there: the second run sees the pristine template
+state. Both warm modes, as root through the in-process executor (the CLI starts a template per
+invocation, so only the in-process executor serves many runs from one template). The template's
+pid and its sys.modules digest are the same before and after, and it never ran the code: it
+only forks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pandas
+import pytest
+from tests.escapes.conftest import processes_with
+
+from sandcell import Executor, RunRequest, result_to_dict
+from sandcell.backends.namespaces import NamespacesBackend
+
+
+@pytest.fixture(params=["template", "pool"])
+def warm(request: pytest.FixtureRequest) -> Iterator[Executor]:
+    ex: Executor = request.getfixturevalue(f"executor_{request.param}")
+    yield ex
+
+
+def _run(ex: Executor, code: str, **kw: Any) -> dict[str, Any]:
+    r = result_to_dict(ex.run(RunRequest(code=textwrap.dedent(code).strip() + "\n", **kw)))
+    start = cast(dict[str, Any], r["start"])
+    assert start["mode"] in ("template", "pool"), r
+    return cast(dict[str, Any], r)
+
+
+def _seen(r: dict[str, Any]) -> Any:
+    assert r["outcome"] == "ok", r
+    return json.loads(str(r["stdout"]).strip().splitlines()[-1])
+
+
+def _backend(ex: Executor) -> NamespacesBackend:
+    backend = ex.backend
+    assert isinstance(backend, NamespacesBackend)
+    return backend
+
+
+def _template_state(ex: Executor) -> tuple[int | None, str]:
+    stats = _backend(ex).warm_stats()
+    assert stats is not None
+    state = dict(stats.template_state)
+    assert state.get("threads") == 1, state
+    return stats.template_pid, str(state.get("modules_sha256"))
+
+
+def test_globals_and_monkeypatches_stay_in_their_run(warm: Executor) -> None:
+    before = _template_state(warm)
+    first = _run(
+        warm,
+        """
+        import builtins, json, os, random, sys
+        import numpy as np
+        import pandas as pd
+        builtins.LEAKED = "from the first run"
+        pd.DataFrame.sum = None
+        np.random.seed(1234)
+        random.seed(1234)
+        sys.modules["json"] = None
+        sys.path.insert(0, "/evil")
+        sys.setrecursionlimit(60)
+        os.environ["LEAKED"] = "1"
+        print("{}")
+        """,
+    )
+    assert first["outcome"] == "ok", first
+    second = _seen(
+        _run(
+            warm,
+            """
+            import builtins, json, os, random, sys
+            import numpy as np
+            import pandas as pd
+            print(json.dumps({
+                "builtin": hasattr(builtins, "LEAKED"),
+                "sum": callable(pd.DataFrame.sum),
+                "total": int(pd.DataFrame({"a": [1, 2, 3]}).sum()["a"]),
+                "evil": "/evil" in sys.path,
+                "recursion": sys.getrecursionlimit(),
+                "env": "LEAKED" in os.environ,
+                "np_seeded": float(np.random.RandomState(1234).random_sample())
+                == float(np.random.random_sample()),
+                "py_seeded": random.Random(1234).random() == random.random(),
+            }))
+            """,
+        )
+    )
+    assert second == {
+        "builtin": False,
+        "sum": True,
+        "total": 6,
+        "evil": False,
+        "recursion": 1000,
+        "env": False,
+        "np_seeded": False,
+        "py_seeded": False,
+    }
+    assert _template_state(warm) == before
+
+
+def test_random_state_differs_between_runs(warm: Executor) -> None:
+    code = """
+    import json, random
+    import numpy as np
+    print(json.dumps([random.random(), float(np.random.random_sample())]))
+    """
+    a, b = _seen(_run(warm, code)), _seen(_run(warm, code))
+    assert a[0] != b[0] and a[1] != b[1], (a, b)
+
+
+def test_files_stay_in_their_run(warm: Executor) -> None:
+    first = _run(
+        warm,
+        """
+        for path in ("/sandbox/left.txt", "/tmp/left.txt", "/dev/shm/left"):
+            with open(path, "w") as f:
+                f.write("x")
+        print("{}")
+        """,
+    )
+    assert first["outcome"] == "ok", first
+    seen = _seen(
+        _run(
+            warm,
+            """
+            import json, os
+            print(json.dumps({d: sorted(os.listdir(d)) for d in ("/sandbox", "/tmp", "/dev/shm")}))
+            """,
+        )
+    )
+    assert seen == {"/sandbox": [], "/tmp": [], "/dev/shm": []}
+
+
+def test_threads_and_background_processes_end_with_their_run(warm: Executor) -> None:
+    token = f"sandcell-iso-{secrets.token_hex(6)}"
+    first = _run(
+        warm,
+        f"""
+        import os, threading, time
+        def linger():
+            time.sleep(30)
+            open("/tmp/from-thread", "w").write("x")
+        threading.Thread(target=linger, daemon=True).start()
+        if os.fork() == 0:
+            os.setsid()
+            os.execv("/bin/sleep", ["{token}", "60"])
+        print("{{}}")
+        """,
+    )
+    assert first["outcome"] == "ok", first
+    deadline = time.monotonic() + 5
+    while processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not processes_with(token), "a background process outlived its run"
+    seen = _seen(
+        _run(
+            warm,
+            """
+            import json, os
+            pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+            print(json.dumps({"pids": pids, "threads": len(os.listdir("/proc/self/task"))}))
+            """,
+        )
+    )
+    # pid 1 (the run's supervisor) and this program: nothing of the first run, one thread.
+    assert len(seen["pids"]) == 2 and seen["threads"] == 1, seen
+
+
+def test_memory_corruption_stays_in_its_run(warm: Executor) -> None:
+    first = _run(
+        warm,
+        """
+        import ctypes, sys
+        import pandas as pd
+        # Overwrite the characters of a string the template created, and the value of a cached
+        # small integer: both live in pages the run shares with the template until written.
+        version = pd.__version__
+        ctypes.memset(id(version) + sys.getsizeof("") - 1, ord("X"), len(version))
+        ctypes.c_long.from_address(id(7) + 24).value = 8
+        print("{}")
+        """,
+    )
+    assert first["outcome"] in ("ok", "error", "killed"), first
+    seen = _seen(
+        _run(
+            warm,
+            """
+            import json
+            import pandas as pd
+            n = 3
+            print(json.dumps({"version": pd.__version__, "seven": n + 4 == 7}))
+            """,
+        )
+    )
+    assert seen == {"version": pandas.__version__, "seven": True}
+
+
+def test_cwd_umask_and_rlimits_stay_in_their_run(warm: Executor) -> None:
+    first = _run(
+        warm,
+        """
+        import os, resource
+        os.chdir("/tmp")
+        os.umask(0o777)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (12, 12))
+        print("{}")
+        """,
+    )
+    assert first["outcome"] == "ok", first
+    seen = _seen(
+        _run(
+            warm,
+            """
+            import json, os, resource
+            mask = os.umask(0o022)
+            print(json.dumps({"cwd": os.getcwd(), "umask": mask,
+                              "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}))
+            """,
+        )
+    )
+    assert seen == {"cwd": "/sandbox", "umask": 0o022, "nofile": 256}
+
+
+def test_signals_and_tracing_reach_neither_template_nor_siblings(warm: Executor) -> None:
+    before = _template_state(warm)
+    pid = before[0]
+    assert pid is not None
+    r = _run(
+        warm,
+        f"""
+        import ctypes, errno, json, os, signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        seen = {{}}
+        for name, fn in (
+            ("kill_template", lambda: os.kill({pid}, signal.SIGKILL)),
+            ("ptrace_template", lambda: libc.ptrace(16, {pid}, None, None)),
+        ):
+            try:
+                res = fn()
+                seen[name] = res if res is None else (res, ctypes.get_errno())
+            except OSError as exc:
+                seen[name] = exc.errno
+        try:
+            os.kill(-1, signal.SIGKILL)  # everything this run may signal: its own pid namespace
+        except OSError as exc:
+            seen["kill_all"] = exc.errno
+        print(json.dumps(seen), flush=True)
+        """,
+    )
+    seen = _seen(r)
+    assert seen["kill_template"] in (3, 1), seen  # ESRCH or EPERM
+    assert seen["ptrace_template"] == [-1, 1], seen  # EPERM (seccomp)
+    assert _template_state(warm) == before
+    # The pool's siblings and the template still serve runs.
+    for _ in range(2):
+        assert _run(warm, "print('{}')")["outcome"] == "ok"
+
+
+def test_loopback_listener_and_abstract_socket_stay_in_their_run(warm: Executor) -> None:
+    """Without Landlock (which refuses TCP binds and scopes abstract sockets on its own), so that
+    only the run's own network namespace stands between the two runs."""
+    name = f"sandcell-iso-{secrets.token_hex(6)}"
+    first = _run(
+        warm,
+        f"""
+        import os, socket, time
+        tcp = socket.socket()
+        tcp.bind(("127.0.0.1", 47211))
+        tcp.listen()
+        unix = socket.socket(socket.AF_UNIX)
+        unix.bind("\\0{name}")
+        unix.listen()
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        print("{{}}")
+        """,
+        landlock=False,
+    )
+    assert first["outcome"] == "ok", first
+    seen = _seen(
+        _run(
+            warm,
+            f"""
+            import json, socket
+            out = {{}}
+            for key, family, address in (
+                ("tcp", socket.AF_INET, ("127.0.0.1", 47211)),
+                ("abstract", socket.AF_UNIX, "\\0{name}"),
+            ):
+                s = socket.socket(family)
+                s.settimeout(2)
+                try:
+                    s.connect(address)
+                    out[key] = "connected"
+                except OSError as exc:
+                    out[key] = exc.errno
+            print(json.dumps(out))
+            """,
+            landlock=False,
+        )
+    )
+    assert seen == {"tcp": 111, "abstract": 111}, seen  # ECONNREFUSED
+
+
+def test_sysv_shared_memory_stays_in_its_run(warm: Executor) -> None:
+    key = 0x5C0000 + secrets.randbelow(0xFFFF)
+    first = _run(
+        warm,
+        f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        shm = libc.shmget({key}, 4096, 0o1666)  # IPC_CREAT | 0666
+        assert shm >= 0, ctypes.get_errno()
+        print("{{}}")
+        """,
+    )
+    assert first["outcome"] == "ok", first
+    seen = _seen(
+        _run(
+            warm,
+            f"""
+            import ctypes, json
+            libc = ctypes.CDLL(None, use_errno=True)
+            r = libc.shmget({key}, 0, 0)
+            print(json.dumps([r, ctypes.get_errno()]))
+            """,
+        )
+    )
+    assert seen == [-1, 2], seen  # ENOENT: a fresh IPC namespace
+
+
+def test_template_is_unchanged_and_single_threaded(warm: Executor) -> None:
+    before = _template_state(warm)
+    for _ in range(3):
+        _run(warm, "import pandas, threading; threading.Thread(target=print).start()")
+    assert _template_state(warm) == before
+    stats = _backend(warm).warm_stats()
+    assert stats is not None and stats.template_pid is not None
+    # The template is the zygote, not an interpreter that ran a program.
+    with open(f"/proc/{stats.template_pid}/cmdline", "rb") as f:
+        assert b"/sandcell/zygote.pyc" in f.read()
+    if stats.pool is not None:
+        assert stats.pool.size >= 1 and stats.pool.taken >= 3
+
+
+def test_cold_fallback_is_recorded(warm: Executor) -> None:
+    r = result_to_dict(warm.run(RunRequest(code="echo hi", language="bash")))
+    assert r["outcome"] == "ok", r
+    assert cast(dict[str, Any], r["start"])["mode"] == "cold"
+    layers = cast(dict[str, Any], r["enforcement"])["layers"]
+    assert layers["warm_start"].startswith("not used: bash programs start cold"), layers
+
+
+def test_host_pid_namespace_is_untouched(warm: Executor) -> None:
+    """A sanity check of the observers: this process is alive and the template is not ours."""
+    stats = _backend(warm).warm_stats()
+    assert stats is not None
+    assert stats.template_pid != os.getpid()

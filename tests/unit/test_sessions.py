@@ -1,0 +1,138 @@
+"""Sessions without a sandbox: the framing, the registry, and the kernel's protocol.
+
+The kernel is run as a plain local process here (it is standalone), with a socket pair on its
+standard input as in the sandbox, so its protocol, interrupts and state are tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandcell.errors import ConfigError
+from sandcell.sessions import registry
+from sandcell.sessions.channel import ChannelError, FrameDecoder, encode, recv_message
+
+KERNEL = Path(__file__).resolve().parents[2] / "src/sandcell/backends/namespaces/_kernel.py"
+
+
+def test_frames_decode_across_chunk_boundaries() -> None:
+    data = encode({"op": "cell", "id": 1}) + encode({"op": "done", "text": "é" * 10})
+    decoder = FrameDecoder(max_bytes=1024)
+    got: list[dict[str, object]] = []
+    for i in range(len(data)):
+        decoder.feed(data[i : i + 1])
+        got += list(decoder.messages())
+    assert got == [{"op": "cell", "id": 1}, {"op": "done", "text": "é" * 10}]
+    assert not decoder.pending
+
+
+def test_frames_over_the_cap_or_not_objects_are_refused() -> None:
+    big = FrameDecoder(max_bytes=8)
+    big.feed((1 << 30).to_bytes(4, "big"))
+    with pytest.raises(ChannelError, match="over the 8 cap"):
+        list(big.messages())
+    bad = FrameDecoder(max_bytes=64)
+    bad.feed(len(b"[1]").to_bytes(4, "big") + b"[1]")
+    with pytest.raises(ChannelError, match="not a JSON object"):
+        list(bad.messages())
+
+
+def test_registry_ids_and_stale_entries(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a session id"):
+        registry.check_id("../../etc")
+    with pytest.raises(ConfigError, match="longer than a unix socket allows"):
+        registry.socket_path(tmp_path / ("x" * 120), "0123456789abcdef")
+    dead = registry.Entry(
+        id="0123456789abcdef",
+        pid=2**22 + 1,
+        owner=f"{2**22 + 1}-1",
+        profile="strict",
+        created_at="now",
+        idle_timeout_s=1,
+        max_lifetime_s=2,
+    )
+    registry.write(tmp_path, dead)
+    (tmp_path / "sessions" / f"{dead.id}.sock").touch()
+    assert registry.read(tmp_path, dead.id) == dead
+    assert registry.entries(tmp_path) == []  # its server is gone: swept
+    assert list((tmp_path / "sessions").iterdir()) == []
+    assert (tmp_path / "sessions").stat().st_mode & 0o777 == 0o700
+
+
+class _Kernel:
+    def __init__(self) -> None:
+        self.host, kernel_end = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", str(KERNEL)],
+            stdin=kernel_end.fileno(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        kernel_end.close()
+        self.seq = 0
+
+    def recv(self) -> dict[str, object]:
+        return recv_message(self.host, max_bytes=1 << 20, timeout_s=60)
+
+    def cell(self, code: str, *, interrupt: bool = False) -> dict[str, object]:
+        self.seq += 1
+        self.host.sendall(encode({"op": "cell", "id": self.seq, "code": code}))
+        if interrupt:
+            assert self.proc.stdout is not None
+            assert self.proc.stdout.readline() == b"looping\n"
+            os.kill(self.proc.pid, signal.SIGINT)
+        return self.recv()
+
+
+@pytest.fixture
+def kernel() -> Iterator[_Kernel]:
+    k = _Kernel()
+    hello = k.recv()
+    assert hello["op"] == "hello" and hello["display"] is False
+    yield k
+    k.host.close()
+    k.proc.wait(timeout=30)
+    for stream in (k.proc.stdout, k.proc.stderr):
+        assert stream is not None
+        stream.close()
+
+
+def test_kernel_keeps_state_and_reports_each_cell(kernel: _Kernel) -> None:
+    assert kernel.cell("x = 20")["status"] == "ok"
+    assert kernel.cell("import sys; sys.stdin.read()")["status"] == "ok"  # /dev/null, not ctl
+    failed = kernel.cell("x / 0")
+    assert (failed["status"], failed["error"]) == ("error", "ZeroDivisionError")
+    exited = kernel.cell("raise SystemExit(4)")
+    assert (exited["status"], exited["exit_code"]) == ("exit", 4)
+    assert kernel.cell("print('x is', x + 22, flush=True)")["status"] == "ok"
+    assert kernel.proc.stdout is not None
+    assert kernel.proc.stdout.readline() == b"x is 42\n"
+
+
+def test_sigint_interrupts_a_cell_not_the_kernel(kernel: _Kernel) -> None:
+    kernel.cell("y = 1")
+    reply = kernel.cell("print('looping', flush=True)\nwhile True:\n    y += 0", interrupt=True)
+    assert reply["status"] == "interrupted"
+    # Between cells SIGINT is ignored: the kernel stays up.
+    os.kill(kernel.proc.pid, signal.SIGINT)
+    assert kernel.cell("print(json_ok := y)")["status"] == "ok"
+    assert kernel.proc.poll() is None
+
+
+def test_kernel_ends_when_the_channel_closes() -> None:
+    k = _Kernel()
+    assert json.loads(json.dumps(k.recv()))["op"] == "hello"
+    k.host.close()
+    assert k.proc.wait(timeout=30) == 0
+    for stream in (k.proc.stdout, k.proc.stderr):
+        assert stream is not None
+        stream.close()

@@ -1,0 +1,124 @@
+"""Warm starts, the pure parts: configuration, the template's command line, the setup filter,
+the status report, and which requests start cold."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from sandcell import ConfigError, RunRequest, WarmConfig
+from sandcell.backends.namespaces import seccomp
+from sandcell.backends.namespaces.template import (
+    THREAD_ENV,
+    TemplateSpec,
+    build_template_argv,
+    compile_script,
+)
+from sandcell.backends.namespaces.warm import WarmStarter, _parse_status
+from sandcell.runtimes import python_runtime
+
+
+def test_config_defaults() -> None:
+    c = WarmConfig()
+    assert (c.mode, c.preload, c.pool_size) == ("template", ("numpy", "pandas"), 4)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"mode": "hot"},
+        {"preload": "pandas"},
+        {"preload": ("os; import evil",)},
+        {"pool_size": 0},
+        {"take_timeout_s": 0},
+    ],
+)
+def test_config_is_checked(kw: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        WarmConfig(**kw)  # type: ignore[arg-type]
+
+
+def _argv(tmp_path: Path) -> list[str]:
+    return build_template_argv(
+        TemplateSpec(
+            bwrap="/usr/bin/bwrap",
+            runtime=python_runtime(),
+            control_dir=tmp_path / "control",
+            etc_dir=tmp_path / "etc",
+            env={"A": "1", **THREAD_ENV},
+            preload=("numpy", "pandas"),
+            seccomp_fd=7,
+            control_fd=5,
+        )
+    )
+
+
+def test_template_argv_isolates_like_a_cold_sandbox(tmp_path: Path) -> None:
+    argv = _argv(tmp_path)
+    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"):
+        assert flag in argv
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    assert "--clearenv" in argv
+    assert argv[argv.index("--seccomp") + 1] == "7"
+    # The children create their own user namespaces, and mount their own /proc: no bwrap --dev
+    # (its /proc covers) and no --disable-userns.
+    assert "--disable-userns" not in argv and "--dev" not in argv
+    assert argv[-5:] == [python_runtime().python, "-I", "/sandcell/zygote.pyc", "5", "numpy,pandas"]
+    # /dev is read-only: a writable tmpfs there would be shared by every run of the template.
+    i = argv.index("--remount-ro")
+    assert argv[i + 1] == "/dev"
+    i = argv.index(str(tmp_path / "control"))
+    assert argv[i - 1 : i + 2] == ["--ro-bind", str(tmp_path / "control"), "/sandcell"]
+
+
+def test_template_runs_single_threaded_numerics(tmp_path: Path) -> None:
+    argv = _argv(tmp_path)
+    env = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--setenv"}
+    for key in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        assert env[key] == "1"
+
+
+def test_setup_filter_allows_only_the_setup_calls() -> None:
+    arch = seccomp.native_arch()
+    full = {d.name for d in seccomp.build_policy(arch).denied}
+    setup = {d.name for d in seccomp.build_setup_policy(arch).denied}
+    assert full - setup == set(seccomp.SETUP_ALLOWED)
+    # Everything else stays refused in the template itself: ptrace, bpf, keyrings, setns...
+    for name in ("ptrace", "bpf", "keyctl", "setns", "pivot_root", "open_by_handle_at"):
+        assert name in setup
+    program = seccomp.build_setup_policy(arch).compile()
+    assert len(program) % struct.calcsize("=HBBI") == 0
+
+
+def test_status_report_is_parsed() -> None:
+    assert _parse_status(b"1W256 12.500 4096\n") == (True, 256, 12.5, 4096)
+    assert _parse_status(b"W32000 0.000 0\n") == (False, 32000, 0.0, 0)
+    # No report (pid 1 died): no wait status.
+    assert _parse_status(b"1") == (True, None, 0.0, 0)
+    assert _parse_status(b"1W12") == (True, None, 0.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("request_kw", "why"),
+    [
+        ({"code": "echo", "language": "bash"}, "bash programs start cold"),
+        ({"code": "print(1)", "packages": (Path("/x"),)}, "packages"),
+        ({"code": "1", "display": True}, "rich outputs"),
+    ],
+)
+def test_what_starts_cold(request_kw: dict[str, object], why: str) -> None:
+    starter = WarmStarter.__new__(WarmStarter)  # the check needs no template
+    reason = starter.unservable(RunRequest(**request_kw))  # type: ignore[arg-type]
+    assert reason is not None and why in reason
+    assert starter.unservable(RunRequest(code="print(1)")) is None
+
+
+def test_zygote_compiles_for_this_interpreter(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("X = 1\n")
+    data = compile_script(script, "/sandcell/s.py")
+    assert data[:4] == __import__("importlib.util").util.MAGIC_NUMBER
+    assert os.path.getsize(script) == int.from_bytes(data[12:16], "little")
