@@ -2,16 +2,22 @@
 
 Usage::
 
-    .venv/bin/python bench/bench_batch.py [--concurrency 1 2] [--profile unchecked] [--json]
+    .venv/bin/python bench/bench_batch.py [--concurrency 1 2] [--starts cold template pool]
+        [--preload MOD,...] [--profile unchecked] [--json]
 
 Both sides run the same programs: each problem's prompt and canonical solution, then its test and
 ``check(ENTRY_POINT)`` (``examples/humaneval/make_tasks.py``), with the same interpreter
 (``sandcell.runtimes.python_runtime().interpreter``). The baseline starts one
 ``python -I -c PROGRAM`` process per task from a thread pool of the same size, and counts a task
-passed when it exits 0. sandcell runs ``sandcell batch TASKS --concurrency N --restart --json``
-as a subprocess: each task in a fresh sandbox (namespaces, cgroups, seccomp, Landlock), checked by
-the policy profile and written to the audit log. Tasks per second are over the run phase (the
-summary's ``elapsed_s``); the wall time of the whole command, start-up included, is shown too.
+passed when it exits 0. sandcell runs ``sandcell batch TASKS --concurrency N --start MODE
+--restart --json`` as a subprocess, once per start mode: each task in a fresh sandbox
+(namespaces, cgroups, seccomp, Landlock), checked by the policy profile and written to the audit
+log. ``cold`` builds each sandbox from scratch; ``template`` forks each from a template
+interpreter that imported ``--preload`` (default: nothing, as HumanEval needs only the stdlib) and
+never ran task code; ``pool`` takes one of concurrency + 1 such sandboxes forked ahead. The
+``warm`` column counts the tasks a warm start actually served (the rest started cold). Tasks per
+second are over the run phase (the summary's ``elapsed_s``, which starts once the executor, and
+so the template, is up); the wall time of the whole command, start-up included, is shown too.
 
 The profile defaults to ``unchecked`` so that every program runs: the default ``strict`` profile
 denies HumanEval/160, which calls ``eval`` on a built string. Records and run directories go to a
@@ -72,6 +78,8 @@ class Row:
     concurrency: int
     tasks: int
     passed: int
+    warm: int
+    """Tasks a template or pool start served."""
     elapsed_s: float
     """The run phase: the thread pool's time, or the batch summary's ``elapsed_s``."""
     wall_s: float
@@ -98,25 +106,30 @@ def bench_python(programs: list[str], concurrency: int) -> Row:
         concurrency=concurrency,
         tasks=len(programs),
         passed=passed,
+        warm=0,
         elapsed_s=elapsed,
         wall_s=elapsed,
     )
 
 
-def bench_sandcell(tasks: Path, concurrency: int, profile: str) -> Row:
+def bench_sandcell(tasks: Path, concurrency: int, profile: str, start: str, preload: str) -> Row:
     argv = [sys.executable, "-m", "sandcell", "batch", str(tasks), "-j", str(concurrency)]
-    argv += ["--restart", "--json", "--profile", profile]
+    argv += ["--restart", "--json", "--profile", profile, "--start", start]
+    if start != "cold" and preload:
+        argv += ["--preload", preload]
     t0 = time.monotonic()
     p = subprocess.run(argv, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
     if p.returncode not in (0, 1):
         raise SystemExit(f"sandcell batch failed (exit {p.returncode}): {p.stderr}")
     s = json.loads(p.stdout)
+    starts = s["starts"]
     return Row(
-        variant="sandcell",
+        variant=f"sandcell {start}",
         concurrency=concurrency,
         tasks=int(s["ran"]),
         passed=int(s["passed"]),
+        warm=int(starts.get("template", 0)) + int(starts.get("pool", 0)),
         elapsed_s=float(s["elapsed_s"]),
         wall_s=wall,
     )
@@ -125,6 +138,13 @@ def bench_sandcell(tasks: Path, concurrency: int, profile: str) -> Row:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
+    ap.add_argument(
+        "--starts",
+        nargs="+",
+        choices=("cold", "template", "pool"),
+        default=["cold", "template", "pool"],
+    )
+    ap.add_argument("--preload", default="", help="modules the template imports (default: none)")
     ap.add_argument("--profile", default="unchecked")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = ap.parse_args()
@@ -139,19 +159,23 @@ def main() -> None:
         rows: list[Row] = []
         for n in args.concurrency:
             rows.append(bench_python(programs, n))
-            rows.append(bench_sandcell(tasks_file, n, args.profile))
+            rows.extend(
+                bench_sandcell(tasks_file, n, args.profile, start, args.preload)
+                for start in args.starts
+            )
     finally:
         shutil.rmtree(_HOME, ignore_errors=True)
+    base = {r.concurrency: r.tasks_per_s for r in rows if r.variant == "python3"}
     ratios = {
-        s.concurrency: s.tasks_per_s / b.tasks_per_s
-        for b in rows
-        for s in rows
-        if b.variant == "python3" and s.variant == "sandcell" and s.concurrency == b.concurrency
+        f"{r.variant} j{r.concurrency}": r.tasks_per_s / base[r.concurrency]
+        for r in rows
+        if r.variant != "python3"
     }
     if args.json:
         body = {
             "machine": info,
             "profile": args.profile,
+            "preload": args.preload,
             "rows": [{**asdict(r), "tasks_per_s": r.tasks_per_s} for r in rows],
             "ratio_sandcell_to_python": ratios,
         }
@@ -161,16 +185,16 @@ def main() -> None:
     print(f"# sandcell batch vs plain python3: {len(programs)} HumanEval problems")
     print(
         f"# {info['date']}  {info['cpu']} x{info['cpus']}  kernel {info['kernel']}  "
-        f"load {load}  profile {args.profile}"
+        f"load {load}  profile {args.profile}  preload {args.preload or 'none'}"
     )
-    print(f"{'variant':<10} {'conc':>4} {'tasks/s':>8} {'passed':>7} {'run s':>7} {'wall s':>7}")
+    head = f"{'variant':<18} {'conc':>4} {'tasks/s':>8} {'vs py3':>7} {'passed':>7} {'warm':>5}"
+    print(f"{head} {'run s':>7} {'wall s':>7}")
     for r in rows:
+        ratio = r.tasks_per_s / base[r.concurrency]
         print(
-            f"{r.variant:<10} {r.concurrency:>4} {r.tasks_per_s:>8.1f} {r.passed:>7} "
-            f"{r.elapsed_s:>7.2f} {r.wall_s:>7.2f}"
+            f"{r.variant:<18} {r.concurrency:>4} {r.tasks_per_s:>8.1f} {ratio:>6.2f}x "
+            f"{r.passed:>7} {r.warm:>5} {r.elapsed_s:>7.2f} {r.wall_s:>7.2f}"
         )
-    for n, ratio in ratios.items():
-        print(f"concurrency {n}: sandcell runs at {ratio:.2f}x the rate of plain python3")
 
 
 if __name__ == "__main__":

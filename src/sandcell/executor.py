@@ -164,6 +164,15 @@ class Executor:
         self.audit.close()
         self.approvals.close()
 
+    def cancel_all(self, reason: str = "cancelled by the caller") -> int:
+        """Stop every run of this executor that is in flight, from any thread.
+
+        Each ends as ``killed`` with the reason ``"cancelled: <reason>"`` and is recorded like
+        any other run. Returns how many runs were told to stop; runs that start later are not
+        affected, so call it again until the callers of ``run`` have returned.
+        """
+        return self.backend.cancel_all(reason)
+
     @staticmethod
     def _profile(profile: Profile | str) -> Profile:
         return profile if isinstance(profile, Profile) else load_profile(profile)

@@ -116,9 +116,10 @@ def home(tmp_path: Path) -> Path:
 def test_verdicts_per_task(home: Path, tmp_path: Path) -> None:
     (tmp_path / "data.txt").write_text("hello")
     tasks = _write_tasks(tmp_path / "tasks.jsonl", MIXED)
-    p = _batch(home, str(tasks), "--concurrency", "2", "--json")
+    p = _batch(home, str(tasks), "--concurrency", "2", "--start", "cold", "--json")
     assert p.returncode == EXIT_BATCH_FAILED, p.stderr
     summary = json.loads(p.stdout)
+    assert summary["starts"] == {"cold": len(MIXED)}
     assert summary["total"] == summary["done"] == summary["ran"] == len(MIXED)
     assert summary["passed"] == 6
     assert summary["outcomes"] == dict(Counter(o for o, _ in EXPECTED.values()))
@@ -140,18 +141,21 @@ def user_dir(unpriv: UnprivEnv) -> Iterator[Path]:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def test_verdicts_as_unprivileged_user(unpriv: UnprivEnv, user_dir: Path) -> None:
+@pytest.mark.parametrize("start", ["cold", "pool"])
+def test_verdicts_as_unprivileged_user(unpriv: UnprivEnv, user_dir: Path, start: str) -> None:
     work = user_dir
     (work / "data.txt").write_text("hello")
     (work / "data.txt").chmod(0o644)
     tasks = _write_tasks(work / "tasks.jsonl", MIXED)
     tasks.chmod(0o644)
     mode = ["--isolation=rlimits"] if unpriv.mode is IsolationMode.RLIMITS else []
-    p = run_as_user(
-        unpriv, ["batch", "--profile", "unchecked", *mode, "-j", "2", "--json", str(tasks)]
-    )
+    argv = ["batch", "--profile", "unchecked", *mode, "-j", "2", "--start", start, "--json"]
+    p = run_as_user(unpriv, [*argv, str(tasks)])
     assert p.returncode == EXIT_BATCH_FAILED, p.stderr.decode()
-    _check_mixed(_lines(work / "tasks.results.jsonl"))
+    lines = _lines(work / "tasks.results.jsonl")
+    _check_mixed(lines)
+    python = [line["start"] for line in lines if line["id"] != "bash-stdin"]
+    assert python == [start] * (len(MIXED) - 1)
 
 
 def _gated_tasks(tmp_path: Path) -> tuple[Path, Path]:
@@ -167,12 +171,17 @@ def _gated_tasks(tmp_path: Path) -> tuple[Path, Path]:
     return _write_tasks(tmp_path / "tasks.jsonl", tasks), gate
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_then_resume(home: Path, tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    ("sig", "start"),
+    [(signal.SIGINT, "cold"), (signal.SIGTERM, "cold"), (signal.SIGINT, "pool")],
+    ids=["SIGINT", "SIGTERM", "SIGINT-pool"],
+)
+def test_interrupt_then_resume(home: Path, tmp_path: Path, sig: signal.Signals, start: str) -> None:
     tasks, gate = _gated_tasks(tmp_path)
     results = tmp_path / "tasks.results.jsonl"
     # Concurrency 1: the quick tasks finish first, in order, then the first gated one blocks.
     argv = ["batch", "--profile", "unchecked", *_mode_args(), "-j", "1", "--json", str(tasks)]
+    argv += ["--start", start]
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandcell", *argv],
         env=_env(home),
@@ -199,6 +208,13 @@ def test_interrupt_then_resume(home: Path, tmp_path: Path, sig: signal.Signals) 
     assert "run the same command again to resume" in err
     first = _lines(results)
     assert [line["id"] for line in first] == ["quick-0", "quick-1"]
+    # The signal can land between the second result and the next task's start (a warm start
+    # makes that window likelier): then no gated task was in flight, and none was recorded.
+    with AuditLog(home / "audit.sqlite3") as audit:
+        killed = [e.record for e in audit.list(limit=1000) if "# gated" in str(e.record["code"])]
+    assert [str(r["code"]).splitlines()[0] for r in killed] in ([], ["# gated 0"])
+    # Killed while it ran, or while its sandbox was still starting the program.
+    assert all(r["outcome"] in ("killed", "infra_error") for r in killed), killed
 
     (gate / "go").touch()
     p = run_cli(argv, env=_env(home))
@@ -211,12 +227,47 @@ def test_interrupt_then_resume(home: Path, tmp_path: Path, sig: signal.Signals) 
         ["quick-0", "quick-1", *(f"gated-{i}" for i in range(4))]
     )
     assert lines[:2] == first  # finished tasks kept their results, and their run ids
+    assert {line["start"] for line in lines} == {start}
     with AuditLog(home / "audit.sqlite3") as audit:
         codes = Counter(str(e.record["code"]).splitlines()[0] for e in audit.list(limit=1000))
     # The finished tasks ran once; the one in flight at the interrupt was killed and ran again.
     assert codes["# quick 0"] == codes["# quick 1"] == 1
-    assert codes["# gated 0"] == 2
+    assert codes["# gated 0"] == 1 + len(killed)
     assert codes["# gated 3"] == 1
+
+
+def test_pool_start(home: Path, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("hello")
+    tasks = _write_tasks(tmp_path / "tasks.jsonl", MIXED)
+    p = _batch(home, str(tasks), "--start", "pool", "-j", "2", "--json")
+    assert p.returncode == EXIT_BATCH_FAILED, p.stderr
+    summary = json.loads(p.stdout)
+    assert (summary["start_requested"], summary["pool_size"], summary["preload"]) == ("pool", 3, [])
+    lines = _lines(tmp_path / "tasks.results.jsonl")
+    _check_mixed(lines)  # the same verdicts as cold starts
+    starts = {str(line["id"]): (line["start"], line["start_note"]) for line in lines}
+    # The backend serves bash cold and says why; every python task came from the pool.
+    assert starts.pop("bash-stdin")[0] == "cold"
+    assert "bash" in str(next(line["start_note"] for line in lines if line["id"] == "bash-stdin"))
+    assert set(starts.values()) == {("pool", None)}
+    assert summary["starts"] == {"pool": len(MIXED) - 1, "cold": 1}
+
+
+def test_start_options(home: Path, tmp_path: Path) -> None:
+    tasks = _write_tasks(tmp_path / "tasks.jsonl", [{"id": "a", "code": "print(1)"}])
+    p = _batch(home, str(tasks), "--start", "cold", "--preload", "json")
+    assert p.returncode == EXIT_CONFIG
+    assert "--start template or --start pool" in p.stderr
+    p = _batch(home, str(tasks), "--start", "template", "--pool-size", "2")
+    assert p.returncode == EXIT_CONFIG
+    assert "--pool-size needs --start pool" in p.stderr
+    p = _batch(home, str(tasks), "--start", "template", "--preload", "json", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["preload"] == ["json"]
+    assert [line["start"] for line in _lines(tmp_path / "tasks.results.jsonl")] == ["template"]
+    p = _batch(home, str(tasks), "--restart", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["starts"] == {"pool": 1}  # the default
 
 
 def test_truncated_last_line_is_run_again(home: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from tests.conftest import UnprivEnv, run_as_user, run_cli
 
 from sandcell import Executor, IsolationMode, RunRequest, RunResult
@@ -18,8 +19,21 @@ from sandcell.spec import Outcome
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(params=["cold", "template", "pool"])
+def executor(request: pytest.FixtureRequest, executor: Executor) -> Executor:
+    """Every in-process case also with warm starts: rich outputs are served warm too."""
+    if request.param == "cold":
+        return executor
+    warm: Executor = request.getfixturevalue(f"executor_{request.param}")
+    return warm
+
+
 def show(ex: Executor, code: str, **kw: object) -> RunResult:
-    return ex.run(RunRequest(code=code, display=True, **kw))  # type: ignore[arg-type]
+    r = ex.run(RunRequest(code=code, display=True, **kw))  # type: ignore[arg-type]
+    warm = getattr(ex.backend, "warm_stats", lambda: None)()
+    if warm is not None and kw.get("language", "python") == "python":
+        assert r.start.mode == warm.mode, r.enforcement
+    return r
 
 
 def test_last_expression_value(executor: Executor) -> None:
@@ -102,7 +116,9 @@ def test_plt_show_shows_quietly(executor: Executor) -> None:
         "plt.show()\n"
     )
     r = show(executor, code)
-    assert (r.outcome, r.stdout, r.stderr) == (Outcome.OK, "False\n", ""), r.stderr
+    # A warm start's template preloaded pandas, which imported re before the program ran.
+    imported = "False\n" if r.start.mode == "cold" else "True\n"
+    assert (r.outcome, r.stdout, r.stderr) == (Outcome.OK, imported, ""), r.stderr
     assert [o.kind for o in r.outputs] == ["figure"]
 
 

@@ -16,13 +16,14 @@ import secrets
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pandas
 import pytest
 from tests.escapes.conftest import processes_with
 
-from sandcell import Executor, RunRequest, result_to_dict
+from sandcell import Executor, Limits, RunRequest, result_to_dict
 from sandcell.backends.namespaces import NamespacesBackend
 
 
@@ -371,3 +372,78 @@ def test_host_pid_namespace_is_untouched(warm: Executor) -> None:
     stats = _backend(warm).warm_stats()
     assert stats is not None
     assert stats.template_pid != os.getpid()
+
+
+def test_cancel_all_stops_a_warm_run(warm: Executor) -> None:
+    """``cancel_all`` reaches warm runs too: the run ends ``killed`` with the reason given."""
+    import threading
+
+    backend = _backend(warm)
+    results: list[dict[str, Any]] = []
+    runner = threading.Thread(
+        target=lambda: results.append(
+            _run(warm, "import time\nprint('up', flush=True)\ntime.sleep(120)")
+        )
+    )
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not backend.runs.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert backend.cancel_all("test shutdown") >= 1
+    runner.join(timeout=60)
+    assert results, "the cancelled run did not return"
+    r = results[0]
+    assert r["outcome"] == "killed" and str(r["reason"]).startswith("cancelled: test shutdown"), r
+
+
+def test_pooled_runs_of_other_limits_and_layers(warm: Executor) -> None:
+    """A pooled sandbox prepared for one set of limits serves another (its cgroup is retuned),
+    and a run without Landlock gets a child forked for it, never a prepared one."""
+    small = Limits().with_(memory_bytes=96 * 1024 * 1024, max_pids=16)
+    code = "x = bytearray(160 * 1024 * 1024); print(len(x))"
+    r = _run(warm, code, limits=small)
+    assert r["outcome"] == "memory_limit", r
+    r = _run(warm, "print(sum(range(10)))", limits=Limits())
+    assert _seen(r) == 45
+    r = _run(warm, "print('free')", landlock=False)
+    assert r["outcome"] == "ok", r
+    assert cast(dict[str, Any], r["start"])["mode"] == "template"
+    assert "landlock" not in cast(dict[str, Any], r["enforcement"])["layers"]
+
+
+@pytest.mark.parametrize("mode", ["template", "pool"])
+def test_torn_down_off_the_call_path_yet_nothing_left(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Used sandboxes are destroyed after their results return; once the executor is closed
+    no process, cgroup, mount or run directory of any of them is left."""
+    from tests.integration.hostscan import cgroups_of
+    from tests.integration.test_leaks import _assert_clean
+
+    from sandcell import WarmConfig
+    from sandcell.backends.namespaces import workspace
+
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("SANDCELL_RUNS", str(runs))
+    marker = f"sandcell-leak-{secrets.token_hex(8)}"
+    warm = WarmConfig(mode=mode, preload=(), pool_size=2)  # type: ignore[arg-type]
+    run_ids: list[str] = []
+    with Executor(home=tmp_path / "home", profile="unchecked", warm=warm) as ex:
+        for code in (
+            f"print('{marker}')",
+            f"import subprocess; subprocess.Popen(['sleep', '600', '{marker}'])",
+            f"import time; print('{marker}', flush=True); time.sleep(600)",
+        ):
+            r = ex.run(RunRequest(code=code, limits=Limits().with_(wall_time_s=2)))
+            assert r.start.mode == mode and r.outcome.value in ("ok", "timeout"), r
+            run_ids.append(r.run_id)
+        stats = _backend(ex).warm_stats()
+        assert stats is not None
+    _assert_clean(runs, marker, None)
+    # Only this executor's: the session's warm executors (same owner) keep their pools meanwhile.
+    left = [
+        g
+        for g in cgroups_of(workspace.owner_tag())
+        if g.name.startswith(stats.cgroup_prefix) or g.name.endswith(tuple(run_ids))
+    ]
+    assert not left, f"cgroups left by the warm runs: {left}"

@@ -53,4 +53,15 @@ class Backend(Protocol):
         """Versions of the pieces that make up the boundary (for the run record)."""
         ...
 
+    def cancel_all(self, reason: str) -> int:
+        """Stop every run in flight, from any thread; returns how many were told to stop.
+
+        Each ends with outcome ``killed`` and a reason ``"cancelled: <reason>"``, after the
+        backend has cleaned up as after any other run. Runs started later are not affected.
+        """
+        ...
+
     def close(self) -> None: ...
+
+
+__all__ = ["Backend", "BackendResult", "Collector"]

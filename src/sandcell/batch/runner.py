@@ -3,9 +3,10 @@
 Tasks with a line in the results file already are skipped (resume). Each worker takes the next
 task, runs it in a fresh sandbox through :meth:`Executor.run` (policy, limits, record: exactly as
 ``sandcell run``), judges it and appends its result line. Setting ``stop`` (the CLI does on
-SIGINT and SIGTERM) ends the batch: no new task starts, the sandboxes in flight are killed, and
-their runs are not written as results, so a rerun runs them again. Their run records stay in the
-audit log, as records of runs that were killed.
+SIGINT and SIGTERM) ends the batch: no new task starts, the runs in flight are cancelled
+(:meth:`Executor.cancel_all`), and they are not written as results, so a rerun runs them again.
+Their run records stay in the audit log, as runs killed with the reason "cancelled: the batch
+was interrupted".
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell.batch._reap import kill_sandboxes
 from sandcell.batch.judge import judge, new_marker, program_for, strip_marker
 from sandcell.batch.results import Recorded, ResultsFile
 from sandcell.batch.tasks import Task
@@ -67,6 +67,8 @@ class BatchSummary:
     """True when ``stop`` ended the batch before every task had a result."""
     truncated_line: int | None = None
     """An incomplete last line of the results file that was cut off (its task ran again)."""
+    starts: Mapping[str, int] = field(default_factory=dict)
+    """Start mode (``cold``, ``template``, ``pool``) → tasks this session ran that way."""
 
     @property
     def complete(self) -> bool:
@@ -94,6 +96,7 @@ class BatchSummary:
             "failed_ids": list(self.failed_ids),
             "interrupted": self.interrupted,
             "complete": self.complete,
+            "starts": dict(self.starts),
         }
 
 
@@ -113,6 +116,9 @@ def result_line(task: Task, result: RunResult, marker: str) -> dict[str, object]
         "mismatch": mismatch,
         "reason": result.reason,
         "run_id": result.run_id,
+        "start": result.start.mode,
+        # A warm start was asked for but the backend started this run cold: its reason.
+        "start_note": _cold_reason(result),
         "exit_code": result.exit_code,
         "signal": result.signal,
         "wall_ms": result.usage.wall_ms,
@@ -124,6 +130,11 @@ def result_line(task: Task, result: RunResult, marker: str) -> dict[str, object]
         "artifacts": [artifact_to_dict(a) for a in result.artifacts],
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
     }
+
+
+def _cold_reason(result: RunResult) -> str | None:
+    note = result.enforcement.layers.get("warm_start") if result.enforcement else None
+    return note.removeprefix("not used: ") if note and note.startswith("not used: ") else None
 
 
 class _Batch:
@@ -151,6 +162,7 @@ class _Batch:
         self.skipped = len(self.verdicts)
         self.pending = iter([t for t in tasks if t.id not in self.verdicts])
         self.ran = 0
+        self.starts: Counter[str] = Counter()
         self.t0 = time.monotonic()
         self.error: BaseException | None = None
 
@@ -185,6 +197,7 @@ class _Batch:
                     self.verdicts[task.id] = verdict
                     self.passed += verdict.passed
                     self.ran += 1
+                    self.starts[result.start.mode] += 1
                     if self.on_progress is not None:
                         self.on_progress(self.progress())
             except BaseException as exc:
@@ -213,13 +226,13 @@ def _refuse_stale(tasks: Sequence[Task], results: ResultsFile) -> None:
         )
 
 
-def _wait(workers: Sequence[threading.Thread], stop: threading.Event) -> None:
-    """Until every worker has returned; once ``stop`` is set, kill the sandboxes in flight."""
+def _wait(executor: Executor, workers: Sequence[threading.Thread], stop: threading.Event) -> None:
+    """Until every worker has returned; once ``stop`` is set, cancel the runs in flight."""
     while any(w.is_alive() for w in workers):
         if stop.wait(0.2):
-            # Sandboxes can start between two sweeps (a worker was between its check and the
-            # launch), so sweep until every worker has returned.
-            kill_sandboxes()
+            # A run can start between two calls (a worker was between its check and the
+            # launch), so cancel until every worker has returned.
+            executor.cancel_all("the batch was interrupted")
             for w in workers:
                 w.join(0.05)
 
@@ -254,11 +267,11 @@ def run_batch(
         for w in workers:
             w.start()
         try:
-            _wait(workers, stop)
+            _wait(executor, workers, stop)
         except KeyboardInterrupt:
             # A caller without signal handlers of its own: stop as cleanly as on ``stop``.
             stop.set()
-            _wait(workers, stop)
+            _wait(executor, workers, stop)
             raise
         if batch.error is not None:
             raise batch.error
@@ -270,6 +283,7 @@ def run_batch(
             failed_ids=tuple(task_id for task_id, v in done if not v.passed),
             interrupted=stop.is_set() and progress.done < progress.total,
             truncated_line=results.truncated_line,
+            starts=dict(batch.starts),
         )
 
 

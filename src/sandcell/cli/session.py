@@ -41,13 +41,14 @@ from sandcell.validation import neutralise
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("session", help="stateful sessions: variables and files persist")
-    ss = s.add_subparsers(dest="session_command", required=True)
+    # "serve" is internal (what `start` leaves running), so the listing names only the others.
+    ss = s.add_subparsers(dest="session_command", required=True, metavar="{start,run,list,close}")
 
     start = ss.add_parser("start", help="start a session in the background; prints its id")
     _session_options(start)
     start.add_argument("--json", action="store_true", help="print a JSON object")
 
-    serve = ss.add_parser("serve", help=argparse.SUPPRESS)
+    serve = ss.add_parser("serve")
     _session_options(serve)
     serve.add_argument("--id", required=True)
     serve.add_argument("--ready-fd", type=int, required=True)

@@ -1,11 +1,10 @@
 """The sandbox of one session: the namespaces backend's layers, kept alive across cells.
 
-Built from the backend's pieces, in the backend's order (see
-:mod:`sandcell.backends.namespaces`): layers decided and failed closed, a run directory with a
-size-capped workspace tmpfs (or the rootless workspace helper), the session's cgroup, the bwrap
-argument list with seccomp, the sandbox init moved into the cgroup and given its rlimits before
-it starts anything, then the boot applying Landlock and starting the kernel
-(``_kernel.py``) instead of a program.
+Built like a cold run, by :class:`~sandcell.backends.namespaces.prepared.PreparedSandbox`:
+layers decided and failed closed, a run directory with a size-capped workspace tmpfs (or the
+rootless workspace helper), the session's cgroup, the bwrap argument list with seccomp, the
+sandbox init moved into the cgroup and given its rlimits before it starts anything, then the
+boot applying Landlock and starting the kernel (``_kernel.py``) instead of a program.
 
 The kernel's standard input is one end of a socket pair: the cell channel. Its stdout and stderr
 are pipes the host reads while a cell runs; what arrives between a cell's start and its reply is
@@ -40,41 +39,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sandcell.backends.namespaces import NamespacesBackend, cgroups, workspace
-from sandcell.backends.namespaces.bwrap import BwrapPlan, build_argv
+from sandcell.backends.namespaces import NamespacesBackend, cgroups, landlock
 from sandcell.backends.namespaces.launcher import (
     HelperChannel,
     Pipes,
-    _kill,
-    _read_info,
-    _reap,
+    kill_sandbox,
+    read_sandbox_pid,
+    reap,
+    reported_status,
+    spawn,
 )
-from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
-from sandcell.errors import InfraError, IsolationUnavailable
-from sandcell.runtimes import common_env, runtime_for
+from sandcell.backends.namespaces.prepared import (
+    CONTROL_DIR,
+    CONTROL_DISPLAY,
+    PreparedSandbox,
+    boot_command,
+)
+from sandcell.errors import InfraError
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
-from sandcell.spec import Enforcement, IsolationMode, Outcome, RunRequest, Usage
+from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
+from sandcell.spec import Enforcement, Outcome, RunRequest, Usage
 
-INTERRUPT_GRACE_S = 2.0
-"""How long a cell has to return after the SIGINT at its time limit before the session is
-killed."""
 SETUP_TIMEOUT_S = 60.0
 
 _NS_DIR = Path(__file__).resolve().parents[1] / "backends" / "namespaces"
 _KERNEL_SOURCE = _NS_DIR / "_kernel.py"
 _DISPLAY_SOURCE = _NS_DIR / "_display.py"
+_CONTROL_KERNEL = "kernel.pyc"
 _READ_CHUNK = 65536
-
-
-def _pyc(source: Path, sandbox_path: str) -> bytes:
-    """A ``.pyc`` of ``source`` for this interpreter (the runtime's, as for the boot)."""
-    import importlib.util
-    import marshal
-
-    text = source.read_bytes()
-    code = compile(text, sandbox_path, "exec", dont_inherit=True)
-    header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") * 2
-    return header + (len(text) & 0xFFFFFFFF).to_bytes(4, "little") + marshal.dumps(code)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,12 +113,9 @@ class SessionSandbox:
         self.request = request
         self.session_id = session_id
         self.limits = request.effective_limits
-        self.layers = backend._decide(request)
-        self.run_dir = backend.root / workspace.owner_tag() / session_id
-        self.work = self.run_dir / "work"
-        self.cgroup: cgroups.RunCgroup | None = None
-        self.mounted = False
-        self.helper: HelperChannel | None = None
+        self.layers = backend.decide(request)
+        self.prepared = PreparedSandbox(backend, request, name=session_id, layers=self.layers)
+        self.run_dir = self.prepared.run_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.sandbox_pid: int | None = None
         self.kernel_pid: int | None = None
@@ -145,6 +134,14 @@ class SessionSandbox:
         self._torn_down = False
         self._protocol_error: str | None = None
 
+    @property
+    def cgroup(self) -> cgroups.RunCgroup | None:
+        return self.prepared.cgroup
+
+    @property
+    def helper(self) -> HelperChannel | None:
+        return self.prepared.helper
+
     # -- start -----------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -152,8 +149,13 @@ class SessionSandbox:
         try:
             self._prepare()
             started: queue.Queue[BaseException | None] = queue.Queue()
+            # A daemon, so a session left open never holds the interpreter at exit: the
+            # sessions module closes live sessions from atexit, and bwrap dies with this thread.
             threading.Thread(
-                target=self._keeper, args=(started,), name=f"sandcell-session-{self.session_id}"
+                target=self._keeper,
+                args=(started,),
+                name=f"sandcell-session-{self.session_id}",
+                daemon=True,
             ).start()
             error = started.get()
             if error is not None:
@@ -164,50 +166,26 @@ class SessionSandbox:
             raise
 
     def _prepare(self) -> None:
-        control = self.run_dir / "control"
-        self.work.mkdir(parents=True, mode=0o700)
-        control.mkdir(mode=0o755)
-        if not self.layers.use_helper:
-            try:
-                workspace.mount_tmpfs(
-                    self.work,
-                    size_bytes=self.limits.workspace_bytes,
-                    inodes=self.limits.workspace_inodes,
-                    mode=0o755,
-                )
-                self.mounted = True
-            except OSError as exc:
-                raise IsolationUnavailable(
-                    "workspace quota",
-                    f"could not mount the workspace tmpfs: {exc}",
-                    "check that the runs directory (SANDCELL_RUNS) is on a local filesystem",
-                ) from exc
-        (control / "boot.pyc").write_bytes(self.backend._boot_code)
-        (control / "kernel.pyc").write_bytes(_pyc(_KERNEL_SOURCE, "/sandcell/kernel.py"))
+        files = {
+            _CONTROL_KERNEL: landlock.boot_bytecode(
+                f"{CONTROL_DIR}/kernel.py", script=_KERNEL_SOURCE
+            )
+        }
         if _DISPLAY_SOURCE.is_file():
-            (control / "display.pyc").write_bytes(_pyc(_DISPLAY_SOURCE, "/sandcell/display.py"))
+            files[CONTROL_DISPLAY] = landlock.boot_bytecode(
+                f"{CONTROL_DIR}/display.py", script=_DISPLAY_SOURCE
+            )
             self.display = True
-        if self.layers.cgroup_host is not None:
-            self.cgroup = cgroups.RunCgroup(
-                self.layers.cgroup_host, f"{workspace.owner_tag()}.{self.session_id}"
-            )
-            self.cgroup.create(
-                cgroups.plan_settings(
-                    self.layers.cgroup_host.version,
-                    memory_bytes=self.limits.memory_bytes,
-                    max_pids=self.limits.max_pids,
-                    swap_accounting=cgroups.swap_accounting(self.layers.cgroup_host),
-                )
-            )
+        self.prepared.create(files)
 
     def _command(self) -> list[str]:
-        python = runtime_for("python").python
-        kernel = [python, "-I", "/sandcell/kernel.pyc"]
+        python = self.prepared.runtime.python
+        kernel = [python, "-I", f"{CONTROL_DIR}/{_CONTROL_KERNEL}"]
         for pkg in self.request.packages:
             kernel += ["--path", f"/packages/{pkg.name}"]
         if self.display:
-            kernel += ["--display", "/sandcell/display.pyc"]
-        return [python, "-I", "/sandcell/boot.pyc", "/sandcell/plan.json", "exec", *kernel]
+            kernel += ["--display", f"{CONTROL_DIR}/{CONTROL_DISPLAY}"]
+        return boot_command(python, "exec", *kernel)
 
     def _keeper(self, started: queue.Queue[BaseException | None]) -> None:
         try:
@@ -222,82 +200,23 @@ class SessionSandbox:
         self._keeper_done.set()
 
     def _launch(self) -> None:
-        runtime = runtime_for("python")
-        control = self.run_dir / "control"
-        pipes = Pipes(self.backend._seccomp_program)
+        pipes = Pipes(self.backend.seccomp_program)
         kernel_end: socket.socket | None = None
         try:
             fds = pipes.fds()
-            self.backend._write_plan(
-                control, self.request, runtime, self.layers, status_fd=fds.status_w
-            )
-            for p in control.iterdir():
-                p.chmod(0o444)
-            env = {**common_env(), **runtime.env, **self.request.env}
-            argv = build_argv(
-                BwrapPlan(
-                    bwrap=self.backend.bwrap.path,
-                    ro_dirs=runtime.ro_dirs,
-                    symlinks=runtime.symlinks,
-                    workspace=self.work,
-                    control_dir=control,
-                    etc_dir=self.backend.root / "etc",
-                    inputs=[(i.host_path, i.name) for i in self.request.inputs],
-                    packages=self.request.packages,
-                    env=env,
-                    tmp_bytes=self.limits.tmp_bytes,
-                    seccomp_fd=fds.seccomp,
-                    info_fd=fds.info_w,
-                    block_fd=fds.block_r,
-                    command=self._command(),
-                )
-            )
-            if self.layers.use_helper:
-                self.helper = HelperChannel()
-                result_w, hold_r = self.helper.child_fds()
-                argv = [
-                    runtime.python,
-                    "-I",
-                    "-S",
-                    str(_NS_DIR / "_mount_helper.py"),
-                    str(self.work),
-                    str(self.limits.workspace_bytes),
-                    str(self.limits.workspace_inodes),
-                    str(result_w),
-                    str(hold_r),
-                    ",".join(map(str, fds.passed())),
-                    "--",
-                    *argv,
-                ]
+            argv = self.prepared.argv(self._command(), fds)
             host_end, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock = host_end
-            try:
-                self.proc = subprocess.Popen(
-                    argv,
-                    stdin=kernel_end.fileno(),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=fds.passed() + (self.helper.child_fds() if self.helper else ()),
-                    close_fds=True,
-                    env={},
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise InfraError(f"could not start bubblewrap: {exc}") from exc
+            self.proc = spawn(argv, pipes=pipes, stdin=kernel_end.fileno(), helper=self.helper)
             kernel_end.close()
             kernel_end = None
-            pipes.close_child_ends()
-            if self.helper is not None:
-                self.helper.close_child_ends()
-            pid = _read_info(pipes.info_r, self.proc, time.monotonic() + SETUP_TIMEOUT_S)
+            pid = read_sandbox_pid(pipes.info_r, self.proc, time.monotonic() + SETUP_TIMEOUT_S)
             if pid is None:
                 raise InfraError(
                     "bubblewrap did not start the session's sandbox: " + self._early_stderr()
                 )
             self.sandbox_pid = pid
-            if self.cgroup is not None:
-                self.cgroup.attach(pid)
-            apply_rlimits(pid, plan_rlimits(self.limits, self.request.mode))
+            self.prepared.on_sandbox_pid(pid)
             os.write(pipes.block_w, b"1")
             # The status pipe stays open for the session: the boot reports the kernel's end there.
             self._status_r = os.dup(pipes.status_r)
@@ -418,13 +337,7 @@ class SessionSandbox:
         return True
 
     def _reported_status(self) -> int | None:
-        _, marker, rest = self._status.partition(b"W")
-        if not marker or not rest.endswith(b"\n"):
-            return None
-        try:
-            return int(rest)
-        except ValueError:
-            return None
+        return reported_status(self._status)
 
     def _describe_exit(self) -> str:
         status = self._reported_status()
@@ -495,8 +408,16 @@ class SessionSandbox:
             cpu_ms=round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None,
             peak_memory_bytes=cg.peak_memory_bytes if cg is not None else self._peak_rss(),
         )
-        outcome, reason, code_, sig = self._classify(
-            reply=reply, stopped_by=stopped_by, ended_why=ended_why, timeout_s=timeout_s, cg=cg
+        outcome, reason, code_, sig = classify_cell(
+            reply=reply,
+            stopped_by=stopped_by,
+            ended_why=ended_why,
+            timeout_s=timeout_s,
+            limits=self.limits,
+            mode=self.request.mode,
+            cg=cg,
+            kernel_status=self._reported_status(),
+            protocol_error=self._protocol_error,
         )
         if ended_why is not None:
             self.ended = reason
@@ -513,119 +434,6 @@ class SessionSandbox:
             usage=usage,
             out_dir=out_dir if isinstance(out_dir, str) else None,
             session_ended=self.ended,
-        )
-
-    def _classify(
-        self,
-        *,
-        reply: dict[str, object] | None,
-        stopped_by: str | None,
-        ended_why: str | None,
-        timeout_s: float,
-        cg: cgroups.CgroupUsage | None,
-    ) -> tuple[Outcome, str, int | None, int | None]:
-        limits = self.limits
-        ended = "; the session ended"
-        if ended_why == "lifetime":
-            return Outcome.TIMEOUT, "the session reached its maximum lifetime" + ended, None, None
-        if ended_why == "grace":
-            what = (
-                f"wall-time limit of {timeout_s:g} s reached"
-                if stopped_by == "wall_time"
-                else f"{stopped_by} exceeded its cap"
-            )
-            return (
-                Outcome.TIMEOUT if stopped_by == "wall_time" else Outcome.OUTPUT_LIMIT,
-                f"{what} and the cell did not stop within {INTERRUPT_GRACE_S:g} s of the "
-                "interrupt" + ended,
-                None,
-                signal.SIGKILL,
-            )
-        if ended_why == "kernel":
-            return self._classify_death(cg, stopped_by, timeout_s)
-        assert reply is not None
-        status = reply.get("status")
-        if stopped_by == "wall_time" and status == "interrupted":
-            return (
-                Outcome.TIMEOUT,
-                f"wall-time limit of {timeout_s:g} s reached; the cell was interrupted, the "
-                "session and its state are kept",
-                None,
-                signal.SIGINT,
-            )
-        if stopped_by in ("stdout", "stderr"):
-            cap = limits.stdout_bytes if stopped_by == "stdout" else limits.stderr_bytes
-            return (
-                Outcome.OUTPUT_LIMIT,
-                f"{stopped_by} exceeded its cap of {cap} bytes; the cell was interrupted, the "
-                "session is kept",
-                None,
-                signal.SIGINT,
-            )
-        if status == "ok":
-            return Outcome.OK, "the cell ran to the end", 0, None
-        if status == "exit":
-            code = reply.get("exit_code")
-            code = code if isinstance(code, int) else 1
-            if code == 0:
-                return Outcome.OK, "the cell called exit with status 0", 0, None
-            return Outcome.ERROR, f"the cell called exit with status {code}", code, None
-        error = reply.get("error")
-        if error == "MemoryError" and self.request.mode is IsolationMode.RLIMITS:
-            return (
-                Outcome.MEMORY_LIMIT,
-                f"address-space limit of {limits.memory_bytes} bytes reached (a limit of the "
-                "whole session); the session is kept",
-                1,
-                None,
-            )
-        if status == "interrupted":
-            return Outcome.ERROR, "the cell raised KeyboardInterrupt", 1, None
-        return Outcome.ERROR, f"the cell raised {error}", 1, None
-
-    def _classify_death(
-        self, cg: cgroups.CgroupUsage | None, stopped_by: str | None, timeout_s: float
-    ) -> tuple[Outcome, str, int | None, int | None]:
-        ended = "; the session ended"
-        status = self._reported_status()
-        sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
-        code = os.WEXITSTATUS(status) if status is not None and sig is None else None
-        if self._protocol_error is not None:
-            why = f"the kernel broke its protocol ({self._protocol_error})"
-            return Outcome.ERROR, why + ended, None, None
-        if cg is not None and cg.oom_killed:
-            return (
-                Outcome.MEMORY_LIMIT,
-                f"memory limit of {self.limits.memory_bytes} bytes for the session reached, the "
-                "kernel was killed" + ended,
-                None,
-                sig,
-            )
-        if sig == signal.SIGXCPU or (
-            sig == signal.SIGKILL
-            and cg is not None
-            and cg.cpu_ms is not None
-            and cg.cpu_ms >= self.limits.cpu_time_s * 1000 * 0.98
-        ):
-            return (
-                Outcome.TIMEOUT,
-                f"CPU-time limit of {self.limits.cpu_time_s} s for the session reached" + ended,
-                None,
-                sig,
-            )
-        if sig is not None:
-            return (
-                Outcome.KILLED,
-                f"the session's interpreter was killed by signal {sig} "
-                f"({signal.Signals(sig).name})" + ended,
-                None,
-                sig,
-            )
-        return (
-            Outcome.ERROR,
-            f"the session's interpreter exited with status {code}" + ended,
-            code,
-            None,
         )
 
     def _interrupt(self) -> None:
@@ -676,9 +484,7 @@ class SessionSandbox:
 
     def workspace_view(self) -> Path:
         """The workspace as the host can read it (the helper's namespace for an ordinary user)."""
-        if self.helper is not None and self.proc is not None:
-            return Path(f"/proc/{self.proc.pid}/root{self.work}")
-        return self.work
+        return self.prepared.workspace_view(self.proc.pid if self.proc is not None else None)
 
     def sandbox_path(self, path: str) -> Path:
         """A path inside the live sandbox, as the host can read it."""
@@ -686,7 +492,7 @@ class SessionSandbox:
         return Path(f"/proc/{pid}/root{path}")
 
     def enforcement(self) -> Enforcement:
-        base = self.backend._enforcement(self.request, self.layers)
+        base = self.backend.enforcement(self.request, self.layers)
         layers = {
             **base.layers,
             "session": "one sandbox for the whole session; per cell: wall time (SIGINT, then "
@@ -698,10 +504,9 @@ class SessionSandbox:
     # -- the end -----------------------------------------------------------------------------
 
     def _kill(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.kill_all()
+        self.prepared.kill_all()
         if self.sandbox_pid is not None:
-            _kill(self.sandbox_pid, self.proc if self.helper is None else None)
+            kill_sandbox(self.sandbox_pid, self.proc if self.helper is None else None)
 
     def teardown(self, collect: Callable[[Path], None] | None = None) -> None:
         """Kill the sandbox, let ``collect`` read the quiescent workspace, remove everything."""
@@ -716,7 +521,7 @@ class SessionSandbox:
             self._kill()
             if self.proc is not None:
                 if self.helper is None:
-                    _reap(self.proc)
+                    reap(self.proc)
                 else:
                     with contextlib.suppress(InfraError):
                         self.helper.read_result(time.monotonic() + 10)
@@ -726,7 +531,7 @@ class SessionSandbox:
             if self.helper is not None:
                 self.helper.release()
                 if self.proc is not None:
-                    _reap(self.proc)
+                    reap(self.proc)
             self._keeper_stop.set()
             self._keeper_done.wait(timeout=10)
             if self.proc is not None:
@@ -737,13 +542,8 @@ class SessionSandbox:
                 with contextlib.suppress(OSError):
                     os.close(self._status_r)
                 self._status_r = None
-            if self.cgroup is not None:
-                self.cgroup.kill_all()
-                self.cgroup.remove()
-            if self.mounted:
-                with contextlib.suppress(OSError):
-                    workspace.unmount(self.work)
-            workspace.remove_tree(self.run_dir)
+            self.prepared.kill_all()
+            self.prepared.remove()
 
     def alive(self) -> bool:
         return self.ended is None and self.proc is not None and self.proc.poll() is None

@@ -20,11 +20,14 @@ cell planted; a session is one trust domain, never shared between users or tasks
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime as dt
 import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -90,6 +93,17 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
+_LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
+"""Sessions not closed yet: closed at interpreter exit, so a forgotten one leaves nothing."""
+
+
+@atexit.register
+def _close_live_sessions() -> None:
+    for session in list(_LIVE):
+        with contextlib.suppress(Exception):
+            session.close()
+
+
 class Session:
     """One live session; open it with :meth:`sandcell.Executor.session`.
 
@@ -147,6 +161,7 @@ class Session:
             target=self._watch, name=f"sandcell-session-watchdog-{self.id}", daemon=True
         )
         self._watchdog.start()
+        _LIVE.add(self)
 
     # -- context manager -----------------------------------------------------------------------
 

@@ -10,6 +10,10 @@
    program; the boot step inside applies Landlock and closes inherited descriptors;
 6. classify how it ended, read usage, export the declared files, and remove everything.
 
+Steps 2 to 5 are :class:`~sandcell.backends.namespaces.prepared.PreparedSandbox`'s, which
+sessions use as well. Each cold run is registered in :attr:`NamespacesBackend.runs` while it
+runs, so that :meth:`NamespacesBackend.cancel_all` can stop it as the wall limit would.
+
 Security limitations: the kernel is shared with the host, so a kernel bug reachable through the
 allowed syscalls is an escape; seccomp narrows that surface but is a deny list. Host paths of the
 runtime (``/usr``, the Python prefix) are visible read-only. Use the gVisor or microVM backends when
@@ -18,36 +22,34 @@ a shared kernel is not acceptable.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import signal
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
-from sandcell.backends.namespaces.bwrap import (
-    PACKAGES_DIR,
-    SANDBOX_WORKDIR,
-    BwrapPlan,
-    build_argv,
-    find_bwrap,
-)
+from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, find_bwrap
 from sandcell.backends.namespaces.launcher import (
     BOOT_FAILED_STATUS,
-    HelperChannel,
     Launched,
     Pipes,
+    StopPipe,
     launch,
 )
-from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
+from sandcell.backends.namespaces.prepared import (
+    CONTROL_DISPLAY,
+    Layers,
+    PreparedSandbox,
+    boot_command,
+    displays,
+)
+from sandcell.backends.namespaces.runs import RunRegistry
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStarter, WarmStats
-from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import IsolationUnavailable
-from sandcell.runtimes import Runtime, code_path, common_env, runtime_for
+from sandcell.runtimes import Runtime, code_path
 from sandcell.spec import (
     Artifact,
     Enforcement,
@@ -57,33 +59,6 @@ from sandcell.spec import (
     RunRequest,
     Usage,
 )
-
-# Precompiled: the runtime's interpreter is sandcell's own, and compiling the boot on every run
-# would cost about 2 ms.
-_CONTROL_BOOT = "boot.pyc"
-_CONTROL_PLAN = "plan.json"
-_CONTROL_DISPLAY = "display.pyc"
-# Display outputs go to a directory of the workspace: it outlives the sandbox until the host
-# collects it (a tmpfs of bwrap's own would die with the sandbox), it is already capped by the
-# workspace quota, and the rootless path reads it through /proc/PID/root like the exports. The
-# executor reads it first and removes it, so it is never exported nor seen as a program's file.
-_DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
-_MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Layers:
-    """The layers decided for one run (pure data, recorded in the enforcement report)."""
-
-    cgroup_host: cgroups.CgroupHost | None
-    landlock_abi: int | None
-    rootless: bool
-
-    @property
-    def use_helper(self) -> bool:
-        """Whether the workspace helper runs the sandbox: always for an ordinary user, who cannot
-        mount on the host, and without cgroups, where the helper's reaping measures CPU time."""
-        return self.rootless or self.cgroup_host is None
 
 
 class NamespacesBackend:
@@ -99,19 +74,26 @@ class NamespacesBackend:
         self.bwrap = find_bwrap()
         self.arch = seccomp.native_arch()
         self._seccomp_policy = seccomp.build_policy(self.arch)
-        self._seccomp_program = self._seccomp_policy.compile()
+        self.seccomp_program = self._seccomp_policy.compile()
+        """The compiled seccomp filter every sandbox of this backend gets."""
         self._cgroup_host = cgroups.detect()
         self._landlock_abi = landlock.probe_abi()
         self.rootless = os.geteuid() != 0
         self.root = workspace.prepare_root()
-        self._boot_code = landlock.boot_bytecode()
+        # Precompiled: the runtime's interpreter is sandcell's own, and compiling the boot on
+        # every run would cost about 2 ms.
+        self.boot_code = landlock.boot_bytecode()
+        self._boot_code = self.boot_code  # the warm path's name for it
         self._display_code: bytes | None = None  # compiled on the first run that displays
+        self.runs = RunRegistry()
+        """The runs in flight, for :meth:`cancel_all`; warm starts register theirs here too."""
         sweep()
         self._warm = WarmStarter(self, warm) if warm is not None else None
 
     # -- 1. layers -------------------------------------------------------------------------
 
-    def _decide(self, request: RunRequest) -> _Layers:
+    def decide(self, request: RunRequest) -> Layers:
+        """The layers for ``request``; raises IsolationUnavailable for one the host lacks."""
         host: cgroups.CgroupHost | None = None
         if request.mode is IsolationMode.STRICT:
             if isinstance(self._cgroup_host, IsolationUnavailable):
@@ -125,7 +107,7 @@ class NamespacesBackend:
                 "Landlock off",
             )
         abi = None if request.landlock is False else self._landlock_abi
-        return _Layers(cgroup_host=host, landlock_abi=abi, rootless=self.rootless)
+        return Layers(cgroup_host=host, landlock_abi=abi, rootless=self.rootless)
 
     def versions(self) -> Mapping[str, str]:
         return {
@@ -138,6 +120,11 @@ class NamespacesBackend:
         """Nothing is held between cold runs; a warm template and its pool are ended."""
         if self._warm is not None:
             self._warm.close()
+
+    def cancel_all(self, reason: str) -> int:
+        """Stop every run in flight; each ends ``killed``, its reason starting "cancelled: "
+        followed by ``reason``. Returns how many runs were told to stop."""
+        return self.runs.cancel_all(reason)
 
     def warm_stats(self) -> WarmStats | None:
         """The template and pool, as they are now (None without warm starts)."""
@@ -156,132 +143,51 @@ class NamespacesBackend:
         return replace(cold, enforcement=replace(cold.enforcement, layers=layers))
 
     def _run_cold(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
-        layers = self._decide(request)
+        layers = self.decide(request)
         if layers.cgroup_host is not None:
             threading.Thread(
                 target=cgroups.prime_attach, args=(layers.cgroup_host,), daemon=True
             ).start()
-        runtime = runtime_for(request.language)
-        run_dir = self.root / workspace.owner_tag() / run_id
-        cgroup: cgroups.RunCgroup | None = None
-        mounted = False
+        sandbox = PreparedSandbox(self, request, name=run_id, layers=layers)
         try:
-            # -- 2. run directory ----------------------------------------------------------
-            work = run_dir / "work"
-            control = run_dir / "control"
-            work.mkdir(parents=True, mode=0o700)
-            control.mkdir(mode=0o755)
-            if not layers.use_helper:
-                try:
-                    workspace.mount_tmpfs(
-                        work,
-                        size_bytes=request.effective_limits.workspace_bytes,
-                        inodes=request.effective_limits.workspace_inodes,
-                        mode=0o755,
-                    )
-                    mounted = True
-                except OSError as exc:
-                    raise IsolationUnavailable(
-                        "workspace quota",
-                        f"could not mount the workspace tmpfs: {exc}",
-                        "check that the runs directory (SANDCELL_RUNS) is on a local filesystem",
-                    ) from exc
-            self._write_control(control, request, runtime, layers)
-
-            # -- 3. cgroup -----------------------------------------------------------------
-            if layers.cgroup_host is not None:
-                cgroup = cgroups.RunCgroup(layers.cgroup_host, f"{workspace.owner_tag()}.{run_id}")
-                cgroup.create(
-                    cgroups.plan_settings(
-                        layers.cgroup_host.version,
-                        memory_bytes=request.effective_limits.memory_bytes,
-                        max_pids=request.effective_limits.max_pids,
-                        swap_accounting=cgroups.swap_accounting(layers.cgroup_host),
-                    )
-                )
-            rlimit_plan = plan_rlimits(request.effective_limits, request.mode)
+            # -- 2. run directory, 3. cgroup -------------------------------------------------
+            sandbox.create(self._control_files(request))
 
             # -- 4. argument list ----------------------------------------------------------
-            pipes = Pipes(self._seccomp_program)
+            pipes = Pipes(self.seccomp_program)
+            stop = StopPipe()
+            collected: list[tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]] = []
             try:
-                fds = pipes.fds()
-                self._write_plan(control, request, runtime, layers, status_fd=fds.status_w)
-                env = {**common_env(), **runtime.env, **request.env}
-                argv = build_argv(
-                    BwrapPlan(
-                        bwrap=self.bwrap.path,
-                        ro_dirs=runtime.ro_dirs,
-                        symlinks=runtime.symlinks,
-                        workspace=work,
-                        control_dir=control,
-                        etc_dir=self.root / "etc",
-                        inputs=[(i.host_path, i.name) for i in request.inputs],
-                        packages=request.packages,
-                        env=env,
-                        tmp_bytes=request.effective_limits.tmp_bytes,
-                        seccomp_fd=fds.seccomp,
-                        info_fd=fds.info_w,
-                        block_fd=fds.block_r,
-                        command=self._command(request, runtime),
-                    )
-                )
-
-                # -- 5. launch -------------------------------------------------------------
-                def on_sandbox_pid(pid: int) -> None:
-                    if cgroup is not None:
-                        cgroup.attach(pid)
-                    apply_rlimits(pid, rlimit_plan)
-
-                def on_kill() -> None:
-                    if cgroup is not None:
-                        cgroup.kill_all()
-
-                helper: HelperChannel | None = None
-                collected: list[tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]] = []
-                if layers.use_helper:
-                    # An ordinary user cannot mount the workspace tmpfs on the host: a helper
-                    # mounts it in a namespace of its own and runs bwrap there.
-                    helper = HelperChannel()
-                    result_w, hold_r = helper.child_fds()
-                    argv = [
-                        runtime.python,
-                        "-I",
-                        "-S",
-                        str(_MOUNT_HELPER),
-                        str(work),
-                        str(request.effective_limits.workspace_bytes),
-                        str(request.effective_limits.workspace_inodes),
-                        str(result_w),
-                        str(hold_r),
-                        ",".join(map(str, fds.passed())),
-                        "--",
-                        *argv,
-                    ]
+                argv = sandbox.argv(self._command(request, sandbox.runtime), pipes.fds())
 
                 def after_exit(pid: int) -> None:
-                    view = Path(f"/proc/{pid}/root{work}") if layers.use_helper else work
-                    collected.append(collect(view))
+                    collected.append(collect(sandbox.workspace_view(pid)))
 
-                launched = launch(
-                    argv,
-                    pipes=pipes,
-                    stdin=request.stdin,
-                    wall_time_s=request.effective_limits.wall_time_s,
-                    stdout_cap=request.effective_limits.stdout_bytes,
-                    stderr_cap=request.effective_limits.stderr_bytes,
-                    on_sandbox_pid=on_sandbox_pid,
-                    on_kill=on_kill,
-                    after_exit=after_exit,
-                    helper=helper,
-                )
+                # -- 5. launch, cancellable ------------------------------------------------
+                with self.runs.register(run_id, stop.set) as cancellation:
+                    launched = launch(
+                        argv,
+                        pipes=pipes,
+                        stdin=request.stdin,
+                        wall_time_s=request.effective_limits.wall_time_s,
+                        stdout_cap=request.effective_limits.stdout_bytes,
+                        stderr_cap=request.effective_limits.stderr_bytes,
+                        on_sandbox_pid=sandbox.on_sandbox_pid,
+                        on_kill=sandbox.kill_all,
+                        after_exit=after_exit,
+                        helper=sandbox.helper,
+                        stop=stop,
+                    )
             finally:
                 pipes.close_all()
+                stop.close()
 
             # -- 6. observe, export ---------------------------------------------------------
-            cg_usage = cgroup.usage() if cgroup is not None else None
-            if cgroup is not None:
-                cgroup.kill_all()
-            outcome, reason = _classify(launched, cg_usage, request)
+            cg_usage = sandbox.usage()
+            sandbox.kill_all()
+            outcome, reason = _classify(
+                launched, cg_usage, request, cancel_reason=cancellation.reason
+            )
             usage = Usage(
                 wall_ms=round(launched.wall_ms, 3),
                 cpu_ms=round(cg_usage.cpu_ms, 3)
@@ -303,75 +209,31 @@ class NamespacesBackend:
                 usage=usage,
                 artifacts=artifacts,
                 rejected_exports=rejected,
-                enforcement=self._enforcement(request, layers),
+                enforcement=self.enforcement(request, layers),
                 reason=reason,
             )
         finally:
-            if cgroup is not None:
-                cgroup.remove()
-            if mounted:
-                with contextlib.suppress(OSError):
-                    workspace.unmount(work)
-            workspace.remove_tree(run_dir)
+            sandbox.remove()
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _command(self, request: RunRequest, runtime: Runtime) -> list[str]:
-        boot = [runtime.python, "-I", f"/sandcell/{_CONTROL_BOOT}", f"/sandcell/{_CONTROL_PLAN}"]
         if request.language == "python":
-            return [*boot, "python", str(code_path("python"))]
-        return [*boot, "exec", runtime.interpreter, str(code_path("bash"))]
+            return boot_command(runtime.python, "python", str(code_path("python")))
+        return boot_command(runtime.python, "exec", runtime.interpreter, str(code_path("bash")))
 
-    def _write_control(
-        self, control: Path, request: RunRequest, runtime: Runtime, layers: _Layers
-    ) -> None:
-        (control / _CONTROL_BOOT).write_bytes(self._boot_code)
-        if _displays(request):
+    def _control_files(self, request: RunRequest) -> dict[str, bytes]:
+        files = {code_path(request.language).name: request.code.encode("utf-8")}
+        if displays(request):
             if self._display_code is None:
                 self._display_code = landlock.boot_bytecode(
                     f"{landlock.SANDBOX_DIR}/display.py", script=landlock.DISPLAY_SCRIPT
                 )
-            (control / _CONTROL_DISPLAY).write_bytes(self._display_code)
-        code_file = control / code_path(request.language).name
-        code_file.write_text(request.code, encoding="utf-8")
-        for p in control.iterdir():
-            p.chmod(0o444)
+            files[CONTROL_DISPLAY] = self._display_code
+        return files
 
-    def _write_plan(
-        self,
-        control: Path,
-        request: RunRequest,
-        runtime: Runtime,
-        layers: _Layers,
-        *,
-        status_fd: int,
-    ) -> None:
-        lplan = None
-        if layers.landlock_abi is not None:
-            lplan = landlock.build_plan(
-                runtime_paths=[
-                    *runtime.ro_dirs,
-                    *(link for link, _ in runtime.symlinks),
-                    *([PACKAGES_DIR] if request.packages else []),
-                ],
-                input_dir="/inputs" if request.inputs else None,
-                work_dir=SANDBOX_WORKDIR,
-                abi=layers.landlock_abi,
-            )
-        plan_text = landlock.boot_plan_json(
-            plan=lplan,
-            status_fd=status_fd,
-            input_links=[(i.name, f"/inputs/{i.name}") for i in request.inputs],
-            python_paths=[f"{PACKAGES_DIR}/{p.name}" for p in request.packages],
-            display=(_DISPLAY_DIR, f"{landlock.SANDBOX_DIR}/{_CONTROL_DISPLAY}")
-            if _displays(request)
-            else None,
-        )
-        path = control / _CONTROL_PLAN
-        path.write_text(plan_text)
-        path.chmod(0o444)
-
-    def _enforcement(self, request: RunRequest, layers: _Layers) -> Enforcement:
+    def enforcement(self, request: RunRequest, layers: Layers) -> Enforcement:
+        """The enforcement report of a sandbox with ``layers`` (what is active, what is weaker)."""
         ll: dict[str, str] = {
             "user_namespace": f"uid {os.geteuid()} mapped to sandbox uid 1000, no capabilities",
             "pid_namespace": "yes",
@@ -402,16 +264,22 @@ class NamespacesBackend:
             backend=self.name, layers=ll, mode=request.mode, weakened=tuple(weakened)
         )
 
-
-def _displays(request: RunRequest) -> bool:
-    """Whether the run captures rich outputs (python programs only)."""
-    return request.display and request.language == "python"
+    # The warm path (warm.py) reaches these by their former private names.
+    _decide = decide
+    _enforcement = enforcement
 
 
 def _classify(
-    launched: Launched, cg: cgroups.CgroupUsage | None, request: RunRequest
+    launched: Launched,
+    cg: cgroups.CgroupUsage | None,
+    request: RunRequest,
+    *,
+    cancel_reason: str | None = None,
 ) -> tuple[Outcome, str]:
     limits = request.effective_limits
+    if launched.stopped_by == "cancelled":
+        # First: a run cancelled before its program started was still stopped on purpose.
+        return Outcome.KILLED, f"cancelled: {cancel_reason or 'no reason given'}"
     if not launched.started:
         err = launched.stderr.decode(errors="replace").strip()
         if launched.exit_code == BOOT_FAILED_STATUS:

@@ -24,20 +24,27 @@ A child isolates itself as if it were a fresh sandbox before it reads a byte of 
    template's. C then only forks G and waits for it.
 2. G is pid 1 of the new pid namespace: it makes every mount private, mounts its own ``/proc``
    (sys, sysrq-trigger, irq and bus read-only, no nested user namespaces), fresh tmpfs at
-   ``/tmp``, ``/sandbox``, ``/dev/shm`` and ``/sandcell``, brings up loopback, and says ``R``
-   with its credentials: the host learns G's pid and moves G into the run's cgroup. A pooled
-   sandbox waits here.
+   ``/tmp``, ``/sandbox``, ``/dev/shm``, ``/inputs`` and ``/sandcell``, brings up loopback, and
+   says ``R`` with its credentials: the host learns G's pid and moves G into the run's cgroup.
+   A pooled sandbox is then *armed* (``{"arm": ...}``, before any request exists): G forks P
+   at once, P applies every restriction of step 5 that does not depend on the request (caps,
+   no_new_privs, Landlock with ``/inputs`` always readable, the full seccomp filter) and waits;
+   G says ``P`` to the host and waits too.
 3. The request arrives: limits (tmpfs sizes are remounted), environment, the program and its
    descriptors (stdin, stdout, stderr, status), input trees cloned by the host (``open_tree``)
    and moved in read-only under ``/inputs``.
-4. G forks P and supervises it like the boot's parent does (trusted, idle, reports the raw wait
-   status); at the end it kills everything else in its pid namespace, reports status and CPU
-   time, and holds the mount namespace until the host has read the exports.
+4. G forks P (an armed G has forked it already: it sets P's rlimits with ``prlimit``, drops its
+   own capabilities and installs the full filter on itself, and only then hands P the
+   environment and stdio) and supervises it like the boot's parent does (trusted, idle,
+   reports the raw wait status); at the end it kills everything else in its pid namespace,
+   reports status and CPU time, and holds the mount namespace until the host has read the
+   exports.
 5. P replaces the environment, sets the run's rlimits, drops every capability (bounding set
    included), sets no_new_privs, applies Landlock and the cold path's full seccomp filter, closes
    every descriptor but 0-2, reseeds the random generators, says "started" and runs the program
-   in this interpreter as ``__main__`` (the boot's ``_run_python``): the preloaded modules are
-   already in ``sys.modules``.
+   in this interpreter as ``__main__`` (the boot's ``_run_python``, as a notebook cell of the
+   display module when the run captures rich outputs): the preloaded modules are already in
+   ``sys.modules``.
 
 Standalone on purpose (stdlib only): it is copied into the template's sandbox. Failures of a
 child exit 125 with a ``sandcell-zygote:`` line on the run's stderr.
@@ -203,11 +210,13 @@ def _state() -> dict[str, Any]:
 
 def _template(control_fd: int, preload: list[str]) -> tuple[socket.socket, bytes, dict[str, Any]]:
     """Run the template loop; returns only in a forked child: its socket, the run's seccomp
-    program and the boot's functions."""
+    program and the boot's functions (with the display module as ``_display``)."""
     control = socket.socket(fileno=control_fd)
     with open("/sandcell/seccomp.bpf", "rb") as f:
         seccomp_program = f.read()
     boot = _load_boot("/sandcell/boot.pyc")
+    # Loaded once here (trusted code): a run that displays finds it in its copy of the image.
+    boot["_display"] = boot["_load_display"]("/sandcell/display.pyc")
     for name in preload:
         __import__(name)
     # Frozen: the template's objects stay out of every child's garbage collections, whose
@@ -368,6 +377,9 @@ def _prepare() -> None:
     _tmpfs("/dev/shm", "mode=1777")
     _tmpfs("/sandbox", "mode=755")
     _tmpfs("/sandcell", "mode=755")
+    # Mounted now, not with the request: a Landlock rule applied before the request (a pooled
+    # program's) must be on this tmpfs's root, as rules on a mount point are hidden by the mount.
+    _tmpfs("/inputs", "mode=755,size=65536")
     _loopback_up()
 
 
@@ -394,7 +406,6 @@ def _apply_request(req: dict[str, Any], input_fds: list[int]) -> None:
     _read_only("/sandcell", MS_NOSUID | MS_NODEV)
     names = req["inputs"]
     if names:
-        _tmpfs("/inputs", "mode=755,size=65536")
         for name, tree in zip(names, input_fds, strict=True):
             if "/" in name or name in ("", ".", ".."):
                 raise ValueError(f"bad input name {name!r}")
@@ -430,7 +441,7 @@ def _apply_request(req: dict[str, Any], input_fds: list[int]) -> None:
             )
             os.close(tree)
             os.symlink(path, f"/sandbox/{name}")
-        _read_only("/inputs", MS_NOSUID | MS_NODEV)
+    _read_only("/inputs", MS_NOSUID | MS_NODEV)
 
 
 def _init(sock: socket.socket, seccomp_program: bytes, boot: dict[str, Any]) -> dict[str, Any]:
@@ -443,6 +454,8 @@ def _init(sock: socket.socket, seccomp_program: bytes, boot: dict[str, Any]) -> 
     if not body:
         os._exit(0)  # the host let this sandbox go unused
     req = json.loads(body)
+    if "arm" in req:
+        return _armed(sock, req["arm"], seccomp_program, boot)
     stdin, stdout, stderr, status = fds[:4]
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
@@ -476,6 +489,131 @@ def _init(sock: socket.socket, seccomp_program: bytes, boot: dict[str, Any]) -> 
         _report(status, _FAILED << 8, 0.0, 0)
         _fail(f"supervisor: {exc}")
     _supervise(sock, program, status, watched)
+
+
+def _armed(
+    sock: socket.socket, arm: dict[str, Any], seccomp_program: bytes, boot: dict[str, Any]
+) -> dict[str, Any]:
+    """A pooled sandbox: the host has put G in the run's cgroup; P is forked and restricted now,
+    before any request exists, and waits for it. Returns only in P, with the request."""
+    watched = {signal.SIGCHLD, signal.SIGTERM}
+    try:
+        g_end, p_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+        _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
+        program = os.fork()
+    except Exception as exc:
+        _fail(f"arm: {exc}")
+    if program == 0:
+        _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(DUMPABLE)")
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
+        # Closed with every other inherited descriptor in _prepared_program.
+        sock.detach()
+        g_end.detach()
+        return _prepared_program(p_end, arm, seccomp_program, boot)
+    p_end.close()
+    try:
+        ready = g_end.recv(1)
+    except OSError:
+        ready = b""
+    if ready != b"K":
+        os.kill(program, signal.SIGKILL)
+        _fail("the program's process failed to restrict itself")
+    try:
+        _send(sock, b"P")
+        body, fds = _recv(sock, 64)
+    except Exception as exc:
+        os.kill(program, signal.SIGKILL)
+        _fail(f"armed: {exc}")
+    if not body:
+        os.kill(program, signal.SIGKILL)
+        os._exit(0)  # the host let this sandbox go unused
+    req = json.loads(body)
+    stdin, stdout, stderr, status = fds[:4]
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    try:
+        _apply_request(req, fds[4:])
+        _limit(program, req["rlimits"])
+        # Nothing privileged is left to do: pid 1 drops what the program holds before the
+        # program gets its first byte of the request.
+        _drop_capabilities()
+        _install_seccomp(seccomp_program)
+        doc = {"env": req["env"], "script": req["script"], "display": req.get("display")}
+        _send(g_end, json.dumps(doc).encode(), [0, 1, 2, status])
+        g_end.close()
+    except Exception as exc:
+        os.kill(program, signal.SIGKILL)
+        _report(status, _FAILED << 8, 0.0, 0)
+        _fail(f"request: {exc}")
+    _supervise(sock, program, status, watched)
+
+
+def _limit(program: int, rlimits: list[Any]) -> None:
+    """The run's rlimits on the waiting program (pid 1 may: same uid, same user namespace)."""
+    import resource
+
+    for name, soft, hard, relative in rlimits:
+        # The address space the template already maps is not the program's to count.
+        base = 0
+        if relative:
+            with open(f"/proc/{program}/statm") as f:
+                base = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.prlimit(program, getattr(resource, name), (soft + base, hard + base))
+
+
+def _prepared_program(
+    sock: socket.socket, arm: dict[str, Any], seccomp_program: bytes, boot: dict[str, Any]
+) -> dict[str, Any]:
+    """P of a pooled sandbox: every restriction that does not depend on the request (all of
+    them but the environment and the rlimits, which pid 1 sets), then the request."""
+    try:
+        _close_all_but({sock.fileno()})
+        os.chdir("/sandbox")
+        os.umask(0o022)
+        _write("/proc/self/oom_score_adj", "1000")
+        _drop_capabilities()
+    except Exception as exc:
+        _fail(f"restrict: {exc}")
+    landlock = arm.get("landlock")
+    if landlock is not None:
+        boot["_restrict"](landlock)
+    try:
+        _install_seccomp(seccomp_program)
+    except Exception as exc:
+        _fail(f"seccomp: {exc}")
+    _reseed()
+    try:
+        sock.sendall(b"K")
+        body, fds = _recv(sock, 4)
+    except Exception:
+        os._exit(_FAILED)
+    if not body or len(fds) != 4:
+        os._exit(0)  # pid 1 let it go
+    stdin, stdout, stderr, status = fds
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    sock.close()
+    req: dict[str, Any] = json.loads(body)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    try:
+        os.write(status, b"1")
+        os.close(status)
+    except OSError as exc:
+        _fail(f"status descriptor: {exc}")
+    return req
+
+
+def _reseed() -> None:
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
 
 
 def _report(status_fd: int, status: int, cpu_ms: float, maxrss: int) -> None:
@@ -590,12 +728,7 @@ def _restrict(
     except Exception as exc:
         _fail(f"seccomp: {exc}")
     boot["_close_inherited"](status_fd)
-    random = sys.modules.get("random")
-    if random is not None:
-        random.seed()
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None:
-        np_random.seed()
+    _reseed()
     try:
         os.write(status_fd, b"1")
         os.close(status_fd)
@@ -628,8 +761,9 @@ def _run_program(req: dict[str, Any], boot: dict[str, Any]) -> NoReturn:
     sys.argv = [script]
     status = 0
     interrupted = False
+    display = req.get("display")
     try:
-        boot["_run_python"](script, [])
+        boot["_run_python"](script, [], (boot["_display"], display) if display else None)
     except SystemExit as exc:
         status = _exit_status(exc.code)
     except KeyboardInterrupt as exc:

@@ -8,9 +8,12 @@ The one place where a sandbox process is started. The sequence is the security a
    so every process of the run inherits both;
 4. unblock; the boot step inside closes every inherited descriptor but 0-2, applies Landlock and
    reports on the status pipe that the program is about to start;
-5. pump stdout and stderr with independent caps until exit, the wall limit or a cap; at the limit
-   the sandbox init is SIGKILLed, which tears down its pid namespace and with it every process of
-   the run, however it forked.
+5. pump stdout and stderr with independent caps until exit, the wall limit, a cap or a
+   cancellation (a byte on the run's :class:`StopPipe`); then the sandbox init is SIGKILLed, which
+   tears down its pid namespace and with it every process of the run, however it forked.
+
+Sessions start their long-lived sandbox with the same pieces (:func:`spawn`,
+:func:`read_sandbox_pid`, :func:`kill_sandbox`, :func:`reap`) but supervise it themselves.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ class Launched:
     stdout_truncated: bool
     stderr_truncated: bool
     stopped_by: str | None
-    """``"wall_time"``, ``"stdout"`` or ``"stderr"`` when the launcher killed the run."""
+    """``"wall_time"``, ``"stdout"``, ``"stderr"`` or ``"cancelled"`` when the launcher killed
+    the run."""
     wall_ms: float
     cpu_ms_rusage: float
     maxrss_bytes_rusage: int
@@ -113,6 +117,28 @@ class Pipes:
             self.close(fd)
 
 
+class StopPipe:
+    """A run's stop button: :meth:`set` from any thread makes :func:`launch` kill the run.
+
+    A pipe rather than an Event, so the launcher's one ``select`` wakes on it. Close it only once
+    nothing can call :meth:`set` any more: a write after the close could reach a reused
+    descriptor.
+    """
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def set(self) -> None:
+        # A full pipe already holds a stop request.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.w, b"x")
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _stdin_fd(data: bytes) -> int:
     """A descriptor that reads ``data`` then EOF, without a writer thread."""
     fd = os.memfd_create("sandcell-stdin", os.MFD_CLOEXEC)
@@ -124,7 +150,32 @@ def _stdin_fd(data: bytes) -> int:
     return fd
 
 
-def _read_info(fd: int, proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+def spawn(
+    argv: Sequence[str], *, pipes: Pipes, stdin: int, helper: HelperChannel | None
+) -> subprocess.Popen[bytes]:
+    """Start bwrap (or the workspace helper running it) with only the descriptors it needs, then
+    close this process's copies of the child's ends. Raises InfraError if it cannot start."""
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pipes.fds().passed() + (helper.child_fds() if helper else ()),
+            close_fds=True,
+            # bwrap's own environment would be readable as /proc/1/environ inside the sandbox.
+            env={},
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise InfraError(f"could not start bubblewrap ({argv[0]}): {exc}") from exc
+    pipes.close_child_ends()
+    if helper is not None:
+        helper.close_child_ends()
+    return proc
+
+
+def read_sandbox_pid(fd: int, proc: subprocess.Popen[bytes], deadline: float) -> int | None:
     """The sandbox init's pid from bwrap's ``--info-fd``, or None if bwrap died first."""
     buf = b""
     while b"}" not in buf:
@@ -158,37 +209,24 @@ def launch(
     on_kill: Callable[[], None],
     after_exit: Callable[[int], None],
     helper: HelperChannel | None = None,
+    stop: StopPipe | None = None,
     setup_timeout_s: float = 30.0,
 ) -> Launched:
     """Run bwrap to completion under the limits. Raises InfraError if it could not be started.
 
     ``after_exit(pid)`` runs once no sandboxed process is alive, while the workspace still exists
-    (with a workspace ``helper``, before the helper, whose pid it gets, is released).
+    (with a workspace ``helper``, before the helper, whose pid it gets, is released). ``stop``:
+    once set, the run is killed as at the wall limit and ends ``stopped_by="cancelled"``.
     """
     stdin_fd = _stdin_fd(stdin)
     try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=stdin_fd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=pipes.fds().passed() + (helper.child_fds() if helper else ()),
-            close_fds=True,
-            # bwrap's own environment would be readable as /proc/1/environ inside the sandbox.
-            env={},
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise InfraError(f"could not start bubblewrap ({argv[0]}): {exc}") from exc
+        proc = spawn(argv, pipes=pipes, stdin=stdin_fd, helper=helper)
     finally:
         os.close(stdin_fd)
-    pipes.close_child_ends()
-    if helper is not None:
-        helper.close_child_ends()
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
 
-    sandbox_pid = _read_info(pipes.info_r, proc, time.monotonic() + setup_timeout_s)
+    sandbox_pid = read_sandbox_pid(pipes.info_r, proc, time.monotonic() + setup_timeout_s)
     if sandbox_pid is None:
         if helper is not None:
             helper.release()
@@ -196,8 +234,8 @@ def launch(
     try:
         on_sandbox_pid(sandbox_pid)
     except BaseException:
-        _kill(sandbox_pid, proc)
-        _reap(proc)
+        kill_sandbox(sandbox_pid, proc)
+        reap(proc)
         raise
     t0 = time.monotonic()
     os.write(pipes.block_w, b"1")
@@ -210,12 +248,17 @@ def launch(
     status_bytes = b""
     stopped_by: str | None = None
     open_fds = {out_fd: "stdout", err_fd: "stderr", pipes.status_r: "status"}
+    # Not one of open_fds: the run ends when its own pipes close, whatever the stop pipe holds.
+    stop_fds = [stop.r] if stop is not None else []
     while open_fds:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             stopped_by = "wall_time"
             break
-        ready, _, _ = select.select(list(open_fds), [], [], remaining)
+        ready, _, _ = select.select([*open_fds, *stop_fds], [], [], remaining)
+        if stop_fds and stop_fds[0] in ready:
+            stopped_by = "cancelled"
+            break
         # The status pipe first: its "started" byte was written before the program could
         # print, and a cap hit in the same batch must not hide it.
         ready.sort(key=lambda fd: fd != pipes.status_r)
@@ -257,10 +300,10 @@ def launch(
         # With a workspace helper, ``proc`` is the helper and its process group holds it: killing
         # that group would lose bwrap's status (and the workspace to export from). Killing the
         # sandbox init is enough: bwrap then exits and the helper reports its status.
-        _kill(sandbox_pid, proc if helper is None else None)
+        kill_sandbox(sandbox_pid, proc if helper is None else None)
     if helper is None:
         # The init of the sandbox is gone once its pipes are closed; reap bwrap (bounded).
-        status, rusage = _reap(proc)
+        status, rusage = reap(proc)
         wall_ms = (time.monotonic() - t0) * 1000
         cpu_ms, maxrss = _rusage_totals(rusage)
         pipes.close_all()
@@ -273,9 +316,9 @@ def launch(
             after_exit(proc.pid)
         finally:
             helper.release()
-            _reap(proc)
-    reported = _reported_status(status_bytes)
-    code, sig = _decode(status) if reported is None else _decode_wait(reported)
+            reap(proc)
+    reported = reported_status(status_bytes)
+    code, sig = _decode(status) if reported is None else decode_wait(reported)
     return Launched(
         started=started,
         exit_code=code,
@@ -333,7 +376,7 @@ class HelperChannel:
                 os.close(fd)
 
 
-def _reported_status(data: bytes) -> int | None:
+def reported_status(data: bytes) -> int | None:
     """The program's wait status as the boot's supervising process reported it, if it did."""
     _, marker, rest = data.partition(b"W")
     if not marker or not rest.endswith(b"\n"):
@@ -344,7 +387,8 @@ def _reported_status(data: bytes) -> int | None:
         return None
 
 
-def _decode_wait(status: int) -> tuple[int | None, int | None]:
+def decode_wait(status: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) of a wait status."""
     if os.WIFSIGNALED(status):
         return None, os.WTERMSIG(status)
     return os.WEXITSTATUS(status), None
@@ -361,8 +405,10 @@ def _decode(status: int) -> tuple[int | None, int | None]:
     return code, None
 
 
-def _kill(sandbox_pid: int, proc: subprocess.Popen[bytes] | None) -> None:
-    # SIGKILL to the init of the pid namespace kills every process in it.
+def kill_sandbox(sandbox_pid: int, proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL the sandbox init, which kills every process of its pid namespace, and the process
+    group of ``proc`` (bwrap) when given. Call it before ``proc`` is reaped: once the sandbox is
+    gone its pids may be reused."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(sandbox_pid, signal.SIGKILL)
     if proc is not None:
@@ -370,7 +416,8 @@ def _kill(sandbox_pid: int, proc: subprocess.Popen[bytes] | None) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage | None]:
+def reap(proc: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage | None]:
+    """Wait for ``proc`` (killing it after 10 s), close its pipes; its wait status and usage."""
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -402,5 +449,22 @@ def _finish_failed(proc: subprocess.Popen[bytes], what: str) -> NoReturn:
         err = proc.stderr.read(65536)
     except (OSError, ValueError):
         err = b""
-    _reap(proc)
+    reap(proc)
     raise InfraError(f"{what}: {err.decode(errors='replace').strip() or 'no error output'}")
+
+
+__all__ = [
+    "BOOT_FAILED_STATUS",
+    "HelperChannel",
+    "LaunchFds",
+    "Launched",
+    "Pipes",
+    "StopPipe",
+    "decode_wait",
+    "kill_sandbox",
+    "launch",
+    "read_sandbox_pid",
+    "reap",
+    "reported_status",
+    "spawn",
+]

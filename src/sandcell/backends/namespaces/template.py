@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandcell.backends.namespaces import cgroups
 from sandcell.backends.namespaces.bwrap import SANDBOX_GID, SANDBOX_HOSTNAME, SANDBOX_UID
 from sandcell.errors import InfraError
 from sandcell.runtimes import Runtime
 
-__all__ = ["Template", "WarmChild", "compile_script", "recv_message", "send_message"]
+__all__ = ["Armed", "Template", "WarmChild", "compile_script", "recv_message", "send_message"]
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("_zygote.py")
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -100,6 +101,19 @@ def recv_message(sock: socket.socket, deadline: float) -> tuple[bytes, int | Non
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Armed:
+    """What a pooled child was prepared with before any request: its cgroup (the child's pid 1
+    is in it) and a program process already restricted under this Landlock ABI."""
+
+    cgroup: cgroups.RunCgroup | None
+    landlock_abi: int | None
+    memory_bytes: int
+    max_pids: int
+    cpu_base_ms: float
+    """CPU time the preparation itself left in the cgroup: not the run's."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WarmChild:
     """One isolated, never-used child of the template, waiting for its request."""
 
@@ -109,6 +123,8 @@ class WarmChild:
     init_pid: int
     """Host pid of the run's pid-1 supervisor: the process to put in the cgroup and to signal."""
     created: float = field(default_factory=time.monotonic)
+    armed: Armed | None = None
+    """Set when the child was prepared ahead (pool mode): cgroup joined, program restricted."""
 
     def alive(self) -> bool:
         """Still waiting: nothing to read (an end-of-file means it died)."""
@@ -118,11 +134,15 @@ class WarmChild:
             return False
 
     def discard(self) -> None:
-        """Let it go unused: end-of-file on its socket makes it exit; SIGKILL to be sure."""
+        """Destroy it: end-of-file on its socket makes it exit; SIGKILL to be sure; then the
+        cgroup it was prepared with, once nothing is left in it."""
         with contextlib.suppress(OSError):
             self.sock.close()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.init_pid, signal.SIGKILL)
+        if self.armed is not None and self.armed.cgroup is not None:
+            self.armed.cgroup.kill_all()
+            self.armed.cgroup.remove()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +203,7 @@ class Template:
         etc_dir: Path,
         boot_code: bytes,
         zygote_code: bytes,
+        display_code: bytes,
         setup_seccomp: bytes,
         preload: tuple[str, ...],
     ) -> None:
@@ -196,6 +217,7 @@ class Template:
         for name, data in (
             ("boot.pyc", boot_code),
             ("zygote.pyc", zygote_code),
+            ("display.pyc", display_code),
             ("seccomp.bpf", setup_seccomp),
         ):
             (control / name).write_bytes(data)

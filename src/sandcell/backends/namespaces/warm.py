@@ -8,9 +8,47 @@ no_new_privs, Landlock, the cold path's full seccomp filter) before the request 
 the host puts it in the run's cgroup first. ``mode="pool"`` forks those children ahead of time
 (``pool.py``); a run takes one, uses it once, and it is destroyed.
 
+A pooled child is prepared completely before it is taken (``_arm``): its cgroup is created with
+the limits of the last run served and its pid 1 attached, and its program process is forked and
+restricted (capabilities, no_new_privs, Landlock, seccomp), waiting for the code. At take the
+host only rewrites a cgroup limit that differs, sends the request, and pid 1 mounts the inputs,
+sizes the tmpfs, sets the rlimits, drops its own privileges and hands over. A run that needs
+layers a prepared child does not have (Landlock off, the ``rlimits`` mode next to a cgroup pool)
+gets a child forked for it at call time (recorded as ``template``). The result is returned as
+soon as status, output, usage and exports are in; the sandbox (pid 1, its namespaces, its
+cgroup) is destroyed on a background thread (``_Teardown``, bounded backlog; ``close`` waits
+for it). Runs are registered with the backend's run registry, so ``cancel_all`` stops them.
+
+Measured on the 2-core development host, loaded by other work (medians; ``bench/bench_warm.py``
+for the backend call, ``Executor.run`` for call to result; HEAD before this change vs after):
+
+================================  ==========  ==========
+pool mode                         before      after
+================================  ==========  ==========
+backend, print(1)                 39.5 ms     11.9 ms
+backend, pandas snippet           45.2 ms     17.7 ms
+Executor.run, print(1)            40.7 ms     16.7 ms
+Executor.run, pandas snippet      46.8 ms     22.3 ms
+Executor.run, pandas, display     cold        24.1 ms
+idle pooled sandbox, PSS          13.5 MiB    10.4 MiB
+================================  ==========  ==========
+
+Where the ~17 ms of a pooled print(1) go now (host timestamps): executor before the backend
+(admission, which is the analysis of the code itself) ~0.8 ms; request sent to program started
+2-8 ms (pid 1's mounts, prlimit, its own capability drop and seccomp, the hand-over to the
+program: under 1 ms of CPU, the rest is three processes waking each other on two busy cores);
+the program ~1.5 ms; its exit 3-10 ms: the kernel tears down the copy of the pandas-sized image
+before pid 1 can reap it, and pid 1 reports only then (the exports are read from a quiet
+workspace); status read to return ~1 ms plus the record (validation and audit append) ~1.7 ms.
+The 3 ms target is out of reach with this design in Python: the floor is the program's exit
+(page tables of the template image) plus two cross-process wake-ups plus the record. Refilling
+costs three forks of the template image per sandbox (template -> C -> G -> P) plus a cgroup
+attach, which caps back-to-back throughput at about 35-40 runs/s here.
+
 What the cold path still serves (and the record says why, in the enforcement layer
-``warm_start``): bash, packages from the wheel cache, rich outputs (``display``), and any run while
-the template is down. The outcome of a warm run is classified exactly as a cold one's.
+``warm_start``): bash, packages from the wheel cache, and any run while the template is down.
+Rich outputs (``display``) start warm: the template loads the display module once. The outcome
+of a warm run is classified exactly as a cold one's.
 
 Security limitations: see ``_zygote.py`` (shared pre-fork memory image, hash secret, address-space
 layout) and ``template.py``. ``/dev`` is read-only and has no ``/dev/pts``. In the ``rlimits``
@@ -23,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import select
 import signal
@@ -32,7 +71,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,19 +79,22 @@ from typing import TYPE_CHECKING, Any, Literal
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.backends.namespaces import _trees, cgroups, landlock, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
-from sandcell.backends.namespaces.launcher import Launched
+from sandcell.backends.namespaces.launcher import Launched, StopPipe
 from sandcell.backends.namespaces.pool import PoolStats, WarmPool, idle_memory
 from sandcell.backends.namespaces.rlimits import plan_rlimits
 from sandcell.backends.namespaces.template import (
     ZYGOTE_SCRIPT,
+    Armed,
     Template,
     WarmChild,
     compile_script,
+    recv_message,
     send_message,
 )
-from sandcell.errors import ConfigError, InfraError
+from sandcell.display import DISPLAY_DIRNAME
+from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.runtimes import common_env, runtime_for
-from sandcell.spec import RunRequest, StartInfo, Usage
+from sandcell.spec import Limits, RunRequest, StartInfo, Usage
 
 if TYPE_CHECKING:
     from sandcell.backends.namespaces import NamespacesBackend
@@ -60,6 +102,8 @@ if TYPE_CHECKING:
 __all__ = ["WarmConfig", "WarmStarter", "WarmStats"]
 
 _READ_CHUNK = 65536
+_DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
+_INPUTS = "/inputs"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -107,6 +151,8 @@ class WarmStats:
     runs: int
     fallbacks: int
     pool: PoolStats | None
+    cgroup_prefix: str
+    """Start of the names of this starter's pooled cgroups (the owner tag, then its own tag)."""
 
 
 class WarmStarter:
@@ -118,6 +164,23 @@ class WarmStarter:
         self.runtime = runtime_for("python")
         self._zygote_code = compile_script(ZYGOTE_SCRIPT, "/sandcell/zygote.py")
         self._setup_seccomp = seccomp.build_setup_policy(backend.arch).compile()
+        self._display_code = landlock.boot_bytecode(
+            f"{landlock.SANDBOX_DIR}/display.py", script=landlock.DISPLAY_SCRIPT
+        )
+        host = backend._cgroup_host
+        self._cgroup_host = host if isinstance(host, cgroups.CgroupHost) else None
+        self._swap = (
+            False if self._cgroup_host is None else cgroups.swap_accounting(self._cgroup_host)
+        )
+        self._landlock_abi = backend._landlock_abi
+        # The limits pooled sandboxes are prepared with: those of the last run served (a
+        # profile's runs usually share them), so that a take rarely has a limit to rewrite.
+        defaults = Limits()
+        self._fill_limits = (defaults.memory_bytes, defaults.max_pids)
+        self._plans: dict[int, dict[str, Any]] = {}
+        self._env = {**common_env(), **self.runtime.env}
+        self._teardown = _Teardown()
+        self.cgroup_prefix = f"{workspace.owner_tag()}.w{uuid.uuid4().hex[:8]}-"
         self._lock = threading.Lock()
         self._template: Template | None = None
         self._pool: WarmPool | None = None
@@ -139,6 +202,7 @@ class WarmStarter:
             etc_dir=self.backend.root / "etc",
             boot_code=self.backend._boot_code,
             zygote_code=self._zygote_code,
+            display_code=self._display_code,
             setup_seccomp=self._setup_seccomp,
             preload=self.config.preload,
         )
@@ -148,7 +212,52 @@ class WarmStarter:
 
     def _fork(self, template: Template) -> WarmChild:
         template.wait_ready(self.config.start_timeout_s)
-        return template.fork()
+        return self._arm(template.fork())
+
+    def _arm(self, child: WarmChild) -> WarmChild:
+        """Prepare a pooled child before any request: its cgroup joined (with the limits runs
+        have been asking for), its program process forked and restricted, waiting."""
+        memory_bytes, max_pids = self._fill_limits
+        cgroup: cgroups.RunCgroup | None = None
+        try:
+            if self._cgroup_host is not None:
+                name = f"{self.cgroup_prefix}{uuid.uuid4().hex[:12]}"
+                cgroup = cgroups.RunCgroup(self._cgroup_host, name)
+                cgroup.create(
+                    cgroups.plan_settings(
+                        self._cgroup_host.version,
+                        memory_bytes=memory_bytes,
+                        max_pids=max_pids,
+                        swap_accounting=self._swap,
+                    )
+                )
+                cgroup.attach(child.init_pid)
+            arm = {"arm": {"landlock": self._landlock_plan(self._landlock_abi)}}
+            send_message(child.sock, json.dumps(arm).encode())
+            msg, _ = recv_message(child.sock, time.monotonic() + self.config.start_timeout_s)
+            if msg != b"P":
+                raise InfraError(f"the pooled sandbox failed to prepare: {msg[:200]!r}")
+            usage = cgroup.usage() if cgroup is not None else None
+        except (OSError, InfraError, IsolationUnavailable) as exc:
+            child.discard()
+            if cgroup is not None:
+                cgroup.kill_all()
+                cgroup.remove()
+            raise InfraError(f"could not prepare a pooled sandbox: {exc}") from exc
+        armed = Armed(
+            cgroup=cgroup,
+            landlock_abi=self._landlock_abi,
+            memory_bytes=memory_bytes,
+            max_pids=max_pids,
+            cpu_base_ms=usage.cpu_ms if usage is not None and usage.cpu_ms is not None else 0.0,
+        )
+        return replace(child, armed=armed)
+
+    def _fits(self, layers: Any) -> bool:
+        """Whether a pooled (prepared) child gives this run exactly its layers."""
+        return (layers.cgroup_host is not None) == (
+            self._cgroup_host is not None
+        ) and layers.landlock_abi == self._landlock_abi
 
     def _stop(self) -> None:
         if self._pool is not None:
@@ -160,8 +269,10 @@ class WarmStarter:
             self._template = None
 
     def close(self) -> None:
+        """End the template and pool; returns once every used sandbox is torn down."""
         with self._lock:
             self._stop()
+        self._teardown.drain()
 
     def template(self) -> Template:
         """The live template, restarted if it died; waits for its preload."""
@@ -199,6 +310,7 @@ class WarmStarter:
             runs=self._runs,
             fallbacks=self._fallbacks,
             pool=self._pool.stats() if self._pool is not None else None,
+            cgroup_prefix=self.cgroup_prefix,
         )
 
     # -- serving a run ---------------------------------------------------------------------
@@ -209,8 +321,6 @@ class WarmStarter:
             return f"{request.language} programs start cold (the template is a python interpreter)"
         if request.packages:
             return "runs with packages from the wheel cache start cold"
-        if request.display:
-            return "runs that capture rich outputs start cold"
         return None
 
     def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult | str:
@@ -227,9 +337,13 @@ class WarmStarter:
             return f"inputs could not be prepared for a warm start: {exc}"
         try:
             t0 = time.monotonic()
+            # A pooled child is prepared for the common layers; a run that asks for others
+            # (Landlock off, the rlimits mode) gets a child forked for it now.
+            pooled = self._pool is not None and self._fits(layers)
             try:
                 template = self.template()
-                if self._pool is not None:
+                if pooled:
+                    assert self._pool is not None
                     child, wait_ms = self._pool.take(self.config.take_timeout_s)
                 else:
                     child = template.fork()
@@ -241,7 +355,7 @@ class WarmStarter:
             # From here the child is used: whatever fails is this run's infra_error, never an
             # unisolated run and never a second start.
             start = StartInfo(
-                mode=self.config.mode,
+                mode="pool" if pooled else "template",
                 template=template.id,
                 preloaded=self.config.preload,
                 wait_ms=round(wait_ms, 3),
@@ -310,9 +424,17 @@ class WarmStarter:
         from sandcell.backends.namespaces import _classify
 
         limits = request.effective_limits
+        armed = child.armed
         cgroup: cgroups.RunCgroup | None = None
+        pool = self._pool
+        if pool is not None:
+            pool.run_started()
         try:
-            if layers.cgroup_host is not None:
+            if armed is not None:
+                cgroup = armed.cgroup
+                if cgroup is not None:
+                    self._retune(cgroup, armed, limits)
+            elif layers.cgroup_host is not None:
                 cgroup = cgroups.RunCgroup(layers.cgroup_host, f"{workspace.owner_tag()}.{run_id}")
                 cgroup.create(
                     cgroups.plan_settings(
@@ -328,11 +450,26 @@ class WarmStarter:
                     raise InfraError(
                         f"could not move the warm sandbox into its cgroup: {exc}"
                     ) from exc
-            launched, artifacts, rejected = _drive(
-                child, self._request_doc(request, layers), request, trees, collect
-            )
+            stop = StopPipe()
+            try:
+                # Cancellable as a cold run is: the stop ends it as its wall limit would.
+                with self.backend.runs.register(run_id, stop.set) as cancellation:
+                    launched, artifacts, rejected = _drive(
+                        child,
+                        self._request_doc(request, layers),
+                        request,
+                        trees,
+                        collect,
+                        stop_fd=stop.r,
+                    )
+            finally:
+                stop.close()
             cg_usage = cgroup.usage() if cgroup is not None else None
-            outcome, reason = _classify(launched, cg_usage, request)
+            if cg_usage is not None and cg_usage.cpu_ms is not None and armed is not None:
+                cg_usage = replace(cg_usage, cpu_ms=max(cg_usage.cpu_ms - armed.cpu_base_ms, 0.0))
+            outcome, reason = _classify(
+                launched, cg_usage, request, cancel_reason=cancellation.reason
+            )
             usage = Usage(
                 wall_ms=round(launched.wall_ms, 3),
                 cpu_ms=round(cg_usage.cpu_ms, 3)
@@ -358,25 +495,66 @@ class WarmStarter:
                 start=start,
             )
         finally:
-            child.discard()
-            if cgroup is not None:
-                cgroup.kill_all()
-                cgroup.remove()
+            # The result is complete: the sandbox is destroyed off the call path.
+            self._teardown.submit(_destroyer(child, cgroup))
+            if pool is not None:
+                pool.run_finished()
+
+    def _retune(self, cgroup: cgroups.RunCgroup, armed: Armed, limits: Limits) -> None:
+        """Write the limits of this run where they differ from the prepared ones."""
+        self._fill_limits = (limits.memory_bytes, limits.max_pids)
+        if (armed.memory_bytes, armed.max_pids) == self._fill_limits:
+            return
+        host = cgroup.host
+        settings = cgroups.plan_settings(
+            host.version,
+            memory_bytes=limits.memory_bytes,
+            max_pids=limits.max_pids,
+            swap_accounting=self._swap,
+        )
+        memory_files = ("memory.max", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+        changed = [
+            s
+            for s in settings
+            if not s.optional
+            and (
+                (s.file in memory_files and limits.memory_bytes != armed.memory_bytes)
+                or (s.file == "pids.max" and limits.max_pids != armed.max_pids)
+            )
+        ]
+        if limits.memory_bytes > armed.memory_bytes:
+            # v1: memory+swap may never be below memory alone, so it grows first.
+            changed.reverse()
+        try:
+            for s in changed:
+                (cgroup.dirs[s.controller] / s.file).write_text(s.value)
+        except OSError as exc:
+            raise InfraError(f"could not set the limits of the pooled sandbox: {exc}") from exc
+
+    def _landlock_plan(self, abi: int | None) -> dict[str, Any] | None:
+        """The program's Landlock rules, the same for every run (``/inputs`` is always readable:
+        it is empty, or the run's inputs mounted read-only), so a pooled child applies them
+        before its request exists."""
+        if abi is None:
+            return None
+        plan = self._plans.get(abi)
+        if plan is None:
+            plan = landlock.build_plan(
+                runtime_paths=[*self.runtime.ro_dirs, *(link for link, _ in self.runtime.symlinks)],
+                input_dir=_INPUTS,
+                work_dir=SANDBOX_WORKDIR,
+                abi=abi,
+            ).to_dict()
+            self._plans[abi] = plan
+        return plan
 
     def _request_doc(self, request: RunRequest, layers: Any) -> dict[str, Any]:
         limits = request.effective_limits
-        lplan = None
-        if layers.landlock_abi is not None:
-            lplan = landlock.build_plan(
-                runtime_paths=[*self.runtime.ro_dirs, *(link for link, _ in self.runtime.symlinks)],
-                input_dir="/inputs" if request.inputs else None,
-                work_dir=SANDBOX_WORKDIR,
-                abi=layers.landlock_abi,
-            ).to_dict()
         return {
             "script": "main.py",
             "code": request.code,
-            "env": {**common_env(), **self.runtime.env, **request.env},
+            "display": _DISPLAY_DIR if request.display else None,
+            "env": {**self._env, **request.env},
             "limits": {
                 "tmp_bytes": limits.tmp_bytes,
                 "workspace_bytes": limits.workspace_bytes,
@@ -388,7 +566,7 @@ class WarmStarter:
             ],
             "inputs": [i.name for i in request.inputs],
             "input_dirs": {i.name: i.host_path.is_dir() for i in request.inputs},
-            "landlock": lplan,
+            "landlock": self._landlock_plan(layers.landlock_abi),
         }
 
     def _enforcement(self, request: RunRequest, layers: Any, start: StartInfo) -> Any:
@@ -412,6 +590,58 @@ class WarmStarter:
         if request.mode.value == "rlimits":
             ll["rlimits"] += " (address space counted above the template's mappings)"
         return replace(cold, layers=ll)
+
+
+# -- teardown off the call path -----------------------------------------------------------------
+
+
+def _destroyer(child: WarmChild, cgroup: cgroups.RunCgroup | None) -> Callable[[], None]:
+    def destroy() -> None:
+        # End-of-file and SIGKILL end pid 1, and with it the run's pid namespace; then nothing
+        # of the run may be left in its cgroup when the cgroup goes (a pooled child's own
+        # cgroup goes with discard()).
+        child.discard()
+        if cgroup is not None and child.armed is None:
+            cgroup.kill_all()
+            cgroup.remove()
+
+    return destroy
+
+
+class _Teardown:
+    """Destroys used sandboxes on one worker thread, after their results were returned.
+
+    The backlog is bounded: when it is full, the next run waits for room, so a burst of runs
+    can never leave an unbounded number of dead sandboxes behind. :meth:`drain` returns once
+    every submitted sandbox is gone.
+    """
+
+    def __init__(self, backlog: int = 32) -> None:
+        self._queue: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=backlog)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, destroy: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._work, name="sandcell-teardown", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(destroy)
+
+    def drain(self) -> None:
+        self._queue.join()
+
+    def _work(self) -> None:
+        while True:
+            destroy = self._queue.get()
+            try:
+                destroy()
+            except Exception:  # noqa: S110 - one failed teardown must not stop the others;
+                pass  # the sweep at the next start removes what it left
+            finally:
+                self._queue.task_done()
 
 
 # -- one run on one child -----------------------------------------------------------------------
@@ -445,6 +675,8 @@ def _drive(
     request: RunRequest,
     trees: list[int],
     collect: Collector,
+    *,
+    stop_fd: int,
 ) -> tuple[Launched, tuple[Any, ...], tuple[Any, ...]]:
     """Send the request, pump the output under the limits, read the status, export."""
     limits = request.effective_limits
@@ -472,7 +704,10 @@ def _drive(
             if remaining <= 0:
                 stopped_by = "wall_time"
                 break
-            ready, _, _ = select.select(list(open_fds), [], [], remaining)
+            ready, _, _ = select.select([*open_fds, stop_fd], [], [], remaining)
+            if stop_fd in ready:
+                stopped_by = "cancelled"
+                break
             ready.sort(key=lambda fd: fd != st_r)
             for fd in ready:
                 chunk = os.read(fd, _READ_CHUNK)

@@ -1,0 +1,266 @@
+"""The host side of one sandbox: run directory, control files, cgroup, bwrap argument list.
+
+Both a one-shot cold run (:meth:`NamespacesBackend.run`) and a session's long-lived sandbox
+(:mod:`sandcell.sessions.sandbox`) are built by :class:`PreparedSandbox`, in this order:
+
+1. the layers were decided by the backend (``NamespacesBackend.decide``), failing closed;
+2. :meth:`~PreparedSandbox.create`: the run directory, its size-capped workspace tmpfs (as root;
+   an ordinary user's is mounted by the workspace helper), the read-only control files, and the
+   run's cgroup with its limits;
+3. :meth:`~PreparedSandbox.argv`: the boot plan (Landlock rules, status descriptor) and the bwrap
+   argument list for the launch descriptors, wrapped in the workspace helper where one is needed;
+4. once bwrap reports the sandbox init, :meth:`~PreparedSandbox.on_sandbox_pid` moves it into the
+   cgroup and sets its rlimits, before it starts anything;
+5. :meth:`~PreparedSandbox.remove` ends what is left: cgroup, mount, directory.
+
+Starting and supervising the processes is the caller's (``launcher.launch`` for a run, the
+session's keeper for a session).
+
+Security limitations: those of the namespaces backend (a shared kernel). Files written here are
+read-only inside the sandbox, but the host's root can still change them while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandcell.backends.namespaces import cgroups, landlock, workspace
+from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_WORKDIR, BwrapPlan, build_argv
+from sandcell.backends.namespaces.launcher import HelperChannel, LaunchFds
+from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
+from sandcell.display import DISPLAY_DIRNAME
+from sandcell.errors import IsolationUnavailable
+from sandcell.runtimes import Runtime, common_env, runtime_for
+from sandcell.spec import RunRequest
+
+if TYPE_CHECKING:
+    from sandcell.backends.namespaces import NamespacesBackend
+
+CONTROL_BOOT = "boot.pyc"
+CONTROL_PLAN = "plan.json"
+CONTROL_DISPLAY = "display.pyc"
+CONTROL_DIR = landlock.SANDBOX_DIR
+"""Where the control directory appears in the sandbox (read-only)."""
+# Display outputs go to a directory of the workspace: it outlives the sandbox until the host
+# collects it (a tmpfs of bwrap's own would die with the sandbox), it is already capped by the
+# workspace quota, and the rootless path reads it through /proc/PID/root like the exports. The
+# executor reads it first and removes it, so it is never exported nor seen as a program's file.
+DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
+_MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layers:
+    """The layers decided for one sandbox (pure data, recorded in the enforcement report)."""
+
+    cgroup_host: cgroups.CgroupHost | None
+    landlock_abi: int | None
+    rootless: bool
+
+    @property
+    def use_helper(self) -> bool:
+        """Whether the workspace helper runs the sandbox: always for an ordinary user, who cannot
+        mount on the host, and without cgroups, where the helper's reaping measures CPU time."""
+        return self.rootless or self.cgroup_host is None
+
+
+def displays(request: RunRequest) -> bool:
+    """Whether the run captures rich outputs (python programs only)."""
+    return request.display and request.language == "python"
+
+
+def boot_command(python: str, mode: str, *target: str) -> list[str]:
+    """The sandbox's command: the boot, which isolates and then runs ``target`` (``mode`` is
+    ``"python"`` for a script, ``"exec"`` for a program)."""
+    boot = [python, "-I", f"{CONTROL_DIR}/{CONTROL_BOOT}", f"{CONTROL_DIR}/{CONTROL_PLAN}"]
+    return [*boot, mode, *target]
+
+
+class PreparedSandbox:
+    """One sandbox's host-side state, from its run directory to its argument list (see module).
+
+    Not thread-safe; ``remove`` may be called at any step, and more than once.
+    """
+
+    def __init__(
+        self, backend: NamespacesBackend, request: RunRequest, *, name: str, layers: Layers
+    ) -> None:
+        self.backend = backend
+        self.request = request
+        self.layers = layers
+        self.limits = request.effective_limits
+        self.runtime: Runtime = runtime_for(request.language)
+        self.name = name
+        self.run_dir = backend.root / workspace.owner_tag() / name
+        self.work = self.run_dir / "work"
+        self.control = self.run_dir / "control"
+        self.cgroup: cgroups.RunCgroup | None = None
+        self.mounted = False
+        self.helper: HelperChannel | None = None
+        """The workspace helper's pipes, once :meth:`argv` decided that one runs the sandbox."""
+        self._rlimits = plan_rlimits(self.limits, request.mode)
+
+    # -- 2. run directory, control files, cgroup ---------------------------------------------
+
+    def create(self, files: Mapping[str, bytes]) -> None:
+        """Lay out the run directory with the boot and ``files`` (name → bytes) as control
+        files, and create the cgroup. Raises IsolationUnavailable when the workspace quota
+        cannot be set up."""
+        self.work.mkdir(parents=True, mode=0o700)
+        self.control.mkdir(mode=0o755)
+        if not self.layers.use_helper:
+            try:
+                workspace.mount_tmpfs(
+                    self.work,
+                    size_bytes=self.limits.workspace_bytes,
+                    inodes=self.limits.workspace_inodes,
+                    mode=0o755,
+                )
+                self.mounted = True
+            except OSError as exc:
+                raise IsolationUnavailable(
+                    "workspace quota",
+                    f"could not mount the workspace tmpfs: {exc}",
+                    "check that the runs directory (SANDCELL_RUNS) is on a local filesystem",
+                ) from exc
+        for fname, data in {CONTROL_BOOT: self.backend.boot_code, **files}.items():
+            path = self.control / fname
+            path.write_bytes(data)
+            path.chmod(0o444)
+        host = self.layers.cgroup_host
+        if host is not None:
+            self.cgroup = cgroups.RunCgroup(host, f"{workspace.owner_tag()}.{self.name}")
+            self.cgroup.create(
+                cgroups.plan_settings(
+                    host.version,
+                    memory_bytes=self.limits.memory_bytes,
+                    max_pids=self.limits.max_pids,
+                    swap_accounting=cgroups.swap_accounting(host),
+                )
+            )
+
+    # -- 3. boot plan and argument list ------------------------------------------------------
+
+    def argv(self, command: Sequence[str], fds: LaunchFds) -> list[str]:
+        """Write the boot plan and return the argument list that starts the sandbox with
+        ``command`` inside: bwrap's, or the workspace helper's that runs bwrap (then
+        :attr:`helper` holds the helper's pipes, to pass to the launch)."""
+        self._write_plan(status_fd=fds.status_w)
+        request, runtime = self.request, self.runtime
+        argv = build_argv(
+            BwrapPlan(
+                bwrap=self.backend.bwrap.path,
+                ro_dirs=runtime.ro_dirs,
+                symlinks=runtime.symlinks,
+                workspace=self.work,
+                control_dir=self.control,
+                etc_dir=self.backend.root / "etc",
+                inputs=[(i.host_path, i.name) for i in request.inputs],
+                packages=request.packages,
+                env={**common_env(), **runtime.env, **request.env},
+                tmp_bytes=self.limits.tmp_bytes,
+                seccomp_fd=fds.seccomp,
+                info_fd=fds.info_w,
+                block_fd=fds.block_r,
+                command=list(command),
+            )
+        )
+        if not self.layers.use_helper:
+            return argv
+        # An ordinary user cannot mount the workspace tmpfs on the host: a helper mounts it in a
+        # namespace of its own and runs bwrap there.
+        self.helper = HelperChannel()
+        result_w, hold_r = self.helper.child_fds()
+        return [
+            runtime.python,
+            "-I",
+            "-S",
+            str(_MOUNT_HELPER),
+            str(self.work),
+            str(self.limits.workspace_bytes),
+            str(self.limits.workspace_inodes),
+            str(result_w),
+            str(hold_r),
+            ",".join(map(str, fds.passed())),
+            "--",
+            *argv,
+        ]
+
+    def _write_plan(self, *, status_fd: int) -> None:
+        request, runtime = self.request, self.runtime
+        lplan = None
+        if self.layers.landlock_abi is not None:
+            lplan = landlock.build_plan(
+                runtime_paths=[
+                    *runtime.ro_dirs,
+                    *(link for link, _ in runtime.symlinks),
+                    *([PACKAGES_DIR] if request.packages else []),
+                ],
+                input_dir="/inputs" if request.inputs else None,
+                work_dir=SANDBOX_WORKDIR,
+                abi=self.layers.landlock_abi,
+            )
+        plan_text = landlock.boot_plan_json(
+            plan=lplan,
+            status_fd=status_fd,
+            input_links=[(i.name, f"/inputs/{i.name}") for i in request.inputs],
+            python_paths=[f"{PACKAGES_DIR}/{p.name}" for p in request.packages],
+            display=(DISPLAY_DIR, f"{CONTROL_DIR}/{CONTROL_DISPLAY}")
+            if displays(request)
+            else None,
+        )
+        path = self.control / CONTROL_PLAN
+        path.write_text(plan_text)
+        path.chmod(0o444)
+
+    # -- 4. the live sandbox -----------------------------------------------------------------
+
+    def on_sandbox_pid(self, pid: int) -> None:
+        """Move the (still blocked) sandbox init into the cgroup and give it the rlimits."""
+        if self.cgroup is not None:
+            self.cgroup.attach(pid)
+        apply_rlimits(pid, self._rlimits)
+
+    def kill_all(self) -> None:
+        """Kill every process in the cgroup (without cgroups, the caller kills the init)."""
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+
+    def usage(self) -> cgroups.CgroupUsage | None:
+        return self.cgroup.usage() if self.cgroup is not None else None
+
+    def workspace_view(self, helper_pid: int | None) -> Path:
+        """The workspace as the host can read it: through the workspace helper's mount
+        namespace (``helper_pid``) when one holds the workspace."""
+        if self.layers.use_helper and helper_pid is not None:
+            return Path(f"/proc/{helper_pid}/root{self.work}")
+        return self.work
+
+    # -- 5. the end --------------------------------------------------------------------------
+
+    def remove(self) -> None:
+        """Remove the cgroup (it kills what is still in it), the workspace mount, the directory."""
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.mounted:
+            with contextlib.suppress(OSError):
+                workspace.unmount(self.work)
+            self.mounted = False
+        workspace.remove_tree(self.run_dir)
+
+
+__all__ = [
+    "CONTROL_BOOT",
+    "CONTROL_DIR",
+    "CONTROL_DISPLAY",
+    "CONTROL_PLAN",
+    "DISPLAY_DIR",
+    "Layers",
+    "PreparedSandbox",
+    "boot_command",
+    "displays",
+]
