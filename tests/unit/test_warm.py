@@ -123,3 +123,22 @@ def test_zygote_compiles_for_this_interpreter(tmp_path: Path) -> None:
     data = compile_script(script, "/sandcell/s.py")
     assert data[:4] == __import__("importlib.util").util.MAGIC_NUMBER
     assert os.path.getsize(script) == int.from_bytes(data[12:16], "little")
+
+
+def test_runtime_mounts_under_tmp_are_kept_when_a_run_gets_its_own_tmp() -> None:
+    # A checkout (and its venv) under /tmp: the template sees the venv as a read-only mount
+    # below /tmp, which each run's fresh /tmp would otherwise hide (found by CI in /tmp/ci7).
+    from sandcell.backends.namespaces._zygote import _mounts_below
+
+    table = "\n".join(
+        [
+            "22 1 0:20 / / ro,relatime - tmpfs tmpfs rw",
+            "23 22 0:21 / /tmp rw,nosuid - tmpfs tmpfs rw",
+            "24 23 8:1 /ci/.venv /tmp/ci/.venv ro,nosuid - ext4 /dev/sda1 rw",
+            "25 24 8:1 /x /tmp/ci/.venv/lib/x ro - ext4 /dev/sda1 rw",
+            "26 23 8:1 /y /tmp/with\\040space ro - ext4 /dev/sda1 rw",
+            "27 22 8:1 /usr /usr ro - ext4 /dev/sda1 rw",
+            "28 22 8:1 /z /tmpfoo ro - ext4 /dev/sda1 rw",
+        ]
+    )
+    assert _mounts_below("/tmp", table) == ["/tmp/ci/.venv", "/tmp/with space"]

@@ -360,6 +360,29 @@ def _loopback_up() -> None:
         s.close()
 
 
+def _mounts_below(top: str, table: str | None = None) -> list[str]:
+    """The outermost mount points strictly below ``top``, from this mount namespace's table
+    (``/proc/self/mountinfo``, or ``table`` given in its format)."""
+    if table is None:
+        with open("/proc/self/mountinfo") as f:
+            table = f.read()
+    points: list[str] = []
+    for line in table.splitlines():
+        # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+        point = line.split(" ", 5)[4]
+        for esc, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n")):
+            point = point.replace(esc, char)
+        point = point.replace("\\134", "\\")
+        if point.startswith(top + "/"):
+            points.append(point)
+    points.sort()
+    outer: list[str] = []
+    for point in points:
+        if not any(point.startswith(o + "/") or point == o for o in outer):
+            outer.append(point)
+    return outer
+
+
 def _prepare() -> None:
     """Everything of a fresh sandbox that does not depend on the request."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
@@ -373,7 +396,15 @@ def _prepare() -> None:
         if os.path.exists(path):
             _mount(path, path, None, MS_BIND | MS_REC, None)
             _read_only(path, MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # The runtime may live under /tmp (a venv in a checkout there): its read-only mounts are
+    # held by descriptor while the run's own /tmp covers them, then bound back on top.
+    kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in _mounts_below("/tmp")]
     _tmpfs("/tmp", "mode=1777")
+    for path, fd in kept:
+        os.makedirs(path, 0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        _read_only(path, MS_NOSUID | MS_NODEV)
+        os.close(fd)
     _tmpfs("/dev/shm", "mode=1777")
     _tmpfs("/sandbox", "mode=755")
     _tmpfs("/sandcell", "mode=755")
