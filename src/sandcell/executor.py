@@ -587,19 +587,10 @@ def _missing_result(br: BackendResult, result_file: str | None) -> str | None:
 
 
 def _infra_result(reason: str) -> BackendResult:
-    return BackendResult(
-        outcome=Outcome.INFRA_ERROR,
-        exit_code=None,
-        signal=None,
-        stdout=b"",
-        stderr=b"",
-        stdout_truncated=False,
-        stderr_truncated=False,
-        usage=Usage(wall_ms=0.0, cpu_ms=None, peak_memory_bytes=None),
-        artifacts=(),
-        rejected_exports=(),
-        enforcement=Enforcement(backend="none", layers={}, mode=IsolationMode.STRICT),
-        reason=reason,
+    return BackendResult.not_run(
+        Outcome.INFRA_ERROR,
+        reason,
+        Enforcement(backend="none", layers={}, mode=IsolationMode.STRICT),
     )
 
 

@@ -67,6 +67,17 @@ def children_of(pid: int) -> list[Proc]:
     return [p for p in all_procs() if p.ppid == pid]
 
 
+def unreaped_sandboxes(pid: int) -> list[Proc]:
+    """Children of ``pid`` a finished run must not leave: zombies, and any bwrap but a warm
+    template's (the session-wide warm executors of tests/conftest.py keep theirs by design; what
+    a warm executor leaves after ``close`` is tested in test_template_isolation.py)."""
+    return [
+        p
+        for p in children_of(pid)
+        if p.zombie or (p.comm == "bwrap" and "zygote.pyc" not in p.cmdline)
+    ]
+
+
 def alive(pid: int) -> bool:
     p = read_proc(pid)
     return p is not None and not p.zombie
@@ -124,12 +135,22 @@ def cgroup_bases() -> list[Path]:
     return []
 
 
-def cgroups_of(owner: str) -> list[Path]:
-    """Run cgroups named after supervisor ``owner`` (``<owner>.<run_id>``), in every controller."""
+def cgroups_of(owner: str, *, include_warm: bool = False) -> list[Path]:
+    """Run cgroups named after supervisor ``owner`` (``<owner>.<run_id>``), in every controller.
+
+    Cgroups of warm pools (``<owner>.w<template>-<id>``: prepared before a run takes them) belong
+    to the session-wide warm executors of tests/conftest.py and are left out unless asked for; a
+    cold run's id is hexadecimal, so it never starts with ``w``."""
     out: list[Path] = []
     for base in cgroup_bases():
         if base.is_dir():
-            out.extend(d for d in base.iterdir() if d.is_dir() and d.name.startswith(owner + "."))
+            out.extend(
+                d
+                for d in base.iterdir()
+                if d.is_dir()
+                and d.name.startswith(owner + ".")
+                and (include_warm or not d.name.startswith(owner + ".w"))
+            )
     return sorted(out)
 
 

@@ -19,11 +19,11 @@ from sandcell.spec import Outcome, RunResult
 
 from .hostscan import (
     cgroups_of,
-    children_of,
     describe,
     live_procs_matching,
     mounts_under_anywhere,
     runs_dir_leftovers,
+    unreaped_sandboxes,
     wait_until,
 )
 
@@ -73,7 +73,7 @@ def test_cancel_all_ends_a_busy_run(
     # Nothing is left: processes, bwrap children, mounts, cgroups, run directories.
     gone = wait_until(lambda: not live_procs_matching(marker, str(runs)), timeout=5)
     assert gone, "processes outlived the run:\n" + describe(live_procs_matching(marker, str(runs)))
-    unreaped = [p for p in children_of(os.getpid()) if p.zombie or p.comm == "bwrap"]
+    unreaped = unreaped_sandboxes(os.getpid())
     assert not unreaped, "unreaped children of the supervisor:\n" + describe(unreaped)
     assert not mounts_under_anywhere(runs)
     assert not cgroups_of(workspace.owner_tag())

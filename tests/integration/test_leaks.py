@@ -39,12 +39,12 @@ from sandcell.spec import MiB, Outcome
 
 from .hostscan import (
     cgroups_of,
-    children_of,
     describe,
     live_procs_matching,
     mounts_under_anywhere,
     open_fds,
     runs_dir_leftovers,
+    unreaped_sandboxes,
     wait_until,
 )
 
@@ -252,13 +252,7 @@ def test_root_runs_leave_nothing(
 
     _assert_clean(runs, marker, owner)
     # The supervisor reaped every bwrap it started and kept no descriptor of any run.
-    # Warm templates of the session-wide warm executors (tests/conftest.py) are long-lived by
-    # design and not this executor's; what they leave is tested in test_template_isolation.py.
-    unreaped = [
-        p
-        for p in children_of(os.getpid())
-        if p.zombie or (p.comm == "bwrap" and "zygote.pyc" not in p.cmdline)
-    ]
+    unreaped = unreaped_sandboxes(os.getpid())
     assert not unreaped, "unreaped children of the supervisor:\n" + describe(unreaped)
     assert fds_after == fds_before, (
         f"descriptors leaked: {sorted(set(fds_after) - set(fds_before))}"

@@ -17,7 +17,8 @@ from sandcell.backends.namespaces.template import (
     build_template_argv,
     compile_script,
 )
-from sandcell.backends.namespaces.warm import WarmStarter, _parse_status
+from sandcell.backends.namespaces.warm import WarmStarter
+from sandcell.backends.namespaces.warm_drive import parse_status
 from sandcell.runtimes import python_runtime
 
 
@@ -94,11 +95,11 @@ def test_setup_filter_allows_only_the_setup_calls() -> None:
 
 
 def test_status_report_is_parsed() -> None:
-    assert _parse_status(b"1W256 12.500 4096\n") == (True, 256, 12.5, 4096)
-    assert _parse_status(b"W32000 0.000 0\n") == (False, 32000, 0.0, 0)
+    assert parse_status(b"1W256 12.500 4096\n") == (True, 256, 12.5, 4096)
+    assert parse_status(b"W32000 0.000 0\n") == (False, 32000, 0.0, 0)
     # No report (pid 1 died): no wait status.
-    assert _parse_status(b"1") == (True, None, 0.0, 0)
-    assert _parse_status(b"1W12") == (True, None, 0.0, 0)
+    assert parse_status(b"1") == (True, None, 0.0, 0)
+    assert parse_status(b"1W12") == (True, None, 0.0, 0)
 
 
 @pytest.mark.parametrize(

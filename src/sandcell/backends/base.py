@@ -41,6 +41,24 @@ class BackendResult:
     outputs: tuple[DisplayOutput, ...] = ()
     start: StartInfo = field(default_factory=StartInfo)
 
+    @classmethod
+    def not_run(cls, outcome: Outcome, reason: str, enforcement: Enforcement) -> BackendResult:
+        """The result of a run that never started: no output, no usage, no exports."""
+        return cls(
+            outcome=outcome,
+            exit_code=None,
+            signal=None,
+            stdout=b"",
+            stderr=b"",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            usage=Usage(wall_ms=0.0, cpu_ms=None, peak_memory_bytes=None),
+            artifacts=(),
+            rejected_exports=(),
+            enforcement=enforcement,
+            reason=reason,
+        )
+
 
 class Backend(Protocol):
     """An isolation engine: ``run`` starts a fresh sandbox, runs one program, destroys it."""

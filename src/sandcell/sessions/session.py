@@ -52,7 +52,6 @@ from sandcell.spec import (
     RejectedExport,
     RunRequest,
     RunResult,
-    Usage,
 )
 
 if TYPE_CHECKING:
@@ -301,20 +300,7 @@ class Session:
         return read_outputs(self._sandbox.sandbox_path(cell.out_dir), self.executor.store)
 
     def _not_run(self, reason: str) -> BackendResult:
-        return BackendResult(
-            outcome=Outcome.DENIED,
-            exit_code=None,
-            signal=None,
-            stdout=b"",
-            stderr=b"",
-            stdout_truncated=False,
-            stderr_truncated=False,
-            usage=Usage(wall_ms=0.0, cpu_ms=None, peak_memory_bytes=None),
-            artifacts=(),
-            rejected_exports=(),
-            enforcement=self._sandbox.enforcement(),
-            reason=reason,
-        )
+        return BackendResult.not_run(Outcome.DENIED, reason, self._sandbox.enforcement())
 
     def files(self) -> list[str]:
         """Paths of the regular files in the session's workspace, relative to it, sorted."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import platform
-import signal
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
@@ -32,13 +31,8 @@ from dataclasses import replace
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, find_bwrap
-from sandcell.backends.namespaces.launcher import (
-    BOOT_FAILED_STATUS,
-    Launched,
-    Pipes,
-    StopPipe,
-    launch,
-)
+from sandcell.backends.namespaces.launcher import Pipes, StopPipe, launch
+from sandcell.backends.namespaces.observe import observed
 from sandcell.backends.namespaces.prepared import (
     CONTROL_DISPLAY,
     Layers,
@@ -54,10 +48,8 @@ from sandcell.spec import (
     Artifact,
     Enforcement,
     IsolationMode,
-    Outcome,
     RejectedExport,
     RunRequest,
-    Usage,
 )
 
 
@@ -83,7 +75,6 @@ class NamespacesBackend:
         # Precompiled: the runtime's interpreter is sandcell's own, and compiling the boot on
         # every run would cost about 2 ms.
         self.boot_code = landlock.boot_bytecode()
-        self._boot_code = self.boot_code  # the warm path's name for it
         self._display_code: bytes | None = None  # compiled on the first run that displays
         self.runs = RunRegistry()
         """The runs in flight, for :meth:`cancel_all`; warm starts register theirs here too."""
@@ -185,32 +176,15 @@ class NamespacesBackend:
             # -- 6. observe, export ---------------------------------------------------------
             cg_usage = sandbox.usage()
             sandbox.kill_all()
-            outcome, reason = _classify(
-                launched, cg_usage, request, cancel_reason=cancellation.reason
-            )
-            usage = Usage(
-                wall_ms=round(launched.wall_ms, 3),
-                cpu_ms=round(cg_usage.cpu_ms, 3)
-                if cg_usage and cg_usage.cpu_ms is not None
-                else round(launched.cpu_ms_rusage, 3),
-                peak_memory_bytes=cg_usage.peak_memory_bytes
-                if cg_usage and cg_usage.peak_memory_bytes is not None
-                else launched.maxrss_bytes_rusage,
-            )
             artifacts, rejected = collected[0] if collected and launched.started else ((), ())
-            return BackendResult(
-                outcome=outcome,
-                exit_code=launched.exit_code,
-                signal=launched.signal,
-                stdout=launched.stdout,
-                stderr=launched.stderr,
-                stdout_truncated=launched.stdout_truncated,
-                stderr_truncated=launched.stderr_truncated,
-                usage=usage,
+            return observed(
+                launched,
+                cg_usage,
+                request,
+                cancel_reason=cancellation.reason,
                 artifacts=artifacts,
-                rejected_exports=rejected,
+                rejected=rejected,
                 enforcement=self.enforcement(request, layers),
-                reason=reason,
             )
         finally:
             sandbox.remove()
@@ -263,56 +237,6 @@ class NamespacesBackend:
         return Enforcement(
             backend=self.name, layers=ll, mode=request.mode, weakened=tuple(weakened)
         )
-
-    # The warm path (warm.py) reaches these by their former private names.
-    _decide = decide
-    _enforcement = enforcement
-
-
-def _classify(
-    launched: Launched,
-    cg: cgroups.CgroupUsage | None,
-    request: RunRequest,
-    *,
-    cancel_reason: str | None = None,
-) -> tuple[Outcome, str]:
-    limits = request.effective_limits
-    if launched.stopped_by == "cancelled":
-        # First: a run cancelled before its program started was still stopped on purpose.
-        return Outcome.KILLED, f"cancelled: {cancel_reason or 'no reason given'}"
-    if not launched.started:
-        err = launched.stderr.decode(errors="replace").strip()
-        if launched.exit_code == BOOT_FAILED_STATUS:
-            return Outcome.INFRA_ERROR, f"the sandbox could not apply an isolation layer: {err}"
-        return Outcome.INFRA_ERROR, f"the sandbox did not start the program: {err or 'no output'}"
-    if launched.stopped_by == "wall_time":
-        return Outcome.TIMEOUT, f"wall-time limit of {limits.wall_time_s:g} s reached"
-    if launched.stopped_by in ("stdout", "stderr"):
-        cap = limits.stdout_bytes if launched.stopped_by == "stdout" else limits.stderr_bytes
-        return Outcome.OUTPUT_LIMIT, f"{launched.stopped_by} exceeded its cap of {cap} bytes"
-    if cg is not None and cg.oom_killed:
-        return Outcome.MEMORY_LIMIT, f"memory limit of {limits.memory_bytes} bytes reached"
-    sig = launched.signal
-    if sig in (signal.SIGXCPU, signal.SIGKILL) and _cpu_exhausted(launched, cg, limits.cpu_time_s):
-        return Outcome.TIMEOUT, f"CPU-time limit of {limits.cpu_time_s} s reached"
-    if sig is not None:
-        return Outcome.KILLED, f"killed by signal {sig} ({signal.Signals(sig).name})"
-    if (
-        request.mode is IsolationMode.RLIMITS
-        and launched.exit_code
-        and launched.stderr.rstrip().endswith(b"MemoryError")
-    ):
-        return Outcome.MEMORY_LIMIT, f"address-space limit of {limits.memory_bytes} bytes reached"
-    if launched.exit_code == 0:
-        return Outcome.OK, "exited with status 0"
-    return Outcome.ERROR, f"exited with status {launched.exit_code}"
-
-
-def _cpu_exhausted(launched: Launched, cg: cgroups.CgroupUsage | None, cpu_s: int) -> bool:
-    if launched.signal == signal.SIGXCPU:
-        return True
-    cpu_ms = cg.cpu_ms if cg and cg.cpu_ms is not None else launched.cpu_ms_rusage
-    return cpu_ms >= cpu_s * 1000 * 0.98
 
 
 def sweep() -> list[str]:

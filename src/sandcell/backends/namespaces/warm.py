@@ -16,34 +16,14 @@ sizes the tmpfs, sets the rlimits, drops its own privileges and hands over. A ru
 layers a prepared child does not have (Landlock off, the ``rlimits`` mode next to a cgroup pool)
 gets a child forked for it at call time (recorded as ``template``). The result is returned as
 soon as status, output, usage and exports are in; the sandbox (pid 1, its namespaces, its
-cgroup) is destroyed on a background thread (``_Teardown``, bounded backlog; ``close`` waits
-for it). Runs are registered with the backend's run registry, so ``cancel_all`` stops them.
+cgroup) is destroyed on a background thread (``warm_teardown.py``, bounded backlog; ``close``
+waits for it). Runs are registered with the backend's run registry, so ``cancel_all`` stops them.
 
-Measured on the 2-core development host, loaded by other work (medians; ``bench/bench_warm.py``
-for the backend call, ``Executor.run`` for call to result; HEAD before this change vs after):
-
-================================  ==========  ==========
-pool mode                         before      after
-================================  ==========  ==========
-backend, print(1)                 39.5 ms     11.9 ms
-backend, pandas snippet           45.2 ms     17.7 ms
-Executor.run, print(1)            40.7 ms     16.7 ms
-Executor.run, pandas snippet      46.8 ms     22.3 ms
-Executor.run, pandas, display     cold        24.1 ms
-idle pooled sandbox, PSS          13.5 MiB    10.4 MiB
-================================  ==========  ==========
-
-Where the ~17 ms of a pooled print(1) go now (host timestamps): executor before the backend
-(admission, which is the analysis of the code itself) ~0.8 ms; request sent to program started
-2-8 ms (pid 1's mounts, prlimit, its own capability drop and seccomp, the hand-over to the
-program: under 1 ms of CPU, the rest is three processes waking each other on two busy cores);
-the program ~1.5 ms; its exit 3-10 ms: the kernel tears down the copy of the pandas-sized image
-before pid 1 can reap it, and pid 1 reports only then (the exports are read from a quiet
-workspace); status read to return ~1 ms plus the record (validation and audit append) ~1.7 ms.
-The 3 ms target is out of reach with this design in Python: the floor is the program's exit
-(page tables of the template image) plus two cross-process wake-ups plus the record. Refilling
-costs three forks of the template image per sandbox (template -> C -> G -> P) plus a cgroup
-attach, which caps back-to-back throughput at about 35-40 runs/s here.
+The request a child is sent and its input trees: ``warm_request.py``; the run itself (output
+under the limits, status, exports), with measured timings and where a pooled run's time goes:
+``warm_drive.py``. Refilling costs three forks of the template image per sandbox (template ->
+C -> G -> P) plus a cgroup attach, which caps back-to-back throughput at about 35-40 runs/s
+on the 2-core development host.
 
 What the cold path still serves (and the record says why, in the enforcement layer
 ``warm_start``): bash, packages from the wheel cache, and any run while the template is down.
@@ -61,27 +41,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import re
-import select
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sandcell.backends.base import BackendResult, Collector
-from sandcell.backends.namespaces import _trees, cgroups, landlock, seccomp, workspace
+from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
-from sandcell.backends.namespaces.launcher import Launched, StopPipe
+from sandcell.backends.namespaces.launcher import StopPipe
+from sandcell.backends.namespaces.observe import observed
 from sandcell.backends.namespaces.pool import PoolStats, WarmPool, idle_memory
-from sandcell.backends.namespaces.rlimits import plan_rlimits
 from sandcell.backends.namespaces.template import (
     ZYGOTE_SCRIPT,
     Armed,
@@ -91,19 +64,19 @@ from sandcell.backends.namespaces.template import (
     recv_message,
     send_message,
 )
-from sandcell.display import DISPLAY_DIRNAME
+from sandcell.backends.namespaces.warm_drive import drive
+from sandcell.backends.namespaces.warm_limits import PoolLimits
+from sandcell.backends.namespaces.warm_request import LandlockPlans, input_trees, request_doc
+from sandcell.backends.namespaces.warm_teardown import Teardown, destroyer
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.runtimes import common_env, runtime_for
-from sandcell.spec import Limits, RunRequest, StartInfo, Usage
+from sandcell.spec import RunRequest, StartInfo
 
 if TYPE_CHECKING:
     from sandcell.backends.namespaces import NamespacesBackend
 
 __all__ = ["WarmConfig", "WarmStarter", "WarmStats"]
 
-_READ_CHUNK = 65536
-_DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
-_INPUTS = "/inputs"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -169,24 +142,17 @@ class WarmStarter:
         )
         host = backend._cgroup_host
         self._cgroup_host = host if isinstance(host, cgroups.CgroupHost) else None
-        self._swap = (
-            False if self._cgroup_host is None else cgroups.swap_accounting(self._cgroup_host)
-        )
         self._landlock_abi = backend._landlock_abi
-        # The limits pooled sandboxes are prepared with: those of the last run served (a
-        # profile's runs usually share them), so that a take rarely has a limit to rewrite.
-        defaults = Limits()
-        self._fill_limits = (defaults.memory_bytes, defaults.max_pids)
-        self._plans: dict[int, dict[str, Any]] = {}
+        self._pool_limits = PoolLimits(self._cgroup_host)
+        self._landlock_plans = LandlockPlans(self.runtime)
         self._env = {**common_env(), **self.runtime.env}
-        self._teardown = _Teardown()
+        self._teardown = Teardown()
         self.cgroup_prefix = f"{workspace.owner_tag()}.w{uuid.uuid4().hex[:8]}-"
         self._lock = threading.Lock()
         self._template: Template | None = None
         self._pool: WarmPool | None = None
         self._restarts = -1
         self._runs = self._fallbacks = 0
-        self._tree_helper = Path(_trees.__file__)
         self._start()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -200,7 +166,7 @@ class WarmStarter:
             runtime=self.runtime,
             run_dir=run_dir,
             etc_dir=self.backend.root / "etc",
-            boot_code=self.backend._boot_code,
+            boot_code=self.backend.boot_code,
             zygote_code=self._zygote_code,
             display_code=self._display_code,
             setup_seccomp=self._setup_seccomp,
@@ -217,22 +183,15 @@ class WarmStarter:
     def _arm(self, child: WarmChild) -> WarmChild:
         """Prepare a pooled child before any request: its cgroup joined (with the limits runs
         have been asking for), its program process forked and restricted, waiting."""
-        memory_bytes, max_pids = self._fill_limits
+        memory_bytes, max_pids = self._pool_limits.fill
         cgroup: cgroups.RunCgroup | None = None
         try:
             if self._cgroup_host is not None:
                 name = f"{self.cgroup_prefix}{uuid.uuid4().hex[:12]}"
                 cgroup = cgroups.RunCgroup(self._cgroup_host, name)
-                cgroup.create(
-                    cgroups.plan_settings(
-                        self._cgroup_host.version,
-                        memory_bytes=memory_bytes,
-                        max_pids=max_pids,
-                        swap_accounting=self._swap,
-                    )
-                )
+                cgroup.create(self._pool_limits.settings(self._cgroup_host, memory_bytes, max_pids))
                 cgroup.attach(child.init_pid)
-            arm = {"arm": {"landlock": self._landlock_plan(self._landlock_abi)}}
+            arm = {"arm": {"landlock": self._landlock_plans.for_abi(self._landlock_abi)}}
             send_message(child.sock, json.dumps(arm).encode())
             msg, _ = recv_message(child.sock, time.monotonic() + self.config.start_timeout_s)
             if msg != b"P":
@@ -329,9 +288,9 @@ class WarmStarter:
         if reason is not None:
             self._fallbacks += 1
             return reason
-        layers = self.backend._decide(request)  # fails closed as a cold start would
+        layers = self.backend.decide(request)  # fails closed as a cold start would
         try:
-            trees = self._input_trees(request)
+            trees = input_trees(request)
         except (OSError, InfraError) as exc:
             self._fallbacks += 1
             return f"inputs could not be prepared for a warm start: {exc}"
@@ -374,42 +333,6 @@ class WarmStarter:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _input_trees(self, request: RunRequest) -> list[int]:
-        paths = [str(i.host_path) for i in request.inputs]
-        if not paths:
-            return []
-        if os.geteuid() == 0:
-            return _trees.open_trees(paths)
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with parent:
-            try:
-                proc = subprocess.run(
-                    [
-                        sys.executable,
-                        "-I",
-                        "-S",
-                        str(self._tree_helper),
-                        str(child.fileno()),
-                        *paths,
-                    ],
-                    pass_fds=(child.fileno(),),
-                    capture_output=True,
-                    timeout=30,
-                    check=False,
-                    env={},
-                )
-            finally:
-                child.close()
-            msg, fds, _, _ = socket.recv_fds(parent, 4096, len(paths))
-        if proc.returncode != 0 or msg != b"K" or len(fds) != len(paths):
-            for fd in fds:
-                os.close(fd)
-            raise InfraError(
-                f"the input helper failed: {msg.decode(errors='replace')[1:]} "
-                f"{proc.stderr.decode(errors='replace').strip()}"
-            )
-        return list(fds)
-
     def _serve(
         self,
         request: RunRequest,
@@ -421,7 +344,6 @@ class WarmStarter:
         run_id: str,
         collect: Collector,
     ) -> BackendResult:
-        from sandcell.backends.namespaces import _classify
 
         limits = request.effective_limits
         armed = child.armed
@@ -433,7 +355,7 @@ class WarmStarter:
             if armed is not None:
                 cgroup = armed.cgroup
                 if cgroup is not None:
-                    self._retune(cgroup, armed, limits)
+                    self._pool_limits.retune(cgroup, armed, limits)
             elif layers.cgroup_host is not None:
                 cgroup = cgroups.RunCgroup(layers.cgroup_host, f"{workspace.owner_tag()}.{run_id}")
                 cgroup.create(
@@ -454,9 +376,13 @@ class WarmStarter:
             try:
                 # Cancellable as a cold run is: the stop ends it as its wall limit would.
                 with self.backend.runs.register(run_id, stop.set) as cancellation:
-                    launched, artifacts, rejected = _drive(
+                    launched, artifacts, rejected = drive(
                         child,
-                        self._request_doc(request, layers),
+                        request_doc(
+                            request,
+                            env=self._env,
+                            landlock_plan=self._landlock_plans.for_abi(layers.landlock_abi),
+                        ),
                         request,
                         trees,
                         collect,
@@ -467,110 +393,24 @@ class WarmStarter:
             cg_usage = cgroup.usage() if cgroup is not None else None
             if cg_usage is not None and cg_usage.cpu_ms is not None and armed is not None:
                 cg_usage = replace(cg_usage, cpu_ms=max(cg_usage.cpu_ms - armed.cpu_base_ms, 0.0))
-            outcome, reason = _classify(
-                launched, cg_usage, request, cancel_reason=cancellation.reason
-            )
-            usage = Usage(
-                wall_ms=round(launched.wall_ms, 3),
-                cpu_ms=round(cg_usage.cpu_ms, 3)
-                if cg_usage and cg_usage.cpu_ms is not None
-                else round(launched.cpu_ms_rusage, 3),
-                peak_memory_bytes=cg_usage.peak_memory_bytes
-                if cg_usage and cg_usage.peak_memory_bytes is not None
-                else launched.maxrss_bytes_rusage,
-            )
-            return BackendResult(
-                outcome=outcome,
-                exit_code=launched.exit_code,
-                signal=launched.signal,
-                stdout=launched.stdout,
-                stderr=launched.stderr,
-                stdout_truncated=launched.stdout_truncated,
-                stderr_truncated=launched.stderr_truncated,
-                usage=usage,
+            return observed(
+                launched,
+                cg_usage,
+                request,
+                cancel_reason=cancellation.reason,
                 artifacts=artifacts,
-                rejected_exports=rejected,
+                rejected=rejected,
                 enforcement=self._enforcement(request, layers, start),
-                reason=reason,
                 start=start,
             )
         finally:
             # The result is complete: the sandbox is destroyed off the call path.
-            self._teardown.submit(_destroyer(child, cgroup))
+            self._teardown.submit(destroyer(child, cgroup))
             if pool is not None:
                 pool.run_finished()
 
-    def _retune(self, cgroup: cgroups.RunCgroup, armed: Armed, limits: Limits) -> None:
-        """Write the limits of this run where they differ from the prepared ones."""
-        self._fill_limits = (limits.memory_bytes, limits.max_pids)
-        if (armed.memory_bytes, armed.max_pids) == self._fill_limits:
-            return
-        host = cgroup.host
-        settings = cgroups.plan_settings(
-            host.version,
-            memory_bytes=limits.memory_bytes,
-            max_pids=limits.max_pids,
-            swap_accounting=self._swap,
-        )
-        memory_files = ("memory.max", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
-        changed = [
-            s
-            for s in settings
-            if not s.optional
-            and (
-                (s.file in memory_files and limits.memory_bytes != armed.memory_bytes)
-                or (s.file == "pids.max" and limits.max_pids != armed.max_pids)
-            )
-        ]
-        if limits.memory_bytes > armed.memory_bytes:
-            # v1: memory+swap may never be below memory alone, so it grows first.
-            changed.reverse()
-        try:
-            for s in changed:
-                (cgroup.dirs[s.controller] / s.file).write_text(s.value)
-        except OSError as exc:
-            raise InfraError(f"could not set the limits of the pooled sandbox: {exc}") from exc
-
-    def _landlock_plan(self, abi: int | None) -> dict[str, Any] | None:
-        """The program's Landlock rules, the same for every run (``/inputs`` is always readable:
-        it is empty, or the run's inputs mounted read-only), so a pooled child applies them
-        before its request exists."""
-        if abi is None:
-            return None
-        plan = self._plans.get(abi)
-        if plan is None:
-            plan = landlock.build_plan(
-                runtime_paths=[*self.runtime.ro_dirs, *(link for link, _ in self.runtime.symlinks)],
-                input_dir=_INPUTS,
-                work_dir=SANDBOX_WORKDIR,
-                abi=abi,
-            ).to_dict()
-            self._plans[abi] = plan
-        return plan
-
-    def _request_doc(self, request: RunRequest, layers: Any) -> dict[str, Any]:
-        limits = request.effective_limits
-        return {
-            "script": "main.py",
-            "code": request.code,
-            "display": _DISPLAY_DIR if request.display else None,
-            "env": {**self._env, **request.env},
-            "limits": {
-                "tmp_bytes": limits.tmp_bytes,
-                "workspace_bytes": limits.workspace_bytes,
-                "workspace_inodes": limits.workspace_inodes,
-            },
-            "rlimits": [
-                [r.name, r.soft, r.hard, r.name == "RLIMIT_AS"]
-                for r in plan_rlimits(limits, request.mode)
-            ],
-            "inputs": [i.name for i in request.inputs],
-            "input_dirs": {i.name: i.host_path.is_dir() for i in request.inputs},
-            "landlock": self._landlock_plan(layers.landlock_abi),
-        }
-
     def _enforcement(self, request: RunRequest, layers: Any, start: StartInfo) -> Any:
-        cold = self.backend._enforcement(request, layers)
+        cold = self.backend.enforcement(request, layers)
         ll = dict(cold.layers)
         ll.pop("bubblewrap", None)
         ll["user_namespace"] = (
@@ -590,192 +430,3 @@ class WarmStarter:
         if request.mode.value == "rlimits":
             ll["rlimits"] += " (address space counted above the template's mappings)"
         return replace(cold, layers=ll)
-
-
-# -- teardown off the call path -----------------------------------------------------------------
-
-
-def _destroyer(child: WarmChild, cgroup: cgroups.RunCgroup | None) -> Callable[[], None]:
-    def destroy() -> None:
-        # End-of-file and SIGKILL end pid 1, and with it the run's pid namespace; then nothing
-        # of the run may be left in its cgroup when the cgroup goes (a pooled child's own
-        # cgroup goes with discard()).
-        child.discard()
-        if cgroup is not None and child.armed is None:
-            cgroup.kill_all()
-            cgroup.remove()
-
-    return destroy
-
-
-class _Teardown:
-    """Destroys used sandboxes on one worker thread, after their results were returned.
-
-    The backlog is bounded: when it is full, the next run waits for room, so a burst of runs
-    can never leave an unbounded number of dead sandboxes behind. :meth:`drain` returns once
-    every submitted sandbox is gone.
-    """
-
-    def __init__(self, backlog: int = 32) -> None:
-        self._queue: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=backlog)
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, destroy: Callable[[], None]) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._work, name="sandcell-teardown", daemon=True
-                )
-                self._thread.start()
-        self._queue.put(destroy)
-
-    def drain(self) -> None:
-        self._queue.join()
-
-    def _work(self) -> None:
-        while True:
-            destroy = self._queue.get()
-            try:
-                destroy()
-            except Exception:  # noqa: S110 - one failed teardown must not stop the others;
-                pass  # the sweep at the next start removes what it left
-            finally:
-                self._queue.task_done()
-
-
-# -- one run on one child -----------------------------------------------------------------------
-
-
-def _stdin_fd(data: bytes) -> int:
-    fd = os.memfd_create("sandcell-stdin", os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _parse_status(data: bytes) -> tuple[bool, int | None, float, int]:
-    """(started, wait status, cpu ms, max rss bytes) from the status pipe's bytes."""
-    started = data.startswith(b"1")
-    _, marker, rest = data.partition(b"W")
-    if not marker or not rest.endswith(b"\n"):
-        return started, None, 0.0, 0
-    try:
-        status, cpu, rss = rest.split()
-        return started, int(status), float(cpu), int(rss)
-    except ValueError:
-        return started, None, 0.0, 0
-
-
-def _drive(
-    child: WarmChild,
-    doc: dict[str, Any],
-    request: RunRequest,
-    trees: list[int],
-    collect: Collector,
-    *,
-    stop_fd: int,
-) -> tuple[Launched, tuple[Any, ...], tuple[Any, ...]]:
-    """Send the request, pump the output under the limits, read the status, export."""
-    limits = request.effective_limits
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    st_r, st_w = os.pipe2(os.O_CLOEXEC)
-    stdin = _stdin_fd(request.stdin)
-    ours = [out_r, err_r, st_r]
-    try:
-        try:
-            send_message(child.sock, json.dumps(doc).encode(), [stdin, out_w, err_w, st_w, *trees])
-        except OSError as exc:
-            raise InfraError(f"the warm sandbox did not take its request: {exc}") from exc
-        finally:
-            for fd in (stdin, out_w, err_w, st_w):
-                os.close(fd)
-        t0 = time.monotonic()
-        deadline = t0 + limits.wall_time_s
-        out, err, status = bytearray(), bytearray(), bytearray()
-        out_trunc = err_trunc = False
-        stopped_by: str | None = None
-        open_fds = {out_r: "stdout", err_r: "stderr", st_r: "status"}
-        while open_fds and not stopped_by:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                stopped_by = "wall_time"
-                break
-            ready, _, _ = select.select([*open_fds, stop_fd], [], [], remaining)
-            if stop_fd in ready:
-                stopped_by = "cancelled"
-                break
-            ready.sort(key=lambda fd: fd != st_r)
-            for fd in ready:
-                chunk = os.read(fd, _READ_CHUNK)
-                kind = open_fds[fd]
-                if not chunk:
-                    del open_fds[fd]
-                elif kind == "status":
-                    status += chunk
-                elif kind == "stdout":
-                    room = limits.stdout_bytes - len(out)
-                    out += chunk[: max(room, 0)]
-                    if len(chunk) > room:
-                        out_trunc, stopped_by = True, stopped_by or "stdout"
-                else:
-                    room = limits.stderr_bytes - len(err)
-                    err += chunk[: max(room, 0)]
-                    if len(chunk) > room:
-                        err_trunc, stopped_by = True, stopped_by or "stderr"
-        if stopped_by:
-            # SIGTERM from outside the namespace asks pid 1 to kill everything else in it; the
-            # workspace stays for the exports, as in a cold run.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child.init_pid, signal.SIGTERM)
-        # The status pipe closes once pid 1 reported; bounded, in case it died instead.
-        end = time.monotonic() + 10
-        while st_r in open_fds and time.monotonic() < end:
-            if select.select([st_r], [], [], max(end - time.monotonic(), 0))[0]:
-                chunk = os.read(st_r, _READ_CHUNK)
-                if not chunk:
-                    break
-                status += chunk
-        wall_ms = (time.monotonic() - t0) * 1000
-        started, wait_status, cpu_ms, maxrss = _parse_status(bytes(status))
-        artifacts: tuple[Any, ...] = ()
-        rejected: tuple[Any, ...] = ()
-        code: int | None
-        sig: int | None
-        if wait_status is None:
-            # pid 1 died without a report (killed from outside): nothing left to export.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child.init_pid, signal.SIGKILL)
-            code, sig = None, signal.SIGKILL
-        else:
-            code, sig = (
-                (None, os.WTERMSIG(wait_status))
-                if os.WIFSIGNALED(wait_status)
-                else (os.WEXITSTATUS(wait_status), None)
-            )
-            if started:
-                artifacts, rejected = collect(Path(f"/proc/{child.init_pid}/root{SANDBOX_WORKDIR}"))
-        return (
-            Launched(
-                started=started,
-                exit_code=code,
-                signal=sig,
-                stdout=bytes(out),
-                stderr=bytes(err),
-                stdout_truncated=out_trunc,
-                stderr_truncated=err_trunc,
-                stopped_by=stopped_by,
-                wall_ms=wall_ms,
-                cpu_ms_rusage=cpu_ms,
-                maxrss_bytes_rusage=maxrss,
-            ),
-            artifacts,
-            rejected,
-        )
-    finally:
-        for fd in ours:
-            with contextlib.suppress(OSError):
-                os.close(fd)
