@@ -124,6 +124,14 @@ def test_random_state_differs_between_runs(warm: Executor) -> None:
 
 
 def test_files_stay_in_their_run(warm: Executor) -> None:
+    listing = """
+        import json, os
+        print(json.dumps({d: sorted(os.listdir(d)) for d in ("/sandbox", "/tmp", "/dev/shm")}))
+        """
+    # What a fresh run sees: empty, but for the directories above runtime mounts that live
+    # under /tmp (a checkout's venv there), as in a cold run.
+    fresh = _seen(_run(warm, listing))
+    assert fresh["/sandbox"] == [] and fresh["/dev/shm"] == []
     first = _run(
         warm,
         """
@@ -134,16 +142,7 @@ def test_files_stay_in_their_run(warm: Executor) -> None:
         """,
     )
     assert first["outcome"] == "ok", first
-    seen = _seen(
-        _run(
-            warm,
-            """
-            import json, os
-            print(json.dumps({d: sorted(os.listdir(d)) for d in ("/sandbox", "/tmp", "/dev/shm")}))
-            """,
-        )
-    )
-    assert seen == {"/sandbox": [], "/tmp": [], "/dev/shm": []}
+    assert _seen(_run(warm, listing)) == fresh
 
 
 def test_threads_and_background_processes_end_with_their_run(warm: Executor) -> None:
