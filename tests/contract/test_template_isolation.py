@@ -446,3 +446,43 @@ def test_torn_down_off_the_call_path_yet_nothing_left(
         if g.name.startswith(stats.cgroup_prefix) or g.name.endswith(tuple(run_ids))
     ]
     assert not left, f"cgroups left by the warm runs: {left}"
+
+
+def test_the_program_cannot_interrupt_its_supervisor(warm: Executor) -> None:
+    # Without Landlock's signal scoping (off here, and absent before Linux 6.12) the program can
+    # signal pid 1; the kernel must drop what pid 1 has no handler for, so its supervisor lives
+    # on: the exit status is reported and the exports are read (found by review: Python's own
+    # SIGINT handler in pid 1 let a program end its supervisor with KeyboardInterrupt).
+    r = _run(
+        warm,
+        """
+        import os, signal
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGALRM):
+            os.kill(1, sig)
+        with open("out.txt", "w") as f:
+            f.write("done")
+        print("alive")
+        """,
+        landlock=False,
+        exports=("out.txt",),
+    )
+    assert r["outcome"] == "ok", r
+    assert "alive" in str(r["stdout"])
+    assert [a["path"] for a in r["artifacts"]] == ["out.txt"]
+
+
+def test_a_sigterm_flood_cannot_outlast_the_wall_limit(warm: Executor) -> None:
+    # A program flooding pid 1 with SIGTERM ends its own run at once instead of merging the
+    # host's stop into its own pending signals (which would hold the run past its wall limit).
+    r = _run(
+        warm,
+        """
+        import os, signal
+        while True:
+            os.kill(1, signal.SIGTERM)
+        """,
+        landlock=False,
+        limits=Limits(wall_time_s=30),
+    )
+    # Ended by pid 1's kill at the first SIGTERM, long before the wall limit would end it.
+    assert r["outcome"] == "killed" and r["signal"] == 9, r

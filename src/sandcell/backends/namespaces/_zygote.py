@@ -416,9 +416,11 @@ def _prepare() -> None:
 
 def _apply_request(req: dict[str, Any], input_fds: list[int]) -> None:
     limits = req["limits"]
-    _mount(
-        None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={int(limits['tmp_bytes'])}"
-    )
+    # /tmp and /dev/shm share the private-/tmp size (each), and both have an inode cap: without
+    # one a tmpfs takes half the host's memory, which only a cgroup would bound.
+    small = f"size={int(limits['tmp_bytes'])},nr_inodes={int(limits['workspace_inodes'])}"
+    _mount(None, "/tmp", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, small)
+    _mount(None, "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV, small)
     _mount(
         None,
         "/sandbox",
@@ -476,6 +478,10 @@ def _apply_request(req: dict[str, Any], input_fds: list[int]) -> None:
 
 
 def _init(sock: socket.socket, seccomp_program: bytes, boot: dict[str, Any]) -> dict[str, Any]:
+    # As pid 1 with no handler, the kernel drops every signal sent from inside the namespace
+    # that would end or interrupt it (Python's own SIGINT handler would let the program raise
+    # KeyboardInterrupt in its supervisor); the program gets Python's handler back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         _prepare()
         _send(sock, b"R", creds=True)
@@ -615,6 +621,7 @@ def _prepared_program(
     except Exception as exc:
         _fail(f"seccomp: {exc}")
     _reseed()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         sock.sendall(b"K")
         body, fds = _recv(sock, 4)
@@ -666,9 +673,10 @@ def _supervise(
     status: int | None = None
     while status is None:
         info = signal.sigwaitinfo(watched)
-        # si_pid 0: sent from outside this pid namespace (the host). Inside, only the host
-        # may end the run through pid 1.
-        if info.si_signo == signal.SIGTERM and info.si_pid == 0:
+        # The host's stop. Any SIGTERM ends the run: the sender is not to be trusted (it can be
+        # forged), a program flooding SIGTERM would merge the host's into its own, and a program
+        # may end its own run anyway.
+        if info.si_signo == signal.SIGTERM:
             os.kill(-1, signal.SIGKILL)
         while True:
             try:
@@ -738,6 +746,7 @@ def _restrict(
 ) -> None:
     import resource
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         os.chdir("/sandbox")
         os.umask(0o022)

@@ -149,6 +149,9 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         a += ["--setenv", key, plan.env[key]]
     a += ["--perms", "1777", "--size", str(plan.tmp_bytes), "--tmpfs", "/tmp"]
     a += ["--proc", "/proc", "--dev", "/dev"]
+    # /dev/shm sized like /tmp: the tmpfs of --dev has the kernel default (half the host's memory),
+    # which only a memory cgroup would bound, and the rlimits mode has none.
+    a += ["--perms", "1777", "--size", str(plan.tmp_bytes), "--tmpfs", "/dev/shm"]
     a += ["--bind", str(plan.workspace), SANDBOX_WORKDIR]
     a += ["--ro-bind", str(plan.control_dir), "/sandcell"]
     for host_path, name in plan.inputs:

@@ -121,7 +121,9 @@ class WarmChild:
     outer_pid: int
     """Host pid of the forked child (outside the run's pid namespace; it only waits)."""
     init_pid: int
-    """Host pid of the run's pid-1 supervisor: the process to put in the cgroup and to signal."""
+    """Host pid of the run's pid-1 supervisor: the process to put in the cgroup."""
+    pidfd: int
+    """A pidfd of pid 1, opened while it waits for its request: every signal goes through it."""
     created: float = field(default_factory=time.monotonic)
     armed: Armed | None = None
     """Set when the child was prepared ahead (pool mode): cgroup joined, program restricted."""
@@ -133,13 +135,19 @@ class WarmChild:
         except (OSError, ValueError):
             return False
 
+    def send(self, sig: int) -> None:
+        """Signal pid 1 through its pidfd, so never a process that took over its number."""
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, sig)
+
     def discard(self) -> None:
         """Destroy it: end-of-file on its socket makes it exit; SIGKILL to be sure; then the
         cgroup it was prepared with, once nothing is left in it."""
         with contextlib.suppress(OSError):
             self.sock.close()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self.init_pid, signal.SIGKILL)
+        self.send(signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.close(self.pidfd)
         if self.armed is not None and self.armed.cgroup is not None:
             self.armed.cgroup.kill_all()
             self.armed.cgroup.remove()
@@ -302,11 +310,13 @@ class Template:
             msg, init = recv_message(parent_end, deadline)
             if msg != b"R" or init is None:
                 raise InfraError(f"the template's child failed to isolate itself: {msg[:200]!r}")
+            # Pid 1 is alive and blocked on its socket now, so this is its pid, not a reuse.
+            pidfd = os.pidfd_open(init)
         except BaseException:
             child_end.close()
             parent_end.close()
             raise
-        return WarmChild(sock=parent_end, outer_pid=outer, init_pid=init)
+        return WarmChild(sock=parent_end, outer_pid=outer, init_pid=init, pidfd=pidfd)
 
     def query_state(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """The template's state now: its pid, threads and a digest of its sys.modules."""

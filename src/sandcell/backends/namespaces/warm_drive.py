@@ -124,8 +124,7 @@ def drive(
         if stopped_by:
             # SIGTERM from outside the namespace asks pid 1 to kill everything else in it; the
             # workspace stays for the exports, as in a cold run.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child.init_pid, signal.SIGTERM)
+            child.send(signal.SIGTERM)
         # The status pipe closes once pid 1 reported; bounded, in case it died instead.
         end = time.monotonic() + 10
         while st_r in open_fds and time.monotonic() < end:
@@ -142,8 +141,7 @@ def drive(
         sig: int | None
         if wait_status is None:
             # pid 1 died without a report (killed from outside): nothing left to export.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child.init_pid, signal.SIGKILL)
+            child.send(signal.SIGKILL)
             code, sig = None, signal.SIGKILL
         else:
             code, sig = (
