@@ -307,3 +307,29 @@ def test_cli_idle_timeout_ends_the_server(tmp_path: Path) -> None:
     assert not (tmp_path / "home" / "sessions" / f"{sid}.sock").exists()
     listed = run_cli(["session", "list", "--json"], env=env)
     assert json.loads(listed.stdout) == []
+
+
+def test_cli_client_sends_cells_only_to_a_server_of_its_own_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A socket served by another uid (planted where a parent of the data directory is someone
+    # else's) must not receive the cell: the client checks the server's peer credentials.
+    if os.geteuid() != 0:
+        pytest.skip("runs as root; this test run is not root")
+    from sandcell.errors import SandcellError
+    from sandcell.sessions import server
+
+    home = tmp_path / "home"
+    env = {**os.environ, "SANDCELL_HOME": str(home)}
+    start = run_cli(["session", "start", "--profile", "unchecked", "--json"], env=env)
+    assert start.returncode == 0, start.stderr
+    sid = json.loads(start.stdout)["id"]
+    try:
+        monkeypatch.setattr(server, "_peer_uid", lambda conn: os.getuid() + 4242)
+        with pytest.raises(SandcellError, match="not by you"):
+            server.request(home, sid, {"op": "run", "code": "print(1)"}, timeout_s=30)
+        monkeypatch.undo()
+        ok = run_cli(["session", "run", sid, "-c", "print(6 * 7)"], env=env)
+        assert ok.returncode == 0 and ok.stdout.strip() == "42", ok
+    finally:
+        run_cli(["session", "close", sid], env=env)

@@ -263,6 +263,14 @@ def request(
             sock.connect(str(path))
         except OSError as exc:
             raise SessionEnded(f"session {session_id} does not answer: {exc}") from exc
+        # The code goes only to a server of this user: a socket planted by someone else (where a
+        # parent of the data directory is theirs) would read it and could answer anything.
+        owner = _peer_uid(sock)
+        if owner != os.getuid():
+            raise SessionEnded(
+                f"the socket of session {session_id} ({path}) is served by uid {owner}, not by "
+                "you; it was not sent the cell. Check who can write to the sandcell data directory"
+            )
         send_message(sock, message)
         try:
             return recv_message(sock, max_bytes=MAX_REQUEST, timeout_s=timeout_s)
