@@ -132,44 +132,24 @@ def test_blocks_workspace_inode_fill(attack: Attack) -> None:
     assert "ENOSPC" in out, out
 
 
-def test_blocks_tmp_disk_fill(attack: Attack) -> None:
-    body = """
+# /dev/shm is a tmpfs of its own, sized like /tmp: left at the kernel default it would take half
+# the host's memory, which in the rlimits mode (no memory cgroup) nothing else bounds.
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm"])
+def test_blocks_tmp_disk_fill(attack: Attack, where: str) -> None:
+    body = f"""
     written = 0
     chunk = b"\\x01" * (1 << 20)
     try:
         for i in range(512):
-            with open(f"/tmp/fill-{i}.bin", "wb") as f:
+            with open(f"{where}/fill-{{i}}.bin", "wb") as f:
                 for _ in range(4):
                     f.write(chunk)
                     f.flush()
                     written += 1
     except OSError as exc:
-        blocked(f"fill /tmp (after {written} MiB)", errname(exc))
+        blocked(f"fill {where} (after {{written}} MiB)", errname(exc))
     if written > 96:
-        breach(f"{written} MiB written into a 64 MiB /tmp")
-    """
-    res = attack.run(body)
-    out = attack.expect_blocked(res, attempts=1)
-    assert "ENOSPC" in out, out
-
-
-def test_blocks_dev_shm_fill(attack: Attack) -> None:
-    # /dev/shm is a tmpfs of its own: left at the kernel default it takes half the host's memory,
-    # which in the rlimits mode (no memory cgroup) nothing else bounds.
-    body = """
-    written = 0
-    chunk = b"\\x01" * (1 << 20)
-    try:
-        for i in range(512):
-            with open(f"/dev/shm/fill-{i}.bin", "wb") as f:
-                for _ in range(4):
-                    f.write(chunk)
-                    f.flush()
-                    written += 1
-    except OSError as exc:
-        blocked(f"fill /dev/shm (after {written} MiB)", errname(exc))
-    if written > 96:
-        breach(f"{written} MiB written into /dev/shm, sized like the 64 MiB /tmp")
+        breach(f"{{written}} MiB written into {where}, a 64 MiB tmpfs")
     """
     res = attack.run(body)
     out = attack.expect_blocked(res, attempts=1)

@@ -613,13 +613,7 @@ def _prepared_program(
         _drop_capabilities()
     except Exception as exc:
         _fail(f"restrict: {exc}")
-    landlock = arm.get("landlock")
-    if landlock is not None:
-        boot["_restrict"](landlock)
-    try:
-        _install_seccomp(seccomp_program)
-    except Exception as exc:
-        _fail(f"seccomp: {exc}")
+    _lock_down(arm.get("landlock"), seccomp_program, boot)
     _reseed()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -643,6 +637,17 @@ def _prepared_program(
     except OSError as exc:
         _fail(f"status descriptor: {exc}")
     return req
+
+
+def _lock_down(landlock: Any, seccomp_program: bytes, boot: dict[str, Any]) -> None:
+    """The program process's last two walls, in this order on every path: Landlock (needs the
+    syscalls seccomp would refuse), then the cold path's full seccomp filter."""
+    if landlock is not None:
+        boot["_restrict"](landlock)
+    try:
+        _install_seccomp(seccomp_program)
+    except Exception as exc:
+        _fail(f"seccomp: {exc}")
 
 
 def _reseed() -> None:
@@ -760,13 +765,7 @@ def _restrict(
         _drop_capabilities()
     except Exception as exc:
         _fail(f"restrict: {exc}")
-    landlock = req.get("landlock")
-    if landlock is not None:
-        boot["_restrict"](landlock)
-    try:
-        _install_seccomp(seccomp_program)
-    except Exception as exc:
-        _fail(f"seccomp: {exc}")
+    _lock_down(req.get("landlock"), seccomp_program, boot)
     boot["_close_inherited"](status_fd)
     _reseed()
     try:
