@@ -27,6 +27,7 @@ from sandcell import (
     ConfigError,
     Executor,
     IsolationMode,
+    IsolationUnavailable,
     Limits,
     RunRequest,
     input_from_path,
@@ -48,6 +49,8 @@ class Sandbox:
     home: Path
     start: str = "cold"
     """How the sandbox starts: ``cold``, ``template`` or ``pool`` (warm starts, python only)."""
+    backend: str = "namespaces"
+    """The rung of the isolation ladder: ``namespaces``, ``gvisor`` or ``microvm``."""
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +86,44 @@ def executor_template(root_home: Path) -> Iterator[Executor]:
 def executor_pool(root_home: Path) -> Iterator[Executor]:
     """The root executor with a warm pool of pre-isolated sandboxes."""
     yield from _warm_executor(root_home, "pool")
+
+
+REQUIRED_BACKENDS_ENV = "SANDCELL_REQUIRE_BACKENDS"
+"""Comma-separated backends that must run (CI sets it): their tests fail instead of skipping."""
+
+
+def backend_unavailable(backend: str, reason: str) -> None:
+    """Skip for a backend this host cannot run, unless CI requires it: then fail."""
+    required = {b.strip() for b in os.environ.get(REQUIRED_BACKENDS_ENV, "").split(",")}
+    if backend in required:
+        pytest.fail(f"backend {backend} is required here (${REQUIRED_BACKENDS_ENV}): {reason}")
+    pytest.skip(f"backend {backend} is not usable on this host: {reason}")
+
+
+@pytest.fixture(scope="session")
+def ladder_executors(root_home: Path) -> Iterator[dict[tuple[str, str], Executor]]:
+    """Root executors of the upper rungs (gvisor, microvm), built on first use per start mode,
+    each kept for the session. A backend the host cannot provide is remembered as a skip."""
+    if os.geteuid() != 0:
+        pytest.skip("the in-process executor fixture runs as root; this test run is not root")
+    built: dict[tuple[str, str], Executor] = {}
+    yield built
+    for ex in built.values():
+        ex.close()
+
+
+def ladder_executor(
+    cache: dict[tuple[str, str], Executor], root_home: Path, backend: str, start: str
+) -> Executor:
+    key = (backend, start)
+    if key not in cache:
+        # Two sandboxes waiting: enough for one test at a time, and idle guests cost CPU.
+        warm = None if start == "cold" else WarmConfig(mode=start, pool_size=2)  # type: ignore[arg-type]
+        try:
+            cache[key] = Executor(home=root_home, profile="unchecked", backend=backend, warm=warm)
+        except IsolationUnavailable as exc:
+            backend_unavailable(backend, str(exc))
+    return cache[key]
 
 
 def _readable_by(user: str, path: Path) -> bool:
@@ -232,9 +273,31 @@ def _limits(limits: dict[str, float]) -> Limits:
     return Limits().with_(**conv)
 
 
-# identity-start: python runs of the warm modes start from a template or a pool (bash, and what
-# else a warm start cannot serve, start cold there and say so).
-SANDBOX_PARAMS = ["root", "user", "root-template", "root-pool", "user-pool"]
+# identity[-backend][-start]: the backend is a rung of the isolation ladder (namespaces when
+# absent); python runs of the warm modes start from a template or a pool (bash, and what else a
+# warm start cannot serve, start cold there and say so).
+SANDBOX_PARAMS = [
+    "root",
+    "user",
+    "root-template",
+    "root-pool",
+    "user-pool",
+    "root-gvisor",
+    "user-gvisor",
+    "root-gvisor-pool",
+    "root-microvm",
+    "root-microvm-pool",
+    "user-microvm-pool",
+]
+
+
+def parse_sandbox_param(param: str) -> tuple[str, str, str]:
+    """``"root-microvm-pool"`` -> ``("root", "microvm", "pool")``."""
+    identity, *rest = param.split("-")
+    backend = rest.pop(0) if rest and rest[0] in ("namespaces", "gvisor", "microvm") else None
+    start = rest.pop(0) if rest else "cold"
+    assert not rest and start in ("cold", "template", "pool"), param
+    return identity, backend or "namespaces", start
 
 
 @pytest.fixture(params=SANDBOX_PARAMS)
@@ -247,12 +310,16 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
     stdout_bytes, stderr_bytes``. Returns the JSON result. The user identity runs in the weaker
     ``rlimits`` mode when this host gives ordinary users no cgroups (recorded in the result).
     """
-    identity, _, start = str(request.param).partition("-")
-    start = start or "cold"
+    identity, backend, start = parse_sandbox_param(str(request.param))
     if identity == "root":
-        ex: Executor = request.getfixturevalue(
-            "executor" if start == "cold" else f"executor_{start}"
-        )
+        if backend == "namespaces":
+            ex: Executor = request.getfixturevalue(
+                "executor" if start == "cold" else f"executor_{start}"
+            )
+        else:
+            ex = ladder_executor(
+                request.getfixturevalue("ladder_executors"), root_home, backend, start
+            )
 
         def run_root(
             code: str,
@@ -273,7 +340,9 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             )
             return result_to_dict(ex.run(req))
 
-        return Sandbox(identity="root", run=run_root, home=root_home, start=start)
+        return Sandbox(
+            identity="root", run=run_root, home=root_home, start=start, backend=backend
+        )
 
     env: UnprivEnv = request.getfixturevalue("unpriv")
     for p in (tmp_path, *tmp_path.parents):
@@ -296,12 +365,16 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             args.insert(1, "--isolation=rlimits")
         if start != "cold":
             args.insert(1, f"--start={start}")
+        if backend != "namespaces":
+            args.insert(1, f"--backend={backend}")
         if stdin:
             stdin_file = tmp_path / f"stdin-{os.urandom(4).hex()}"
             stdin_file.write_bytes(stdin)
             stdin_file.chmod(0o644)
             args += ["--stdin", str(stdin_file)]
         proc = run_as_user(env, args)
+        if proc.returncode == 78 and b"is unavailable" in proc.stderr and backend != "namespaces":
+            backend_unavailable(backend, proc.stderr.decode(errors="replace").strip())
         if proc.returncode == 78 and not proc.stdout:
             # The CLI's "refused before running" status: the same error the API raises.
             raise ConfigError(proc.stderr.decode(errors="replace").strip())
@@ -314,7 +387,7 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             ) from None
         return out
 
-    return Sandbox(identity="user", run=run_user, home=env.home, start=start)
+    return Sandbox(identity="user", run=run_user, home=env.home, start=start, backend=backend)
 
 
 def _user_mode(env: UnprivEnv) -> IsolationMode:

@@ -6,16 +6,17 @@ the probes the backends themselves use, so the doctor and a real run never disag
 raises: a crash inside one becomes a failed check, and the rest of the report still comes out.
 
 Required checks decide :attr:`DoctorReport.can_run` (a default, strict run can work here); the
-others (Landlock, later backends, the bash runtime) are informational.
+others (Landlock, the bash runtime, one row per backend of the isolation ladder) are
+informational.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import pwd
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any
 
 from sandcell.backends.namespaces import bwrap as bw
 from sandcell.backends.namespaces import cgroups, landlock, seccomp
+from sandcell.backends.registry import LADDER, PROTECTS, BackendName, probe
 from sandcell.errors import IsolationUnavailable
 from sandcell.runtimes import _root_layout, bash_runtime, python_runtime
 
@@ -286,7 +288,10 @@ def _favordynmods(mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
 
 
 def _kvm_check(dev: Path = Path("/dev/kvm")) -> Check:
-    fix = "only for a future microVM backend: enable KVM and add the user to the kvm group"
+    fix = (
+        "optional: the microVM backend uses TCG without it (it decides by booting a guest, see "
+        "'backend microvm'); to use KVM, enable it and add the user to the kvm group"
+    )
     if not dev.exists():
         return Check(name="kvm", ok=False, detail=f"{dev} does not exist", fix=fix, required=False)
     try:
@@ -300,37 +305,12 @@ def _kvm_check(dev: Path = Path("/dev/kvm")) -> Check:
             required=False,
         )
     return Check(
-        name="kvm", ok=True, detail=f"{dev} is openable read-write", fix=None, required=False
+        name="kvm",
+        ok=True,
+        detail=f"{dev} is openable read-write (whether it is fast is decided by booting)",
+        fix=None,
+        required=False,
     )
-
-
-def _tool_check(name: str, programs: tuple[str, ...], fix: str) -> Check:
-    """An optional program for a later backend: its path and first ``--version`` line."""
-    path = next((p for p in map(shutil.which, programs) if p), None)
-    if path is None:
-        return Check(
-            name=name,
-            ok=False,
-            detail=f"{' or '.join(programs)} not on PATH",
-            fix=fix,
-            required=False,
-        )
-    try:
-        out = subprocess.run(
-            [path, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-        first = (out.stdout or out.stderr).strip().splitlines()[:1]
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check(
-            name=name, ok=False, detail=f"{path} --version failed: {exc}", fix=fix, required=False
-        )
-    detail = f"{path}: {first[0] if first else 'no version output'}"
-    return Check(name=name, ok=True, detail=detail, fix=None, required=False)
 
 
 def _python_check() -> Check:
@@ -393,24 +373,33 @@ def diagnose() -> DoctorReport:
         ("python runtime", True, _python_check),
         ("bash runtime", False, _bash_check),
         ("kvm", False, _kvm_check),
-        (
-            "gvisor",
-            False,
-            lambda: _tool_check(
-                "gvisor", ("runsc",), "only for a future gVisor backend: install runsc"
-            ),
-        ),
-        (
-            "qemu",
-            False,
-            lambda: _tool_check(
-                "qemu",
-                ("qemu-system-x86_64", "qemu-system-aarch64"),
-                "only for a future microVM backend: install qemu-system",
-            ),
-        ),
     ]
-    return DoctorReport(tuple(_guarded(name, req, fn) for name, req, fn in steps))
+    checks = [_guarded(name, req, fn) for name, req, fn in steps]
+    checks.append(_namespaces_row(checks))
+    for name in LADDER[1:]:
+        checks.append(_guarded(f"backend {name}", False, functools.partial(_backend_row, name)))
+    return DoctorReport(tuple(checks))
+
+
+def _namespaces_row(checks: list[Check]) -> Check:
+    """The first rung is usable exactly when the required host checks above passed."""
+    blockers = [c.name for c in checks if c.required and not c.ok]
+    return Check(
+        name="backend namespaces",
+        ok=not blockers,
+        detail=f"protects {PROTECTS['namespaces']}"
+        if not blockers
+        else f"blocked by {', '.join(blockers)}",
+        fix=None if not blockers else "fix the checks marked [!!] above",
+        required=False,
+    )
+
+
+def _backend_row(name: BackendName) -> Check:
+    """One rung above namespaces: the backend's own probe, which boots or starts what it must."""
+    st = probe(name)
+    detail = st.detail if not st.usable else f"{st.detail}; protects {PROTECTS[name]}"
+    return Check(name=f"backend {name}", ok=st.usable, detail=detail, fix=st.fix, required=False)
 
 
 def render(report: DoctorReport) -> str:

@@ -14,6 +14,7 @@ import hashlib
 import os
 import platform
 import re
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
@@ -26,6 +27,7 @@ import platformdirs
 from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports, validate_globs
 from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend, BackendResult
+from sandcell.backends.registry import BackendName, check_name, create_backend, requested_backend
 from sandcell.display import DisplayCollection, take_outputs
 from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
@@ -117,7 +119,7 @@ class Executor:
     def __init__(
         self,
         *,
-        backend: Backend | None = None,
+        backend: Backend | str | None = None,
         audit: AuditLog | None = None,
         store: ArtifactStore | None = None,
         approvals: ApprovalStore | None = None,
@@ -128,25 +130,44 @@ class Executor:
         warm: WarmConfig | None = None,
     ) -> None:
         base = home or data_dir()
-        if backend is None:
-            from sandcell.backends.namespaces import NamespacesBackend
-
-            # warm: python runs start from a template or a warm pool (see backends/namespaces).
-            backend = NamespacesBackend(warm=warm)
-        elif warm is not None:
-            raise ConfigError(
-                "warm starts are an option of the default backend: pass warm or backend, not both"
-            )
-        self.backend: Backend = backend
+        # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
+        default = os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE
+        self.profile = self._profile(profile if profile is not None else default)
+        # The rung the caller asked for (a name, a backend object, else $SANDCELL_BACKEND); None
+        # lets each run's profile choose. Each profile refuses a rung below its minimum.
+        self._warm = warm
+        self._backends: dict[str, Backend] = {}
+        self._backends_lock = threading.Lock()
+        if isinstance(backend, str) or backend is None:
+            self._requested: BackendName | None = requested_backend(backend)
+        else:
+            if warm is not None:
+                raise ConfigError(
+                    "warm starts are an option of a backend built by name: pass warm with "
+                    "backend='namespaces' (or 'gvisor', 'microvm'), or a backend object alone"
+                )
+            self._requested = check_name(backend.name)
+            self._backends[backend.name] = backend
+        self.backend: Backend = self.backend_for(self.profile)
+        """The backend of a run under the executor's own profile."""
         self.audit = audit or AuditLog(base / "audit.sqlite3")
         self.store = store or ArtifactStore(base / "artifacts")
         self.approvals = approvals or ApprovalStore(base / "approvals.sqlite3")
         self.wheels = WheelCache(base / "wheels")
-        # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
-        default = os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE
-        self.profile = self._profile(profile if profile is not None else default)
         self.export_limits = export_limits or ExportLimits()
         self.known_secrets = tuple(host_secrets() if known_secrets is None else known_secrets)
+
+    def backend_for(self, profile: Profile) -> Backend:
+        """The backend a run under ``profile`` gets: the rung the caller asked for, else the
+        profile's default; built on first use and kept. Raises ConfigError for a rung below the
+        profile's minimum, IsolationUnavailable for one this host cannot provide."""
+        name = profile.backend_for(self._requested)
+        with self._backends_lock:
+            found = self._backends.get(name)
+            if found is None:
+                found = create_backend(name, warm=self._warm)
+                self._backends[name] = found
+            return found
 
     def __enter__(self) -> Executor:
         return self
@@ -160,7 +181,8 @@ class Executor:
         self.close()
 
     def close(self) -> None:
-        self.backend.close()
+        for backend in list(self._backends.values()):
+            backend.close()
         self.audit.close()
         self.approvals.close()
 
@@ -171,7 +193,7 @@ class Executor:
         any other run. Returns how many runs were told to stop; runs that start later are not
         affected, so call it again until the callers of ``run`` have returned.
         """
-        return self.backend.cancel_all(reason)
+        return sum(b.cancel_all(reason) for b in list(self._backends.values()))
 
     @staticmethod
     def _profile(profile: Profile | str) -> Profile:
@@ -222,6 +244,7 @@ class Executor:
         needs approval instead of leaving it waiting in the store.
         """
         prof = self._profile(profile) if profile is not None else self.profile
+        backend = self.backend_for(prof)
         admission = admit(request, prof, result_file=result_file, cache=self.wheels)
         validators = _Validators.make(admission, schema=schema, model=model, invariants=invariants)
         policy = admission.policy_record()
@@ -232,6 +255,7 @@ class Executor:
                 Outcome.DENIED,
                 f"denied by profile {prof.name!r}: {admission.decision.reason}",
                 policy,
+                backend,
             )
         if verdict == "approve":
             ticket = self.approvals.submit(
@@ -254,6 +278,7 @@ class Executor:
                     f"waiting for approval {ticket.id} ({admission.decision.reason}); "
                     f"approve it with: sandcell approve {ticket.id}",
                     {**policy, "approval": {"id": ticket.id, "status": "pending"}},
+                    backend,
                 )
             who = f"callback:{getattr(approve, '__qualname__', 'approve')}"
             if not approve(ticket):
@@ -265,16 +290,18 @@ class Executor:
                     Outcome.DENIED,
                     f"approval {ticket.id} was denied by {who}",
                     {**policy, "approval": _denial(denied)},
+                    backend,
                 )
             approved = self.approvals.approve(ticket.id, by=who)
             result = self._execute(
+                backend,
                 approved.request,
                 validators,
                 {**policy, "approval": approval_record(approved.ticket)},
             )
             self.approvals.mark_ran(ticket.id, result.run_id)
             return result
-        return self._execute(admission.request, validators, policy)
+        return self._execute(backend, admission.request, validators, policy)
 
     def session(
         self,
@@ -319,6 +346,7 @@ class Executor:
             if source.startswith("builtin:") or not source
             else source
         )
+        backend = self.backend_for(prof)
         if prof.sha256 != ticket.profile.get("sha256"):
             raise ConfigError(
                 f"profile {prof.name!r} changed since approval {ticket.id} was submitted; deny "
@@ -350,7 +378,7 @@ class Executor:
             )
         approved = self.approvals.approve(ticket.id, by=by or default_approver(), reason=reason)
         policy = {**admission.policy_record(), "approval": approval_record(approved.ticket)}
-        result = self._execute(approved.request, validators, policy)
+        result = self._execute(backend, approved.request, validators, policy)
         self.approvals.mark_ran(ticket.id, result.run_id)
         return result
 
@@ -374,7 +402,11 @@ class Executor:
     # -- internals ----------------------------------------------------------------------------
 
     def _execute(
-        self, request: RunRequest, validators: _Validators, policy: Mapping[str, object]
+        self,
+        backend: Backend,
+        request: RunRequest,
+        validators: _Validators,
+        policy: Mapping[str, object],
     ) -> RunResult:
         globs = validate_globs(request.exports)
         inputs = inspect_inputs(request.inputs)
@@ -392,15 +424,22 @@ class Executor:
             return collect_exports(ws, globs, self.store, self.export_limits)
 
         try:
-            br = self.backend.run(request, run_id=run_id, collect=collect)
+            br = backend.run(request, run_id=run_id, collect=collect)
         except InfraError as exc:
-            br = _infra_result(str(exc))
+            br = _infra_result(str(exc), backend.name)
         if displayed and br.outcome is not Outcome.INFRA_ERROR:
             shown = displayed[0]
             rejected = br.rejected_exports + shown.rejected
             br = replace(br, outputs=br.outputs + shown.outputs, rejected_exports=rejected)
         return self.finish(
-            request, br, validators, policy, run_id=run_id, started_at=started_at, inputs=inputs
+            request,
+            br,
+            validators,
+            policy,
+            run_id=run_id,
+            started_at=started_at,
+            inputs=inputs,
+            backend=backend,
         )
 
     def finish(
@@ -414,6 +453,7 @@ class Executor:
         started_at: str,
         inputs: list[dict[str, object]],
         session_id: str | None = None,
+        backend: Backend | None = None,
     ) -> RunResult:
         """What happens after a sandbox ran: validate the declared result, scan for leaks, write
         the record, return the typed result. Shared by one-shot runs and session cells."""
@@ -469,7 +509,7 @@ class Executor:
             start=br.start,
             session_id=session_id,
         )
-        self.audit.append(self._record(request, result, br, inputs))
+        self.audit.append(self._record(request, result, br, inputs, backend or self.backend))
         return result
 
     def _result_bytes(self, artifacts: Sequence[Artifact], result_file: str | None) -> bytes | None:
@@ -481,7 +521,12 @@ class Executor:
         return b""  # declared but not written: validation says so
 
     def _not_run(
-        self, request: RunRequest, outcome: Outcome, reason: str, policy: Mapping[str, object]
+        self,
+        request: RunRequest,
+        outcome: Outcome,
+        reason: str,
+        policy: Mapping[str, object],
+        backend: Backend | None = None,
     ) -> RunResult:
         result = RunResult(
             run_id=uuid.uuid4().hex,
@@ -500,7 +545,11 @@ class Executor:
             started_at=_now(),
             policy=policy,
         )
-        self.audit.append(self._record(request, result, None, inspect_inputs(request.inputs)))
+        self.audit.append(
+            self._record(
+                request, result, None, inspect_inputs(request.inputs), backend or self.backend
+            )
+        )
         return result
 
     def _record(
@@ -509,6 +558,7 @@ class Executor:
         result: RunResult,
         br: BackendResult | None,
         inputs: list[dict[str, object]],
+        backend: Backend,
     ) -> Mapping[str, object]:
         runtime = runtime_for(request.language)
         enforcement = result.enforcement
@@ -524,7 +574,7 @@ class Executor:
                 "identity": runtime.identity,
                 "sha256": runtime.sha256,
             },
-            "backend": {"name": self.backend.name, **self.backend.versions()},
+            "backend": {"name": backend.name, **backend.versions()},
             "host": {"kernel": platform.release(), "machine": platform.machine()},
             "limits": asdict(request.effective_limits),
             "mode": request.mode.value,
@@ -586,11 +636,11 @@ def _missing_result(br: BackendResult, result_file: str | None) -> str | None:
     return f"the result file {result_file!r} was not written by the program"
 
 
-def _infra_result(reason: str) -> BackendResult:
+def _infra_result(reason: str, backend: str) -> BackendResult:
     return BackendResult.not_run(
         Outcome.INFRA_ERROR,
         reason,
-        Enforcement(backend="none", layers={}, mode=IsolationMode.STRICT),
+        Enforcement(backend=backend, layers={}, mode=IsolationMode.STRICT),
     )
 
 

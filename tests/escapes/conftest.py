@@ -182,6 +182,8 @@ def run_with_host_state(
             args.insert(1, "--isolation=rlimits")
         if attack.sandbox.start != "cold":
             args.insert(1, f"--start={attack.sandbox.start}")
+        if attack.sandbox.backend != "namespaces":
+            args.insert(1, f"--backend={attack.sandbox.backend}")
         proc = run_as_user(unpriv, args, extra_env=env, pass_fds=tuple(pass_fds))
         try:
             out: dict[str, object] = json.loads(proc.stdout)

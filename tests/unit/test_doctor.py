@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from sandcell import doctor
+from sandcell.backends import registry
+from sandcell.backends.base import BackendStatus
 from sandcell.backends.namespaces.cgroups import CgroupHost
 from sandcell.doctor import Check, DoctorReport, diagnose, render
 from sandcell.errors import IsolationUnavailable
@@ -29,8 +30,9 @@ NAMES = (
     "python runtime",
     "bash runtime",
     "kvm",
-    "gvisor",
-    "qemu",
+    "backend namespaces",
+    "backend gvisor",
+    "backend microvm",
 )
 
 
@@ -170,13 +172,35 @@ def test_landlock_missing_is_informational() -> None:
     assert doctor._landlock_check(7).detail.startswith("ABI 7 (")
 
 
-def test_optional_backends(tmp_path: Path) -> None:
+def test_kvm_is_informational(tmp_path: Path) -> None:
     kvm = doctor._kvm_check(tmp_path / "kvm")
-    assert not kvm.ok and not kvm.required and kvm.fix
-    absent = doctor._tool_check("gvisor", ("sandcell-no-such-program",), "install it")
-    assert not absent.ok and absent.fix == "install it"
-    present = doctor._tool_check("python", (sys.executable,), "install it")
-    assert present.ok and "Python 3." in present.detail
+    assert not kvm.ok and not kvm.required and kvm.fix and "TCG" in kvm.fix
+
+
+def test_one_row_per_backend_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_probe(name: str) -> BackendStatus:
+        if name == "gvisor":
+            return BackendStatus(name=name, usable=True, detail="runsc 2022", fix=None)
+        return BackendStatus(name=name, usable=False, detail="no kernel", fix="run install-vm")
+
+    monkeypatch.setattr(doctor, "probe", fake_probe)
+    rows = {c.name: c for c in doctor.diagnose().checks if c.name.startswith("backend ")}
+    assert list(rows) == ["backend namespaces", "backend gvisor", "backend microvm"]
+    assert rows["backend gvisor"].ok and "protects" in rows["backend gvisor"].detail
+    micro = rows["backend microvm"]
+    assert not micro.ok and not micro.required and micro.fix == "run install-vm"
+    assert "no kernel" in micro.detail
+
+
+def test_backend_probe_crash_is_a_failed_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    def broken(name: str) -> object:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    st = registry.probe("gvisor")
+    assert not st.usable and "RuntimeError: boom" in st.detail and st.fix
 
 
 def test_crashing_check_becomes_a_failure() -> None:

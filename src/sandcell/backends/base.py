@@ -60,6 +60,18 @@ class BackendResult:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendStatus:
+    """Whether this host can run a backend, as ``sandcell doctor`` reports it."""
+
+    name: str
+    usable: bool
+    detail: str
+    """What was found: versions, paths, the error of a failed probe."""
+    fix: str | None
+    """How to make it usable; set whenever ``usable`` is false."""
+
+
 class Backend(Protocol):
     """An isolation engine: ``run`` starts a fresh sandbox, runs one program, destroys it."""
 
@@ -82,4 +94,4 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-__all__ = ["Backend", "BackendResult", "Collector"]
+__all__ = ["Backend", "BackendResult", "BackendStatus", "Collector"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from sandcell import status
+from sandcell.cli.options import add_backend_option
 from sandcell.errors import ConfigError
 from sandcell.validation import neutralise
 
@@ -33,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "number of the answer is traced to a run's output, and every run is recorded.",
     )
     a.add_argument("question")
+    add_backend_option(a)
     a.add_argument(
         "--input",
         action="append",
@@ -111,7 +113,7 @@ def handle(args: argparse.Namespace) -> int:
         reply_tokens=settings.max_tokens or defaults.reply_tokens,
     )
     progress = _Progress(sys.stderr)
-    with Executor(home=args.home, profile=args.profile) as ex:
+    with Executor(home=args.home, profile=args.profile, backend=args.backend) as ex:
         agent = Agent(
             ex,
             model,

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from sandcell import status
+from sandcell.cli.options import add_backend_option
 from sandcell.errors import ConfigError
 from sandcell.spec import IsolationMode
 
@@ -101,6 +102,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="sandboxes kept waiting with --start pool (default: concurrency + 1)",
     )
+    add_backend_option(b)
     b.add_argument(
         "--restart", action="store_true", help="discard the results file's lines and run all"
     )
@@ -199,7 +201,7 @@ def handle(args: argparse.Namespace) -> int:
     warm = warm_config(args)
     stop = threading.Event()
     caught: list[int] = []
-    with Executor(home=args.home, profile=args.profile, warm=warm) as ex:
+    with Executor(home=args.home, profile=args.profile, warm=warm, backend=args.backend) as ex:
         tasks = load_tasks(
             args.tasks,
             ex.profile,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sandcell import status
+from sandcell.cli.options import add_backend_option
 from sandcell.cli.render import render_outputs
 from sandcell.errors import ConfigError
 from sandcell.policy.profiles import Profile
@@ -82,6 +83,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded",
     )
     r.add_argument("--no-landlock", action="store_true", help="do not apply Landlock")
+    add_backend_option(r)
     r.add_argument(
         "--start",
         choices=("cold", "template", "pool"),
@@ -195,7 +197,7 @@ def handle(args: argparse.Namespace) -> int:
     from sandcell.backends.namespaces.warm import WarmConfig
 
     warm = None if args.start == "cold" else WarmConfig(mode=args.start, pool_size=1)
-    with Executor(home=args.home, profile=args.profile, warm=warm) as ex:
+    with Executor(home=args.home, profile=args.profile, warm=warm, backend=args.backend) as ex:
         request = build_request(args, ex.profile)
         result = ex.run(
             request,

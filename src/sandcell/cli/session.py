@@ -16,6 +16,7 @@ from typing import Any
 
 from sandcell import status
 from sandcell.artifacts import ArtifactStore
+from sandcell.cli.options import add_backend_option
 from sandcell.cli.render import render_outputs
 from sandcell.cli.run import read_code
 from sandcell.errors import ConfigError, InfraError
@@ -108,6 +109,7 @@ def _session_options(p: argparse.ArgumentParser) -> None:
         help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded",
     )
     p.add_argument("--no-landlock", action="store_true", help="do not apply Landlock")
+    add_backend_option(p)
 
 
 def _home(args: argparse.Namespace) -> Path:
@@ -127,6 +129,8 @@ def _common_argv(args: argparse.Namespace) -> list[str]:
     ]
     if args.profile:
         argv += ["--profile", args.profile]
+    if args.backend:
+        argv += ["--backend", args.backend]
     for p in args.input:
         argv += ["--input", str(Path(p).resolve())]
     for flag, value in (
@@ -189,6 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
         home=_home(args),
         session_id=registry.check_id(args.id),
         profile=args.profile,
+        backend=args.backend,
         limits=limits,
         inputs=tuple(input_from_path(p) for p in args.input),
         mode=IsolationMode(args.isolation),

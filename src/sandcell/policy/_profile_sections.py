@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Literal, get_args
 
 from sandcell.artifacts import validate_globs
+from sandcell.backends.registry import LADDER, rank
 from sandcell.errors import ConfigError
 from sandcell.spec import LANGUAGES, Language, Limits, MiB
 
@@ -214,6 +215,31 @@ class NetworkRules:
             problem = host_problem(host)
             if problem:
                 raise SectionError(problem, "hosts", host)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IsolationRules:
+    """Which rungs of the isolation ladder (:mod:`sandcell.backends.registry`) a run may use."""
+
+    backend: str = "namespaces"
+    """The backend of a run that names none. Absent: ``namespaces``, or ``minimum`` when that is
+    stronger."""
+    minimum: str = "namespaces"
+    """The weakest backend a run may ask for; a weaker one is refused, never upgraded.
+    Absent: ``namespaces`` (any)."""
+
+    def __post_init__(self) -> None:
+        for key in ("backend", "minimum"):
+            if getattr(self, key) not in LADDER:
+                raise SectionError(
+                    f"unknown {key} {getattr(self, key)!r}; use one of {', '.join(LADDER)}", key
+                )
+        if rank(self.backend) < rank(self.minimum):  # type: ignore[arg-type]
+            raise SectionError(
+                f"backend {self.backend!r} is weaker than the minimum {self.minimum!r}; "
+                "raise backend or lower minimum",
+                "backend",
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,6 +39,7 @@ from typing import TypeVar
 import platformdirs
 
 from sandcell.artifacts import validate_globs
+from sandcell.backends.registry import LADDER, BackendName, check_name, rank
 from sandcell.errors import ConfigError, IsolationUnavailable
 from sandcell.policy._profile_sections import (
     APPROVAL_MODES,
@@ -48,6 +49,7 @@ from sandcell.policy._profile_sections import (
     Approval,
     CheckRules,
     FilesystemRules,
+    IsolationRules,
     LimitRules,
     NetworkMode,
     NetworkRules,
@@ -72,6 +74,7 @@ __all__ = [
     "Approval",
     "CheckRules",
     "FilesystemRules",
+    "IsolationRules",
     "LimitRules",
     "NetworkMode",
     "NetworkRules",
@@ -108,6 +111,7 @@ class Profile:
     """Of the file's bytes (followed by the schema file's, when one is referenced)."""
     filesystem: FilesystemRules = field(default_factory=FilesystemRules)
     network: NetworkRules = field(default_factory=NetworkRules)
+    isolation: IsolationRules = field(default_factory=IsolationRules)
     limits: LimitRules = field(default_factory=LimitRules)
     runtime: RuntimeRules = field(default_factory=RuntimeRules)
     checks: CheckRules = field(default_factory=CheckRules)
@@ -187,6 +191,25 @@ class Profile:
             changes[key] = value
         return self.limits.defaults.with_(**changes)
 
+    def backend_for(self, requested: str | None) -> BackendName:
+        """The backend of a run that asked for ``requested`` (None: it named none).
+
+        Raises ConfigError when ``requested`` is weaker than the profile's minimum: a run is
+        never moved to another rung than the one it asked for.
+        """
+        if requested is None:
+            return check_name(self.isolation.backend)
+        name = check_name(requested)
+        minimum = check_name(self.isolation.minimum)
+        if rank(name) < rank(minimum):
+            stronger = ", ".join(b for b in LADDER if rank(b) >= rank(minimum))
+            raise ConfigError(
+                f"backend {name!r} is weaker than the minimum {minimum!r} of profile "
+                f"{self.name!r}; ask for {stronger} (--backend), or use a profile that accepts "
+                f"{name!r}"
+            )
+        return name
+
     def require_enforceable(self) -> None:
         """Raise IsolationUnavailable if the profile asks for something sandcell cannot enforce."""
         if self.network.mode == "allowlist":
@@ -227,6 +250,7 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "filesystem": ("max_inputs", "export_globs"),
         "network": ("mode", "hosts"),
+        "isolation": ("backend", "minimum"),
         "runtime": ("languages", "runtime", "allowed_imports", "allowed_packages"),
         "limits": tuple(LIMIT_KEYS),
         "ceilings": tuple(LIMIT_KEYS),
@@ -310,6 +334,11 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
     schema, schema_bytes = _schema(doc, base_dir)
     defaults, ceilings = _limits(doc, "limits", Limits()), _limits(doc, "ceilings", STRICT_CEILINGS)
     fs, net, rt, chk, val = "filesystem", "network", "runtime", "checks", "validation"
+    iso = "isolation"
+    minimum = doc.string((iso, "minimum"))
+    backend = doc.string((iso, "backend"))
+    if backend is None and minimum in LADDER and rank(minimum) > 0:
+        backend = minimum  # absent backend: the weakest the minimum allows
     return _rules(
         doc,
         "",
@@ -333,6 +362,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             mode=doc.string((net, "mode")),
             hosts=doc.strings((net, "hosts")),
         ),
+        isolation=_rules(doc, iso, IsolationRules, backend=backend, minimum=minimum),
         limits=_rules(doc, "limits", LimitRules, defaults=defaults, ceilings=ceilings),
         runtime=_rules(
             doc,
@@ -497,6 +527,8 @@ def render_matrix(profile: Profile) -> str:
         ("filesystem", "export_globs", _items(fs.export_globs)),
         ("network", "mode", net.mode),
         ("network", "hosts", _items(net.hosts)),
+        ("isolation", "backend", profile.isolation.backend),
+        ("isolation", "minimum", profile.isolation.minimum),
     ]
     rows += [("limits", key, _limit(name)) for key, (name, _) in LIMIT_KEYS.items()]
     rows += [

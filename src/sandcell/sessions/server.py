@@ -74,6 +74,7 @@ def serve(
     session_id: str,
     profile: str | None,
     limits: Limits | None,
+    backend: str | None = None,
     inputs: tuple[InputFile, ...],
     mode: IsolationMode,
     landlock: bool | None,
@@ -89,7 +90,7 @@ def serve(
     sock_path = registry.socket_path(home, session_id)
     listener: socket.socket | None = None
     try:
-        with Executor(home=home, profile=profile) as ex:
+        with Executor(home=home, profile=profile, backend=backend) as ex:
             try:
                 session = Session(
                     ex,

@@ -124,11 +124,6 @@ class Session:
     ) -> None:
         if idle_timeout_s <= 0 or max_lifetime_s <= 0:
             raise ConfigError("idle_timeout_s and max_lifetime_s must be positive")
-        backend = executor.backend
-        if not isinstance(backend, NamespacesBackend):
-            raise ConfigError(
-                f"sessions run on the namespaces backend; this executor uses {backend.name!r}"
-            )
         self.executor = executor
         self.profile = (
             executor.profile
@@ -137,6 +132,13 @@ class Session:
             if isinstance(profile, Profile)
             else load_profile(profile)
         )
+        backend = executor.backend_for(self.profile)
+        if not isinstance(backend, NamespacesBackend):
+            raise ConfigError(
+                f"sessions run on the namespaces backend only; this session's backend is "
+                f"{backend.name!r}: start it with --backend namespaces under a profile that "
+                "allows it"
+            )
         # The session's own request: the profile resolves its limits (refusing any above a
         # ceiling) and accepts its inputs once; every cell is admitted again with its code.
         base = RunRequest(
@@ -254,6 +256,7 @@ class Session:
                 started_at=started_at,
                 inputs=self._inputs_record,
                 session_id=self.id,
+                backend=self._sandbox.backend,
             )
             self._last_active = time.monotonic()
             if self._sandbox.ended is not None and self._ended is None:
