@@ -161,7 +161,9 @@ class Executor:
         """The backend a run under ``profile`` gets: the rung the caller asked for, else the
         profile's default; built on first use and kept. Raises ConfigError for a rung below the
         profile's minimum, IsolationUnavailable for one this host cannot provide."""
-        name = profile.backend_for(self._requested)
+        return self._backend_named(profile.backend_for(self._requested))
+
+    def _backend_named(self, name: str) -> Backend:
         with self._backends_lock:
             found = self._backends.get(name)
             if found is None:
@@ -260,7 +262,8 @@ class Executor:
         if verdict == "approve":
             ticket = self.approvals.submit(
                 admission.request,
-                profile=prof.to_record(),
+                # The rung is part of what is approved: the run happens on it, or not at all.
+                profile={**prof.to_record(), "backend": backend.name},
                 findings=policy["findings"],  # type: ignore[arg-type]
                 why=admission.decision.reason,
                 declared=_declared_for_storage(
@@ -346,7 +349,16 @@ class Executor:
             if source.startswith("builtin:") or not source
             else source
         )
-        backend = self.backend_for(prof)
+        submitted = ticket.profile.get("backend")
+        if isinstance(submitted, str):
+            if self._requested is not None and self._requested != submitted:
+                raise ConfigError(
+                    f"approval {ticket.id} is for a run on backend {submitted!r}, not "
+                    f"{self._requested!r}; approve it with --backend {submitted} (or none)"
+                )
+            backend = self._backend_named(prof.backend_for(submitted))
+        else:  # submitted before backends were recorded with the approval
+            backend = self.backend_for(prof)
         if prof.sha256 != ticket.profile.get("sha256"):
             raise ConfigError(
                 f"profile {prof.name!r} changed since approval {ticket.id} was submitted; deny "
