@@ -157,3 +157,73 @@ def test_interactive_approval_asks_on_the_terminal(tmp_path: Path) -> None:
     body = json.loads(proc.stdout)
     assert body["stop_reason"] == "answered"
     assert body["attempts"][0]["approval_id"]
+
+
+RATE_TURNS = [
+    "```python\nprint('rate %:', 94 / 1388 * 100)\n```",
+    '```answer\n{"explanation": "6.77% of the leads converted.", "figures": [{"name": "rate", '
+    '"value": 6.77, "unit": "%", "run": 1}]}\n```',
+]
+
+
+@pytest.mark.usefixtures("root")
+def test_resume_after_approve_goes_on_with_the_question(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    turns = tmp_path / "rate.turns.json"
+    turns.write_text(json.dumps(RATE_TURNS))
+    asked = run_cli(
+        ["ask", "Conversion rate?", "--profile", "supervised", "--model", f"scripted:{turns}"],
+        env=env,
+    )
+    assert asked.returncode == 125, asked.stderr
+    approval_id = asked.stdout.split("sandcell ask --resume ")[1].split()[0]
+    pending = run_cli(["ask", "--resume", approval_id], env=env)
+    assert pending.returncode == 78 and "still pending" in pending.stderr
+    approved = run_cli(["approve", approval_id, "--json"], env=env)
+    assert approved.returncode == 0, approved.stderr
+    run_id = json.loads(approved.stdout)["run_id"]
+    # No --model: the stored settings name the script, which goes on from its second turn.
+    resumed = run_cli(["ask", "--resume", approval_id, "--json"], env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    body = json.loads(resumed.stdout)
+    assert body["stop_reason"] == "answered" and body["run_ids"] == [run_id]
+    assert body["figures"][0]["run_id"] == run_id and body["usage"]["steps"] == 2
+    assert body["model_settings"]["provider"] == "scripted"
+    again = run_cli(["ask", "--resume", approval_id], env=env)
+    assert again.returncode == 78 and "already resumed" in again.stderr
+
+
+def test_resume_refuses_a_new_question_and_an_unknown_id(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    both = run_cli(["ask", "Rate?", "--resume", "abcdef123456"], env=env)
+    assert both.returncode == 78 and "leave out QUESTION" in both.stderr
+    unknown = run_cli(["ask", "--resume", "abcdef123456"], env=env)
+    assert unknown.returncode == 78 and "no approval 'abcdef123456'" in unknown.stderr
+    neither = run_cli(["ask"], env=env)
+    assert neither.returncode == 78 and "--resume" in neither.stderr
+
+
+@pytest.mark.usefixtures("root")
+def test_a_script_of_tool_calls_answers(tmp_path: Path) -> None:
+    turns = tmp_path / "tools.turns.json"
+    figures = [{"name": "rate", "value": 6.77, "unit": "%", "run": 1}]
+    turns.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "run_code", "arguments": {"code": "print(94/1388*100)"}}]},
+                {
+                    "text": "Done.",
+                    "tool_calls": [
+                        {
+                            "name": "answer",
+                            "arguments": {"explanation": "6.77% converted.", "figures": figures},
+                        }
+                    ],
+                },
+            ]
+        )
+    )
+    proc = run_cli(["ask", "Rate?", "--model", f"scripted:{turns}", "--json"], env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    assert body["stop_reason"] == "answered" and body["figures"][0]["value"] == 6.77

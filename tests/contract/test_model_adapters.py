@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.agent.tools import TOOLS
 from sandcell.errors import ConfigError, ModelError, ModelRateLimited
 from sandcell.models import resolve_model, resolve_model_and_settings
 from sandcell.models._errors import parse_retry_after
 from sandcell.models.anthropic_messages import AnthropicMessagesModel, to_wire
-from sandcell.models.base import Message
+from sandcell.models.base import Message, ToolCall, ToolsUnsupported
 from sandcell.models.openai_chat import OpenAIChatModel
 
 
@@ -514,3 +515,229 @@ def test_retry_after_forms() -> None:
     assert wait is not None and 0 < wait <= 120
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
+
+
+# --- Native tool calling ---------------------------------------------------------------------
+
+RUN_CODE_ARGS = '{"code": "print(sum(range(11)))", "language": "python"}'
+TOOL_CONVERSATION = [
+    Message(role="system", content="You write Python."),
+    Message(role="user", content="Sum 1..10"),
+    Message(
+        role="assistant",
+        content="I will run it.",
+        tool_calls=(ToolCall(id="call_a", name="run_code", arguments=RUN_CODE_ARGS),),
+    ),
+    Message(role="tool", content="Run 1 printed 55.", tool_call_id="call_a"),
+]
+
+
+def _chat_tool_call(name: str, arguments: str, call_id: str = "call_b") -> Reply:
+    return Reply(
+        body={
+            "id": "chatcmpl-2",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "gpt-test-2025",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": name, "arguments": arguments},
+                            }
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 12, "total_tokens": 62},
+        }
+    )
+
+
+def _no_tools_400(provider: str) -> Reply:
+    # What servers without tool calling answer (llama.cpp, older Ollama and vLLM builds).
+    message = "tools is not supported by this model"
+    if provider == "anthropic":
+        return Reply(
+            status=400,
+            body={"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+        )
+    return Reply(status=400, body={"error": {"message": message, "type": "invalid_request_error"}})
+
+
+def test_openai_tools_go_out_and_tool_calls_come_back(
+    server: ProviderServer, chat: OpenAIChatModel
+) -> None:
+    answer_args = '{"explanation": "The sum is 55.", "figures": [{"name": "sum", "value": 55.0}]}'
+    server.reply = lambda _r: _chat_tool_call("answer", answer_args)
+    assert chat.tool_calling == "auto"
+    done = chat.complete(TOOL_CONVERSATION, max_tokens=100, tools=TOOLS)
+    assert done.tool_calls == (ToolCall(id="call_b", name="answer", arguments=answer_args),)
+    assert (done.text, done.finish_reason) == ("", "tool_calls")
+    body = server.requests[0].body
+    tools = body["tools"]
+    assert isinstance(tools, list)
+    assert [t["function"]["name"] for t in tools] == ["run_code", "answer"]
+    assert all(t["type"] == "function" for t in tools)
+    assert tools[0]["function"]["parameters"]["required"] == ["code"]
+    # The earlier call and its result are on the wire in OpenAI's shape.
+    assert body["messages"][2] == {
+        "role": "assistant",
+        "content": "I will run it.",
+        "tool_calls": [
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "run_code", "arguments": RUN_CODE_ARGS},
+            }
+        ],
+    }
+    assert body["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "call_a",
+        "content": "Run 1 printed 55.",
+    }
+
+
+def test_openai_text_mode_sends_no_tools(server: ProviderServer) -> None:
+    server.reply = lambda _r: _chat_ok()
+    with OpenAIChatModel("m", api_key="k", base_url=server.url, tool_calling="text") as model:
+        model.complete(CONVERSATION, max_tokens=10, tools=TOOLS)
+    assert "tools" not in server.requests[0].body
+
+
+def test_openai_server_without_tools_switches_auto_to_text(
+    server: ProviderServer, chat: OpenAIChatModel
+) -> None:
+    server.reply = lambda r: _no_tools_400("openai") if "tools" in r.body else _chat_ok()
+    with pytest.raises(ToolsUnsupported, match="refused tool calling") as exc:
+        chat.complete(CONVERSATION, max_tokens=10, tools=TOOLS)
+    assert exc.value.status == 400 and "tools is not supported" in str(exc.value)
+    assert chat.tool_calling == "text"
+    # From now on the same call goes out as plain text, and the server answers it.
+    assert chat.complete(CONVERSATION, max_tokens=10, tools=TOOLS).text == "The sum is 55."
+    assert "tools" not in server.requests[1].body
+
+
+def test_openai_native_mode_does_not_fall_back(server: ProviderServer) -> None:
+    server.reply = lambda _r: _no_tools_400("openai")
+    with (
+        OpenAIChatModel("m", api_key="k", base_url=server.url, tool_calling="native") as model,
+        pytest.raises(ModelError, match="--tool-calling text") as exc,
+    ):
+        model.complete(CONVERSATION, max_tokens=10, tools=TOOLS)
+    assert not isinstance(exc.value, ToolsUnsupported)
+    assert model.tool_calling == "native"
+
+
+def test_openai_other_bad_request_with_tools_is_not_a_fallback(
+    server: ProviderServer, chat: OpenAIChatModel
+) -> None:
+    server.reply = lambda _r: Reply(status=400, body={"error": {"message": "bad max_tokens"}})
+    with pytest.raises(ModelError) as exc:
+        chat.complete(CONVERSATION, max_tokens=10, tools=TOOLS)
+    assert not isinstance(exc.value, ToolsUnsupported)
+    assert chat.tool_calling == "auto"
+
+
+def _anthropic_tool_use(name: str, arguments: dict[str, object]) -> Reply:
+    return Reply(
+        body={
+            "id": "msg_2",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-test-20250101",
+            "content": [
+                {"type": "text", "text": "Running it."},
+                {"type": "tool_use", "id": "toolu_9", "name": name, "input": arguments},
+            ],
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 40, "output_tokens": 20},
+        }
+    )
+
+
+def test_anthropic_tools_go_out_and_tool_use_comes_back(
+    server: ProviderServer, claude: AnthropicMessagesModel
+) -> None:
+    server.reply = lambda _r: _anthropic_tool_use("run_code", {"code": "print(2)"})
+    conversation = [
+        *TOOL_CONVERSATION,
+        Message(role="user", content="Note: be brief."),
+    ]
+    done = claude.complete(conversation, max_tokens=100, tools=TOOLS)
+    assert done.text == "Running it." and done.finish_reason == "tool_use"
+    (call,) = done.tool_calls
+    assert (call.id, call.name, json.loads(call.arguments)) == (
+        "toolu_9",
+        "run_code",
+        {"code": "print(2)"},
+    )
+    body = server.requests[0].body
+    tools = body["tools"]
+    assert isinstance(tools, list)
+    assert [t["name"] for t in tools] == ["run_code", "answer"]
+    assert tools[1]["input_schema"]["required"] == ["explanation"]
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    assert messages[1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "I will run it."},
+            {
+                "type": "tool_use",
+                "id": "call_a",
+                "name": "run_code",
+                "input": json.loads(RUN_CODE_ARGS),
+            },
+        ],
+    }
+    # The tool's result leads the next user turn; the user's own text follows it.
+    assert messages[2] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "call_a", "content": "Run 1 printed 55."},
+            {"type": "text", "text": "Note: be brief."},
+        ],
+    }
+
+
+def test_anthropic_server_without_tools_switches_auto_to_text(
+    server: ProviderServer, claude: AnthropicMessagesModel
+) -> None:
+    server.reply = lambda r: (
+        _no_tools_400("anthropic") if "tools" in r.body else (_anthropic_reply(r))
+    )
+    with pytest.raises(ToolsUnsupported):
+        claude.complete(CONVERSATION, max_tokens=10, tools=TOOLS)
+    assert claude.tool_calling == "text"
+    assert claude.complete(CONVERSATION, max_tokens=10, tools=TOOLS).text == "The sum is 55."
+    assert "tools" not in server.requests[1].body
+
+
+def test_tool_calling_is_configured_by_flag_and_file(
+    server: ProviderServer, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[model]\nname = "openai-compatible:m"\ntool_calling = "text"\n')
+    model, settings = resolve_model_and_settings(
+        None, base_url=server.url, environ={}, config_file=config
+    )
+    assert settings.tool_calling == "text" and model.tool_calling == "text"  # type: ignore[attr-defined]
+    model, settings = resolve_model_and_settings(
+        "openai-compatible:m", base_url=server.url, environ={}, tool_calling="native"
+    )
+    assert settings.to_dict()["tool_calling"] == "native"
+    assert model.tool_calling == "native"  # type: ignore[attr-defined]
+    config.write_text('[model]\ntool_calling = "sometimes"\n')
+    with pytest.raises(ConfigError, match="tool_calling must be one of auto, native, text"):
+        resolve_model_and_settings("openai-compatible:m", base_url=server.url, environ={},
+                                   config_file=config)  # fmt: skip

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from sandcell.agent.protocol import FigureClaim, FinalAnswer
-from sandcell.agent.trace import Evidence, find_numbers, trace_answer
+from sandcell.agent.trace import Evidence, find_numbers, trace_answer, trace_prose
 
 RUN = "a" * 32
 OTHER = "b" * 32
@@ -105,3 +105,11 @@ def test_find_numbers_reads_precision_and_percent() -> None:
     assert n.value == Decimal("1234.50") and n.decimals == 2 and n.percent
     (e,) = find_numbers("1.2e3")
     assert e.decimals == -2
+
+
+def test_prose_counts_numbers_from_runs_and_names_the_untraced() -> None:
+    evidence = Evidence({RUN: ["leads: 1388\nrate %: 6.772334"]}, context="sales in 2026")
+    assert trace_prose("Of 1,388 leads, 6.77% converted.", evidence) == (2, ())
+    # A number only the question states traces, but does not count as computed.
+    assert trace_prose("Sales in 2026 were good.", evidence) == (0, ())
+    assert trace_prose("6.77% of 1,400 leads converted.", evidence) == (1, ("'1,400'",))

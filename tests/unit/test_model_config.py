@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from sandcell.errors import ConfigError
+from sandcell.errors import ConfigError, ModelError
 from sandcell.models import ModelSettings, parse_spec, resolve_model, resolve_model_and_settings
 from sandcell.models.base import Message, Model
 from sandcell.models.fake import ScriptedModel
@@ -155,7 +155,8 @@ def test_scripted_model(resolve: Resolve, tmp_path: Path) -> None:
     conversation = [Message(role="user", content="q")]
     assert model.complete(conversation, max_tokens=5).text == "first"
     assert model.complete(conversation, max_tokens=5).text == "second"
-    with pytest.raises(ConfigError, match="2 turns"):
+    # Out of turns is a failure of the model (a model_error stop), not a configuration error.
+    with pytest.raises(ModelError, match="2 turns"):
         model.complete(conversation, max_tokens=5)
 
 

@@ -3,6 +3,7 @@
 >>> from sandcell.agent import Agent, Budget                     # doctest: +SKIP
 >>> agent = Agent(executor, model, profile="analysis", budget=Budget(max_steps=6))  # doctest: +SKIP
 >>> answer = agent.ask("Mean conversion rate per day?", inputs=["sales.csv"])  # doctest: +SKIP
+>>> agent.resume(answer.approval_id)  # after awaiting_approval and a decision  # doctest: +SKIP
 
 :func:`as_tool` wraps the same agent as a plain function with an OpenAI-style JSON schema, for
 other agent frameworks to call.
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from sandcell.agent.budget import Budget
 from sandcell.agent.loop import Agent, EventCallback
+from sandcell.agent.paused import ResumeError
 from sandcell.agent.transcript import (
     STOP_REASONS,
     Answer,
@@ -39,6 +41,7 @@ __all__ = [
     "Event",
     "EventCallback",
     "Figure",
+    "ResumeError",
     "StopReason",
     "answer_to_dict",
     "as_tool",

@@ -14,8 +14,11 @@ __all__ = [
     "answer_rejected",
     "before_any_run",
     "fallback",
+    "held_for_approval",
     "language_refused",
+    "not_run",
     "observation",
+    "prose_rejected",
     "run_failed",
     "unusable_reply",
 ]
@@ -38,7 +41,13 @@ def _block(text: str) -> str:
     return "```\n" + text.rstrip("\n") + "\n```"
 
 
-def observation(index: int, result: RunResult, *, note: str | None = None) -> str:
+def _how_to_answer(native: bool) -> str:
+    return "call the answer tool" if native else "reply with the ```answer block"
+
+
+def observation(
+    index: int, result: RunResult, *, note: str | None = None, native: bool = False
+) -> str:
     """A successful run: what it printed, displayed and exported."""
     parts = [f"Run {index} (run id {result.run_id}) finished ok."]
     if note:
@@ -65,8 +74,8 @@ def observation(index: int, result: RunResult, *, note: str | None = None) -> st
     for rejected in result.rejected_exports:
         parts.append(f"Not exported: {rejected.path}: {rejected.reason}")
     parts.append(
-        "If this output answers the question, reply with the ```answer block; otherwise reply "
-        "with the next program."
+        f"If this output answers the question, {_how_to_answer(native)}; otherwise send the "
+        "next program."
     )
     return "\n\n".join(parts)
 
@@ -127,6 +136,37 @@ def run_failed(
         )
     parts.append("Reply with the whole corrected program.")
     return "\n\n".join(parts)
+
+
+def held_for_approval(
+    index: int, result: RunResult, *, findings: Sequence[Mapping[str, object]]
+) -> str:
+    """A run the checks held for a person's approval, when no person can approve now."""
+    listed = _findings(findings) or f"- {result.reason}"
+    return (
+        f"Run {index} (run id {result.run_id}) did not run: the checks held it for a person's "
+        f"approval, and nobody can approve it now. What needs approval:\n{listed}\n"
+        "Most such programs do not need what was flagged: read only the input files (by their "
+        "names in the working directory or under /inputs), not the rest of the filesystem, and "
+        "import only what the computation needs. Send the whole program again without it; if it "
+        "still needs approval, the question stops and waits for a person."
+    )
+
+
+def prose_rejected(untraced: Sequence[str], *, native: bool) -> str:
+    """A final answer written as prose whose numbers do not all come from a run."""
+    return (
+        "Your reply reads as a final answer, but it states numbers that no successful run "
+        "printed:\n"
+        + "\n".join(f"- {u}" for u in untraced)
+        + "\nEither run a program that prints them, or give the final answer with only numbers "
+        f"the runs printed: {_how_to_answer(native)}."
+    )
+
+
+def not_run(reason: str) -> str:
+    """The result of a tool call the agent did not carry out."""
+    return f"Not run: {reason}."
 
 
 def language_refused(language: Language, allowed: Sequence[str]) -> str:

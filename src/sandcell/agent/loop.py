@@ -3,7 +3,11 @@
 :class:`Agent` asks a model for a program, runs it through the :class:`~sandcell.executor.Executor`
 (so the policy checks it, the sandbox runs it, its declared result is validated and every run is
 recorded), shows the model what came out, and repeats until the model gives a final answer whose
-every number traces back to a run's output (:mod:`sandcell.agent.trace`).
+every number traces back to a run's output (:mod:`sandcell.agent.trace`). The model replies by
+native tool calls (``run_code``, ``answer``: :mod:`sandcell.agent.tools`) where the model and its
+server support them, else in the plain-text protocol (:mod:`sandcell.agent.protocol`); a server
+that rejects tools mid-way switches the question to plain text. A final answer written as prose
+after a successful run is accepted when its numbers trace (:mod:`sandcell.agent._answers`).
 
 Recovery is bounded. A failure (a refused or crashed run, a timeout, an invalid result, an
 answer with untraceable numbers, a reply that breaks the protocol) goes back to the model as
@@ -11,37 +15,51 @@ feedback, up to ``max_retries`` times in a row; then one fallback turn asks for 
 approach (Python instead of bash, the standard library); then the agent stops with a stop reason.
 Budgets (steps, tokens, sandbox time) stop it at any point.
 
-Supervisor mode: a run the profile holds for approval goes to the ``approve`` callback; without
-one the agent stops with ``awaiting_approval`` and the approval id. A person's denial stops the
-agent (``approval_denied``): the model does not get to look for a way around a person's no.
+Supervisor mode: a run the profile holds for approval goes to the ``approve`` callback. Without
+one, nobody can approve now: the model is told what needed approval and asked to do without it
+(a retry; the held request is withdrawn), and only when its next program is held too (or the
+profile approves every run by hand, or no retry is left) does the agent stop with
+``awaiting_approval``. It then keeps the conversation with the approval
+(:mod:`sandcell.agent.paused`); after ``sandcell approve ID``, which runs the held program,
+:meth:`Agent.resume` goes on from that run's result. A person's denial stops the agent
+(``approval_denied``): the model does not get to look for a way around a person's no.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from sandcell.agent import feedback
-from sandcell.agent._observe import approval_of, attempt_of, evidence_texts, exported
+from sandcell.agent._answers import Accepted, Refused, check_answer, check_prose
+from sandcell.agent._observe import (
+    approval_of,
+    attempt_of,
+    evidence_texts,
+    exported,
+)
+from sandcell.agent._resume import decided
+from sandcell.agent._task import Task, task_to_state
 from sandcell.agent.budget import Budget, Spending
+from sandcell.agent.paused import PAUSED_FILENAME, PausedStore
 from sandcell.agent.prompt import DEFAULT_SAMPLE_BYTES, system_prompt, task_message
-from sandcell.agent.protocol import CodeBlock, FinalAnswer, parse_reply
-from sandcell.agent.trace import Evidence, trace_answer
+from sandcell.agent.protocol import CodeBlock, Reply, parse_reply
+from sandcell.agent.tools import NO_TOOL_CALL, TOOLS, as_text, read_tool_calls
 from sandcell.agent.transcript import Answer, Attempt, Event, EventKind, Figure, StopReason
 from sandcell.errors import ConfigError, ModelError, ModelRateLimited
-from sandcell.models.base import Message, Model
-from sandcell.policy.profiles import Profile, load_profile
-from sandcell.spec import (
-    InputFile,
-    Limits,
-    Outcome,
-    RunRequest,
-    RunResult,
-    input_from_path,
+from sandcell.models.base import (
+    Completion,
+    Message,
+    Model,
+    ToolModel,
+    ToolsUnsupported,
+    tool_calling_of,
 )
+from sandcell.policy.profiles import Profile, load_profile
+from sandcell.spec import InputFile, Limits, Outcome, RunRequest, RunResult, input_from_path
 
 if TYPE_CHECKING:
     from sandcell.executor import ApprovalCallback, Executor
@@ -50,31 +68,8 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "EventCallback"]
 
 EventCallback = Callable[[Event], None]
-_FailureKind = str  # "run", "denied", "untraceable", "format"
-
-
-@dataclass(slots=True)
-class _Task:
-    """The running state of one question."""
-
-    question: str
-    profile: Profile
-    inputs: tuple[InputFile, ...]
-    exports: tuple[str, ...]
-    limits: Limits
-    """Limits of each run (the wall time is cut to what is left of the sandbox budget)."""
-    schema: Mapping[str, object] | None
-    invariants: tuple[str, ...]
-    spend: Spending
-    messages: list[Message]
-    attempts: list[Attempt] = field(default_factory=list)
-    results: dict[str, RunResult] = field(default_factory=dict)
-    """Successful runs by run id: the evidence an answer is traced to."""
-    events: list[Event] = field(default_factory=list)
-    failures: int = 0
-    """Failed replies in a row."""
-    fallback_used: bool = False
-    last_failure: _FailureKind = "run"
+_FailureKind = str  # "run", "denied", "held", "untraceable", "format"
+_Failure = tuple[_FailureKind, str]
 
 
 class Agent:
@@ -101,6 +96,7 @@ class Agent:
         model_retries: int = 2,
         max_model_wait_s: float = 30.0,
         temperature: float | None = None,
+        model_settings: Mapping[str, object] | None = None,
     ) -> None:
         if max_retries < 0 or model_retries < 0:
             raise ConfigError("max_retries and model_retries must be 0 or more")
@@ -113,6 +109,7 @@ class Agent:
             if isinstance(profile, Profile)
             else load_profile(profile)
         )
+        self._budget_given = budget is not None
         self.budget = budget or Budget()
         self.max_retries = max_retries
         self.fallback = fallback
@@ -124,6 +121,8 @@ class Agent:
         self.model_retries = model_retries
         self.max_model_wait_s = max_model_wait_s
         self.temperature = temperature
+        self.model_settings = dict(model_settings or {"name": model.name})
+        """How the model was configured, without secrets; kept with a paused conversation."""
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -148,34 +147,70 @@ class Agent:
         prof = self.profile
         files = tuple(i if isinstance(i, InputFile) else input_from_path(i) for i in inputs)
         self._admissible(prof, files, exports)
-        limits = self.limits or prof.limits.defaults
-        task = _Task(
+        task = Task(
             question=question,
             profile=prof,
             inputs=files,
             exports=tuple(exports),
-            limits=limits,
+            limits=self.limits or prof.limits.defaults,
             schema=schema,
             invariants=tuple(invariants),
             spend=Spending(self.budget),
-            messages=[
-                Message(
-                    role="system",
-                    content=system_prompt(prof, limits=limits, exports=exports),
-                ),
-                Message(
-                    role="user",
-                    content=task_message(
-                        question,
-                        files,
-                        sample_bytes=self.sample_bytes,
-                        known_secrets=self.executor.known_secrets,
-                        schema=schema,
-                        invariants=invariants,
-                    ),
-                ),
-            ],
+            messages=[],
+            protocol="text" if tool_calling_of(self.model) == "text" else "native",
         )
+        task.messages += [
+            Message(role="system", content=self._system_prompt(task)),
+            Message(
+                role="user",
+                content=task_message(
+                    question,
+                    files,
+                    sample_bytes=self.sample_bytes,
+                    known_secrets=self.executor.known_secrets,
+                    schema=schema,
+                    invariants=invariants,
+                ),
+            ),
+        ]
+        return self._loop(task)
+
+    def resume(self, approval_id: str, *, budget: Budget | None = None) -> Answer:
+        """Go on with a question that stopped with ``awaiting_approval`` once it is decided.
+
+        The held program was run by ``sandcell approve ID`` (:meth:`Executor.run_approved`):
+        its recorded result goes to the model as if the run had just happened. A denied
+        approval ends in ``approval_denied``. The stored budget applies, with what was spent of
+        it; ``budget`` (or one given to this agent) replaces it. Raises ResumeError (a
+        ConfigError) for an unknown id, an approval still pending, or a conversation already
+        resumed.
+        """
+        given = budget or (self.budget if self._budget_given else None)
+        done = decided(self.executor, approval_id, profile=self.profile, budget=given)
+        task, ticket = done.task, done.ticket
+        held = task.attempts.pop()
+        verdict = "denied" if done.result is None else "approved and ran"
+        message = f"resuming: approval {ticket.id} was {verdict}, by {done.decision}"
+        self._emit(task, "approval", held.step, message, held.index)
+        if done.result is None:
+            why = f"denied by {done.decision}"
+            task.attempts.append(replace(held, outcome="denied", reason=why))
+            return self._stop(
+                task, "approval_denied", f"attempt {held.index} was {why}", approval_id=ticket.id
+            )
+        block = CodeBlock(language=held.language, code=held.code)
+        outcome = self._observe(
+            task, held.step, held.index, block, done.result, note=None, cut=False
+        )
+        if isinstance(outcome, Answer):
+            return outcome
+        if outcome is not None:
+            stopped = self._failed(task, held.step, *outcome)
+            if stopped is not None:
+                return stopped
+        return self._loop(task)
+
+    def _loop(self, task: Task) -> Answer:
         while True:
             stop = task.spend.before_step()
             if stop is not None:
@@ -183,41 +218,41 @@ class Agent:
             step = task.spend.steps + 1
             self._emit(task, "planning", step, f"asking {self.model.name}")
             try:
-                text = self._complete(task, step)
+                reply = self._read(task, self._complete(task, step))
             except ModelError as exc:
                 return self._stop(task, "model_error", f"the model failed: {exc}")
-            reply = parse_reply(text)
             if reply.plan:
                 self._emit(task, "plan", step, "plan: " + reply.plan.splitlines()[0][:200])
+            done: Answer | Accepted | Refused | _Failure | None
             if reply.code is not None:
-                outcome = self._run(task, step, reply.code, reply.note)
-                if isinstance(outcome, Answer):
-                    return outcome
-                if outcome is None:
-                    continue
-                kind, message = outcome
+                done = self._run(task, step, reply.code, reply.note)
             elif reply.answer is not None:
-                done = self._check_answer(task, step, reply.answer)
-                if isinstance(done, Answer):
-                    return done
-                kind, message = done
+                done = check_answer(task, reply.answer)
+            elif reply.prose is not None and task.evidence:
+                done = check_prose(task, reply.prose, problem=reply.problem or NO_TOOL_CALL)
             else:
-                kind, message = "format", feedback.unusable_reply(reply.problem or "")
-            stopped = self._failed(task, step, kind, message)
+                done = "format", feedback.unusable_reply(reply.problem or "")
+            if isinstance(done, Accepted):
+                return self._answered(task, done)
+            if isinstance(done, Answer):
+                return done
+            if done is None:
+                continue
+            if isinstance(done, Refused):
+                if done.kind == "untraceable":
+                    self._emit(task, "rejected", step, "answer rejected: untraceable numbers")
+                done = done.kind, done.message
+            stopped = self._failed(task, step, *done)
             if stopped is not None:
                 return stopped
 
-    # -- steps ------------------------------------------------------------------------------
+    # -- talking to the model ---------------------------------------------------------------
 
-    def _complete(self, task: _Task, step: int) -> str:
+    def _complete(self, task: Task, step: int) -> Completion:
         """One model turn, retrying a retryable provider error a bounded number of times."""
         for retry in range(self.model_retries + 1):
             try:
-                completion = self.model.complete(
-                    task.messages,
-                    max_tokens=task.spend.reply_tokens(),
-                    temperature=self.temperature,
-                )
+                completion = self._request(task, step)
             except ModelError as exc:
                 if not exc.retryable or retry == self.model_retries:
                     raise
@@ -229,17 +264,54 @@ class Agent:
                 time.sleep(delay)
                 continue
             task.spend.add_turn(completion.usage)
-            task.messages.append(Message(role="assistant", content=completion.text))
-            return completion.text
+            return completion
         raise AssertionError("unreachable: the last retry either returns or raises")
 
+    def _request(self, task: Task, step: int) -> Completion:
+        max_tokens = task.spend.reply_tokens()
+        if task.protocol == "native":
+            try:
+                return cast(ToolModel, self.model).complete(
+                    task.messages, max_tokens=max_tokens, temperature=self.temperature, tools=TOOLS
+                )
+            except ToolsUnsupported as exc:
+                # The server has no tool calling: the same turn again, in plain text.
+                task.protocol = "text"
+                task.messages = [
+                    Message(role="system", content=self._system_prompt(task)),
+                    *as_text(task.messages[1:]),
+                ]
+                self._emit(task, "retrying", step, f"no tool calling ({exc}); using plain text")
+        return self.model.complete(
+            task.messages, max_tokens=max_tokens, temperature=self.temperature
+        )
+
+    def _read(self, task: Task, completion: Completion) -> Reply:
+        """Keep the model's turn in the conversation and read it into a reply."""
+        calls = completion.tool_calls
+        task.messages.append(Message(role="assistant", content=completion.text, tool_calls=calls))
+        if not calls:
+            reply = parse_reply(completion.text)
+            if task.protocol == "native" and reply.code is None and reply.answer is None:
+                reply = replace(reply, problem=NO_TOOL_CALL)
+            return reply
+        reply = read_tool_calls(completion)
+        for call_id in reply.ignored_calls:
+            content = feedback.not_run("one tool call at a time; only the first one counts")
+            task.messages.append(Message(role="tool", content=content, tool_call_id=call_id))
+        task.pending_call = reply.call_id
+        return reply
+
+    def _system_prompt(self, task: Task) -> str:
+        return system_prompt(
+            task.profile, limits=task.limits, exports=task.exports, protocol=task.protocol
+        )
+
+    # -- running a program ------------------------------------------------------------------
+
     def _run(
-        self,
-        task: _Task,
-        step: int,
-        block: CodeBlock,
-        note: str | None,
-    ) -> Answer | tuple[_FailureKind, str] | None:
+        self, task: Task, step: int, block: CodeBlock, note: str | None
+    ) -> Answer | _Failure | None:
         """Run one program: None on success, a failure (kind, feedback), or the final stop."""
         index = len(task.attempts) + 1
         prof, limits = task.profile, task.limits
@@ -263,7 +335,6 @@ class Agent:
             return self._stop(
                 task, "budget_sandbox_time", task.spend.describe("budget_sandbox_time")
             )
-        cut_by_budget = wall < limits.wall_time_s
         try:
             request = RunRequest(
                 code=block.code,
@@ -292,36 +363,37 @@ class Agent:
             invariants=task.invariants,
             approve=approve,
         )
+        cut = wall < limits.wall_time_s
+        return self._observe(task, step, index, block, result, note=note, cut=cut)
+
+    def _observe(
+        self,
+        task: Task,
+        step: int,
+        index: int,
+        block: CodeBlock,
+        result: RunResult,
+        *,
+        note: str | None,
+        cut: bool,
+    ) -> Answer | _Failure | None:
+        """What a run's result means for the question; ``cut``: its wall limit was the budget's."""
         task.spend.add_run(result.usage.wall_ms)
         attempt = attempt_of(index, step, block, result)
-        approval = approval_of(result)
         approval_id = attempt.approval_id
-        self._emit(
-            task,
-            "ran",
-            step,
-            f"attempt {index}: {result.outcome.value} (run {result.run_id})",
-            index,
-        )
+        message = f"attempt {index}: {result.outcome.value} (run {result.run_id})"
+        self._emit(task, "ran", step, message, index)
+        if result.outcome is Outcome.AWAITING_APPROVAL:
+            return self._held(task, step, attempt, result)
+        task.held = False
         if result.outcome is Outcome.OK:
             task.attempts.append(attempt)
-            task.results[result.run_id] = result
+            task.evidence[result.run_id] = evidence_texts(result)
             task.failures = 0
-            task.messages.append(
-                Message(role="user", content=feedback.observation(index, result, note=note))
-            )
+            native = task.protocol == "native"
+            task.tell(feedback.observation(index, result, note=note, native=native))
             return None
-        if result.outcome is Outcome.AWAITING_APPROVAL:
-            task.attempts.append(attempt)
-            self._emit(
-                task, "approval", step, f"attempt {index} waits for approval {approval_id}", index
-            )
-            return self._stop(
-                task,
-                "awaiting_approval",
-                f"attempt {index} needs a person's approval: sandcell approve {approval_id}",
-                approval_id=approval_id,
-            )
+        approval = approval_of(result)
         if result.outcome is Outcome.DENIED and "denied_by" in approval:
             task.attempts.append(attempt)
             return self._stop(
@@ -330,7 +402,7 @@ class Agent:
                 f"attempt {index} was denied by {approval.get('denied_by')}",
                 approval_id=approval_id,
             )
-        if result.outcome is Outcome.TIMEOUT and cut_by_budget:
+        if result.outcome is Outcome.TIMEOUT and cut:
             task.attempts.append(attempt)
             return self._stop(
                 task, "budget_sandbox_time", task.spend.describe("budget_sandbox_time")
@@ -342,48 +414,62 @@ class Agent:
             validation_errors=attempt.validation_errors,
             note=note,
         )
-        task.attempts.append(_with_feedback(attempt, message))
-        kind = "denied" if result.outcome is Outcome.DENIED else "run"
-        return kind, message
+        task.attempts.append(replace(attempt, feedback=message))
+        return ("denied" if result.outcome is Outcome.DENIED else "run"), message
 
-    def _check_answer(
-        self, task: _Task, step: int, answer: FinalAnswer
-    ) -> Answer | tuple[_FailureKind, str]:
-        """Validate the final answer: it must rest on runs, and every number trace to one."""
-        if not task.results:
-            return "format", feedback.before_any_run()
-        evidence = Evidence(
-            {rid: evidence_texts(r) for rid, r in task.results.items()},
-            context="\n".join([task.question, *(i.name for i in task.inputs)]),
-        )
-        report = trace_answer(answer, evidence, resolve_run=lambda ref: self._resolve(task, ref))
-        if not report.ok:
+    def _held(
+        self, task: Task, step: int, attempt: Attempt, result: RunResult
+    ) -> Answer | _Failure:
+        """A run held for approval with nobody to approve it: revise once, else stop and wait."""
+        index, approval_id = attempt.index, attempt.approval_id
+        if approval_id is not None and self._can_revise(task):
+            message = feedback.held_for_approval(index, result, findings=attempt.findings)
+            task.attempts.append(replace(attempt, feedback=message))
+            task.held = True
+            self._withdraw(task, step, approval_id)
             self._emit(
-                task,
-                "rejected",
-                step,
-                f"answer rejected: {len(report.untraced)} untraceable numbers",
-            )
-            return "untraceable", feedback.answer_rejected(report.untraced)
-        figures = tuple(
-            Figure(
-                name=f.name,
-                value=float(f.number) if f.number is not None else f.shown,
-                shown=f.shown,
-                unit=f.unit,
-                run_id=run_id,
-            )
-            for f, run_id in zip(answer.figures, report.figure_runs, strict=True)
+                task, "approval", step, f"attempt {index} needs approval and nobody can approve "
+                "now: asking the model to do without what was flagged", index
+            )  # fmt: skip
+            return "held", message
+        task.attempts.append(attempt)
+        self._emit(
+            task, "approval", step, f"attempt {index} waits for approval {approval_id}", index
         )
         return self._stop(
             task,
-            "answered",
-            f"answered after {_count(len(task.attempts), 'attempt')}",
-            explanation=answer.explanation,
-            figures=figures,
+            "awaiting_approval",
+            f"attempt {index} needs a person's approval: sandcell approve {approval_id}, then "
+            f"sandcell ask --resume {approval_id}",
+            approval_id=approval_id,
         )
 
-    def _failed(self, task: _Task, step: int, kind: _FailureKind, message: str) -> Answer | None:
+    def _can_revise(self, task: Task) -> bool:
+        """Whether the model may try again without what needed approval."""
+        if task.profile.approval == "always" or task.held:
+            return False  # every run needs a person, or the model already tried without it
+        if task.spend.before_step() is not None:
+            return False
+        if task.spend.run_wall_s(task.limits.wall_time_s) is None:
+            return False
+        return task.failures < self.max_retries or (self.fallback and not task.fallback_used)
+
+    def _withdraw(self, task: Task, step: int, approval_id: str) -> None:
+        # The held request is withdrawn so that nobody approves a run whose result nothing will
+        # read; it stays in the store and the record as denied by the agent.
+        try:
+            self.executor.deny_approval(
+                approval_id,
+                by=f"agent:{self.model.name}",
+                reason="withdrawn: nobody could approve it while the agent ran; the model was "
+                "asked to do without what needed approval",
+            )
+        except ConfigError as exc:  # decided meanwhile by someone else
+            self._emit(task, "approval", step, f"could not withdraw {approval_id}: {exc}")
+
+    # -- ending -----------------------------------------------------------------------------
+
+    def _failed(self, task: Task, step: int, kind: _FailureKind, message: str) -> Answer | None:
         """Count a failed reply: feed it back, fall back once, or stop."""
         task.failures += 1
         task.last_failure = kind
@@ -399,7 +485,7 @@ class Agent:
                     python_allowed=task.profile.allows_language("python"),
                 )
                 self._emit(task, "fallback", step, "falling back to a simpler approach")
-                task.messages.append(Message(role="user", content=f"{message}\n\n{hint}"))
+                task.tell(f"{message}\n\n{hint}")
                 return None
             reason: StopReason = {
                 "denied": "denied",
@@ -412,8 +498,50 @@ class Agent:
                 task, reason, f"gave up after {task.failures} failed replies in a row: {why}"
             )
         self._emit(task, "retrying", step, f"retrying because {_why(kind)}")
-        task.messages.append(Message(role="user", content=message))
+        task.tell(message)
         return None
+
+    def _answered(self, task: Task, accepted: Accepted) -> Answer:
+        how = " (a prose answer, its numbers traced to the runs)" if accepted.prose else ""
+        return self._stop(
+            task,
+            "answered",
+            f"answered after {_count(len(task.attempts), 'attempt')}{how}",
+            explanation=accepted.explanation,
+            figures=accepted.figures,
+        )
+
+    def _stop(
+        self,
+        task: Task,
+        reason: StopReason,
+        message: str,
+        *,
+        explanation: str | None = None,
+        figures: tuple[Figure, ...] = (),
+        approval_id: str | None = None,
+    ) -> Answer:
+        self._emit(task, "stopped", task.spend.steps, f"stopped: {reason} ({message})")
+        if reason == "awaiting_approval" and approval_id is not None:
+            path = self.executor.approvals.path.parent / PAUSED_FILENAME
+            with PausedStore(path) as store:
+                store.save(approval_id, task_to_state(task, model_settings=self.model_settings))
+        return Answer(
+            question=task.question,
+            stop_reason=reason,
+            message=message,
+            explanation=explanation,
+            figures=figures,
+            attempts=tuple(task.attempts),
+            events=tuple(task.events),
+            artifacts=exported(task.attempts),
+            model=self.model.name,
+            profile=task.profile.name,
+            steps=task.spend.steps,
+            tokens=task.spend.tokens,
+            sandbox_s=task.spend.sandbox_s,
+            approval_id=approval_id,
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -434,63 +562,20 @@ class Agent:
                     "use a profile that allows it"
                 )
 
-    def _resolve(self, task: _Task, ref: str) -> str | None:
-        """A figure's run reference (attempt number, run id or a prefix of one) to a run id."""
-        ref = ref.strip().lstrip("#")
-        if ref.isdigit():
-            n = int(ref)
-            if 1 <= n <= len(task.attempts):
-                rid = task.attempts[n - 1].run_id
-                return rid if rid in task.results else None
-            return None
-        matches = [rid for rid in task.results if len(ref) >= 6 and rid.startswith(ref)]
-        return matches[0] if len(matches) == 1 else None
-
     def _emit(
-        self, task: _Task, kind: EventKind, step: int, message: str, attempt: int | None = None
+        self, task: Task, kind: EventKind, step: int, message: str, attempt: int | None = None
     ) -> None:
         event = Event(kind=kind, step=step, message=message, attempt=attempt)
         task.events.append(event)
         if self.on_event is not None:
             self.on_event(event)
 
-    def _stop(
-        self,
-        task: _Task,
-        reason: StopReason,
-        message: str,
-        *,
-        explanation: str | None = None,
-        figures: tuple[Figure, ...] = (),
-        approval_id: str | None = None,
-    ) -> Answer:
-        self._emit(task, "stopped", task.spend.steps, f"stopped: {reason} ({message})")
-        return Answer(
-            question=task.question,
-            stop_reason=reason,
-            message=message,
-            explanation=explanation,
-            figures=figures,
-            attempts=tuple(task.attempts),
-            events=tuple(task.events),
-            artifacts=exported(task.attempts),
-            model=self.model.name,
-            profile=task.profile.name,
-            steps=task.spend.steps,
-            tokens=task.spend.tokens,
-            sandbox_s=task.spend.sandbox_s,
-            approval_id=approval_id,
-        )
-
-
-def _with_feedback(attempt: Attempt, message: str) -> Attempt:
-    return replace(attempt, feedback=message)
-
 
 def _why(kind: _FailureKind) -> str:
     return {
         "run": "the run failed",
         "denied": "the policy refused the code",
+        "held": "the run needs approval and nobody can approve it now",
         "untraceable": "the answer had numbers no run printed",
         "format": "the reply could not be used",
     }.get(kind, kind)

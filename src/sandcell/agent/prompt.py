@@ -13,13 +13,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from sandcell.agent.protocol import ANSWER_TAG
 from sandcell.policy.profiles import Profile
 from sandcell.spec import InputFile, Limits, MiB
 from sandcell.validation import Redactor
 
-__all__ = ["DEFAULT_SAMPLE_BYTES", "describe_inputs", "system_prompt", "task_message"]
+__all__ = [
+    "DEFAULT_SAMPLE_BYTES",
+    "Protocol",
+    "describe_inputs",
+    "system_prompt",
+    "task_message",
+]
+
+Protocol = Literal["native", "text"]
+"""How the model replies: by calling the run_code and answer tools, or with fenced blocks."""
 
 DEFAULT_SAMPLE_BYTES = 1024
 """Per input: the first lines of a text file, up to this many bytes."""
@@ -28,7 +38,9 @@ _DIR_ENTRIES = 20
 _PROBE_BYTES = 8192
 
 
-def system_prompt(profile: Profile, *, limits: Limits, exports: Sequence[str]) -> str:
+def system_prompt(
+    profile: Profile, *, limits: Limits, exports: Sequence[str], protocol: Protocol = "text"
+) -> str:
     """The rules of the sandbox and of the reply protocol, for the system message."""
     allowlist = profile.import_allowlist()
     imports = (
@@ -53,6 +65,31 @@ def system_prompt(profile: Profile, *, limits: Limits, exports: Sequence[str]) -
             "figures": [{"name": "what it is", "value": 0.0725, "unit": "", "run": 1}],
         }
     )
+    rules = (
+        "Every number in the explanation and in the figures must appear in the printed output "
+        "of a successful run, at least as precisely as you state it (round only when stating). "
+        '"run" is the number of the run whose output shows the figure. If the data cannot '
+        "answer the question, say so in the explanation, without numbers."
+    )
+    if protocol == "native":
+        replies = f"""\
+Work with the two tools, one call at a time:
+1. run_code runs a program (python, or bash where allowed) and returns its output. Print every \
+figure you will report, with a label, at full precision.
+2. Once the output you have seen answers the question, call answer with the explanation and the \
+figures, for example: {example}
+Rules for the answer: {rules}"""
+    else:
+        replies = f"""\
+Reply with exactly one fenced block each time, and nothing but a short plan around it:
+1. A program to run, in a ```python block (or ```bash where allowed). Print every figure you \
+will report, with a label, at full precision.
+2. Once the output you have seen answers the question, the final answer as JSON in an \
+```{ANSWER_TAG} block:
+```{ANSWER_TAG}
+{example}
+```
+Rules for the answer: {rules}"""
     return f"""\
 You answer questions by writing short programs, running them in a sandbox, reading their real \
 output and explaining it. Never guess or estimate a number: compute it and print it.
@@ -70,18 +107,7 @@ are read-only under /inputs/NAME and also linked into the working directory as N
 deserialises pickles, reaches for the network or reads outside the working directory and \
 /inputs is refused or held for a person's approval: write plain computations.
 
-Reply with exactly one fenced block each time, and nothing but a short plan around it:
-1. A program to run, in a ```python block (or ```bash where allowed). Print every figure you \
-will report, with a label, at full precision.
-2. Once the output you have seen answers the question, the final answer as JSON in an \
-```{ANSWER_TAG} block:
-```{ANSWER_TAG}
-{example}
-```
-Rules for the answer: every number in the explanation and in the figures must appear in the \
-printed output of a successful run, at least as precisely as you state it (round only when \
-stating). "run" is the number of the run whose output shows the figure. If the data cannot \
-answer the question, say so in the explanation, without numbers."""
+{replies}"""
 
 
 def task_message(

@@ -1,4 +1,4 @@
-"""The plain-text protocol between the agent and the model.
+"""The plain-text protocol between the agent and the model, and the reply both protocols read to.
 
 Every reply of the model is one of two things, in a fenced block; text around the block is the
 model's plan and is only shown, never run:
@@ -11,9 +11,12 @@ model's plan and is only shown, never run:
 
   ``run`` is the attempt number or the run id the figure came from (optional).
 
-Plain text works with every chat API and every local server, which is why there are no
-provider-specific tool calls here. :func:`parse_reply` never raises: a reply that breaks the
-protocol comes back with ``problem`` set, and the agent sends that sentence back to the model.
+Plain text works with every chat API and every local server; it is the fallback where native
+tool calling (:mod:`sandcell.agent.tools`, which reads tool calls into the same :class:`Reply`)
+is not available. :func:`parse_reply` never raises: a reply that breaks the protocol comes back
+with ``problem`` set, and the agent sends that sentence back to the model. A reply with neither
+code nor an answer also keeps its text as ``prose``: after a successful run it may be a final
+answer written as plain prose (the agent accepts it when its numbers trace to the runs).
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ from decimal import Decimal
 
 from sandcell.spec import Language
 
-__all__ = ["ANSWER_TAG", "CodeBlock", "FigureClaim", "FinalAnswer", "Reply", "parse_reply"]
+__all__ = [
+    "ANSWER_TAG",
+    "CodeBlock",
+    "FigureClaim",
+    "FinalAnswer",
+    "Reply",
+    "parse_answer",
+    "parse_reply",
+]
 
 ANSWER_TAG = "answer"
 
@@ -84,6 +95,13 @@ class Reply:
     """Why the reply could not be used as it is, said to the model; None when it could."""
     note: str | None = None
     """Something to tell the model even though the reply was used (extra blocks ignored)."""
+    prose: str | None = None
+    """The whole text of a reply with neither code nor an answer: possibly a final answer
+    written as prose."""
+    call_id: str | None = None
+    """Native tool calling: the call the agent's next message answers (its tool result)."""
+    ignored_calls: tuple[str, ...] = ()
+    """Native tool calling: further calls of the same turn, answered as not run."""
 
 
 class _Number(str):
@@ -119,22 +137,26 @@ def parse_reply(text: str) -> Reply:
             note="; ".join(extra) + "; reply with one block at a time" if extra else None,
         )
     if answers:
-        answer, problem = _parse_answer(answers[-1])
+        answer, problem = parse_answer(answers[-1])
         return Reply(plan=plan, answer=answer, problem=problem)
+    prose = text.strip() or None
     if unknown:
         return Reply(
             plan=plan,
             problem=f"the reply has a block tagged {unknown[0]!r}, which is neither code nor an "
             "answer: tag code blocks ```python (or ```bash) and the final answer ```answer",
+            prose=prose,
         )
     return Reply(
         plan=plan,
         problem="the reply has no code block and no answer block: reply with one ```python "
         "block to run, or with the final ```answer block",
+        prose=prose,
     )
 
 
-def _parse_answer(body: str) -> tuple[FinalAnswer | None, str | None]:
+def parse_answer(body: str) -> tuple[FinalAnswer | None, str | None]:
+    """The final answer from its JSON text, or the problem with it, said for the model."""
     try:
         data = json.loads(body, parse_float=_Number, parse_int=_Number)
     except ValueError as exc:

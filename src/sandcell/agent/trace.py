@@ -27,7 +27,15 @@ from decimal import Decimal, InvalidOperation
 
 from sandcell.agent.protocol import FigureClaim, FinalAnswer
 
-__all__ = ["Evidence", "Number", "TraceReport", "find_dates", "find_numbers", "trace_answer"]
+__all__ = [
+    "Evidence",
+    "Number",
+    "TraceReport",
+    "find_dates",
+    "find_numbers",
+    "trace_answer",
+    "trace_prose",
+]
 
 _NUMBER = re.compile(
     r"""
@@ -203,6 +211,28 @@ def trace_answer(
         untraced += problems
         figure_runs.append(found)
     return TraceReport(untraced=tuple(untraced), figure_runs=tuple(figure_runs))
+
+
+def trace_prose(text: str, evidence: Evidence) -> tuple[int, tuple[str, ...]]:
+    """Trace the numbers and dates of an answer written as prose.
+
+    Returns how many of them a run printed (those the question states do not count: a reply
+    that only repeats the question answers nothing) and each that nothing printed.
+    """
+    numbers, dates = _claims(text)
+    from_runs = 0
+    untraced: list[str] = []
+    for n in numbers:
+        found = evidence.find(n)
+        from_runs += found not in (None, "question")
+        if found is None:
+            untraced.append(f"{n.text!r}")
+    for d in dates:
+        found = evidence.find_date(d)
+        from_runs += found not in (None, "question")
+        if found is None:
+            untraced.append(f"{d!r}")
+    return from_runs, tuple(untraced)
 
 
 def _trace_figure(

@@ -22,6 +22,7 @@ __all__ = [
     "EventKind",
     "Figure",
     "StopReason",
+    "answer_attempt_dict",
     "answer_to_dict",
 ]
 
@@ -150,7 +151,8 @@ class Answer:
         return tuple(a.run_id for a in self.attempts if a.run_id is not None)
 
 
-def _attempt_dict(a: Attempt) -> dict[str, object]:
+def answer_attempt_dict(a: Attempt) -> dict[str, object]:
+    """The JSON form of one attempt (as in :func:`answer_to_dict`)."""
     return {
         "index": a.index,
         "step": a.step,
@@ -184,7 +186,7 @@ def answer_to_dict(answer: Answer) -> dict[str, object]:
             for f in answer.figures
         ],
         "run_ids": list(answer.run_ids),
-        "attempts": [_attempt_dict(a) for a in answer.attempts],
+        "attempts": [answer_attempt_dict(a) for a in answer.attempts],
         "artifacts": [artifact_to_dict(x) for x in answer.artifacts],
         "events": [
             {"kind": e.kind, "step": e.step, "attempt": e.attempt, "message": e.message}

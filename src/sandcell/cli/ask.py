@@ -3,6 +3,12 @@
 Progress goes to stderr while the agent works; the result goes to stdout, rendered for people or,
 with ``--json``, as one JSON object (the whole transcript). The exit status is the stop reason's
 (:func:`sandcell.status.exit_code_for_stop`).
+
+``sandcell ask --resume ID`` goes on with a question that stopped with ``awaiting_approval``, once
+``sandcell approve ID`` has run the held program (or ``sandcell deny ID`` refused it). The model
+is the one the question was asked with (its stored settings; the key is read from the
+environment again) unless ``--model`` names another; a scripted model continues its script where
+the conversation stopped. Budget flags given with ``--resume`` replace the stored budget's values.
 """
 
 from __future__ import annotations
@@ -10,9 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sandcell import status
 from sandcell.cli.options import add_backend_option
@@ -21,6 +27,7 @@ from sandcell.validation import neutralise
 
 if TYPE_CHECKING:
     from sandcell.agent import Answer, Event
+    from sandcell.models.base import Model
     from sandcell.policy.approvals import Ticket
 
 __all__ = ["add_parser", "handle", "render"]
@@ -33,7 +40,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Ask a model to answer QUESTION by running code in fresh sandboxes; every "
         "number of the answer is traced to a run's output, and every run is recorded.",
     )
-    a.add_argument("question")
+    a.add_argument("question", nargs="?", help="the question (not with --resume)")
+    a.add_argument(
+        "--resume",
+        metavar="APPROVAL_ID",
+        help="go on with a question that stopped awaiting approval, after `sandcell approve ID`",
+    )
     add_backend_option(a)
     a.add_argument(
         "--input",
@@ -56,6 +68,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(with --base-url) or scripted:FILE (default: $SANDCELL_MODEL, else the config file)",
     )
     a.add_argument("--base-url", help="endpoint of an OpenAI-compatible or Anthropic server")
+    a.add_argument(
+        "--tool-calling",
+        choices=("auto", "native", "text"),
+        help="native tool calls, the plain-text protocol, or tools with a fallback to text when "
+        "the server rejects them (default: auto, or tool_calling in the config file)",
+    )
     a.add_argument(
         "--profile",
         help="policy profile of the runs (default: $SANDCELL_PROFILE, else strict)",
@@ -96,15 +114,17 @@ def handle(args: argparse.Namespace) -> int:
     from sandcell.executor import Executor
     from sandcell.models.config import resolve_model_and_settings
 
+    if args.resume is not None:
+        return _resume(args)
+    if not args.question:
+        raise ConfigError("ask needs a QUESTION (or --resume APPROVAL_ID to go on with one)")
     if args.out is not None and not args.export:
         raise ConfigError("--out needs at least one --export GLOB to say what to copy out")
-    if args.approve_interactive and not sys.stdin.isatty():
-        raise ConfigError(
-            "--approve-interactive needs a terminal on stdin to ask on; without one, a run that "
-            "needs approval stops the agent with its approval id"
-        )
+    _check_interactive(args)
     # The model first: without one there is nothing to do, and the message says how to set one.
-    model, settings = resolve_model_and_settings(args.model, base_url=args.base_url)
+    model, settings = resolve_model_and_settings(
+        args.model, base_url=args.base_url, tool_calling=args.tool_calling
+    )
     defaults = Budget()
     budget = Budget(
         max_steps=args.max_steps or defaults.max_steps,
@@ -112,24 +132,111 @@ def handle(args: argparse.Namespace) -> int:
         max_sandbox_s=args.max_sandbox_seconds or defaults.max_sandbox_s,
         reply_tokens=settings.max_tokens or defaults.reply_tokens,
     )
-    progress = _Progress(sys.stderr)
-    with Executor(home=args.home, profile=args.profile, backend=args.backend) as ex:
+    with Executor(home=args.home, profile=args.profile) as ex:
         agent = Agent(
             ex,
             model,
             budget=budget,
-            max_retries=args.max_retries,
-            approve=_ask_on_terminal if args.approve_interactive else None,
-            on_event=progress,
-            sample_bytes=args.sample_bytes if args.sample_bytes is not None else 1024,
+            model_settings=settings.to_dict(),
+            **_agent_options(args),
         )
         answer = agent.ask(args.question, inputs=args.input, exports=args.export)
         copied = (
             ex.store.copy_out(answer.artifacts, args.out) if args.out and answer.artifacts else []
         )
+    return _report(args, answer, answer_to_dict, settings.to_dict(), copied)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from sandcell.agent import Agent, answer_to_dict
+    from sandcell.agent.budget import Budget
+    from sandcell.agent.paused import PAUSED_FILENAME, PausedStore
+    from sandcell.executor import Executor
+    from sandcell.models.fake import ScriptedModel
+
+    given = [f for f in ("question", "input", "export", "profile") if getattr(args, f)]
+    if given:
+        raise ConfigError(
+            f"--resume goes on with the stored question, inputs, exports and profile; leave out "
+            f"{', '.join('QUESTION' if f == 'question' else '--' + f for f in given)}"
+        )
+    _check_interactive(args)
+    with Executor(home=args.home) as ex:
+        ticket = ex.approvals.get(args.resume)
+        with PausedStore(ex.approvals.path.parent / PAUSED_FILENAME) as store:
+            paused = store.get(ticket.id)
+        paused.ensure_waiting()
+        model, settings = _resume_model(args, paused.model_settings)
+        if isinstance(model, ScriptedModel):
+            model.skip(paused.steps)
+        stored = paused.state.get("budget")
+        budget = Budget(**stored) if isinstance(stored, dict) else Budget()
+        changes = {
+            "max_steps": args.max_steps,
+            "max_tokens": args.max_tokens,
+            "max_sandbox_s": args.max_sandbox_seconds,
+        }
+        budget = replace(budget, **{k: v for k, v in changes.items() if v})
+        agent = Agent(ex, model, model_settings=settings, **_agent_options(args))
+        answer = agent.resume(ticket.id, budget=budget)
+        exports = answer.artifacts
+        copied = ex.store.copy_out(exports, args.out) if args.out and exports else []
+    return _report(args, answer, answer_to_dict, settings, copied)
+
+
+def _resume_model(
+    args: argparse.Namespace, stored: Mapping[str, object]
+) -> tuple[Model, dict[str, object]]:
+    """The model to resume with: ``--model``, else the stored settings (the key from the
+    environment), else whatever is configured."""
+    from sandcell.models.config import resolve_model_and_settings
+
+    spec: str | None = args.model
+    base_url: str | None = args.base_url
+    calling = args.tool_calling
+    if spec is None and isinstance(stored.get("name"), str):
+        name = str(stored["name"])
+        if stored.get("provider") == "scripted" and isinstance(stored.get("model"), str):
+            name = f"scripted:{stored['model']}"  # the resolved path, not the one as typed
+        if ":" in name and not name.startswith("fake:"):
+            spec = name
+            url = stored.get("base_url")
+            base_url = base_url or (url if isinstance(url, str) else None)
+            mode = stored.get("tool_calling")
+            calling = calling or (mode if mode in ("auto", "native", "text") else None)
+    model, settings = resolve_model_and_settings(spec, base_url=base_url, tool_calling=calling)
+    return model, settings.to_dict()
+
+
+def _check_interactive(args: argparse.Namespace) -> None:
+    if args.approve_interactive and not sys.stdin.isatty():
+        raise ConfigError(
+            "--approve-interactive needs a terminal on stdin to ask on; without one, a run that "
+            "needs approval stops the agent with its approval id"
+        )
+
+
+def _agent_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_retries": args.max_retries,
+        "approve": _ask_on_terminal if args.approve_interactive else None,
+        "on_event": _Progress(sys.stderr),
+        "sample_bytes": args.sample_bytes if args.sample_bytes is not None else 1024,
+    }
+
+
+def _report(
+    args: argparse.Namespace,
+    answer: Answer,
+    to_dict: Callable[[Answer], dict[str, object]],
+    settings: Mapping[str, object],
+    copied: Sequence[Path],
+) -> int:
     if args.json:
-        body = answer_to_dict(answer)
-        body["model_settings"] = settings.to_dict()
+        body = to_dict(answer)
+        body["model_settings"] = dict(settings)
         body["copied_to"] = [str(p) for p in copied]
         print(json.dumps(body, ensure_ascii=False))
     else:
@@ -158,6 +265,9 @@ def _ask_on_terminal(ticket: Ticket) -> bool:
     print(neutralise(render_ticket(ticket)), file=sys.stderr)
     print("approve this run? [y/N] ", end="", file=sys.stderr, flush=True)
     reply = sys.stdin.readline()
+    if not reply.endswith("\n"):
+        # No answer (end of input): what follows must not continue the question's line.
+        print(file=sys.stderr)
     return reply.strip().lower() in ("y", "yes")
 
 
@@ -175,10 +285,11 @@ def render(answer: Answer, *, copied: Sequence[Path] = ()) -> str:
         out += [f"No answer: {answer.stop_reason}", _indent(answer.message), ""]
         if answer.stop_reason == "awaiting_approval" and answer.approval_id:
             out += [
-                "A run waits for a person. Review and decide it, then ask again:",
+                "A run waits for a person. Review and decide it, then resume the question:",
                 f"  sandcell approvals show {answer.approval_id}",
                 f"  sandcell approve {answer.approval_id}",
                 f"  sandcell deny {answer.approval_id} --reason '...'",
+                f"  sandcell ask --resume {answer.approval_id}",
                 "",
             ]
     ran = [a for a in answer.attempts if a.ok]

@@ -16,7 +16,9 @@ import platformdirs
 
 from sandcell.errors import ConfigError
 
-_FILE_KEYS = frozenset({"name", "base_url", "api_key_env", "timeout_s", "max_tokens"})
+_FILE_KEYS = frozenset(
+    {"name", "base_url", "api_key_env", "timeout_s", "max_tokens", "tool_calling"}
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +31,8 @@ class FileConfig:
     api_key_env: str | None = None
     timeout_s: float | None = None
     max_tokens: int | None = None
+    tool_calling: str | None = None
+    """``auto``, ``native`` or ``text`` (checked where the model is resolved)."""
 
 
 def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -95,6 +99,7 @@ def _parse_section(path: Path, section: dict[str, object]) -> FileConfig:
         api_key_env=_str(path, section, "api_key_env"),
         timeout_s=float(timeout) if timeout is not None else None,
         max_tokens=max_tokens,
+        tool_calling=_str(path, section, "tool_calling"),
     )
 
 

@@ -102,6 +102,26 @@ def status_error(
     )
 
 
+def rejects_tools(status: int, body: object) -> bool:
+    """Whether an error answer says the server cannot take the request's tools.
+
+    Servers without tool calling refuse a request carrying ``tools`` as a bad request (400, or
+    422 from validating frameworks) whose message names tools; any other failure is not that.
+    """
+    return status in (400, 422) and "tool" in provider_detail(body).lower()
+
+
+def tools_refused(*, provider: str, url: str, status: int, body: object) -> ModelError:
+    """The ModelError for a server that refused tool calling."""
+    detail = provider_detail(body)
+    return ModelError(
+        f"{provider} at {url} refused tool calling (HTTP {status}): {detail}; use the "
+        'plain-text protocol (--tool-calling text, or tool_calling = "text" in the [model] '
+        "section of the config file), or auto to fall back by itself",
+        status=status,
+    )
+
+
 def connection_error(*, provider: str, url: str, cause: BaseException | None) -> ModelError:
     """A retryable ModelError for a provider that could not be reached at all."""
     why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
@@ -140,7 +160,9 @@ __all__ = [
     "connection_error",
     "parse_retry_after",
     "provider_detail",
+    "rejects_tools",
     "sdk_error",
     "status_error",
     "timeout_error",
+    "tools_refused",
 ]

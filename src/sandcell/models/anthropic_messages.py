@@ -4,6 +4,12 @@ The Messages API differs from chat completions in two ways this adapter absorbs:
 prompt is the ``system`` parameter, not a message, and the conversation must alternate user and
 assistant turns starting with the user, so consecutive messages of one role are merged into one.
 
+Tool use: called with ``tools``, the request offers them (``input_schema``) and the completion
+returns the ``tool_use`` blocks as tool calls. A tool's result (a ``tool`` message) becomes a
+``tool_result`` block at the head of the next user turn, as the API requires. A server that
+refuses tools (an HTTP 400 naming them) makes an ``auto`` adapter switch itself to ``text`` and
+raise :class:`~sandcell.models.base.ToolsUnsupported`.
+
 Retries: the SDK's own retries are switched off (``max_retries=0``). A 429 (``rate_limit_error``)
 or 529 (``overloaded_error``) comes back at once as :class:`~sandcell.errors.ModelRateLimited`
 with the ``retry-after`` hint, server and network failures as a retryable
@@ -15,14 +21,29 @@ the prompt, which includes program output, leaves the host for that server.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import anthropic
-from anthropic.types import MessageParam
+from anthropic.types import (
+    MessageParam,
+    TextBlockParam,
+    ToolParam,
+    ToolResultBlockParam,
+    ToolUseBlockParam,
+)
 
 from sandcell.errors import ConfigError
 from sandcell.models import _errors
-from sandcell.models.base import Completion, Message, TokenUsage
+from sandcell.models.base import (
+    Completion,
+    Message,
+    TokenUsage,
+    ToolCall,
+    ToolCalling,
+    ToolSpec,
+    ToolsUnsupported,
+)
 
 ANTHROPIC_URL = "https://api.anthropic.com"
 DEFAULT_TIMEOUT_S = 300.0
@@ -39,12 +60,14 @@ class AnthropicMessagesModel:
         base_url: str = ANTHROPIC_URL,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         api_key_env: str | None = "ANTHROPIC_API_KEY",
+        tool_calling: ToolCalling = "auto",
     ) -> None:
         self.name = f"anthropic:{model}"
         self.model = model
         self.base_url = base_url
         self.timeout_s = timeout_s
         self._api_key_env = api_key_env
+        self.tool_calling: ToolCalling = tool_calling
         # An explicit key and base URL keep the SDK from consulting ANTHROPIC_* variables and
         # credential profiles on disk behind the configuration that resolved this model.
         self._client = anthropic.Anthropic(
@@ -52,21 +75,50 @@ class AnthropicMessagesModel:
         )
 
     def complete(
-        self, messages: Sequence[Message], *, max_tokens: int, temperature: float | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> Completion:
-        """Ask for one completion of ``messages``; raises ModelError or ModelRateLimited."""
+        """Ask for one completion of ``messages``; raises ModelError or ModelRateLimited.
+
+        ``tools`` are offered unless ``tool_calling`` is ``text`` (see the module docstring).
+        """
         system, turns = to_wire(messages)
+        offered: list[ToolParam] = (
+            [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "input_schema": dict(t.parameters),
+                }
+                for t in tools
+            ]
+            if self.tool_calling != "text"
+            else []
+        )
         try:
             response = self._client.messages.create(
                 model=self.model,
                 max_tokens=max_tokens,
                 messages=turns,
                 system=system if system else anthropic.omit,
+                tools=offered if offered else anthropic.omit,
                 # The SDK dropped the typed parameter (newer models fix their sampling); the
                 # API still takes it for the models that do, so it goes in the body when asked.
                 extra_body={"temperature": temperature} if temperature is not None else None,
             )
         except anthropic.APIStatusError as exc:
+            if offered and _errors.rejects_tools(exc.status_code, exc.body):
+                refused = _errors.tools_refused(
+                    provider="anthropic", url=self.base_url, status=exc.status_code, body=exc.body
+                )
+                if self.tool_calling == "auto":
+                    self.tool_calling = "text"
+                    raise ToolsUnsupported(str(refused), status=exc.status_code) from exc
+                raise refused from exc
             raise _errors.status_error(
                 provider="anthropic",
                 status=exc.status_code,
@@ -98,11 +150,20 @@ class AnthropicMessagesModel:
             raise _errors.bad_response(
                 provider="anthropic", url=self.base_url, what="no content blocks in the answer"
             )
-        # Only text blocks carry the answer; thinking and tool blocks are not part of it.
+        # Text blocks carry the reply and tool_use blocks the calls; thinking is not part of it.
         text = "".join(
             block.text
             for block in content
             if getattr(block, "type", None) == "text" and isinstance(block.text, str)
+        )
+        calls = tuple(
+            ToolCall(
+                id=str(getattr(block, "id", "") or f"toolu_{i + 1}"),
+                name=str(getattr(block, "name", "")),
+                arguments=json.dumps(getattr(block, "input", {})),
+            )
+            for i, block in enumerate(content)
+            if getattr(block, "type", None) == "tool_use"
         )
         usage = getattr(response, "usage", None)
         model = getattr(response, "model", None)
@@ -115,6 +176,7 @@ class AnthropicMessagesModel:
             ),
             model=model if isinstance(model, str) and model else self.model,
             finish_reason=stop if isinstance(stop, str) else None,
+            tool_calls=calls,
         )
 
     def close(self) -> None:
@@ -132,31 +194,69 @@ def to_wire(messages: Sequence[Message]) -> tuple[str, list[MessageParam]]:
     """The ``system`` text and the alternating turns the Messages API accepts.
 
     System messages, wherever they stand, are joined into the system prompt in order; runs of
-    user or assistant messages are merged into one turn, their contents separated by a blank line.
+    user (and tool) or assistant messages are merged into one turn, their texts separated by a
+    blank line. A turn with tool calls or tool results is a list of blocks: an assistant's text
+    then its ``tool_use`` blocks; a user turn's ``tool_result`` blocks first, then its text.
     """
     system = "\n\n".join(m.content for m in messages if m.role == "system")
-    merged: list[tuple[str, list[str]]] = []
+    merged: list[tuple[str, list[Message]]] = []
     for m in messages:
         if m.role == "system":
             continue
-        if merged and merged[-1][0] == m.role:
-            merged[-1][1].append(m.content)
+        side = "assistant" if m.role == "assistant" else "user"
+        if merged and merged[-1][0] == side:
+            merged[-1][1].append(m)
         else:
-            merged.append((m.role, [m.content]))
+            merged.append((side, [m]))
     if not merged or merged[0][0] != "user":
         raise ConfigError(
             "the Anthropic Messages API needs a conversation that starts with a user message; "
             f"this one starts with {merged[0][0] if merged else 'nothing but system messages'}"
         )
-    turns: list[MessageParam] = []
-    for role, parts in merged:
-        text = "\n\n".join(parts)
-        turns.append(
-            {"role": "user", "content": text}
-            if role == "user"
-            else {"role": "assistant", "content": text}
-        )
-    return system, turns
+    return system, [
+        _user_turn(group) if side == "user" else _assistant_turn(group) for side, group in merged
+    ]
+
+
+def _user_turn(group: Sequence[Message]) -> MessageParam:
+    text = "\n\n".join(m.content for m in group if m.role == "user")
+    results: list[ToolResultBlockParam] = [
+        {"type": "tool_result", "tool_use_id": m.tool_call_id or "", "content": m.content}
+        for m in group
+        if m.role == "tool"
+    ]
+    if not results:
+        return {"role": "user", "content": text}
+    blocks: list[ToolResultBlockParam | TextBlockParam] = [*results]
+    if text:
+        blocks.append({"type": "text", "text": text})
+    return {"role": "user", "content": blocks}
+
+
+def _assistant_turn(group: Sequence[Message]) -> MessageParam:
+    text = "\n\n".join(m.content for m in group if m.content)
+    uses: list[ToolUseBlockParam] = [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c.arguments)}
+        for m in group
+        for c in m.tool_calls
+    ]
+    if not uses:
+        return {"role": "assistant", "content": text}
+    blocks: list[TextBlockParam | ToolUseBlockParam] = (
+        [{"type": "text", "text": text}] if text else []
+    )
+    blocks += uses
+    return {"role": "assistant", "content": blocks}
+
+
+def _arguments(text: str) -> dict[str, object]:
+    # The API wants the call's input as an object; arguments it sent are one, and text a model
+    # broke is sent back as a string under "input" rather than dropped.
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"input": text}
+    return value if isinstance(value, dict) else {"input": value}
 
 
 def _count(value: object) -> int:

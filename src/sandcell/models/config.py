@@ -18,6 +18,7 @@ the environment (``SANDCELL_MODEL``, ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
     api_key_env = "OLLAMA_KEY"    # the variable that holds the key, never the key itself
     timeout_s = 300
     max_tokens = 4096
+    tool_calling = "auto"         # "native" or "text"; see sandcell.models.base.ToolCalling
 
 The file's ``base_url`` and ``api_key_env`` apply only to the provider its ``name`` names, so a
 ``--model`` for another provider does not inherit a URL meant for a different server.
@@ -35,13 +36,14 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
 from sandcell.errors import ConfigError
 from sandcell.models._config_file import FileConfig, default_config_path, read_config
-from sandcell.models.base import Model
-from sandcell.models.fake import ScriptedModel
+from sandcell.models.base import TOOL_CALLING_MODES, Model, ToolCalling
+from sandcell.models.fake import ScriptedModel, turns_from_json
 
 Provider = Literal["openai", "anthropic", "openai-compatible", "scripted"]
 PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic", "openai-compatible", "scripted")
@@ -88,6 +90,9 @@ class ModelSettings:
     agent's default."""
     config_file: Path | None
     """The config file that was read, if any."""
+    tool_calling: ToolCalling = "auto"
+    """Native tool calling (``native``), plain text (``text``), or tools with a fallback to
+    text when the server rejects them (``auto``); a scripted model follows its script."""
     sources: tuple[tuple[str, str], ...]
     """``(field, source)`` pairs: ``argument``, ``env NAME``, ``config PATH`` or ``default``."""
 
@@ -106,6 +111,7 @@ class ModelSettings:
             "timeout_s": self.timeout_s,
             "max_tokens": self.max_tokens,
             "config_file": str(self.config_file) if self.config_file else None,
+            "tool_calling": self.tool_calling,
             "sources": dict(self.sources),
         }
 
@@ -124,6 +130,7 @@ def resolve_model_and_settings(
     config_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
+    tool_calling: ToolCalling | None = None,
 ) -> tuple[Model, ModelSettings]:
     """The configured model, ready to call, and a key-free description of how it was chosen.
 
@@ -137,6 +144,7 @@ def resolve_model_and_settings(
         config_file=config_file,
         environ=os.environ if environ is None else environ,
         timeout_s=timeout_s,
+        tool_calling=tool_calling,
     )
     return _build(settings, key), settings
 
@@ -149,6 +157,7 @@ def resolve_model(
     config_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
+    tool_calling: ToolCalling | None = None,
 ) -> Model:
     """The configured model; see :func:`resolve_model_and_settings`."""
     model, _ = resolve_model_and_settings(
@@ -158,6 +167,7 @@ def resolve_model(
         config_file=config_file,
         environ=environ,
         timeout_s=timeout_s,
+        tool_calling=tool_calling,
     )
     return model
 
@@ -185,6 +195,7 @@ def _resolve(
     config_file: Path | None,
     environ: Mapping[str, str],
     timeout_s: float | None,
+    tool_calling: ToolCalling | None = None,
 ) -> tuple[ModelSettings, str | None]:
     file = read_config(config_file, environ)
     if file and file.name:
@@ -215,6 +226,7 @@ def _resolve(
     max_tokens = file.max_tokens if file else None
     if max_tokens is not None:
         sources["max_tokens"] = file_src
+    calling = _tool_calling(tool_calling, file, sources, file_src)
 
     if provider == "scripted":
         script = Path(model_id).expanduser()
@@ -229,6 +241,7 @@ def _resolve(
             timeout_s=timeout,
             max_tokens=max_tokens,
             config_file=file.path if file else None,
+            tool_calling=calling,
             sources=tuple(sources.items()),
         )
         return settings, None
@@ -268,6 +281,7 @@ def _resolve(
         timeout_s=timeout,
         max_tokens=max_tokens,
         config_file=file.path if file else None,
+        tool_calling=calling,
         sources=tuple(sources.items()),
     )
     return settings, key
@@ -286,6 +300,23 @@ def _timeout(
         return DEFAULT_TIMEOUT_S
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"model timeout_s must be a positive number of seconds, not {value!r}")
+    return value
+
+
+def _tool_calling(
+    explicit: ToolCalling | None, file: FileConfig | None, sources: dict[str, str], file_src: str
+) -> ToolCalling:
+    value: str
+    if explicit is not None:
+        value, sources["tool_calling"] = explicit, ARGUMENT
+    elif file and file.tool_calling is not None:
+        value, sources["tool_calling"] = file.tool_calling, file_src
+    else:
+        return "auto"
+    if value not in TOOL_CALLING_MODES:
+        raise ConfigError(
+            f"tool_calling must be one of {', '.join(TOOL_CALLING_MODES)}, not {value!r}"
+        )
     return value
 
 
@@ -334,6 +365,7 @@ def _build(settings: ModelSettings, key: str | None) -> Model:
             base_url=settings.base_url,
             timeout_s=settings.timeout_s,
             api_key_env=settings.api_key_env,
+            tool_calling=settings.tool_calling,
         )
     try:
         from sandcell.models.openai_chat import OpenAIChatModel
@@ -349,6 +381,7 @@ def _build(settings: ModelSettings, key: str | None) -> Model:
         api_key_env=settings.api_key_env,
         # OpenAI's reasoning models refuse max_tokens; compatible servers may not know the new name.
         limit_param="max_completion_tokens" if official else "max_tokens",
+        tool_calling=settings.tool_calling,
     )
 
 
@@ -362,18 +395,18 @@ def _sdk_missing(sdk: str, exc: ImportError) -> ConfigError:
 def _scripted(settings: ModelSettings) -> Model:
     path = Path(settings.model)
     try:
-        turns = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), parse_float=Decimal)
     except FileNotFoundError:
         raise ConfigError(
             f"scripted model file {path} does not exist; write a JSON list of replies there"
         ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"scripted model file {path} is not readable JSON: {exc}") from exc
-    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-        raise ConfigError(
-            f'scripted model file {path} must hold a JSON list of strings (["reply 1", ...])'
-        )
-    return ScriptedModel(turns, name=settings.name)
+    turns = turns_from_json(data, where=f"scripted model file {path}")
+    model = ScriptedModel(turns, name=settings.name)
+    if settings.source("tool_calling") != DEFAULT:
+        model.tool_calling = settings.tool_calling
+    return model
 
 
 def _nothing_configured(config_file: Path | None, environ: Mapping[str, str]) -> str:
