@@ -14,10 +14,10 @@ it may be changed.
 
 The rules
 ---------
-Every entry is checked before anything is written (:func:`_extract`), so an unsafe wheel leaves
+Every entry is checked before anything is written (:func:`extract`), so an unsafe wheel leaves
 nothing behind. Only the importable part is extracted (top-level packages and modules, the
 ``.dist-info``, the purelib/platlib of ``.data``), each file created anew without following links
-and hashed against ``RECORD``; ``METADATA`` must name the pin asked for. :func:`_tree_problems`
+and hashed against ``RECORD``; ``METADATA`` must name the pin asked for. :func:`tree_problems`
 compares an extracted tree with the kept wheel's ``RECORD``, so a file added, changed, removed or
 turned into a symbolic link is reported.
 """
@@ -48,7 +48,7 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _version_key(version: str) -> str:
+def version_key(version: str) -> str:
     """A version in a form where ``1.0`` equals ``1.0.0`` and ``V1.0`` equals ``1.0``."""
     v = version.strip().lower().removeprefix("v")
     m = re.match(r"(\d+(?:\.\d+)*)(.*)", v)
@@ -60,7 +60,7 @@ def _version_key(version: str) -> str:
     return ".".join(release) + m.group(2)
 
 
-def _wheel_name(filename: str) -> tuple[str, str]:
+def wheel_name(filename: str) -> tuple[str, str]:
     parts = filename.removesuffix(".whl").split("-")
     if not filename.endswith(".whl") or len(parts) not in (5, 6):
         raise ConfigError(f"{filename!r} is not a wheel file name (NAME-VERSION-...-TAG.whl)")
@@ -74,7 +74,7 @@ def _record_digest(data_sha256: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(data_sha256).rstrip(b"=").decode()
 
 
-def _module_of(filename: str) -> str | None:
+def module_of(filename: str) -> str | None:
     """The module a top-level file provides (``six.py`` -> ``six``), None if it is not one."""
     stem, dot, _ = filename.partition(".")
     ok = dot and stem.isidentifier() and not stem.startswith("__")
@@ -94,7 +94,7 @@ def _target(parts: Sequence[str]) -> list[str] | None:
     if len(parts) > 1:
         package = first.isidentifier() and not first.startswith("__")
         return parts if first.endswith(".dist-info") or package else None
-    return parts if _module_of(first) else None
+    return parts if module_of(first) else None
 
 
 def _imports_from_paths(paths: Iterable[str]) -> set[str]:
@@ -107,7 +107,7 @@ def _imports_from_paths(paths: Iterable[str]) -> set[str]:
         mapped = _target(parts)
         if mapped is None or mapped[0].endswith(".dist-info"):
             continue
-        names.add(mapped[0] if len(mapped) > 1 else (_module_of(mapped[0]) or ""))
+        names.add(mapped[0] if len(mapped) > 1 else (module_of(mapped[0]) or ""))
     names.discard("")
     return names
 
@@ -116,7 +116,7 @@ def _record_rows(text: str) -> list[list[str]]:
     return [row for row in csv.reader(text.splitlines()) if row]
 
 
-def _dist_imports(dist_info: Path) -> set[str]:
+def dist_imports(dist_info: Path) -> set[str]:
     """Import names of an installed or extracted distribution: top_level.txt, else RECORD."""
     top = dist_info / "top_level.txt"
     if top.is_file():
@@ -128,7 +128,7 @@ def _dist_imports(dist_info: Path) -> set[str]:
     return _imports_from_paths(row[0] for row in _record_rows(record.read_text("utf-8")))
 
 
-def _metadata(dist_info: Path) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+def read_metadata(dist_info: Path) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """Name, version, unconditional requirements and marker-gated ones, from METADATA."""
     text = (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace")
     msg = HeaderParser().parsestr(text)
@@ -161,7 +161,7 @@ def _entry_problem(info: zipfile.ZipInfo) -> str | None:
     return None
 
 
-def _extract(
+def extract(
     wheel: Path, dest: Path, name: str, version: str, *, shown: str
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """Extract the importable part of ``wheel`` (called ``shown`` in messages) into the empty
@@ -227,10 +227,10 @@ def _extract(
                 raise ConfigError(f"{shown}: {info.filename} does not match its RECORD hash")
     if not (dest / matching[0] / "METADATA").is_file():
         raise ConfigError(f"{shown} has no METADATA; refused")
-    meta_name, meta_version, requires, requires_if = _metadata(dest / matching[0])
-    if (normalize_name(meta_name), _version_key(meta_version)) != (name, _version_key(version)):
+    meta_name, meta_version, requires, requires_if = read_metadata(dest / matching[0])
+    if (normalize_name(meta_name), version_key(meta_version)) != (name, version_key(version)):
         raise ConfigError(f"{shown} says it is {meta_name} {meta_version}; refused")
-    imports = _dist_imports(dest / matching[0]) or _imports_from_paths(r[0] for r in rows)
+    imports = dist_imports(dest / matching[0]) or _imports_from_paths(r[0] for r in rows)
     for root, dirs, _ in os.walk(dest):  # readable by the sandbox user, whatever the umask
         for d in dirs:
             os.chmod(os.path.join(root, d), 0o755)  # noqa: S103 (public code, read-only mount)
@@ -238,7 +238,7 @@ def _extract(
     return tuple(sorted(imports)), requires, requires_if
 
 
-def _wheel_record(wheel: Path) -> str | None:
+def wheel_record(wheel: Path) -> str | None:
     """The RECORD inside a wheel file, None if it has none."""
     try:
         with zipfile.ZipFile(wheel) as zf:
@@ -248,7 +248,7 @@ def _wheel_record(wheel: Path) -> str | None:
         return None
 
 
-def _tree_problems(tree: Path, record: str | None = None) -> list[str]:
+def tree_problems(tree: Path, record: str | None = None) -> list[str]:
     """How an extracted tree differs from ``record`` (the kept wheel's RECORD, which the lock's
     hash covers), or else from the RECORD of the tree's own ``.dist-info``."""
     if not tree.is_dir():

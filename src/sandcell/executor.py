@@ -22,14 +22,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import platformdirs
-
 from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports, validate_globs
 from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend, BackendResult
 from sandcell.backends.registry import BackendName, check_name, create_backend, requested_backend
 from sandcell.display import DisplayCollection, take_outputs
 from sandcell.errors import ConfigError, InfraError
+from sandcell.home import data_dir as data_dir  # noqa: PLC0414 - re-exported from its old home
 from sandcell.inputs import inspect_inputs
 from sandcell.packages import WheelCache
 from sandcell.policy.approvals import (
@@ -74,12 +73,6 @@ ApprovalCallback = Callable[[Ticket], bool]
 """Called with the stored ticket of a run that needs approval; True approves and runs it."""
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH)", re.IGNORECASE)
-
-
-def data_dir() -> Path:
-    """Where records and artifacts live: ``$SANDCELL_HOME``, else the user's data directory."""
-    explicit = os.environ.get("SANDCELL_HOME")
-    return Path(explicit) if explicit else platformdirs.user_data_path("sandcell")
 
 
 def _now() -> str:
@@ -236,6 +229,7 @@ class Executor:
         invariants: Sequence[InvariantLike] = (),
         result_file: str | None = None,
         approve: ApprovalCallback | None = None,
+        wrap: Callable[[RunRequest], RunRequest] | None = None,
     ) -> RunResult:
         """Run one program in a fresh sandbox, if the profile allows it.
 
@@ -243,7 +237,9 @@ class Executor:
         profile cannot accept at all (an export or limit beyond it, a bad schema) raises
         ConfigError. ``schema``/``model``/``invariants``/``result_file`` declare a result to
         validate (on top of the profile's schema); ``approve`` decides at once for a run that
-        needs approval instead of leaving it waiting in the store.
+        needs approval instead of leaving it waiting in the store. ``wrap`` turns the request
+        the profile admitted into the one the sandbox runs (the batch judge puts the program
+        under its test harness): the checks judge the caller's code, not the wrapper's.
         """
         prof = self._profile(profile) if profile is not None else self.profile
         backend = self.backend_for(prof)
@@ -298,13 +294,14 @@ class Executor:
             approved = self.approvals.approve(ticket.id, by=who)
             result = self._execute(
                 backend,
-                approved.request,
+                wrap(approved.request) if wrap is not None else approved.request,
                 validators,
                 {**policy, "approval": approval_record(approved.ticket)},
             )
             self.approvals.mark_ran(ticket.id, result.run_id)
             return result
-        return self._execute(backend, admission.request, validators, policy)
+        admitted = wrap(admission.request) if wrap is not None else admission.request
+        return self._execute(backend, admitted, validators, policy)
 
     def session(
         self,

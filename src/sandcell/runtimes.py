@@ -3,8 +3,21 @@
 A runtime is an interpreter plus a read-only set of packages. The default Python runtime is the
 environment sandcell itself is installed in (its interpreter, resolved past shims such as pyenv's,
 and its site-packages with the pinned analysis basics). The bash runtime is ``/usr``'s bash and
-tools. Both are mounted read-only at their host paths, so shebangs and shared-library paths keep
-working; nothing else of the host is mounted.
+tools. Nothing else of the host is mounted.
+
+Inside the sandbox the runtime sits at fixed neutral paths, so a program learns nothing of the
+host's users or layout from where its interpreter lives: ``/usr`` stays ``/usr``, a base
+interpreter installed elsewhere (pyenv, uv, conda, all under some home directory) appears at
+``/opt/sandcell/python``, and a virtual environment at ``/opt/sandcell/venv``: its site-packages
+bound read-only, a synthetic ``pyvenv.cfg`` naming the neutral base, and the interpreter itself
+bound as ``bin/python`` (the console scripts of the host venv are left out: their shebangs name
+the host path). An editable install's ``.pth`` and finder files point at the host's source tree,
+which is not mounted: they are covered by empty files. :attr:`Runtime.mounts`,
+:attr:`Runtime.files`, :attr:`Runtime.sandbox_python` and :attr:`Runtime.sandbox_env` describe
+that view; the older fields (``ro_dirs``, ``python``, ``env``) keep describing the host layout,
+which the host side needs (the workspace helper runs ``python`` on the host).
+
+The run record keeps the host paths in the runtime's identity: it is the host's record.
 
 The record of every run names the runtime and a hash of it, so a result can be tied to exactly the
 packages that produced it.
@@ -21,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandcell._runtime_view import SANDBOX_RUNTIME_DIR, HostPython, host_hooks, neutral_view
 from sandcell.errors import ConfigError
 from sandcell.spec import Language
 
@@ -36,11 +50,12 @@ class Runtime:
     name: str
     language: Language
     interpreter: str
-    """Absolute path of the interpreter inside the sandbox (the same path as on the host)."""
+    """Absolute path of the interpreter on the host (see :attr:`sandbox_interpreter`)."""
     python: str
-    """The Python interpreter inside the sandbox, used for the boot step of every language."""
+    """The Python interpreter on the host (see :attr:`sandbox_python` for the sandbox's)."""
     ro_dirs: tuple[str, ...]
-    """Host directories bound read-only at the same path."""
+    """The host directories the runtime needs (the host layout: :attr:`mounts` says where each
+    appears in the sandbox)."""
     symlinks: tuple[tuple[str, str], ...]
     """(link path, target) pairs created in the sandbox root, e.g. ``("/bin", "usr/bin")``."""
     env: Mapping[str, str] = field(default_factory=dict)
@@ -49,6 +64,29 @@ class Runtime:
     """A human-readable description: interpreter, version, location."""
     sha256: str
     """Hash over the interpreter identity and the exact packages available."""
+    mounts: tuple[tuple[str, str], ...] = ()
+    """(host path, sandbox path) pairs bound read-only: the whole runtime as the sandbox sees it,
+    at neutral paths (``/usr`` at ``/usr``, a venv's site-packages under ``/opt/sandcell/venv``).
+    A path may be a file (the interpreter bound as the venv's ``bin/python``)."""
+    files: tuple[tuple[str, str], ...] = ()
+    """(sandbox path, text) pairs: synthetic read-only files bound after :attr:`mounts` (the
+    neutral venv's ``pyvenv.cfg``; empty files over editable-install hooks)."""
+    sandbox_python: str = ""
+    """The Python interpreter's path inside the sandbox (boot step of every language)."""
+    sandbox_interpreter: str = ""
+    """The language's interpreter path inside the sandbox."""
+    sandbox_env: Mapping[str, str] = field(default_factory=dict)
+    """:attr:`env` for the neutral layout: what programs get in the sandbox."""
+
+    @property
+    def sandbox_paths(self) -> tuple[str, ...]:
+        """Every path of the runtime inside the sandbox (mount points and links), e.g. for the
+        read-and-execute rules of Landlock."""
+        paths = [dest for _, dest in self.mounts] + [path for path, _ in self.files]
+        # The neutral directory as a whole: its synthetic files sit beside the mounts.
+        kept = [p for p in paths if not _covered(p, [SANDBOX_RUNTIME_DIR])]
+        neutral = [SANDBOX_RUNTIME_DIR] if len(kept) < len(paths) else []
+        return (*_minimal_roots([*neutral, *kept]), *(link for link, _ in self.symlinks))
 
 
 def _root_layout() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -79,6 +117,19 @@ def _site_packages(prefix: str) -> list[str]:
     return [p for p in sys.path if p.startswith(prefix.rstrip("/") + "/") and "site-packages" in p]
 
 
+def _shared_libpython(executable: str, base_prefix: str) -> bool:
+    """Whether the interpreter was linked against a ``libpython`` in its own prefix (pyenv's
+    default build): its RUNPATH names the host prefix, so a moved prefix needs the loader told."""
+    lib = os.path.join(base_prefix, "lib")
+    try:
+        names = os.listdir(lib)
+        with open(executable, "rb") as f:
+            head = f.read(1 << 22)
+    except OSError:
+        return False
+    return any(n.startswith("libpython") and ".so" in n for n in names) and lib.encode() in head
+
+
 @functools.cache
 def python_runtime() -> Runtime:
     """The default Python runtime: this environment's interpreter and packages."""
@@ -91,20 +142,22 @@ def python_runtime() -> Runtime:
     interpreter = os.path.join(sys.prefix, "bin", "python") if in_venv else real_python
     interpreter = os.path.abspath(interpreter)
     dirs, links = _root_layout()
-    wanted = ["/usr", base_prefix, prefix, os.path.dirname(real_python)]
+    same_path = ["/usr"]
     # Font configuration, so matplotlib and Pillow find fonts without complaining; no secrets.
     if os.path.isdir("/etc/fonts"):
-        wanted.append("/etc/fonts")
+        same_path.append("/etc/fonts")
+    wanted = [*same_path, base_prefix, prefix, os.path.dirname(real_python)]
     if in_venv:
         wanted.append(os.path.abspath(sys.prefix))
     ro_dirs = _minimal_roots([*dirs, *wanted])
 
+    site_packages = _site_packages(prefix)
     # The installed distributions' metadata directories name each one and its version
     # ("numpy-2.4.6.dist-info"): listing them is enough to tell two runtimes apart, and costs
     # a directory read instead of parsing every METADATA file.
     packages = sorted(
         name
-        for sp in _site_packages(prefix)
+        for sp in site_packages
         if os.path.isdir(sp)
         for name in os.listdir(sp)
         if name.endswith((".dist-info", ".egg-info"))
@@ -114,7 +167,28 @@ def python_runtime() -> Runtime:
         + (f", packages of {prefix}" if in_venv else "")
     )
     digest = hashlib.sha256("\n".join([identity, *packages]).encode()).hexdigest()
+    venv_sp = tuple(os.path.realpath(sp) for sp in site_packages if os.path.isdir(sp))
+    view = neutral_view(
+        HostPython(
+            executable=real_python,
+            base_prefix=base_prefix,
+            venv=prefix if in_venv else None,
+            site_packages=venv_sp if in_venv else (),
+            version=platform.python_version(),
+            include_system_site_packages=in_venv and _venv_includes_system_site(prefix),
+            shared_libpython=_shared_libpython(real_python, base_prefix),
+            masked=host_hooks(venv_sp, [*same_path, base_prefix, *venv_sp]) if in_venv else (),
+        ),
+        same_path=_minimal_roots([*dirs, *same_path]),
+    )
     path_dirs = [os.path.dirname(interpreter), "/usr/local/bin", "/usr/bin", "/bin"]
+    sandbox_path = [view.bin_dir, "/usr/local/bin", "/usr/bin", "/bin"]
+    base_env = {
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     return Runtime(
         name=f"python-{sys.version_info.major}.{sys.version_info.minor}",
         language="python",
@@ -122,16 +196,27 @@ def python_runtime() -> Runtime:
         python=interpreter,
         ro_dirs=ro_dirs,
         symlinks=links,
-        env={
-            "PATH": ":".join(dict.fromkeys(path_dirs)),
-            "MPLBACKEND": "Agg",
-            "MPLCONFIGDIR": "/tmp/.matplotlib",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-        },
+        env={"PATH": ":".join(dict.fromkeys(path_dirs)), **base_env},
         identity=identity,
         sha256=digest,
+        mounts=view.mounts,
+        files=view.files,
+        sandbox_python=view.python,
+        sandbox_interpreter=view.python,
+        sandbox_env={"PATH": ":".join(dict.fromkeys(sandbox_path)), **base_env, **dict(view.env)},
     )
+
+
+def _venv_includes_system_site(prefix: str) -> bool:
+    try:
+        with open(os.path.join(prefix, "pyvenv.cfg"), encoding="utf-8") as f:
+            for line in f:
+                key, sep, value = line.partition("=")
+                if sep and key.strip() == "include-system-site-packages":
+                    return value.strip().lower() == "true"
+    except OSError:
+        pass
+    return False
 
 
 @functools.cache
@@ -157,6 +242,15 @@ def bash_runtime() -> Runtime:
         env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
         identity=f"bash at {real_bash}",
         sha256=h.hexdigest(),
+        mounts=py.mounts,
+        files=py.files,
+        sandbox_python=py.sandbox_python,
+        sandbox_interpreter=real_bash,
+        # The boot step is python: a moved shared libpython must still be found.
+        sandbox_env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            **{k: v for k, v in py.sandbox_env.items() if k == "LD_LIBRARY_PATH"},
+        },
     )
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sandcell._runtime_view import HostPython, neutral_view
 from sandcell.backends.namespaces import cgroups
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, BwrapPlan, build_argv
+from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, BwrapPlan, args_via_fd, build_argv
 from sandcell.backends.namespaces.rlimits import plan_rlimits
 from sandcell.errors import AuditError, ConfigError, InfraError, IsolationUnavailable
 from sandcell.spec import (
@@ -539,3 +540,60 @@ def test_result_to_dict_without_enforcement() -> None:
     assert d["enforcement"] is None
     assert d["outcome"] == "infra_error"
     assert d["artifacts"] == [] and d["rejected_exports"] == []
+
+
+# -- the runtime's neutral view -----------------------------------------------------------------
+
+
+def test_neutral_view_moves_a_pyenv_venv_out_of_the_home() -> None:
+    base = "/home/alice/.pyenv/versions/3.11.7"
+    venv = "/home/alice/proj/.venv"
+    view = neutral_view(
+        HostPython(
+            executable=f"{base}/bin/python3.11",
+            base_prefix=base,
+            venv=venv,
+            site_packages=(f"{venv}/lib/python3.11/site-packages",),
+            version="3.11.7",
+            include_system_site_packages=False,
+            shared_libpython=True,
+            masked=(f"{venv}/lib/python3.11/site-packages/__editable__.x.pth",),
+        ),
+        same_path=("/usr", "/etc/fonts"),
+    )
+    dests = [dest for _, dest in view.mounts] + [path for path, _ in view.files]
+    assert not [d for d in dests if "alice" in d or "pyenv" in d], dests
+    assert (base, "/opt/sandcell/python") in view.mounts
+    assert (f"{base}/bin/python3.11", "/opt/sandcell/venv/bin/python") in view.mounts
+    assert view.python == "/opt/sandcell/venv/bin/python"
+    files = dict(view.files)
+    assert files["/opt/sandcell/venv/pyvenv.cfg"].startswith("home = /opt/sandcell/python/bin\n")
+    assert files["/opt/sandcell/venv/lib/python3.11/site-packages/__editable__.x.pth"] == ""
+    assert ("LD_LIBRARY_PATH", "/opt/sandcell/python/lib") in view.env
+
+
+def test_neutral_view_keeps_usr_where_it_is() -> None:
+    view = neutral_view(
+        HostPython(
+            executable="/usr/bin/python3.11",
+            base_prefix="/usr",
+            venv=None,
+            site_packages=(),
+            version="3.11.2",
+            include_system_site_packages=False,
+            shared_libpython=False,
+        ),
+        same_path=("/usr",),
+    )
+    assert view.mounts == (("/usr", "/usr"),) and view.files == () and view.env == ()
+    assert view.python == "/usr/bin/python3.11"
+
+
+def test_bwrap_options_travel_by_descriptor() -> None:
+    argv = build_argv(_plan())
+    short, data = args_via_fd(argv, 11)
+    end = argv.index("--")
+    assert short == [argv[0], "--args", "11", *argv[end:]]
+    assert data.split(b"\0")[:-1] == [a.encode() for a in argv[1:end]]
+    # Nothing of the host's layout stays on the command line (the sandbox reads it as pid 1).
+    assert not [a for a in short if a.startswith(("/var/runs", "/data"))]

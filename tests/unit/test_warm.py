@@ -67,7 +67,13 @@ def test_template_argv_isolates_like_a_cold_sandbox(tmp_path: Path) -> None:
     # The children create their own user namespaces, and mount their own /proc: no bwrap --dev
     # (its /proc covers) and no --disable-userns.
     assert "--disable-userns" not in argv and "--dev" not in argv
-    assert argv[-5:] == [python_runtime().python, "-I", "/sandcell/zygote.pyc", "5", "numpy,pandas"]
+    assert argv[-5:] == [
+        python_runtime().sandbox_python,
+        "-I",
+        "/sandcell/zygote.pyc",
+        "5",
+        "numpy,pandas",
+    ]
     # /dev is read-only: a writable tmpfs there would be shared by every run of the template.
     i = argv.index("--remount-ro")
     assert argv[i + 1] == "/dev"

@@ -179,7 +179,7 @@ class SessionSandbox:
         self.prepared.create(files)
 
     def _command(self) -> list[str]:
-        python = self.prepared.runtime.python
+        python = self.prepared.runtime.sandbox_python
         kernel = [python, "-I", f"{CONTROL_DIR}/{_CONTROL_KERNEL}"]
         for pkg in self.request.packages:
             kernel += ["--path", f"/packages/{pkg.name}"]

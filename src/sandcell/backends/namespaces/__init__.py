@@ -193,8 +193,10 @@ class NamespacesBackend:
 
     def _command(self, request: RunRequest, runtime: Runtime) -> list[str]:
         if request.language == "python":
-            return boot_command(runtime.python, "python", str(code_path("python")))
-        return boot_command(runtime.python, "exec", runtime.interpreter, str(code_path("bash")))
+            return boot_command(runtime.sandbox_python, "python", str(code_path("python")))
+        return boot_command(
+            runtime.sandbox_python, "exec", runtime.sandbox_interpreter, str(code_path("bash"))
+        )
 
     def _control_files(self, request: RunRequest) -> dict[str, bytes]:
         files = {code_path(request.language).name: request.code.encode("utf-8")}

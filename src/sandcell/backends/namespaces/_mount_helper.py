@@ -87,7 +87,8 @@ def main(argv: list[str]) -> None:
         os.close(int(result_fd))
         os.close(int(hold_fd))
         try:
-            os.execv(bwrap_argv[0], bwrap_argv)
+            # By name only: bwrap's argv is the sandbox's /proc/1/cmdline.
+            os.execv(bwrap_argv[0], [os.path.basename(bwrap_argv[0]), *bwrap_argv[1:]])
         except OSError as exc:
             _fail(f"exec {bwrap_argv[0]}: {exc}")
     # Drop every descriptor bwrap shares with the supervisor, so end-of-file on the sandbox's

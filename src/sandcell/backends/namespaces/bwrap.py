@@ -114,6 +114,10 @@ class BwrapPlan:
     bwrap: str
     ro_dirs: Sequence[str]
     """Runtime directories, bound read-only at the same path."""
+    mounts: Sequence[tuple[str, str]] = ()
+    """(host path, sandbox path): the runtime's neutral view, bound read-only after ``ro_dirs``."""
+    files: Sequence[tuple[Path, str]] = ()
+    """(host file, sandbox path): the runtime's synthetic files, bound after ``mounts``."""
     symlinks: Sequence[tuple[str, str]]
     workspace: Path
     """Host directory that becomes the writable working directory."""
@@ -164,6 +168,10 @@ def build_argv(plan: BwrapPlan) -> list[str]:
     # /tmp, say) stays visible instead of being covered by the sandbox's own mount.
     for d in plan.ro_dirs:
         a += ["--ro-bind", d, d]
+    for host, dest in plan.mounts:
+        a += ["--ro-bind", host, dest]
+    for host_file, dest in plan.files:
+        a += ["--ro-bind", str(host_file), dest]
     for link, target in plan.symlinks:
         a += ["--symlink", target, link]
     a += ["--remount-ro", "/"]
@@ -173,6 +181,16 @@ def build_argv(plan: BwrapPlan) -> list[str]:
     a += ["--info-fd", str(plan.info_fd), "--block-fd", str(plan.block_fd)]
     a += ["--", *plan.command]
     return a
+
+
+def args_via_fd(argv: Sequence[str], fd: int) -> tuple[list[str], bytes]:
+    """``argv`` with its options moved to descriptor ``fd`` (bwrap's ``--args``): the short
+    command line, and the bytes to put in ``fd``. bwrap stays the sandbox's pid 1, and its
+    command line, readable there, would name every host path it binds. The sandbox's command
+    (after ``--``) stays on the line: bwrap reads only options from the descriptor."""
+    end = list(argv).index("--")
+    data = b"".join(arg.encode() + b"\0" for arg in argv[1:end])
+    return [argv[0], "--args", str(fd), *argv[end:]], data
 
 
 ETC_FILES: Mapping[str, str] = {

@@ -45,11 +45,16 @@ class LaunchFds:
     block_r: int
     status_w: int
     seccomp: int | None
+    args: int | None = None
+    """A memfd for bwrap's arguments (``--args FD``): on its command line they would be readable
+    inside the sandbox as ``/proc/1/cmdline``, host paths and all."""
 
     def passed(self) -> tuple[int, ...]:
         fds = [self.info_w, self.block_r, self.status_w]
         if self.seccomp is not None:
             fds.append(self.seccomp)
+        if self.args is not None:
+            fds.append(self.args)
         return tuple(fds)
 
 
@@ -90,6 +95,8 @@ class Pipes:
             os.write(fd, seccomp_program)
             os.lseek(fd, 0, os.SEEK_SET)
             self.seccomp = fd
+        self.args = os.memfd_create("sandcell-args", os.MFD_CLOEXEC)
+        self._fds.append(self.args)
 
     def _pipe(self) -> tuple[int, int]:
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -98,7 +105,11 @@ class Pipes:
 
     def fds(self) -> LaunchFds:
         return LaunchFds(
-            info_w=self.info_w, block_r=self.block_r, status_w=self.status_w, seccomp=self.seccomp
+            info_w=self.info_w,
+            block_r=self.block_r,
+            status_w=self.status_w,
+            seccomp=self.seccomp,
+            args=self.args,
         )
 
     def close(self, fd: int) -> None:
@@ -108,7 +119,7 @@ class Pipes:
                 os.close(fd)
 
     def close_child_ends(self) -> None:
-        for fd in (self.info_w, self.block_r, self.status_w, self.seccomp):
+        for fd in (self.info_w, self.block_r, self.status_w, self.seccomp, self.args):
             if fd is not None:
                 self.close(fd)
 
@@ -157,7 +168,10 @@ def spawn(
     close this process's copies of the child's ends. Raises InfraError if it cannot start."""
     try:
         proc = subprocess.Popen(
-            list(argv),
+            # Started by its name only: the path (a wheel's bwrap lives in the venv) would be the
+            # sandbox's /proc/1/cmdline.
+            [os.path.basename(argv[0]), *argv[1:]],
+            executable=argv[0],
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -23,15 +23,23 @@ read-only inside the sandbox, but the host's root can still change them while it
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.backends.namespaces import cgroups, landlock, workspace
-from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_WORKDIR, BwrapPlan, build_argv
+from sandcell.backends.namespaces.bwrap import (
+    PACKAGES_DIR,
+    SANDBOX_WORKDIR,
+    BwrapPlan,
+    args_via_fd,
+    build_argv,
+)
 from sandcell.backends.namespaces.launcher import HelperChannel, LaunchFds
 from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
+from sandcell.backends.namespaces.runtime_mounts import support_files
 from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import IsolationUnavailable
 from sandcell.runtimes import Runtime, common_env, runtime_for
@@ -154,14 +162,16 @@ class PreparedSandbox:
         argv = build_argv(
             BwrapPlan(
                 bwrap=self.backend.bwrap.path,
-                ro_dirs=runtime.ro_dirs,
+                ro_dirs=(),
+                mounts=runtime.mounts,
+                files=support_files(self.backend.root, runtime),
                 symlinks=runtime.symlinks,
                 workspace=self.work,
                 control_dir=self.control,
                 etc_dir=self.backend.root / "etc",
                 inputs=[(i.host_path, i.name) for i in request.inputs],
                 packages=request.packages,
-                env={**common_env(), **runtime.env, **request.env},
+                env={**common_env(), **runtime.sandbox_env, **request.env},
                 tmp_bytes=self.limits.tmp_bytes,
                 seccomp_fd=fds.seccomp,
                 info_fd=fds.info_w,
@@ -169,6 +179,9 @@ class PreparedSandbox:
                 command=list(command),
             )
         )
+        if fds.args is not None:
+            argv, data = args_via_fd(argv, fds.args)
+            os.pwrite(fds.args, data, 0)
         if not self.layers.use_helper:
             return argv
         # An ordinary user cannot mount the workspace tmpfs on the host: a helper mounts it in a
@@ -196,8 +209,7 @@ class PreparedSandbox:
         if self.layers.landlock_abi is not None:
             lplan = landlock.build_plan(
                 runtime_paths=[
-                    *runtime.ro_dirs,
-                    *(link for link, _ in runtime.symlinks),
+                    *runtime.sandbox_paths,
                     *([PACKAGES_DIR] if request.packages else []),
                 ],
                 input_dir="/inputs" if request.inputs else None,

@@ -39,6 +39,7 @@ from typing import Any
 
 from sandcell.backends.namespaces import cgroups
 from sandcell.backends.namespaces.bwrap import SANDBOX_GID, SANDBOX_HOSTNAME, SANDBOX_UID
+from sandcell.backends.namespaces.runtime_mounts import bind_args
 from sandcell.errors import InfraError
 from sandcell.runtimes import Runtime
 
@@ -165,6 +166,8 @@ class TemplateSpec:
     preload: tuple[str, ...]
     seccomp_fd: int | None
     control_fd: int
+    runtime_files: tuple[tuple[Path, str], ...] = ()
+    """The runtime's synthetic files on the host (``runtime_mounts.support_files``)."""
 
 
 def build_template_argv(spec: TemplateSpec) -> list[str]:
@@ -187,14 +190,12 @@ def build_template_argv(spec: TemplateSpec) -> list[str]:
     a += ["--ro-bind", str(spec.control_dir), "/sandcell"]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
         a += ["--ro-bind", str(spec.etc_dir / name), f"/etc/{name}"]
-    for d in spec.runtime.ro_dirs:
-        a += ["--ro-bind", d, d]
-    for link, target in spec.runtime.symlinks:
-        a += ["--symlink", target, link]
+    # The runtime at the same neutral paths as a cold run's, so the children see it there too.
+    a += bind_args(spec.runtime, spec.runtime_files)
     a += ["--remount-ro", "/", "--chdir", "/"]
     if spec.seccomp_fd is not None:
         a += ["--seccomp", str(spec.seccomp_fd)]
-    a += ["--", spec.runtime.python, "-I", "/sandcell/zygote.pyc", str(spec.control_fd)]
+    a += ["--", spec.runtime.sandbox_python, "-I", "/sandcell/zygote.pyc", str(spec.control_fd)]
     a.append(",".join(spec.preload))
     return a
 
@@ -209,10 +210,12 @@ class Template:
         runtime: Runtime,
         run_dir: Path,
         etc_dir: Path,
+        runtime_files: tuple[tuple[Path, str], ...] = (),
         boot_code: bytes,
         zygote_code: bytes,
         display_code: bytes,
         setup_seccomp: bytes,
+        run_seccomp: bytes,
         preload: tuple[str, ...],
     ) -> None:
         self.preload = preload
@@ -226,7 +229,8 @@ class Template:
             ("boot.pyc", boot_code),
             ("zygote.pyc", zygote_code),
             ("display.pyc", display_code),
-            ("seccomp.bpf", setup_seccomp),
+            # The run's own filter, which each child installs on top of the setup one.
+            ("seccomp.bpf", run_seccomp),
         ):
             (control / name).write_bytes(data)
             (control / name).chmod(0o444)
@@ -242,6 +246,7 @@ class Template:
                 runtime=runtime,
                 control_dir=control,
                 etc_dir=etc_dir,
+                runtime_files=runtime_files,
                 env=env,
                 preload=preload,
                 seccomp_fd=seccomp_fd,
@@ -346,4 +351,4 @@ class Template:
 def _base_env(runtime: Runtime) -> dict[str, str]:
     from sandcell.runtimes import common_env
 
-    return {**common_env(), **runtime.env}
+    return {**common_env(), **runtime.sandbox_env}

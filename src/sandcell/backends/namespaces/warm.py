@@ -55,6 +55,7 @@ from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
 from sandcell.backends.namespaces.launcher import StopPipe
 from sandcell.backends.namespaces.observe import observed
 from sandcell.backends.namespaces.pool import PoolStats, WarmPool, idle_memory
+from sandcell.backends.namespaces.runtime_mounts import support_files
 from sandcell.backends.namespaces.template import (
     ZYGOTE_SCRIPT,
     Armed,
@@ -145,7 +146,7 @@ class WarmStarter:
         self._landlock_abi = backend._landlock_abi
         self._pool_limits = PoolLimits(self._cgroup_host)
         self._landlock_plans = LandlockPlans(self.runtime)
-        self._env = {**common_env(), **self.runtime.env}
+        self._env = {**common_env(), **self.runtime.sandbox_env}
         self._teardown = Teardown()
         self.cgroup_prefix = f"{workspace.owner_tag()}.w{uuid.uuid4().hex[:8]}-"
         self._lock = threading.Lock()
@@ -166,10 +167,12 @@ class WarmStarter:
             runtime=self.runtime,
             run_dir=run_dir,
             etc_dir=self.backend.root / "etc",
+            runtime_files=support_files(self.backend.root, self.runtime),
             boot_code=self.backend.boot_code,
             zygote_code=self._zygote_code,
             display_code=self._display_code,
             setup_seccomp=self._setup_seccomp,
+            run_seccomp=self.backend.seccomp_program,
             preload=self.config.preload,
         )
         self._template = template

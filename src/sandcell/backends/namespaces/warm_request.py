@@ -45,7 +45,7 @@ class LandlockPlans:
         if plan is None:
             runtime = self._runtime
             plan = landlock.build_plan(
-                runtime_paths=[*runtime.ro_dirs, *(link for link, _ in runtime.symlinks)],
+                runtime_paths=runtime.sandbox_paths,
                 input_dir=_INPUTS,
                 work_dir=SANDBOX_WORKDIR,
                 abi=abi,
