@@ -245,3 +245,22 @@ def test_blocks_privileges_in_status(attack: Attack) -> None:
     """
     res = attack.run(body)
     attack.expect_blocked(res, attempts=8)
+
+
+def test_blocks_mount_calls_with_the_full_filter(attack: Attack) -> None:
+    """The mount calls a warm template's setup filter allows are refused by the run's own filter.
+
+    Arguments the kernel rejects before it checks privileges make the filter visible: without it
+    both calls fail with EINVAL, with it with EPERM. A warm run that kept only the template's
+    setup filter (which allows them) would show EINVAL here, so this also proves that warm runs
+    install the cold path's full filter.
+    """
+    if attack.sandbox.backend != "namespaces":
+        pytest.skip("this checks the namespaces backend's seccomp filter; other rungs differ")
+    body = f"""
+        raw_syscall("umount2(/tmp, invalid flags)", {_nr("umount2")}, b"/tmp", 0x100)
+        nr = {_nr("mount_setattr")}
+        raw_syscall("mount_setattr(/, size 0)", nr, -100, b"/", 0, None, 0)
+    """
+    res = attack.run(body)
+    attack.expect_blocked(res, attempts=2)

@@ -1,28 +1,33 @@
 """The seccomp policy and its compiled program, checked with a small classic-BPF interpreter.
 
 No kernel involved: the compiled bytes are run against synthetic ``struct seccomp_data`` values,
-for both architectures, whatever the host.
+for both architectures, whatever the host. ``test_seccomp_libseccomp.py`` compares the same
+programs with libseccomp's.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import re
-import struct
 from pathlib import Path
 
 import pytest
+from tests.unit.seccomp_ref import decode, run_bpf, seccomp_data
 
 from sandcell.backends.namespaces import seccomp
 from sandcell.backends.namespaces.seccomp import (
+    ALLOWED,
     AUDIT_ARCH,
     SECCOMP_RET_ALLOW,
     SECCOMP_RET_ERRNO,
     SECCOMP_RET_KILL_PROCESS,
+    SETUP_ALLOWED,
     SYSCALL_NUMBERS,
     SeccompPolicy,
     build_policy,
+    build_setup_policy,
     native_arch,
 )
 from sandcell.errors import IsolationUnavailable
@@ -70,63 +75,6 @@ FORK_FLAGS = 0x01200011  # CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD
 THREAD_FLAGS = 0x003D0F00  # CLONE_VM | FS | FILES | SIGHAND | THREAD | SYSVSEM | SETTLS | *TID
 
 
-# --- a classic-BPF interpreter, strict about what the seccomp verifier would reject --------------
-
-
-class BpfError(Exception):
-    pass
-
-
-def decode(program: bytes) -> list[tuple[int, int, int, int]]:
-    assert len(program) % 8 == 0, "a sock_filter array is a multiple of 8 bytes"
-    return [struct.unpack_from("=HBBI", program, off) for off in range(0, len(program), 8)]
-
-
-def run_bpf(program: bytes, data: bytes) -> int:
-    insns = decode(program)
-    a = x = 0
-    pc = 0
-    steps = 0
-    while True:
-        if not 0 <= pc < len(insns):
-            raise BpfError(f"pc {pc} fell off the program")
-        steps += 1
-        assert steps <= len(insns), "classic BPF only jumps forward"
-        code, jt, jf, k = insns[pc]
-        pc += 1
-        if code == 0x20:  # LD W ABS
-            if k % 4 or k + 4 > len(data):
-                raise BpfError(f"bad load offset {k}")
-            (a,) = struct.unpack_from("=I", data, k)
-        elif code == 0x00:  # LD W IMM
-            a = k
-        elif code == 0x54:  # ALU AND K
-            a &= k
-        elif code == 0x07:  # TAX
-            x = a
-        elif code == 0x87:  # TXA
-            a = x
-        elif code == 0x05:  # JA
-            pc += k
-        elif code in (0x15, 0x25, 0x35, 0x45):
-            taken = {
-                0x15: a == k,
-                0x25: a > k,
-                0x35: a >= k,
-                0x45: (a & k) != 0,
-            }[code]
-            pc += jt if taken else jf
-        elif code == 0x06:  # RET K
-            return k
-        else:
-            raise BpfError(f"opcode {code:#x} not supported")
-
-
-def seccomp_data(nr: int, arch: int, args: tuple[int, ...] = (), ip: int = 0) -> bytes:
-    full = (*args, *(0,) * (6 - len(args)))
-    return struct.pack("=iIQ6Q", nr, arch, ip, *full)
-
-
 def verdict(
     policy: SeccompPolicy, name_or_nr: str | int, *args: int, arch: int | None = None
 ) -> int:
@@ -136,7 +84,12 @@ def verdict(
     else:
         nr = name_or_nr
     audit = AUDIT_ARCH[policy.arch] if arch is None else arch
-    return run_bpf(policy.compile(), seccomp_data(nr, audit, args))
+    return run_bpf(_compiled(policy), seccomp_data(nr, audit, args))
+
+
+@functools.cache
+def _compiled(policy: SeccompPolicy) -> bytes:
+    return policy.compile()
 
 
 @pytest.fixture(params=ARCHES)
@@ -271,16 +224,111 @@ def test_wrong_arch_is_killed(policy: SeccompPolicy) -> None:
             assert verdict(policy, nr, arch=arch) == SECCOMP_RET_KILL_PROCESS, (hex(arch), nr)
 
 
-def test_x32_abi_is_denied() -> None:
+def test_x32_abi_is_killed() -> None:
     policy = build_policy("x86_64")
     x32 = 0x40000000
-    for nr in (x32 + 0, x32 + 1, x32 + 59, x32 + 165, x32 + 547, -1):
-        assert verdict(policy, nr) in (EPERM, SECCOMP_RET_KILL_PROCESS), hex(nr)
+    for nr in (x32 + 0, x32 + 1, x32 + 59, x32 + 165, x32 + 547, 0x7FFFFFFF):
+        assert verdict(policy, nr) == SECCOMP_RET_KILL_PROCESS, hex(nr)
+    # -1 is no x32 call (a tracer's "skip this call"): the default, as libseccomp does.
+    assert verdict(policy, -1) == ENOSYS
 
 
 def test_aarch64_has_no_x32_special_case() -> None:
-    # Large numbers are simply not in the table on aarch64 (the kernel answers ENOSYS).
-    assert verdict(build_policy("aarch64"), 0x40000000) == SECCOMP_RET_ALLOW
+    # Large numbers are simply not in the allowlist on aarch64.
+    assert verdict(build_policy("aarch64"), 0x40000000) == ENOSYS
+
+
+# --- the allowlist -------------------------------------------------------------------------------
+
+# Calls the allowlist leaves out on purpose, and calls newer than it (numbers written out here).
+UNLISTED = {
+    "x86_64": {"io_setup": 206, "sync": 162, "vmsplice": 278, "modify_ldt": 154,
+               "migrate_pages": 256, "pkey_alloc": 330, "process_madvise": 440,
+               "memfd_secret": 447, "fchmodat2": 452, "mseal": 462, "listmount": 458},
+    "aarch64": {"io_setup": 0, "sync": 81, "vmsplice": 75, "migrate_pages": 238,
+                "pkey_alloc": 289, "process_madvise": 440, "memfd_secret": 447,
+                "fchmodat2": 452, "mseal": 462, "listmount": 458},
+}  # fmt: skip
+
+
+def test_unlisted_calls_are_enosys(policy: SeccompPolicy) -> None:
+    for name, nr in UNLISTED[policy.arch].items():
+        assert name not in SYSCALL_NUMBERS[policy.arch] or name not in policy.allowed, name
+        assert verdict(policy, nr) == ENOSYS, name
+        assert verdict(policy, nr, 0xFFFFFFFF, 1, 2) == ENOSYS, name
+    top = max(SYSCALL_NUMBERS[policy.arch].values())
+    for nr in (top + 1, top + 100, 1000, 0x3FFFFFFF):
+        assert verdict(policy, nr) == ENOSYS, nr
+
+
+def test_every_allowlisted_call_is_allowed_whatever_its_arguments(policy: SeccompPolicy) -> None:
+    filtered = set(policy.arg_filtered_names)
+    assert len(policy.allowed) > 200
+    for name in policy.allowed:
+        if name in filtered:
+            continue
+        for args in ((), (0xFFFFFFFF, 0x10000000, 0x5412, 3, 4, 5)):
+            assert verdict(policy, name, *args) == SECCOMP_RET_ALLOW, name
+
+
+def test_allowlist_and_refusals_are_disjoint() -> None:
+    names = [n for group in ALLOWED for n in group.names]
+    assert len(names) == len(set(names)), "a call is listed twice"
+    assert all(group.why for group in ALLOWED)
+    for arch in ARCHES:
+        policy = build_policy(arch)
+        refused = {d.name for d in (*policy.denied, *policy.enosys)}
+        assert not refused & set(policy.allowed)
+        assert set(policy.arg_filtered_names) <= set(policy.allowed)
+
+
+def test_aarch64_has_no_legacy_calls() -> None:
+    arm = set(build_policy("aarch64").allowed)
+    for name in ("open", "stat", "fork", "pipe", "poll", "rename", "dup2", "arch_prctl"):
+        assert name in build_policy("x86_64").allowed
+        assert name not in arm
+    for name in ("openat", "newfstatat", "renameat", "renameat2", "dup3", "ppoll", "pipe2"):
+        assert name in arm
+
+
+TRACE = Path(__file__).parent / "data" / "seccomp_trace.txt"
+
+
+def _traced() -> dict[str, set[str]]:
+    """Filter level ("full" or "setup") to the calls the recorded traces saw under it."""
+    seen: dict[str, set[str]] = {}
+    for line in TRACE.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            level, names = line.split(":", 1)
+            seen.setdefault(level.strip(), set()).update(names.split())
+    return seen
+
+
+def test_every_traced_call_is_allowed_or_deliberately_refused() -> None:
+    """Each call seen in the traces (x86_64) gets the decision the program needs.
+
+    A traced call that is refused must be one the program survives: clone3, which libc retries as
+    clone.
+    """
+    traced = _traced()
+    assert len(traced["full"]) > 100 and len(traced["setup"]) > 40
+    expected_refusals = {"clone3"}
+    for level, policy in (
+        ("full", build_policy("x86_64")),
+        ("setup", build_setup_policy("x86_64")),
+    ):
+        for name in traced[level]:
+            nr = SYSCALL_NUMBERS["x86_64"].get(name)
+            assert nr is not None, f"traced call {name} has no number: add it to the allowlist"
+            if name in expected_refusals:
+                assert verdict(policy, name) == ENOSYS
+            else:
+                assert name in policy.allowed, (level, name)
+    assert set(SETUP_ALLOWED) & traced["setup"], "the setup traces show the template's own mounts"
+    # What the escape suite tried on purpose stays refused by name.
+    assert len(traced["attacks"]) > 20
+    for name in traced["attacks"]:
+        assert verdict(build_policy("x86_64"), name) == EPERM, name
 
 
 # --- the tables ----------------------------------------------------------------------------------
@@ -296,7 +344,12 @@ def test_known_numbers(arch: str) -> None:
 
 def _header_numbers(path: Path) -> dict[str, int]:
     text = path.read_text()
-    return {m[1]: int(m[2]) for m in re.finditer(r"#define __NR_(\w+)\s+(\d+)\s*$", text, re.M)}
+    numbers = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR_(\w+)\s+(\d+)\s*$", text, re.M)}
+    # The generic table defines the calls whose 32- and 64-bit forms differ as __NR3264_*; the
+    # 64-bit ABI spells fstatat as newfstatat and the rest as they are.
+    for m in re.finditer(r"#define __NR3264_(\w+)\s+(\d+)\s*$", text, re.M):
+        numbers.setdefault("newfstatat" if m[1] == "fstatat" else m[1], int(m[2]))
+    return numbers
 
 
 @pytest.mark.parametrize(
@@ -327,45 +380,78 @@ def test_numbers_match_installed_kernel_headers(arch: str, candidates: tuple[str
 
 def test_policy_rejects_inconsistent_tables() -> None:
     base = build_policy("x86_64")
-    with pytest.raises(ValueError, match="both denied and argument-filtered"):
+    with pytest.raises(ValueError, match="clone appears twice"):
         SeccompPolicy(
             arch="x86_64",
+            allowed=base.allowed,
             denied=(*base.denied, seccomp.DeniedSyscall(name="clone", reason="x")),
+            arg_rules=base.arg_rules,
+            enosys=base.enosys,
+        )
+    with pytest.raises(ValueError, match="appears twice"):
+        SeccompPolicy(
+            arch="x86_64",
+            allowed=(*base.allowed, "mount"),
+            denied=base.denied,
+            arg_rules=base.arg_rules,
+            enosys=base.enosys,
+        )
+    with pytest.raises(ValueError, match="not allowlisted"):
+        SeccompPolicy(
+            arch="x86_64",
+            allowed=tuple(n for n in base.allowed if n != "socket"),
+            denied=base.denied,
             arg_rules=base.arg_rules,
             enosys=base.enosys,
         )
     with pytest.raises(ValueError, match="no number"):
         SeccompPolicy(
             arch="aarch64",
+            allowed=(),
             denied=(seccomp.DeniedSyscall(name="iopl", reason="x"),),
             arg_rules=(),
             enosys=(),
         )
+    with pytest.raises(ValueError, match="no number"):
+        SeccompPolicy(arch="aarch64", allowed=("open",), denied=(), arg_rules=(), enosys=())
     with pytest.raises(ValueError):
         seccomp.ArgCondition(arg=6, op="in", values=(1,))
     with pytest.raises(ValueError):
         seccomp.ArgCondition(arg=0, op="in", values=(1 << 32,))
 
 
-def test_long_tables_still_compile() -> None:
-    """Far more rules than jump offsets could span in one hop: the short-jump layout copes."""
+def test_program_size_follows_ranges_not_calls() -> None:
+    """The range chain costs two instructions per run of equal decisions, far below the cap; a
+    condition too wide for a short jump is refused at compile time, never emitted wrong."""
+    for arch in ARCHES:
+        assert len(decode(build_policy(arch).compile())) < 400
     base = build_policy("x86_64")
-    many = tuple(seccomp.DeniedSyscall(name=d.name, reason=d.reason) for d in base.denied)
-    policy = SeccompPolicy(arch="x86_64", denied=many, arg_rules=base.arg_rules, enosys=())
-    assert len(decode(policy.compile())) > 100
     wide = seccomp.ArgRule(
         name="personality",
         reason="many values",
         when=(seccomp.ArgCondition(arg=0, op="not_in", values=tuple(range(300))),),
     )
+    policy = SeccompPolicy(
+        arch="x86_64", allowed=base.allowed, denied=(), arg_rules=(wide,), enosys=()
+    )
     with pytest.raises(ValueError, match="does not fit in u8"):
-        SeccompPolicy(arch="x86_64", denied=(), arg_rules=(wide,), enosys=()).compile()
+        policy.compile()
 
 
 def test_describe(policy: SeccompPolicy) -> None:
     text = policy.describe()
-    assert text.startswith(f"seccomp-bpf: {policy.denied_count} syscalls denied")
-    assert "clone" in text and "socket" in text
+    assert text.startswith(f"seccomp-bpf allowlist: {len(policy.allowed)} syscalls allowed")
+    assert "clone" in text and "socket" in text and "ENOSYS" in text
+
+
+def test_setup_policy_differs_only_by_the_setup_calls(policy: SeccompPolicy) -> None:
+    setup = build_setup_policy(policy.arch)
+    assert set(setup.allowed) - set(policy.allowed) == set(SETUP_ALLOWED)
+    for name in SETUP_ALLOWED:
+        assert verdict(policy, name) == EPERM
+        assert verdict(setup, name) == SECCOMP_RET_ALLOW
+    for name in ("ptrace", "bpf", "pivot_root", "setns", "clone3"):
+        assert verdict(setup, name) == verdict(policy, name) != SECCOMP_RET_ALLOW
 
 
 # --- architecture detection ----------------------------------------------------------------------

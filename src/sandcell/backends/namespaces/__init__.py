@@ -15,7 +15,7 @@ sessions use as well. Each cold run is registered in :attr:`NamespacesBackend.ru
 runs, so that :meth:`NamespacesBackend.cancel_all` can stop it as the wall limit would.
 
 Security limitations: the kernel is shared with the host, so a kernel bug reachable through the
-allowed syscalls is an escape; seccomp narrows that surface but is a deny list. Host paths of the
+allowed syscalls is an escape; the seccomp allowlist narrows that surface. Host paths of the
 runtime (``/usr``, the Python prefix) are visible read-only. Use the gVisor or microVM backends when
 a shared kernel is not acceptable.
 """
@@ -149,7 +149,11 @@ class NamespacesBackend:
             stop = StopPipe()
             collected: list[tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]] = []
             try:
-                argv = sandbox.argv(self._command(request, sandbox.runtime), pipes.fds())
+                # The boot is pid 1: it reaps every process of the run and reports the
+                # program's status, so bwrap's own reaper would only add a process.
+                argv = sandbox.argv(
+                    self._command(request, sandbox.runtime), pipes.fds(), as_pid_1=True
+                )
 
                 def after_exit(pid: int) -> None:
                     collected.append(collect(sandbox.workspace_view(pid)))
