@@ -19,11 +19,16 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandcell import ConfigError
+from sandcell.runtimes import python_runtime
 
 if TYPE_CHECKING:
     from .conftest import Attack
 
 VENV = os.path.abspath(sys.prefix)
+# The runtime's directories as the sandbox sees them (fixed neutral paths), and the host
+# directory behind each, where a write that got through would land.
+_RT = python_runtime()
+SANDBOX_VENV = os.path.dirname(os.path.dirname(_RT.sandbox_python))
 
 
 def _write_attempts(directory: str, existing: str | None, token: str) -> str:
@@ -67,14 +72,25 @@ def _host_cleanup(directory: str, token: str) -> list[str]:
     return left
 
 
-def _site_packages() -> str:
-    return next(p for p in sys.path if p.startswith(VENV + "/") and p.endswith("site-packages"))
+def _site_packages() -> tuple[str, str]:
+    """The runtime's site-packages: (path inside the sandbox, host path)."""
+    host = next(p for p in sys.path if p.startswith(VENV + "/") and p.endswith("site-packages"))
+    inside = dict(_RT.mounts)[host]
+    return inside, host
+
+
+def _host_dir(directory: str) -> str:
+    """The host directory behind a sandbox directory of the runtime (itself elsewhere)."""
+    for host, inside in _RT.mounts:
+        if directory == inside or directory.startswith(inside.rstrip("/") + "/"):
+            return host + directory[len(inside) :]
+    return VENV if directory == SANDBOX_VENV else directory
 
 
 TARGETS = {
     "usr": ("/usr", "/usr/bin/env"),
     "usr_bin": ("/usr/bin", "/usr/bin/env"),
-    "venv": (VENV, os.path.join(VENV, "pyvenv.cfg")),
+    "venv": (SANDBOX_VENV, os.path.join(SANDBOX_VENV, "pyvenv.cfg")),
     "venv_site_packages": ("<site-packages>", None),
     "root_dir": ("/", None),
     "etc": ("/etc", "/etc/passwd"),
@@ -86,9 +102,10 @@ TARGETS = {
 def test_blocks_write_outside_workspace(attack: Attack, token: str, target: str) -> None:
     directory, existing = TARGETS[target]
     if directory == "<site-packages>":
-        directory = _site_packages()
+        directory, host_dir = _site_packages()
         # A package file of the runtime (sandcell itself may be an editable install).
-        existing = next((str(p) for p in sorted(Path(directory).glob("*/__init__.py"))), None)
+        found = next((p for p in sorted(Path(host_dir).glob("*/__init__.py"))), None)
+        existing = None if found is None else directory + str(found)[len(host_dir) :]
     attempts = 3 + (3 if existing else 0)
     left: list[str] = []
     try:
@@ -96,7 +113,7 @@ def test_blocks_write_outside_workspace(attack: Attack, token: str, target: str)
         attack.expect_blocked(res, attempts=attempts)
     finally:
         if directory != "/sandcell":
-            left = _host_cleanup(directory, token)
+            left = _host_cleanup(_host_dir(directory), token)
     assert not left, f"[{attack.identity}] ESCAPE: the sandbox wrote {left} on the host"
 
 
