@@ -1,0 +1,274 @@
+"""Warm starts for gVisor: a pool of sandboxes started ahead of time, each used once.
+
+A pooled sandbox is a complete cold sandbox (bundle, workspace tmpfs, cgroup, ``runsc run``)
+whose agent has imported the preload (trusted runtime code) and waits on stdin; it has never
+seen a request. A run takes one, sizes its cgroup and workspace to the request, writes the
+program and its plan into the control directory, sends the request, and supervises it exactly
+as a cold run (the sandbox is then destroyed; a refill thread starts the next one). What a
+pooled sandbox cannot serve starts cold, and the record says why: inputs and packages (mounts
+are fixed when runsc starts), another ``/tmp`` size, another isolation mode than the pool's,
+an rlimit above the pool's ceilings, a workspace size other than the default for an ordinary
+user (the helper sized it), or no pooled sandbox within ``take_timeout_s``.
+
+The CPU time the agent spent on its preload is not charged to the program: the cgroup's usage
+at take time is the baseline of the CPU-time limit and of the reported usage.
+
+Security limitations: a pooled sandbox's ``/tmp`` and memory already hold what the preload
+imported; the program can see which modules were loaded (as with the namespaces template).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from sandcell.backends.base import BackendResult, Collector
+from sandcell.backends.gvisor import proctree
+from sandcell.backends.gvisor._agent import READY
+from sandcell.backends.gvisor.plan import POOL_CEILINGS, plan_rlimits
+from sandcell.backends.gvisor.sandbox import GSandbox, Host, fixed_for_pool
+from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.errors import SandcellError
+from sandcell.spec import IsolationMode, Limits, RunRequest, StartInfo
+
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GVisorPoolStats:
+    """A snapshot of the pool (``sandcell pool --json``)."""
+
+    mode: str
+    template_id: str
+    preload: tuple[str, ...]
+    size: int
+    ready: int
+    started: int
+    """Sandboxes started since the pool began."""
+    taken: int
+    """Sandboxes handed to runs (each used once)."""
+    discarded: int
+    """Sandboxes destroyed unused (found dead, or the pool closed)."""
+    refill_errors: int
+    last_error: str | None
+    idle_memory_bytes: int
+    """Memory charged to the waiting sandboxes' cgroups together (0 without cgroups)."""
+
+
+class GVisorPool:
+    """The pool of one :class:`~sandcell.backends.gvisor.GVisorBackend` (see the module)."""
+
+    def __init__(self, backend: object, config: WarmConfig) -> None:
+        from sandcell.backends.gvisor import GVisorBackend
+
+        assert isinstance(backend, GVisorBackend)
+        self.backend = backend
+        self.config = config
+        self.mode = (
+            IsolationMode.STRICT
+            if IsolationMode.STRICT in backend._hosts
+            else IsolationMode.RLIMITS
+        )
+        self.host: Host = backend._hosts[self.mode]
+        self.id = f"gvisor-pool-{uuid.uuid4().hex[:8]}"
+        self._ready: deque[GSandbox] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._started = self._taken = self._discarded = self._errors = 0
+        self._last_error: str | None = None
+        self._filling = 0
+        self._thread = threading.Thread(target=self._refill, name=self.id, daemon=True)
+        self._thread.start()
+
+    # -- taking ----------------------------------------------------------------------------
+
+    def mismatch(self, request: RunRequest) -> str | None:
+        """Why a pooled sandbox cannot serve ``request`` (None when it can)."""
+        limits = request.effective_limits
+        default = Limits()
+        if request.mode is not self.mode:
+            return f"the pool runs in the {self.mode.value} isolation mode"
+        if request.inputs or request.packages:
+            return "inputs and packages are mounts, fixed when a pooled sandbox starts"
+        if request.landlock is True:
+            return "Landlock is required"
+        if limits.tmp_bytes != default.tmp_bytes:
+            return "a /tmp size other than the pool's"
+        if self.host.runsc.rootless and (
+            limits.workspace_bytes != default.workspace_bytes
+            or limits.workspace_inodes != default.workspace_inodes
+        ):
+            return "a workspace size other than the pool's (rootless: fixed when it starts)"
+        for r in plan_rlimits(limits, request.mode):
+            if r.value > POOL_CEILINGS.get(r.name, r.value):
+                return f"{r.name} above the pool's ceiling"
+        return None
+
+    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult | str:
+        """Run ``request`` in a pooled sandbox, or say why it cannot (the caller starts cold)."""
+        why = self.mismatch(request)
+        if why is not None:
+            return why
+        t_wait = time.monotonic()
+        sb = self._take()
+        if sb is None:
+            return f"no pooled sandbox ready within {self.config.take_timeout_s:g} s"
+        wait_ms = (time.monotonic() - t_wait) * 1000
+        try:
+            assert sb.proc is not None
+            baseline = (
+                sb.cgroup.usage().cpu_ms
+                if sb.cgroup is not None
+                else proctree.tree_cpu_ms(sb.proc.pid)
+            )
+            try:
+                sb.deliver(request)
+            except (OSError, SandcellError) as exc:
+                return f"the pooled sandbox could not take the request: {exc}"
+            t0 = time.monotonic()
+            start = StartInfo(
+                mode="pool", template=self.id, preloaded=self.config.preload, wait_ms=wait_ms
+            )
+            return self.backend.finish(
+                sb,
+                request,
+                run_id=run_id,
+                collect=collect,
+                t0=t0,
+                start=start,
+                cpu_baseline_ms=baseline or 0.0,
+            )
+        finally:
+            sb.destroy()
+
+    def _take(self) -> GSandbox | None:
+        deadline = time.monotonic() + self.config.take_timeout_s
+        with self._cond:
+            while True:
+                while self._ready:
+                    sb = self._ready.popleft()
+                    self._cond.notify_all()
+                    if sb.proc is not None and sb.proc.poll() is None:
+                        self._taken += 1
+                        return sb
+                    self._discarded += 1
+                    threading.Thread(target=sb.destroy, daemon=True).start()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return None
+                self._cond.wait(remaining)
+
+    # -- filling ---------------------------------------------------------------------------
+
+    def _refill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) >= self.config.pool_size:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                self._filling += 1
+            sb: GSandbox | None = None
+            try:
+                sb = self._start_one()
+            except Exception as exc:  # a failed start is counted and retried after a pause
+                with self._cond:
+                    self._errors += 1
+                    self._last_error = f"{type(exc).__name__}: {exc}"
+                time.sleep(min(0.5 * self._errors, 10.0))
+            with self._cond:
+                self._filling -= 1
+                if sb is not None and not self._closed:
+                    self._ready.append(sb)
+                    self._started += 1
+                    self._cond.notify_all()
+                    sb = None
+            if sb is not None:
+                sb.destroy()
+
+    def _start_one(self) -> GSandbox:
+        name = self.backend.new_name(f"pool-{self.id}")
+        sb = GSandbox(self.host, name=name, fixed=fixed_for_pool(self.host))
+        try:
+            sb.create(self.config.preload)
+            sb.spawn()
+            self._await_ready(sb)
+        except BaseException:
+            sb.destroy()
+            raise
+        return sb
+
+    def _await_ready(self, sb: GSandbox) -> None:
+        assert sb.proc is not None and sb.proc.stderr is not None
+        fd = sb.proc.stderr.fileno()
+        deadline = time.monotonic() + self.config.start_timeout_s
+        seen = b""
+        while READY not in seen:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closed:
+                raise TimeoutError("the pooled sandbox's agent did not become ready")
+            if select.select([fd], [], [], min(remaining, 0.5))[0]:
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    raise RuntimeError(
+                        "the pooled sandbox ended before it was ready: "
+                        + seen.decode(errors="replace").strip()[-500:]
+                    )
+                seen = (seen + chunk)[-_READ_CHUNK:]
+
+    # -- state -----------------------------------------------------------------------------
+
+    def stats(self) -> GVisorPoolStats:
+        with self._cond:
+            ready = list(self._ready)
+            counts = (self._started, self._taken, self._discarded, self._errors)
+            last = self._last_error
+        idle = 0
+        for sb in ready:
+            if sb.cgroup is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    idle += int((sb.cgroup.dirs[_mem_controller(sb)] / _mem_file(sb)).read_text())
+        return GVisorPoolStats(
+            mode="pool",
+            template_id=self.id,
+            preload=self.config.preload,
+            size=self.config.pool_size,
+            ready=len(ready),
+            started=counts[0],
+            taken=counts[1],
+            discarded=counts[2],
+            refill_errors=counts[3],
+            last_error=last,
+            idle_memory_bytes=idle,
+        )
+
+    def close(self) -> None:
+        """Stop refilling and destroy every waiting sandbox."""
+        with self._cond:
+            self._closed = True
+            ready = list(self._ready)
+            self._ready.clear()
+            self._discarded += len(ready)
+            self._cond.notify_all()
+        self._thread.join(timeout=self.config.start_timeout_s + 5)
+        for sb in ready:
+            sb.destroy()
+
+
+def _mem_controller(sb: GSandbox) -> str:
+    assert sb.cgroup is not None
+    return "unified" if sb.cgroup.host.version == 2 else "memory"
+
+
+def _mem_file(sb: GSandbox) -> str:
+    assert sb.cgroup is not None
+    return "memory.current" if sb.cgroup.host.version == 2 else "memory.usage_in_bytes"
+
+
+__all__ = ["GVisorPool", "GVisorPoolStats"]

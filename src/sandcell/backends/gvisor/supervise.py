@@ -1,0 +1,155 @@
+"""Supervising one gVisor sandbox from the moment its request is sent until it is gone.
+
+The limits the host enforces here: wall time (from the agent's started marker, so a slow
+sandbox start is not charged to the program; the start itself has its own bound), CPU time
+(gVisor does not enforce RLIMIT_CPU: the sandbox's CPU usage, sentry included, is polled every
+:data:`CPU_POLL_S` and the sandbox is killed at the limit), the stdout and stderr caps, and
+cancellation. What the agent writes on stderr before its started marker is not the program's:
+it is kept apart, as the reason of a sandbox that never started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import time
+from collections.abc import Callable
+
+from sandcell.backends.gvisor._agent import EXIT, STARTED
+from sandcell.backends.gvisor.sandbox import GSandbox
+from sandcell.backends.namespaces.launcher import Launched, StopPipe
+from sandcell.spec import Limits
+
+CPU_POLL_S = 0.05
+SETUP_TIMEOUT_S = 60.0
+_READ_CHUNK = 65536
+_PRE_CAP = 65536
+_TRAILER_ROOM = len(EXIT) + 24
+"""stderr may run this far over its cap before the run is stopped: the agent's exit trailer,
+which is not the program's, ends it."""
+_TRAILER = re.compile(re.escape(EXIT) + rb"(\d{1,10})\n\Z")
+
+
+def supervise(
+    sb: GSandbox,
+    *,
+    limits: Limits,
+    stop: StopPipe,
+    t0: float,
+    cpu_ms: Callable[[], float | None],
+    setup_timeout_s: float = SETUP_TIMEOUT_S,
+) -> Launched:
+    """Pump output under the caps until the sandbox exits or a limit ends it; then reap it.
+    ``t0``: when the request was sent (the start of the measured wall time)."""
+    proc = sb.proc
+    assert proc is not None and proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    open_fds = {out_fd: "stdout", err_fd: "stderr"}
+    out, err, pre = bytearray(), bytearray(), bytearray()
+    out_trunc = err_trunc = False
+    started = False
+    stopped_by: str | None = None
+    deadline = t0 + setup_timeout_s
+    cpu_limit_ms = limits.cpu_time_s * 1000
+    next_cpu = time.monotonic() + CPU_POLL_S
+    while open_fds:
+        now = time.monotonic()
+        if now >= deadline:
+            stopped_by = "wall_time" if started else "setup"
+            break
+        if started and now >= next_cpu:
+            used = cpu_ms()
+            if used is not None and used >= cpu_limit_ms:
+                stopped_by = "cpu_time"
+                break
+            next_cpu = now + CPU_POLL_S
+        wake = min(deadline, next_cpu) if started else deadline
+        ready, _, _ = select.select([*open_fds, stop.r], [], [], max(wake - now, 0))
+        if stop.r in ready:
+            stopped_by = "cancelled"
+            break
+        for fd in ready:
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                del open_fds[fd]
+                continue
+            if open_fds[fd] == "stderr" and not started:
+                pre += chunk
+                at = pre.find(STARTED)
+                if at < 0:
+                    del pre[: max(len(pre) - _PRE_CAP, 0)]
+                    continue
+                started = True
+                deadline = time.monotonic() + limits.wall_time_s
+                chunk = bytes(pre[at + len(STARTED) :])
+                del pre[at:]
+                if not chunk:
+                    continue
+            if open_fds[fd] == "stdout":
+                room = limits.stdout_bytes - len(out)
+                out += chunk[: max(room, 0)]
+                if len(chunk) > room:
+                    out_trunc = True
+                    stopped_by = stopped_by or "stdout"
+            else:
+                room = limits.stderr_bytes + _TRAILER_ROOM - len(err)
+                err += chunk[: max(room, 0)]
+                if len(chunk) > room:
+                    err_trunc = True
+                    stopped_by = stopped_by or "stderr"
+        if stopped_by:
+            break
+    if stopped_by:
+        sb.kill()
+    sb.wait()
+    wall_ms = (time.monotonic() - t0) * 1000
+    code, sig = decode(sb.exit_status or 0)
+    trailer = _TRAILER.search(err) if started and not err_trunc else None
+    if trailer is not None:
+        # The agent's report of the program's own wait status (see _agent.py).
+        code, sig = decode_wait(int(trailer.group(1)))
+        del err[trailer.start() :]
+    if len(err) > limits.stderr_bytes:
+        del err[limits.stderr_bytes :]
+        err_trunc = True
+        stopped_by = stopped_by or "stderr"
+    if not started:
+        # Whatever runsc or the agent said is the reason it never started.
+        err = pre
+        if stopped_by == "setup":
+            err += f"\nthe sandbox did not start within {setup_timeout_s:g} s".encode()
+    return Launched(
+        started=started,
+        exit_code=code,
+        signal=sig,
+        stdout=bytes(out),
+        stderr=bytes(err),
+        stdout_truncated=out_trunc,
+        stderr_truncated=err_trunc,
+        stopped_by=None if stopped_by == "setup" else stopped_by,
+        wall_ms=wall_ms,
+        cpu_ms_rusage=sb.helper_cpu_ms,
+        maxrss_bytes_rusage=sb.helper_maxrss,
+    )
+
+
+def decode_wait(status: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) of a raw wait status."""
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), None
+
+
+def decode(status: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) from runsc's wait status: runsc exits 128+N for a program killed by
+    signal N, as shells do (runsc's own failures are 128 itself or below)."""
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    code = os.WEXITSTATUS(status)
+    if 128 < code <= 128 + 64:
+        return None, code - 128
+    return code, None
+
+
+__all__ = ["CPU_POLL_S", "SETUP_TIMEOUT_S", "decode", "decode_wait", "supervise"]
