@@ -7,11 +7,17 @@ a failure with an unrelated errno (EINVAL, EFAULT) is reported as unexpected, no
 from __future__ import annotations
 
 import errno
+import os
+import pwd
+import textwrap
+import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from sandcell.backends.namespaces import seccomp
+from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
 
 if TYPE_CHECKING:
     from .conftest import Attack
@@ -117,13 +123,29 @@ def _vectors() -> dict[str, str]:
             raw_syscall("unshare(CLONE_NEWNET)", {_nr("unshare")}, {CLONE_NEWNET})
         """,
         "setns": f"""
-            for ns in ("net", "mnt", "user", "pid"):
+            wanted = ("net", "mnt", "user", "pid")
+            present = sorted(os.listdir("/proc/self/ns"))
+            others = [n for n in present if n not in wanted]
+            for ns in wanted:
+                if ns not in present and GVISOR:
+                    # gVisor's sentry has no file for every namespace kind (no mnt here): join
+                    # another kind instead, or there is nothing of this kind to join at all.
+                    if not others:
+                        blocked(f"setns into a {{ns}} namespace", "ENOENT: no namespace to join")
+                        continue
+                    ns = others.pop()
                 fd = os.open(f"/proc/self/ns/{{ns}}", os.O_RDONLY)
                 raw_syscall(f"setns(/proc/self/ns/{{ns}})", {_nr("setns")}, fd, 0)
                 os.close(fd)
-            # The init's namespaces (bwrap's) are not even open to the code.
-            attempt("open /proc/1/ns/user", lambda: os.open("/proc/1/ns/user", os.O_RDONLY),
-                    ok=(errno.EACCES, errno.EPERM))
+            if GVISOR:
+                # pid 1 is the sandcell agent, in the program's own namespaces (no bwrap): its
+                # files open, joining them must still fail.
+                fd = os.open("/proc/1/ns/user", os.O_RDONLY)
+                raw_syscall("setns(/proc/1/ns/user)", {_nr("setns")}, fd, 0)
+            else:
+                # The init's namespaces (bwrap's) are not even open to the code.
+                attempt("open /proc/1/ns/user", lambda: os.open("/proc/1/ns/user", os.O_RDONLY),
+                        ok=(errno.EACCES, errno.EPERM))
         """,
         "open_by_handle_at": f"""
             # A handle for / (bytes 0-3 handle_bytes, 4-7 handle_type, then the handle): the
@@ -220,31 +242,111 @@ VECTORS = list(_vectors())
 
 @pytest.mark.parametrize("vector", VECTORS, ids=VECTORS)
 def test_blocks_syscall(attack: Attack, vector: str) -> None:
-    res = attack.run(_vectors()[vector])
+    # GVISOR: the few bodies whose setting differs under gVisor's sentry branch on it.
+    gvisor = attack.sandbox.backend == "gvisor"
+    res = attack.run(f"GVISOR = {gvisor!r}\n" + textwrap.dedent(_vectors()[vector]))
     attack.expect_blocked(res, attempts=ATTEMPTS.get(vector, 1))
 
 
-def test_blocks_privileges_in_status(attack: Attack) -> None:
-    """No capabilities in any set, no_new_privs on, a seccomp filter installed (mode 2)."""
-    body = """
+def test_blocks_privileges_in_status(
+    attack: Attack, request: pytest.FixtureRequest, token: str
+) -> None:
+    """No capabilities in any set, no_new_privs on, a seccomp filter installed (mode 2), and no
+    way to become uid 0 (or, in rootless gVisor, nothing that being uid 0 there grants)."""
+    gvisor = attack.sandbox.backend == "gvisor"
+    # Rootless runsc's gofer can create files only as the invoking user, which the sentry shows
+    # as uid 0: there the program runs as uid 0 *inside gVisor's own user namespace* (a design
+    # the lead accepted), so setuid(0) trivially succeeds. What protects the host instead: no
+    # capabilities, no_new_privs, a read-only runtime, chown refused, and the files it makes are
+    # the invoking user's on the host (checked from the host below).
+    rootless_gvisor = gvisor and attack.identity == "user"
+    marker = f"{token}.txt"
+    body = f"""
+    import time
+    GVISOR, ROOTLESS_GVISOR, MARKER = {gvisor!r}, {rootless_gvisor!r}, {marker!r}
     with open("/proc/self/status") as f:
         fields = dict(line.rstrip("\\n").split(":\\t", 1) for line in f if ":\\t" in line)
     for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         v = fields.get(key)
-        if v is not None and int(v, 16) == 0:
-            blocked(f"{key} empty", v)
+        if v is None and key == "CapAmb" and GVISOR:
+            # gVisor's status has no CapAmb line: ask for each capability instead. Its prctl
+            # knows no ambient set at all (EINVAL); a kernel that has one answers 0 or 1.
+            states = set()
+            for cap in range(64):
+                ctypes.set_errno(0)
+                r = _libc.prctl(47, 1, cap, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET
+                states.add(r if r != -1 else errno.errorcode.get(ctypes.get_errno()))
+            if 1 in states:
+                breach(f"an ambient capability is set: {{states!r}}")
+            elif states <= {{0, "EINVAL"}}:
+                blocked("CapAmb empty", f"PR_CAP_AMBIENT_IS_SET gives {{sorted(map(str, states))}}")
+            else:
+                unexpected("PR_CAP_AMBIENT_IS_SET", repr(states))
+        elif v is not None and int(v, 16) == 0:
+            blocked(f"{{key}} empty", v)
         else:
-            breach(f"{key} = {v!r}")
-    for key, want in (("NoNewPrivs", "1"), ("Seccomp", "2")):
-        v = fields.get(key, "").strip()
-        if v == want:
-            blocked(f"{key} = {want}", v)
-        else:
-            breach(f"{key} = {v!r}, wanted {want}")
-    attempt("setuid(0)", lambda: os.setuid(0) or "uid 0", ok=(errno.EPERM, errno.EINVAL))
+            breach(f"{{key}} = {{v!r}}")
+    # prctl rather than status: gVisor's status has no NoNewPrivs line.
+    nnp = _libc.prctl(39, 0, 0, 0, 0)  # PR_GET_NO_NEW_PRIVS
+    (blocked if nnp == 1 else breach)("no_new_privs = 1", f"PR_GET_NO_NEW_PRIVS gives {{nnp}}")
+    v = fields.get("Seccomp", "").strip()
+    (blocked if v == "2" else breach)("Seccomp = 2", repr(v))
+    if ROOTLESS_GVISOR:
+        print("uid", os.getuid(), "euid", os.geteuid(), flush=True)
+        attempt("write the runtime as uid 0", lambda: open(sys.executable, "ab") and "opened",
+                ok=(errno.EACCES, errno.EROFS))
+        attempt("write /etc/passwd as uid 0", lambda: open("/etc/passwd", "a") and "opened",
+                ok=(errno.EACCES, errno.EROFS))
+        with open(MARKER, "w") as f:
+            f.write("made by uid 0 in the sentry")
+        attempt("chown a workspace file to uid 1234",
+                lambda: os.chown(MARKER, 1234, 1234) or "chowned", ok=(errno.EPERM,))
+        # The host stats the file through runsc's gofer, then removes it: wait for that.
+        deadline = time.monotonic() + 20
+        while os.path.exists(MARKER) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("the host looked:", not os.path.exists(MARKER), flush=True)
+    else:
+        attempt("setuid(0)", lambda: os.setuid(0) or "uid 0", ok=(errno.EPERM, errno.EINVAL))
     """
-    res = attack.run(body)
-    attack.expect_blocked(res, attempts=8)
+    if not rootless_gvisor:
+        res = attack.run(body)
+        attack.expect_blocked(res, attempts=8)
+        return
+    seen: list[os.stat_result] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_stat_through_gofer, args=(marker, seen, stop))
+    watcher.start()
+    try:
+        res = attack.run(body)
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+    out = attack.expect_blocked(res, attempts=10)
+    assert "uid 0 euid 0" in out, out
+    assert "the host looked: True" in out and seen, f"the host never saw {marker}: {out}"
+    owner = pwd.getpwnam(request.getfixturevalue("unpriv").user)
+    assert (seen[0].st_uid, seen[0].st_gid) == (owner.pw_uid, owner.pw_gid), (
+        f"ESCAPE: a file uid 0 made in rootless gVisor is owned by {seen[0].st_uid} on the host"
+    )
+
+
+def _stat_through_gofer(name: str, seen: list[os.stat_result], stop: threading.Event) -> None:
+    """Wait for the workspace file ``name`` in a runsc gofer's view (the gofer serves the
+    workspace from the host, so its root shows host owners), stat it, then remove it."""
+    rel = Path(SANDBOX_WORKDIR.lstrip("/")) / name
+    while not stop.wait(0.05):
+        for entry in Path("/proc").iterdir():
+            try:
+                if not (entry / "cmdline").read_bytes().startswith(b"runsc-gofer"):
+                    continue
+                path = entry / "root" / rel
+                st = path.stat()
+                path.unlink()
+            except OSError:
+                continue
+            seen.append(st)
+            return
 
 
 def test_blocks_mount_calls_with_the_full_filter(attack: Attack) -> None:
