@@ -6,7 +6,8 @@ Usage::
         [--preload MOD,...] [--profile unchecked] [--json]
 
 Both sides run the same programs: each problem's prompt and canonical solution, then its test and
-``check(ENTRY_POINT)`` (``examples/humaneval/make_tasks.py``), with the same interpreter
+``check(ENTRY_POINT)`` (``examples/humaneval/make_tasks.py``), under the batch judge's harness
+(the test in a process of its own), with the same interpreter
 (``sandcell.runtimes.python_runtime().interpreter``). The baseline starts one
 ``python -I -c PROGRAM`` process per task from a thread pool of the same size, and counts a task
 passed when it exits 0. sandcell runs ``sandcell batch TASKS --concurrency N --start MODE
@@ -46,8 +47,8 @@ _HOME = tempfile.mkdtemp(prefix="sandcell-bench-batch-")
 os.environ["SANDCELL_HOME"] = _HOME
 os.environ["SANDCELL_RUNS"] = os.path.join(_HOME, "runs")
 
-from sandcell.batch import load_tasks, program_for  # noqa: E402
-from sandcell.batch.judge import new_marker  # noqa: E402
+from sandcell.batch import load_tasks, program_for, stdin_for  # noqa: E402
+from sandcell.batch.judge import new_secret  # noqa: E402
 from sandcell.policy.profiles import load_profile  # noqa: E402
 from sandcell.runtimes import python_runtime  # noqa: E402
 
@@ -90,11 +91,14 @@ class Row:
         return self.tasks / self.elapsed_s
 
 
-def bench_python(programs: list[str], concurrency: int) -> Row:
+def bench_python(programs: list[tuple[str, bytes]], concurrency: int) -> Row:
     python = python_runtime().interpreter
 
-    def one(code: str) -> bool:
-        p = subprocess.run([python, "-I", "-c", code], capture_output=True, check=False)
+    def one(program: tuple[str, bytes]) -> bool:
+        code, stdin = program
+        p = subprocess.run(
+            [python, "-I", "-c", code], input=stdin, capture_output=True, check=False
+        )
         return p.returncode == 0
 
     t0 = time.monotonic()
@@ -153,8 +157,9 @@ def main() -> None:
         tasks_file = Path(_HOME) / "humaneval.jsonl"
         make["write"](tasks_file)
         tasks = load_tasks(tasks_file, load_profile(args.profile))
-        # The baseline runs exactly what the sandbox runs (the completion marker included).
-        programs = [program_for(t, new_marker()) for t in tasks]
+        # The baseline runs exactly what the sandbox runs: the judge's harness, which runs the
+        # test in a process of its own, and its secret on standard input.
+        programs = [(program_for(t), stdin_for(t, new_secret())) for t in tasks]
         info = machine()
         rows: list[Row] = []
         for n in args.concurrency:

@@ -391,12 +391,126 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
 
 
 def _user_mode(env: UnprivEnv) -> IsolationMode:
+    """The mode the ordinary user's tests run in: what sandcell gives that user here, which must
+    be what this host is expected to give (:func:`_expected_user_mode`), never a silent fallback
+    to the weaker ``rlimits`` mode."""
     probe = run_as_user(env, ["run", "--json", "-c", "pass"])
     if probe.returncode == 0:
-        return IsolationMode.STRICT
-    if b"cgroups is unavailable" in probe.stderr:
-        return IsolationMode.RLIMITS
-    raise AssertionError(f"sandcell cannot run as {env.user}: {probe.stderr.decode()}")
+        got = IsolationMode.STRICT
+    elif b"cgroups is unavailable" in probe.stderr:
+        got = IsolationMode.RLIMITS
+    else:
+        raise AssertionError(f"sandcell cannot run as {env.user}: {probe.stderr.decode()}")
+    expected, why = _expected_user_mode(env)
+    if expected is None:
+        if _sandbox_required():
+            raise AssertionError(
+                f"sandcell gives {env.user} the {got.value} mode here, and nothing says which mode "
+                f"this host must give ({why}); set SANDCELL_TEST_USER_MODE=strict or rlimits"
+            )
+        import warnings
+
+        warnings.warn(
+            f"{env.user} runs in the {got.value} mode, unchecked ({why}); set "
+            "SANDCELL_TEST_USER_MODE to check it",
+            stacklevel=1,
+        )
+        return got
+    if got is not expected:
+        raise AssertionError(
+            f"sandcell gives {env.user} the {got.value} mode, but this host must give "
+            f"{expected.value} ({why}): {probe.stderr.decode(errors='replace').strip()}"
+        )
+    return got
+
+
+def _expected_user_mode(env: UnprivEnv) -> tuple[IsolationMode | None, str]:
+    """The mode the ordinary user must get here, and why: ``SANDCELL_TEST_USER_MODE`` when set,
+    else a fact of a cgroup v1 host (the user may create run cgroups only where the kernel lets
+    it write every controller sandcell uses); None where no such fact is known (cgroup v2, whose
+    delegation a test cannot see from outside)."""
+    declared = os.environ.get("SANDCELL_TEST_USER_MODE")
+    if declared:
+        try:
+            return IsolationMode(declared), f"SANDCELL_TEST_USER_MODE={declared}"
+        except ValueError:
+            raise AssertionError(
+                f"SANDCELL_TEST_USER_MODE={declared!r}: give strict or rlimits"
+            ) from None
+    from sandcell.backends.namespaces.cgroups import GROUP_PREFIX, V1_CONTROLLERS
+
+    v1: dict[str, Path] = {}
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _dev, point, fstype, opts, *_ = line.split()
+        for ctrl in opts.split(",") if fstype == "cgroup" else ():
+            v1.setdefault(ctrl, Path(point))
+    if not set(V1_CONTROLLERS) <= set(v1):
+        return None, "not a cgroup v1 host"
+    places = [
+        v1[c] / GROUP_PREFIX if (v1[c] / GROUP_PREFIX).exists() else v1[c] for c in V1_CONTROLLERS
+    ]
+    closed = [str(p) for p in places if not _writable_by(env.user, p)]
+    if closed:
+        return IsolationMode.RLIMITS, f"cgroup v1, and {env.user} cannot write {', '.join(closed)}"
+    return IsolationMode.STRICT, f"cgroup v1, and {env.user} can write every controller"
+
+
+def _writable_by(user: str, path: Path) -> bool:
+    return (
+        subprocess.run(
+            ["runuser", "-u", user, "--", "test", "-w", str(path)], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
+
+
+def _sandbox_required() -> bool:
+    """CI, or a run that says every sandbox test must really run (``.ci/run`` sets it)."""
+    ci = os.environ.get("CI", "").lower() in ("1", "true")
+    return ci or os.environ.get("SANDCELL_REQUIRE_SANDBOX") == "1"
+
+
+# --- A run where every sandbox test skipped is a failure where sandboxes are required ----------
+
+_SANDBOX_FIXTURES = frozenset(
+    {"sandbox", "attack", "executor", "executor_template", "executor_pool", "unpriv"}
+)
+_SANDBOX_TESTS = {"wanted": 0, "ran": 0}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _SANDBOX_TESTS["wanted"] = sum(
+        1 for item in items if _SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ()))
+    )
+
+
+def pytest_runtest_call(item: pytest.Item) -> None:
+    # Called only once every fixture was set up: the test really got a sandbox.
+    if _SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
+        _SANDBOX_TESTS["ran"] += 1
+
+
+def _no_sandbox_ran() -> str | None:
+    wanted, ran = _SANDBOX_TESTS["wanted"], _SANDBOX_TESTS["ran"]
+    if _sandbox_required() and wanted and not ran:
+        return (
+            f"{wanted} sandbox tests were collected and none ran (all skipped: not root, or no "
+            f"user {UNPRIV_USER}?); CI=1 or SANDCELL_REQUIRE_SANDBOX=1 requires them"
+        )
+    return None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _no_sandbox_ran() is not None:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    message = _no_sandbox_ran()
+    if message is not None:
+        terminalreporter.section("sandbox tests required", sep="=", red=True, bold=True)
+        terminalreporter.write_line(f"FAILED: {message}", red=True)
 
 
 # --- No real model requests from tests -------------------------------------------------------

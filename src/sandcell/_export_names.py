@@ -4,8 +4,10 @@
 (:func:`_type_reason`).
 
 The threat: the names in a workspace were chosen by untrusted code, to confuse whoever reads them
-later: newlines, terminal escape sequences, bytes that are not UTF-8. Such a name never leaves as
-an artifact, and a rejection prints it with those characters as ``\\xNN``. A media type comes
+later: newlines, terminal escape sequences, bytes that are not UTF-8; or whoever runs a command in
+the export directory: ``rm *`` there reads a file named ``-rf`` as options, and names with leading
+or trailing whitespace or made only of dots are trimmed, split or misread. Such a name never leaves
+as an artifact, and a rejection prints it with control characters as ``\\xNN``. A media type comes
 from the extension only: ``mimetypes`` given the whole name would take one starting with
 ``data:`` for a data URL and read the media type from the name itself.
 """
@@ -43,6 +45,14 @@ def _name_problem(raw: bytes) -> str | None:
         return "is not valid UTF-8"
     if any(_is_control(ch) for ch in text):
         return "contains a control character"
+    # The rest are names a shell glob in the export directory hands to a command as something
+    # else: `rm *` given `-rf`, a name another tool trims, a name that looks like `..`.
+    if text.startswith("-"):
+        return "starts with '-', which a command given it through a shell glob reads as an option"
+    if text[:1].isspace() or text[-1:].isspace():
+        return "has leading or trailing whitespace, which shells and tools trim or split on"
+    if text.strip(".") == "":
+        return "is made only of dots, which reads as '.' or '..' to a person or a lax tool"
     return None
 
 

@@ -9,6 +9,13 @@ threads (one connection under the caller's lock) and by processes (SQLite's lock
   ``BEGIN IMMEDIATE`` transaction creates the schema of an empty database or checks that an
   existing one carries the caller's ``application_id`` (a foreign database is never written to).
 
+First use is concurrent: several sandcell processes started together on a fresh data directory
+all create and set up the same file. SQLite answers some of those collisions with "database is
+locked" at once instead of waiting (switching to WAL needs an exclusive lock, and it never waits
+where waiting could deadlock), so the setup is retried, with a growing pause, until
+:data:`BUSY_TIMEOUT_S` has passed; a database still busy then is reported as busy, not as a place
+that cannot be written.
+
 Every failure is raised as the caller's own error class, naming the file and the fix.
 """
 
@@ -16,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -83,6 +92,32 @@ def transaction(conn: sqlite3.Connection, *, write: bool = True) -> Iterator[sql
         raise
 
 
+def _busy(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED, in any of their extended forms."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _retry_while_busy(step: Callable[[], None]) -> None:
+    """Run ``step``; while SQLite says busy, pause (jittered, growing) and run it again, until
+    :data:`BUSY_TIMEOUT_S` has passed. ``step`` must be safe to repeat (a rolled-back
+    transaction, an idempotent pragma)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.005
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as e:
+            if not _busy(e) or time.monotonic() + pause > deadline:
+                raise
+        # Jitter: processes that collided once must not collide again in lockstep.
+        time.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(pause * 2, 0.25)
+
+
 def open_private_db(
     path: Path,
     *,
@@ -111,11 +146,14 @@ def open_private_db(
         )
     except sqlite3.Error as e:
         raise error(f"cannot open {what} {path}: {e}{fix}") from e
-    try:
+
+    def set_up() -> None:
         # WAL: readers never block a writer and commits need no fsync with NORMAL. The mode is
-        # stored in the file; on filesystems without shared memory SQLite keeps the old mode,
-        # which is slower but still correct, so the answer is not checked.
-        conn.execute("PRAGMA journal_mode = WAL")
+        # stored in the file, so it is switched once, by whichever process gets there first;
+        # on filesystems without shared memory SQLite keeps the old mode, which is slower but
+        # still correct, so the answer is not checked.
+        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         with transaction(conn):
             objects = int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
@@ -132,8 +170,16 @@ def open_private_db(
                 )
             elif check is not None:
                 check(conn)
+
+    try:
+        _retry_while_busy(set_up)
     except sqlite3.Error as e:
         conn.close()
+        if _busy(e):
+            raise error(
+                f"{what} {path} is still locked by another sandcell process after "
+                f"{BUSY_TIMEOUT_S:.0f} s; nothing was changed, try again once it has finished"
+            ) from e
         if "not a database" in str(e) or "malformed" in str(e):
             raise error(
                 f"cannot open {what} {path}: it is not a usable SQLite database ({e}). Move it "

@@ -16,7 +16,8 @@ more, but the code had the whole run to prepare the ground. A hostile workspace 
   grow while they are read;
 * thousands of files, or deeply nested directories, to exhaust time, memory or descriptors;
 * names built to confuse whoever reads them later: newlines, terminal escape sequences, bytes
-  that are not UTF-8;
+  that are not UTF-8; or whoever runs ``rm *`` or ``tar czf x.tgz *`` in the export directory:
+  ``-rf``, names with leading or trailing whitespace, names made only of dots;
 * setuid, setgid and executable bits, hoping they survive the trip to the host.
 
 The rules
@@ -32,7 +33,8 @@ Only what the caller asked for leaves, only as plain bytes, and only up to the l
   swapped after the listing is caught, and a FIFO never blocks. Non-regular entries are never
   opened at all.
 * A file with more than one hard link is refused: it may be a host file linked in.
-* Every path component must be valid UTF-8 without control characters.
+* Every path component must be valid UTF-8 without control characters, must not start with
+  ``-``, start or end with whitespace, or be made only of dots.
 * A file over the per-file cap is refused from its size alone, never read (sparse files);
   reading stops at the cap even if the file grows. The number of files and the total size are
   capped too; which files are over a cap is deterministic (paths are walked in sorted order).

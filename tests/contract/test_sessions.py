@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -307,6 +309,68 @@ def test_cli_idle_timeout_ends_the_server(tmp_path: Path) -> None:
     assert not (tmp_path / "home" / "sessions" / f"{sid}.sock").exists()
     listed = run_cli(["session", "list", "--json"], env=env)
     assert json.loads(listed.stdout) == []
+
+
+_OTHER_USER_CLIENT = """
+import json, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(30)
+sock.connect(sys.argv[1])
+print("CONNECTED", flush=True)
+body = json.dumps({"op": "run", "code": "pwned = 1\\nprint('RAN')"}).encode()
+try:
+    sock.sendall(len(body).to_bytes(4, "big") + body)
+    reply = b""
+    while chunk := sock.recv(65536):
+        reply += chunk
+except OSError as exc:
+    print("CLOSED", type(exc).__name__)
+else:
+    print("REPLY", reply.decode(errors="replace") if reply else "NONE")
+"""
+
+
+def test_session_server_refuses_another_user(unpriv: UnprivEnv) -> None:
+    """The real second user reaches a root session's socket (its directories opened up to it, as
+    a careless setup would) and sends a cell: the server answers nothing, and the cell never runs
+    in the session."""
+    work = Path(tempfile.mkdtemp(prefix="sandcell-session-"))
+    try:
+        work.chmod(0o755)
+        home = work / "home"
+        env = {**os.environ, "SANDCELL_HOME": str(home)}
+        start = run_cli(["session", "start", "--profile", "unchecked", "--json"], env=env)
+        assert start.returncode == 0, start.stderr
+        sid = json.loads(start.stdout)["id"]
+        server_pid = json.loads((home / "sessions" / f"{sid}.json").read_text())["pid"]
+        try:
+            sock = home / "sessions" / f"{sid}.sock"
+            modes = {p: p.stat().st_mode for p in (home, sock.parent, sock)}
+            for d in (home, sock.parent):
+                d.chmod(d.stat().st_mode | 0o005)
+            sock.chmod(0o666)
+            other = subprocess.run(
+                ["runuser", "-u", unpriv.user, "--", unpriv.python, "-I", "-c",
+                 _OTHER_USER_CLIENT, str(sock)],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            # The attempt reached the server (no file permission stopped it first)...
+            assert other.stdout.startswith("CONNECTED"), other.stdout + other.stderr
+            # ...which closed the connection without a word.
+            answer = other.stdout.split("\n")[1]
+            assert answer == "REPLY NONE" or answer.startswith("CLOSED "), other.stdout
+            for path, mode in modes.items():  # private again, as the owner's client requires
+                path.chmod(mode)
+            # The cell never ran: the session has no `pwned`, and still serves its own user.
+            probe = run_cli(["session", "run", sid, "-c", "print('pwned' in globals())"], env=env)
+            assert probe.returncode == 0, probe.stderr
+            assert probe.stdout.strip() == "False", probe.stdout
+        finally:
+            run_cli(["session", "close", sid], env=env)
+            # Gone before its directory is: a server still ending could write there again.
+            hostscan.wait_until(lambda: not hostscan.alive(server_pid), timeout=60)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_cli_client_sends_cells_only_to_a_server_of_its_own_user(

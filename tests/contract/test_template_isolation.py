@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import pandas
 import pytest
 from tests.escapes.conftest import processes_with
 
-from sandcell import Executor, Limits, RunRequest, result_to_dict
+from sandcell import Executor, Limits, RunRequest, input_from_path, result_to_dict
 from sandcell.backends.namespaces import NamespacesBackend
 
 
@@ -145,11 +146,15 @@ def test_files_stay_in_their_run(warm: Executor) -> None:
     assert _seen(_run(warm, listing)) == fresh
 
 
-def test_threads_and_background_processes_end_with_their_run(warm: Executor) -> None:
+def test_threads_and_background_processes_end_with_their_run(
+    warm: Executor, tmp_path: Path
+) -> None:
+    """A thread and a background process of one run are gone after it. The background process
+    is first seen alive by the host, which then opens a gate the program waits on."""
     token = f"sandcell-iso-{secrets.token_hex(6)}"
-    first = _run(
-        warm,
-        f"""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    code = f"""
         import os, threading, time
         def linger():
             time.sleep(30)
@@ -158,10 +163,27 @@ def test_threads_and_background_processes_end_with_their_run(warm: Executor) -> 
         if os.fork() == 0:
             os.setsid()
             os.execv("/bin/sleep", ["{token}", "60"])
+        for _ in range(3000):
+            if os.path.exists("/inputs/gate/seen"):
+                break
+            time.sleep(0.02)
         print("{{}}")
-        """,
+        """
+    box: dict[str, dict[str, Any]] = {}
+    thread = threading.Thread(
+        target=lambda: box.setdefault("r", _run(warm, code, inputs=(input_from_path(gate),)))
     )
+    thread.start()
+    seen = False
+    while thread.is_alive():
+        # argv[0] is the token: the sleeper itself, not a command line that mentions it.
+        if not seen and any(p.split(": ", 1)[1].startswith(token) for p in processes_with(token)):
+            seen = True
+            (gate / "seen").touch()
+        thread.join(0.02)
+    first = box["r"]
     assert first["outcome"] == "ok", first
+    assert seen, "the host never saw the background process alive"
     deadline = time.monotonic() + 5
     while processes_with(token) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -428,13 +450,28 @@ def test_torn_down_off_the_call_path_yet_nothing_left(
     warm = WarmConfig(mode=mode, preload=(), pool_size=2)  # type: ignore[arg-type]
     run_ids: list[str] = []
     with Executor(home=tmp_path / "home", profile="unchecked", warm=warm) as ex:
+        # Each program shows its process (and the second its child) alive before it ends. The
+        # child carries the marker as argv[0] (``sleep 600 MARKER`` would exit at once: sleep
+        # refuses the extra argument, and a check that nothing is left would then prove nothing).
+        started_child = (
+            "import subprocess, time\n"
+            f"p = subprocess.Popen(['{marker}', '600'], executable='/bin/sleep')\n"
+            "for _ in range(500):\n"
+            f"    if b'{marker}' in open(f'/proc/{{p.pid}}/cmdline', 'rb').read():\n"
+            f"        print('{marker} child alive')\n"
+            "        break\n"
+            "    time.sleep(0.01)\n"
+        )
         for code in (
             f"print('{marker}')",
-            f"import subprocess; subprocess.Popen(['sleep', '600', '{marker}'])",
+            started_child,
             f"import time; print('{marker}', flush=True); time.sleep(600)",
         ):
             r = ex.run(RunRequest(code=code, limits=Limits().with_(wall_time_s=2)))
             assert r.start.mode == mode and r.outcome.value in ("ok", "timeout"), r
+            assert marker in r.stdout, r
+            if code is started_child:
+                assert f"{marker} child alive" in r.stdout, r
             run_ids.append(r.run_id)
         stats = _backend(ex).warm_stats()
         assert stats is not None

@@ -2,13 +2,20 @@
 run ends with the right outcome, and nothing of it outlives the run on the host.
 
 Processes started by an attack carry a unique marker in their command line (``argv[0]``), so the
-host can look for survivors after the run.
+host can look for survivors after the run. A check that nothing survived means something only once
+the processes were seen to exist: the program counts them in its own ``/proc``, and on the
+namespaces backend, where they are host processes, the host watches for them while the run is on
+(:func:`_run_watched`). On the other rungs they live in gVisor's kernel or a VM, out of the host's
+sight: there the inner count is the proof they existed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,8 +38,54 @@ def _survivors(token: str, grace_s: float = 5.0) -> list[str]:
         time.sleep(0.05)
 
 
-def test_blocks_fork_bomb(attack: Attack, token: str) -> None:
-    """Fork until the kernel refuses; the children (sleepers) die with the run."""
+def _marked(token: str, prefix: str) -> list[str]:
+    """Host processes with ``token`` whose command line (arguments joined by spaces) starts with
+    ``prefix``: the CLI running an attack as the ordinary user has the token further on."""
+    return [p for p in processes_with(token) if p.split(": ", 1)[1].startswith(prefix)]
+
+
+def _run_watched(
+    attack: Attack,
+    body: str,
+    token: str,
+    prefix: str,
+    *,
+    on_seen: Callable[[], None] | None = None,
+    **kw: Any,
+) -> tuple[dict[str, object], int]:
+    """Run the attack on a thread while the host looks for its processes (command lines starting
+    with ``prefix``); ``on_seen`` is called once they were seen. Returns the result and the most
+    such processes seen at once."""
+    box: dict[str, Any] = {}
+    if attack.sandbox.backend != "namespaces":
+        return attack.run(body, **kw), 0  # out of the host's sight (see the module)
+
+    def run() -> None:
+        try:
+            box["res"] = attack.run(body, **kw)
+        except BaseException as exc:  # re-raised below, in the test's thread
+            box["exc"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    seen = 0
+    while thread.is_alive():
+        now = len(_marked(token, prefix))
+        if now and not seen and on_seen is not None:
+            on_seen()
+        seen = max(seen, now)
+        thread.join(0.02)
+    if "exc" in box:
+        raise box["exc"]
+    return box["res"], seen
+
+
+def test_blocks_fork_bomb(attack: Attack, token: str, tmp_path: Path) -> None:
+    """Fork until the kernel refuses; the children (sleepers) die with the run. The program waits
+    (on a gate file the host opens) until the host has seen the sleepers."""
+    gate = tmp_path / "gate"
+    gate.mkdir(mode=0o755)
+    watched = attack.sandbox.backend == "namespaces"
     body = f"""
     import time
     n = 0
@@ -49,10 +102,34 @@ def test_blocks_fork_bomb(attack: Attack, token: str) -> None:
                 os._exit(1)
     else:
         breach("1000 processes forked without a refusal")
+    inside = 0
+    for p in os.listdir("/proc"):
+        try:
+            inside += open(f"/proc/{{p}}/cmdline", "rb").read().startswith(b"sleep-{token}")
+        except OSError:
+            pass
+    print("sleepers inside:", inside)
+    for _ in range(1500 if {watched!r} else 0):
+        if os.path.exists("/inputs/gate/seen"):
+            print("gate: the host saw the sleepers")
+            break
+        time.sleep(0.02)
     """
-    res = attack.run(body, max_pids=16)
+    res, seen = _run_watched(
+        attack,
+        body,
+        token,
+        f"sleep-{token}",
+        on_seen=lambda: (gate / "seen").touch(),
+        max_pids=16,
+        inputs=[gate],
+        wall_time_s=60,
+    )
     out = attack.expect_blocked(res, attempts=1)
     assert "EAGAIN" in out, out
+    assert "sleepers inside: 0" not in out and "sleepers inside:" in out, out
+    if watched:
+        assert seen > 0 and "gate: the host saw the sleepers" in out, (seen, out)
     assert not _survivors(token), f"[{attack.identity}] processes outlived the run"
 
 
@@ -72,11 +149,15 @@ def test_blocks_shell_fork_bomb(attack: Attack, token: str) -> None:
     sys.stdout.flush()
     os._exit(0)
     """
-    res = attack.run(body, max_pids=24, wall_time_s=20)
+    res, seen = _run_watched(
+        attack, body, token, f"/bin/bash -c : {token};", max_pids=24, wall_time_s=20
+    )
     out = str(res["stdout"])
     assert "BREACH" not in out, res
     assert "blocked: grow past the process cap" in out, res
     assert res["outcome"] in ("ok", "timeout"), res
+    if attack.sandbox.backend == "namespaces":
+        assert seen > 0, f"[{attack.identity}] the host never saw the fork bomb's shells"
     assert not _survivors(token), f"[{attack.identity}] fork bomb processes outlived the run"
 
 
@@ -198,11 +279,13 @@ def test_blocks_infinite_loop(attack: Attack, token: str) -> None:
             os.execv("/bin/sleep", ["sleep-{token}", "1000"])
         finally:
             os._exit(1)
-    print("loop: start", flush=True)
+    print("loop: start, sleeper", os.path.exists(f"/proc/{{pid}}"), flush=True)
     while True:
         pass
     """
-    res = attack.run(body, wall_time_s=2)
-    assert "loop: start" in str(res["stdout"]), res
+    res, seen = _run_watched(attack, body, token, f"sleep-{token}", wall_time_s=2)
+    assert "loop: start, sleeper True" in str(res["stdout"]), res
     assert res["outcome"] == "timeout", res["reason"]
+    if attack.sandbox.backend == "namespaces":
+        assert seen == 1, f"[{attack.identity}] the host never saw the sleeper ({seen})"
     assert not _survivors(token), f"[{attack.identity}] the sleeper outlived the run"

@@ -404,6 +404,52 @@ def test_file_under_a_badly_named_directory_is_rejected(ws: Path, store: Artifac
     assert "not valid UTF-8" in reasons(rejected)["dir\\xff/x.csv"]
 
 
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("-rf", "starts with '-'"),
+        ("--help", "starts with '-'"),
+        ("-", "starts with '-'"),
+        (" leading.txt", "leading or trailing whitespace"),
+        ("trailing.txt ", "leading or trailing whitespace"),
+        ("\u00a0nbsp.txt", "leading or trailing whitespace"),
+        ("ideographic\u3000", "leading or trailing whitespace"),
+        ("...", "only of dots"),
+        ("....", "only of dots"),
+    ],
+)
+def test_names_a_shell_misreads_are_rejected(
+    ws: Path, store: ArtifactStore, name: str, fragment: str
+) -> None:
+    write(ws / name, b"payload")
+    write(ws / "fine.txt", b"fine")
+    artifacts, rejected = export(ws, ["*"], store)
+    assert [a.path for a in artifacts] == ["fine.txt"]
+    (rej,) = rejected
+    assert rej.path == name
+    assert fragment in rej.reason and "not exported" in rej.reason, rej.reason
+
+
+@pytest.mark.parametrize("directory", ["-d", " d", "d ", "..."])
+def test_file_under_a_directory_a_shell_misreads_is_rejected(
+    ws: Path, store: ArtifactStore, directory: str
+) -> None:
+    write(ws / directory / "x.csv", b"1,2\n")
+    artifacts, rejected = export(ws, ["**/*.csv"], store)
+    assert artifacts == ()
+    assert f"name component {directory!r}" in reasons(rejected)[f"{directory}/x.csv"]
+
+
+@pytest.mark.parametrize("name", ["a-b.txt", "x-", "in side.txt", ".hidden", "..a", "a..", "a.b"])
+def test_names_that_only_contain_a_dash_space_or_dots_are_exported(
+    ws: Path, store: ArtifactStore, name: str
+) -> None:
+    write(ws / name, b"payload")
+    artifacts, rejected = export(ws, ["*"], store)
+    assert rejected == ()
+    assert [a.path for a in artifacts] == [name]
+
+
 def test_dotdot_cannot_be_a_name_and_cannot_be_asked_for(ws: Path) -> None:
     # The kernel never lists '.' or '..' as entries; the only way to ask for them is a glob.
     assert sorted(os.listdir(ws)) == []

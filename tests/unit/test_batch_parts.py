@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from sandcell.batch import ResultsFile, Task, judge, load_tasks, program_for, stdout_difference
-from sandcell.batch.judge import new_marker, strip_marker
+from sandcell.batch import (
+    ResultsFile,
+    Task,
+    judge,
+    load_tasks,
+    program_for,
+    stdin_for,
+    stdout_difference,
+)
+from sandcell.batch._harness import VERDICT_PREFIX
+from sandcell.batch.judge import checked_code, new_secret, strip_verdict
 from sandcell.cli.batch import results_path_for
 from sandcell.errors import ConfigError
 from sandcell.policy.profiles import load_profile
@@ -127,35 +135,38 @@ def test_stdout_compare_modes() -> None:
     assert stdout_difference("42", "42\n", "exact") is not None
 
 
-def test_the_test_must_run_to_its_end() -> None:
+def test_only_one_verdict_line_with_this_runs_secret_counts() -> None:
     task = _task(code="def f(): return 1", test="assert f() == 1")
-    marker = new_marker()
-    program = program_for(task, marker)
-    assert program.startswith("def f(): return 1\n\nassert f() == 1\n")
-    assert marker in program
-    done = _result(stderr="warning\n" + "\n" + marker + "\n")
-    assert judge(task, done, marker) == (True, None)
-    assert strip_marker(done.stderr, marker) == "warning\n"
-    passed, why = judge(task, _result(), marker)
+    secret = new_secret()
+    assert checked_code(task) == "def f(): return 1\n\nassert f() == 1\n"
+    program = program_for(task)
+    assert secret not in program
+    assert stdin_for(task, secret) == secret.encode() + b"\n"
+    line = f"\n{VERDICT_PREFIX}{secret} passed\n"
+    done = _result(stderr="warning\n" + line)
+    assert judge(task, done, secret) == (True, None)
+    assert strip_verdict(done.stderr, secret) == "warning\n"
+    passed, why = judge(task, _result(), secret)
     assert not passed
-    assert "did not run to completion" in str(why)
-    # A marker from another run (a program that printed an old one) does not count.
-    assert not judge(task, _result(stderr=f"\n{new_marker()}\n"), marker)[0]
-    assert judge(task, _result(Outcome.ERROR, stderr=f"\n{marker}\n"), marker) == (False, None)
+    assert "0 verdicts" in str(why)
+    # A verdict with another secret (a program that printed one) does not count.
+    assert not judge(task, _result(stderr=f"\n{VERDICT_PREFIX}{new_secret()} passed\n"), secret)[0]
+    # Neither does a second line with the right secret (one written after the harness's).
+    failed = f"\n{VERDICT_PREFIX}{secret} failed: the test raised AssertionError\n"
+    assert not judge(task, _result(stderr=failed + line), secret)[0]
+    assert judge(task, _result(stderr=failed), secret) == (False, "the test raised AssertionError")
+    assert judge(task, _result(Outcome.ERROR, stderr=line), secret) == (False, None)
 
 
-def test_bash_tests_get_a_marker_too() -> None:
-    task = _task(code="f() { echo 1; }", language="bash", test='[ "$(f)" = 1 ]')
-    marker = new_marker()
-    program = program_for(task, marker)
-    assert program.endswith(f"printf '\\n%s\\n' '{marker}' >&2\n")
-    out = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=False)
-    assert judge(task, _result(stderr=out.stderr), marker) == (True, None)
+def test_a_bash_task_cannot_have_a_test(tmp_path: Path) -> None:
+    line = {"id": "b", "language": "bash", "code": "f() { echo 1; }", "test": "[ $(f) = 1 ]"}
+    with pytest.raises(ConfigError, match="line 1: field 'test': a bash task cannot have a test"):
+        _tasks(tmp_path, line)
 
 
 def test_no_expectation_means_ok_passes() -> None:
-    assert judge(_task(), _result(), new_marker()) == (True, None)
-    assert judge(_task(), _result(Outcome.TIMEOUT), new_marker()) == (False, None)
+    assert judge(_task(), _result(), new_secret()) == (True, None)
+    assert judge(_task(), _result(Outcome.TIMEOUT), new_secret()) == (False, None)
 
 
 # -- results file ---------------------------------------------------------------------------------

@@ -13,13 +13,14 @@ asked. ``sandcell batch`` (:mod:`sandcell.cli.batch`) is the command line over i
 Every task is an ordinary run: checked against the policy profile, run under its limits in its own
 sandbox, recorded in the audit log; the result line carries its ``run_id``.
 
-Security limitations: a task's verdict (``passed``) is decided by code that runs in the same
-sandbox as the program it judges; see :mod:`sandcell.batch.judge`.
+A task's verdict (``passed``) comes from a channel the program cannot write: its test runs in a
+process of its own and reports with a secret the program never sees (:mod:`sandcell.batch.judge`,
+:mod:`sandcell.batch._harness`).
 """
 
 from __future__ import annotations
 
-from sandcell.batch.judge import judge, program_for, stdout_difference
+from sandcell.batch.judge import judge, program_for, stdin_for, stdout_difference
 from sandcell.batch.results import ResultsFile
 from sandcell.batch.runner import BatchProgress, BatchSummary, result_line, run_batch
 from sandcell.batch.tasks import Task, load_tasks
@@ -34,5 +35,6 @@ __all__ = [
     "program_for",
     "result_line",
     "run_batch",
+    "stdin_for",
     "stdout_difference",
 ]

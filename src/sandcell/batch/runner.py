@@ -12,15 +12,16 @@ was interrupted".
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell.batch.judge import judge, new_marker, program_for, strip_marker
+from sandcell.batch.judge import checked_request, judge, new_secret, sandbox_request, strip_verdict
 from sandcell.batch.results import Recorded, ResultsFile
 from sandcell.batch.tasks import Task
 from sandcell.errors import ConfigError
@@ -103,10 +104,10 @@ class BatchSummary:
 ProgressCallback = Callable[[BatchProgress], None]
 
 
-def result_line(task: Task, result: RunResult, marker: str) -> dict[str, object]:
-    """The JSON line recorded for one finished task."""
-    passed, mismatch = judge(task, result, marker)
-    stderr = strip_marker(result.stderr, marker)
+def result_line(task: Task, result: RunResult, secret: str) -> dict[str, object]:
+    """The JSON line recorded for one finished task (``secret``: the run's, see the judge)."""
+    passed, mismatch = judge(task, result, secret)
+    stderr = strip_verdict(result.stderr, secret)
     return {
         "id": task.id,
         "line": task.line,
@@ -184,13 +185,15 @@ class _Batch:
 
     def work(self) -> None:
         while (task := self.next_task()) is not None:
-            marker = new_marker()
-            request = replace(task.request, code=program_for(task, marker))
+            secret = new_secret()
+            # The profile checks the program and its test; the sandbox runs them under the
+            # harness, whose verdict carries the secret.
+            wrap = functools.partial(sandbox_request, task=task, secret=secret)
             try:
-                result = self.executor.run(request)
+                result = self.executor.run(checked_request(task), wrap=wrap)
                 if self.stop.is_set():
                     return  # killed by the interrupt (or finished as it came): run it again
-                line = result_line(task, result, marker)
+                line = result_line(task, result, secret)
                 with self.lock:
                     self.results.append(line)
                     verdict = Recorded.of(line)

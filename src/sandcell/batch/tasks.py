@@ -10,8 +10,9 @@ Fields: ``id`` (required, unique; a string or an integer), ``code`` (required), 
 directory, made visible read-only as with ``sandcell run --input``), ``stdin`` (text),
 ``expected_stdout``, ``compare`` (``strip``, the default: trailing whitespace of each line and
 blank lines at the start and end are ignored; ``exact``: the text must be identical), ``test``
-(code in the task's language, run after the program in the same run, e.g. HumanEval's
-``check(candidate)``), ``limits`` (:class:`~sandcell.spec.Limits` field names, e.g.
+(Python code run after the program in the same run, e.g. HumanEval's ``check(candidate)``, which
+calls the program's functions from a process of its own; see :mod:`sandcell.batch.judge`; a bash
+task cannot have one), ``limits`` (:class:`~sandcell.spec.Limits` field names, e.g.
 ``{"wall_time_s": 5, "memory_bytes": 268435456}``) and ``exports`` (globs, as ``--export``).
 
 Everything is checked before anything runs, against the profile the batch runs under (language,
@@ -46,7 +47,7 @@ class Task:
     line: int
     """Line number in the tasks file, from 1."""
     request: RunRequest
-    """The program alone; the runner appends ``test`` (and its completion marker) to it."""
+    """The program alone; the runner puts it and ``test`` under the judge's harness."""
     expected_stdout: str | None = None
     compare: Compare = "strip"
     test: str | None = None
@@ -181,6 +182,12 @@ def _parse_line(raw: str, number: int, ctx: _Context) -> Task:
         raise bad("language", f"profile {profile.name!r} does not allow {language} programs")
     if fields["test"] is not None and not fields["test"].strip():
         raise bad("test", "is empty; leave it out, or give the test code")
+    if fields["test"] is not None and language != "python":
+        raise bad(
+            "test",
+            f"a {language} task cannot have a test: it would run in the program's own shell, "
+            "where the program can fake its outcome; compare its output with expected_stdout",
+        )
     inputs: list[InputFile] = []
     for item in fields["inputs"]:
         try:

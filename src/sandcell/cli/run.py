@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sandcell import status
+from sandcell.cli._own_lines import OwnLines
 from sandcell.cli.options import add_backend_option
 from sandcell.cli.render import render_outputs
 from sandcell.errors import ConfigError
@@ -243,28 +244,23 @@ def report(
         sys.stdout.write(("\n" if out_text and not out_text.endswith("\n") else "") + rendered)
     sys.stdout.flush()
     sys.stderr.write(err_text)
+    say = OwnLines(after=err_text)
     if result.outcome.value not in ("ok", "error"):
-        print(
-            f"sandcell: {result.outcome.value}: {result.reason} (run {result.run_id})",
-            file=sys.stderr,
-        )
+        say(f"sandcell: {result.outcome.value}: {result.reason} (run {result.run_id})")
     policy = result.policy or {}
     findings = policy.get("findings") if result.outcome.value in _POLICY_OUTCOMES else None
     for f in findings if isinstance(findings, list) else []:
-        print(
-            f"sandcell: {f['rule_id']} ({f['severity']}) line {f['line']}: {f['message']}",
-            file=sys.stderr,
-        )
+        say(f"sandcell: {f['rule_id']} ({f['severity']}) line {f['line']}: {f['message']}")
     validation = result.validation or {}
     errors = validation.get("errors")
     for err in errors if isinstance(errors, list) else []:
-        print(f"sandcell: invalid result: {err}", file=sys.stderr)
+        say(f"sandcell: invalid result: {err}")
     for leak in result.leaks:
-        print(f"sandcell: redacted {leak['kind']} in {leak['stream']}", file=sys.stderr)
+        say(f"sandcell: redacted {leak['kind']} in {leak['stream']}")
     for rej in result.rejected_exports:
-        print(f"sandcell: not exported: {rej.path}: {rej.reason}", file=sys.stderr)
+        say(f"sandcell: not exported: {rej.path}: {rej.reason}")
     for path in copied:
-        print(f"sandcell: exported {path}", file=sys.stderr)
+        say(f"sandcell: exported {path}")
     return status.exit_code_for(result)
 
 

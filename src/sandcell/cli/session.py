@@ -16,6 +16,7 @@ from typing import Any
 
 from sandcell import status
 from sandcell.artifacts import ArtifactStore
+from sandcell.cli._own_lines import OwnLines
 from sandcell.cli.options import add_backend_option
 from sandcell.cli.render import render_outputs
 from sandcell.cli.run import read_code
@@ -245,15 +246,13 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout.write(("\n" if out_text and not out_text.endswith("\n") else "") + rendered)
     sys.stdout.flush()
     sys.stderr.write(neutralise(stderr) if sys.stderr.isatty() else stderr)
+    say = OwnLines(after=stderr)
     if result.get("outcome") not in ("ok", "error"):
-        print(
-            f"sandcell: {result.get('outcome')}: {result.get('reason')} (run {run_id})",
-            file=sys.stderr,
-        )
+        say(f"sandcell: {result.get('outcome')}: {result.get('reason')} (run {run_id})")
     for rej in _dicts(result.get("rejected_exports")):
-        print(f"sandcell: not exported: {rej.get('path')}: {rej.get('reason')}", file=sys.stderr)
+        say(f"sandcell: not exported: {rej.get('path')}: {rej.get('reason')}")
     for path in copied:
-        print(f"sandcell: exported {path}", file=sys.stderr)
+        say(f"sandcell: exported {path}")
     return exit_code
 
 
