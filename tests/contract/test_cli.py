@@ -97,14 +97,17 @@ def test_run_program_from_stdin(home: Path) -> None:
 
 
 def test_run_bash(home: Path) -> None:
-    p = sandcell(home, "run", "--lang", "bash", "-c", "id; ls /")
+    p = sandcell(home, "run", "--lang", "bash", "-c", "id; ls /; echo --; ls /opt")
     assert p.returncode == 0, p.stderr
     first, *rest = p.stdout.splitlines()
     assert first.startswith("uid=1000(sandbox) gid=1000(sandbox)"), p.stdout
-    # The root lists only the sandbox's own layout, nothing of the host's.
-    listing = set(rest)
+    # The root lists only the sandbox's own layout, nothing of the host's; /opt holds only the
+    # runtime at its fixed neutral path.
+    cut = rest.index("--")
+    listing, opt = set(rest[:cut]), rest[cut + 1 :]
     assert {"sandbox", "tmp", "proc", "dev", "usr"} <= listing, listing
-    assert not listing & {"root", "home", "var", "srv", "mnt", "opt", "boot"}, listing
+    assert not listing & {"root", "home", "var", "srv", "mnt", "boot"}, listing
+    assert opt == ["sandcell"], opt
 
 
 def test_input_env_and_stdin_flags(home: Path, tmp_path: Path) -> None:
