@@ -132,9 +132,20 @@ def _best_rate(results: Results, workload: str, c: int, keys: Sequence[str]) -> 
     return max(((k, r) for k, r in rates if r is not None), key=lambda x: x[1], default=("", 0.0))
 
 
-def targets_table(results: Results, *, warm_ms: float = 3.0, rate_x: float = 2.0) -> Table:
+def targets_table(
+    results: Results, *, warm_ms: float = 3.0, rate_x: float = 2.0, cold_x: float = 1.10
+) -> Table:
     """The issue's targets against what this run measured (only those it measured)."""
     rows: list[tuple[str, str, str]] = []
+    for workload in ("noop", "cpu"):
+        cold = results.latency_of("sandcell-cold", workload)
+        bare = results.latency_of("bwrap", workload)
+        if cold and bare and cold.latency is not None and bare.latency is not None:
+            c_ms, b_ms = cold.latency.median_ms, bare.latency.median_ms
+            r = c_ms / b_ms
+            what = f"sandcell-cold: {workload} median <= {cold_x:.2f}x bare bubblewrap's"
+            got = f"{fmt_ratio(r)} ({c_ms:.1f} vs {b_ms:.1f} ms)"
+            rows.append((what, got, "yes" if r <= cold_x else "no"))
     warm = [v.key for v in results.variants if v.available and v.key.startswith("sandcell-")]
     for key in (k for k in warm if k != "sandcell-cold"):
         cell = results.latency_of(key, "pandas")

@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,34 @@ def test_targets_compare_sandcell_with_the_issue() -> None:
     assert rate == ("1.50x (sandcell-pool, 150.0/s)", "no")
     mem = next(v for k, v in rows.items() if k.startswith("sandcell pool"))
     assert mem == ("10.0 MiB vs 40.0 MiB (0.25x)", "yes")
+
+
+def test_cold_target_is_against_bare_bubblewrap() -> None:
+    r = Results(
+        meta={},
+        variants=(
+            VariantInfo("python", "bare python", "none"),
+            VariantInfo("bwrap", "bare bubblewrap", "namespaces"),
+            VariantInfo("sandcell-cold", "cold", "fresh"),
+        ),
+        workloads={"noop": "print(1)"},
+        latency=(
+            LatencyCell("bwrap", "noop", latency_stats([20.0, 20.0, 20.0])),
+            LatencyCell("sandcell-cold", "noop", latency_stats([21.0, 22.0, 40.0])),
+        ),
+        throughput=(),
+        memory=(),
+    )
+    rows = {row[0]: row[1:] for row in targets_table(r).rows}
+    assert rows["sandcell-cold: noop median <= 1.10x bare bubblewrap's"] == (
+        "1.10x (22.0 vs 20.0 ms)",
+        "yes",
+    )
+    slower = replace(
+        r, latency=(*r.latency[:1], LatencyCell("sandcell-cold", "noop", latency_stats([23.0])))
+    )
+    (row,) = targets_table(slower).rows
+    assert row[1:] == ("1.15x (23.0 vs 20.0 ms)", "no")
 
 
 def test_results_to_dict_is_json() -> None:

@@ -223,8 +223,8 @@ def test_boot_is_standalone() -> None:
         "typing",
         "_json",
         "json",
-        "ctypes",
-        "struct",
+        "_ctypes",
+        "_signal",
         "gc",
     }
 

@@ -4,11 +4,14 @@
 
 1. decide the layers for this request and fail closed on any that cannot be enforced;
 2. lay out the run directory: a size-capped tmpfs workspace and the read-only control files;
-3. create the run's cgroup with its limits;
+3. create the run's cgroup with its limits (on cgroup v1, take one made ahead: ``spare_cgroup.py``);
 4. build the bwrap argument list (namespaces, mounts, seccomp) as data;
-5. launch: the sandbox init is moved into the cgroup and given its rlimits before it starts the
-   program; the boot step inside applies Landlock and closes inherited descriptors;
-6. classify how it ended, read usage, export the declared files, and remove everything.
+5. launch: the sandbox init (the boot, bwrap's ``--as-pid-1``) is moved into the cgroup and given
+   its rlimits before it starts the program; the boot closes inherited descriptors, forks the
+   program's process and applies Landlock there;
+6. classify how it ended, read usage, export the declared files, and remove everything (once
+   every process of the run is dead, on a background thread; :meth:`NamespacesBackend.close`
+   waits for it).
 
 Steps 2 to 5 are :class:`~sandcell.backends.namespaces.prepared.PreparedSandbox`'s, which
 sessions use as well. Each cold run is registered in :attr:`NamespacesBackend.runs` while it
@@ -41,7 +44,9 @@ from sandcell.backends.namespaces.prepared import (
     displays,
 )
 from sandcell.backends.namespaces.runs import RunRegistry
+from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStarter, WarmStats
+from sandcell.backends.namespaces.warm_teardown import Teardown
 from sandcell.errors import IsolationUnavailable
 from sandcell.runtimes import Runtime, code_path
 from sandcell.spec import (
@@ -78,6 +83,15 @@ class NamespacesBackend:
         self._display_code: bytes | None = None  # compiled on the first run that displays
         self.runs = RunRegistry()
         """The runs in flight, for :meth:`cancel_all`; warm starts register theirs here too."""
+        self._teardown = Teardown()
+        """Removes a cold run's directory, mount and cgroup after its result is complete."""
+        self._spare_cgroup = (
+            SpareCgroup(self._cgroup_host)
+            if isinstance(self._cgroup_host, cgroups.CgroupHost)
+            and SpareCgroup.usable(self._cgroup_host)
+            else None
+        )
+        """The next cold run's cgroup, made ahead (see ``spare_cgroup.py``)."""
         sweep()
         self._warm = WarmStarter(self, warm) if warm is not None else None
 
@@ -108,9 +122,12 @@ class NamespacesBackend:
         }
 
     def close(self) -> None:
-        """Nothing is held between cold runs; a warm template and its pool are ended."""
+        """A warm template and its pool are ended; returns once every run's sandbox is gone."""
         if self._warm is not None:
             self._warm.close()
+        self._teardown.drain()
+        if self._spare_cgroup is not None:
+            self._spare_cgroup.close()
 
     def cancel_all(self, reason: str) -> int:
         """Stop every run in flight; each ends ``killed``, its reason starting "cancelled: "
@@ -142,7 +159,13 @@ class NamespacesBackend:
         sandbox = PreparedSandbox(self, request, name=run_id, layers=layers)
         try:
             # -- 2. run directory, 3. cgroup -------------------------------------------------
-            sandbox.create(self._control_files(request))
+            spare = self._spare_cgroup if layers.cgroup_host is not None else None
+            cgroup = (
+                spare.take(request.effective_limits, f"{workspace.owner_tag()}.{run_id}")
+                if spare is not None
+                else None
+            )
+            sandbox.create(self._control_files(request), cgroup=cgroup)
 
             # -- 4. argument list ----------------------------------------------------------
             pipes = Pipes(self.seccomp_program)
@@ -191,7 +214,9 @@ class NamespacesBackend:
                 enforcement=self.enforcement(request, layers),
             )
         finally:
-            sandbox.remove()
+            # Every process of the run is dead (the sandbox's pid 1 was reaped) and the exports
+            # are read: what is left is host bookkeeping, removed off the result path.
+            self._teardown.submit(sandbox.remove)
 
     # -- helpers ---------------------------------------------------------------------------
 

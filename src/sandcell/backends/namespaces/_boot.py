@@ -18,7 +18,7 @@ failure exits with status 125 and a ``sandcell-boot:`` line on stderr. Without a
 descriptor (outside sandcell) there is no fork.
 
 This file is standalone on purpose: it is copied into the sandbox and must not import sandcell.
-It runs on every sandboxed run, so it imports as little as it can: ``ctypes`` only when there is a
+It runs on every sandboxed run, so it imports as little as it can: ``_ctypes`` only when there is a
 ruleset to apply, and not ``json`` (which pulls in ``re``, about 10 ms): the plan is parsed with
 the C scanner of ``_json``.
 
@@ -142,18 +142,69 @@ def _close_inherited(keep: int | None) -> None:
                 pass
 
 
+class _Ffi:
+    """The few C types and functions the boot calls, built on ``_ctypes`` (the C module) alone:
+    the ``ctypes`` package defines hundreds of names when imported, about 3 ms on every run. Each
+    function is declared with the exact C return type (an ``int`` result read as a ``long``
+    would turn -1 into a large positive number)."""
+
+    def __init__(self) -> None:
+        import _ctypes
+
+        simple = _ctypes._SimpleCData
+        self.c_int = type("c_int", (simple,), {"_type_": "i"})
+        self.c_long = type("c_long", (simple,), {"_type_": "l"})
+        self.c_uint32 = type("c_uint32", (simple,), {"_type_": "I"})
+        self.c_size_t = type("c_size_t", (simple,), {"_type_": "L"})  # LP64, as on every arch
+        c_char_p = type("c_char_p", (simple,), {"_type_": "z"})
+        c_void_p = type("c_void_p", (simple,), {"_type_": "P"})
+        py_object = type("py_object", (simple,), {"_type_": "O"})
+        self.get_errno = _ctypes.get_errno
+
+        class _Process:  # what a CFuncPtr looks a symbol up in: an object with a dlopen handle
+            # None: the process itself (libc and the interpreter), as ctypes.CDLL(None) opens.
+            _handle = _ctypes.dlopen(None, os.RTLD_NOW | os.RTLD_LOCAL)  # type: ignore[arg-type]
+
+        def function(name: str, flags: int, restype: Any, argtypes: Any = None) -> Any:
+            attrs = {"_flags_": _ctypes.FUNCFLAG_CDECL | flags, "_restype_": restype}
+            if argtypes is not None:
+                attrs["_argtypes_"] = argtypes
+            return type(f"_{name}", (_ctypes.CFuncPtr,), attrs)((name, _Process))
+
+        errno_flag = _ctypes.FUNCFLAG_USE_ERRNO
+        self.prctl = function("prctl", errno_flag, self.c_int)
+        self.syscall = function("syscall", errno_flag, self.c_long)
+        # Py_CompileStringExFlags(str, filename, start, flags, optimize): a new reference.
+        self.compile_string = function(
+            "Py_CompileStringExFlags",
+            _ctypes.FUNCFLAG_PYTHONAPI,
+            py_object,
+            (c_char_p, c_char_p, self.c_int, c_void_p, self.c_int),
+        )
+
+
+_FFI: list[_Ffi] = []
+
+
+def _ffi() -> _Ffi:
+    if not _FFI:
+        _FFI.append(_Ffi())
+    return _FFI[0]
+
+
+def _u64(*values: int) -> bytes:
+    return b"".join(v.to_bytes(8, sys.byteorder) for v in values)
+
+
 def _apply_landlock(landlock: dict[str, Any]) -> None:
     """Restrict this process, and everything it will start, to the compiled ruleset."""
-    # Only here: a run without Landlock does not pay for them (struct comes with ctypes).
-    import ctypes
-    import struct
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    syscall = libc.syscall
+    # Only here: a run without Landlock does not pay for the C calls' types.
+    c = _ffi()
+    syscall = c.syscall
 
     def check(result: int, what: str) -> int:
         if result < 0:
-            err = ctypes.get_errno()
+            err = c.get_errno()
             raise OSError(err, f"{what}: {os.strerror(err)}")
         return result
 
@@ -162,15 +213,17 @@ def _apply_landlock(landlock: dict[str, Any]) -> None:
     file_rights = ruleset.get("file_rights", 0)
     # Landlock refuses to restrict a process that could gain privileges by execve; bwrap sets it
     # already, setting it again costs nothing and keeps the boot correct outside bwrap.
-    check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    zero = c.c_long(0)
+    check(
+        c.prctl(c.c_int(_PR_SET_NO_NEW_PRIVS), c.c_long(1), zero, zero, zero),
+        "prctl(PR_SET_NO_NEW_PRIVS)",
+    )
     # struct landlock_ruleset_attr grew with the ABI (fs; net at 4; scoped at 6): pass the
     # shortest prefix that carries what is set, which every kernel at least that new accepts.
     size = 24 if scoped else 16 if net else 8
-    attr = struct.pack("=QQQ", fs, net, scoped)[:size]
+    attr = _u64(fs, net, scoped)[:size]
     ruleset_fd = check(
-        syscall(
-            ctypes.c_long(_SYS_CREATE_RULESET), attr, ctypes.c_size_t(size), ctypes.c_uint32(0)
-        ),
+        syscall(c.c_long(_SYS_CREATE_RULESET), attr, c.c_size_t(size), c.c_uint32(0)),
         "landlock_create_ruleset",
     )
     try:
@@ -185,22 +238,21 @@ def _apply_landlock(landlock: dict[str, Any]) -> None:
                     access &= file_rights  # directory-only rights on a file are an EINVAL
                 if access:
                     # struct landlock_path_beneath_attr is packed: __u64 allowed, __s32 fd.
-                    rule = struct.pack("=Qi", access, fd)
+                    rule = _u64(access) + fd.to_bytes(4, sys.byteorder, signed=True)
                     check(
                         syscall(
-                            ctypes.c_long(_SYS_ADD_RULE),
-                            ctypes.c_int(ruleset_fd),
-                            ctypes.c_int(_RULE_PATH_BENEATH),
+                            c.c_long(_SYS_ADD_RULE),
+                            c.c_int(ruleset_fd),
+                            c.c_int(_RULE_PATH_BENEATH),
                             rule,
-                            ctypes.c_uint32(0),
+                            c.c_uint32(0),
                         ),
                         f"landlock_add_rule({path})",
                     )
             finally:
                 os.close(fd)
-        restrict = ctypes.c_long(_SYS_RESTRICT_SELF)
         check(
-            syscall(restrict, ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)),
+            syscall(c.c_long(_SYS_RESTRICT_SELF), c.c_int(ruleset_fd), c.c_uint32(0)),
             "landlock_restrict_self",
         )
     finally:
@@ -212,22 +264,13 @@ def _compile(source: bytes, filename: str) -> Any:
 
     The first call of the builtin ``compile`` in a process builds the ``ast`` module's hundred
     classes (it checks whether its argument is an AST), 1.5 ms that ``python script.py`` never
-    spends. When ctypes is loaded already (Landlock was applied), the C function the interpreter
-    itself uses is called instead: same parser, coding cookie honoured, no inherited future flags.
+    spends. When ``_ctypes`` is loaded already (Landlock was applied, or a preloaded module
+    imported ctypes), the C function the interpreter itself uses is called instead: same
+    parser, coding cookie honoured, no inherited future flags.
     """
-    ctypes = sys.modules.get("ctypes")
     # A NUL would end the C string early; the builtin reports it properly.
-    if ctypes is not None and sys.implementation.name == "cpython" and b"\0" not in source:
-        compile_string = ctypes.pythonapi.Py_CompileStringExFlags
-        compile_string.restype = ctypes.py_object  # a new reference; ctypes takes it over
-        compile_string.argtypes = (
-            ctypes.c_char_p,  # str
-            ctypes.c_char_p,  # filename
-            ctypes.c_int,  # start: Py_file_input
-            ctypes.c_void_p,  # flags: NULL, nothing inherited
-            ctypes.c_int,  # optimize: -1, the interpreter's -O level
-        )
-        return compile_string(source, os.fsencode(filename), _PY_FILE_INPUT, None, -1)
+    if "_ctypes" in sys.modules and sys.implementation.name == "cpython" and b"\0" not in source:
+        return _ffi().compile_string(source, os.fsencode(filename), _PY_FILE_INPUT, None, -1)
     return compile(source, filename, "exec", dont_inherit=True)
 
 
@@ -331,15 +374,24 @@ def _run_python(script: str, args: list[str], display: tuple[Any, str] | None = 
 
 def _supervise(child: int, status_fd: int) -> NoReturn:
     """Wait for the program, report its raw wait status, and exit as it did. (A child that
-    failed before it started wrote no "started" byte; its exit status 125 says why.)"""
+    failed before it started wrote no "started" byte; its exit status 125 says why.)
+
+    The cold path starts the boot as the sandbox's pid 1 (bwrap ``--as-pid-1``): orphans of the
+    run are reparented here, so every child is reaped, not only the program (a zombie still
+    counts against the run's process limit). As pid 1 it gets only the signals it handles from
+    inside its namespace; the interpreter's SIGINT handler is removed, so none reaches it."""
+    import _signal  # type: ignore[import-not-found]  # `signal` imports enum: milliseconds
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
     while True:
         try:
-            _, status = os.waitpid(child, 0)
-            break
+            pid, status = os.waitpid(-1, 0)
         except InterruptedError:
             continue
         except ChildProcessError:
             os._exit(_BOOT_FAILED)
+        if pid == child:
+            break
     try:  # noqa: SIM105 - contextlib costs more than the whole boot
         os.write(status_fd, f"W{status}\n".encode())
     except OSError:  # the supervisor is gone; the exit status below still tells

@@ -217,6 +217,8 @@ def _template(control_fd: int, preload: list[str]) -> tuple[socket.socket, bytes
     boot = _load_boot("/sandcell/boot.pyc")
     # Loaded once here (trusted code): a run that displays finds it in its copy of the image.
     boot["_display"] = boot["_load_display"]("/sandcell/display.pyc")
+    # The boot's C calls (Landlock, compiling the program) built once here, not in every run.
+    boot["_ffi"]()
     for name in preload:
         __import__(name)
     # Frozen: the template's objects stay out of every child's garbage collections, whose

@@ -135,6 +135,10 @@ class BwrapPlan:
     info_fd: int
     block_fd: int
     command: Sequence[str]
+    as_pid_1: bool = False
+    """Run ``command`` as the sandbox's pid 1, without bwrap's own reaper there: one process
+    fewer to start and to wake at the end. Only for a command that reaps every child and
+    reports its program's status itself (the cold path's boot)."""
 
 
 def build_argv(plan: BwrapPlan) -> list[str]:
@@ -143,6 +147,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
     # Every namespace, explicitly (not --unshare-all, whose user namespace is only "try").
     a += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
     a += ["--unshare-uts", "--unshare-cgroup"]
+    if plan.as_pid_1:
+        a += ["--as-pid-1"]
     a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", SANDBOX_HOSTNAME]
     # No nested user namespaces (the usual first step of a kernel exploit), no capabilities, a new
     # session so the code has no controlling terminal to inject keystrokes into, and the whole

@@ -111,13 +111,20 @@ class PreparedSandbox:
         self.helper: HelperChannel | None = None
         """The workspace helper's pipes, once :meth:`argv` decided that one runs the sandbox."""
         self._rlimits = plan_rlimits(self.limits, request.mode)
+        self._written: list[Path] = []
+        """The control files written here, removed by name (see :meth:`remove`)."""
 
     # -- 2. run directory, control files, cgroup ---------------------------------------------
 
-    def create(self, files: Mapping[str, bytes]) -> None:
+    def create(
+        self, files: Mapping[str, bytes], *, cgroup: cgroups.RunCgroup | None = None
+    ) -> None:
         """Lay out the run directory with the boot and ``files`` (name → bytes) as control
-        files, and create the cgroup. Raises IsolationUnavailable when the workspace quota
-        cannot be set up."""
+        files, and create the cgroup (or take ``cgroup``, empty and limited already, made
+        ahead for this run). Raises IsolationUnavailable when the workspace quota cannot be
+        set up."""
+        # Ours from here: remove() ends it whatever fails below.
+        self.cgroup = cgroup
         self.work.mkdir(parents=True, mode=0o700)
         self.control.mkdir(mode=0o755)
         if not self.layers.use_helper:
@@ -137,10 +144,11 @@ class PreparedSandbox:
                 ) from exc
         for fname, data in {CONTROL_BOOT: self.backend.boot_code, **files}.items():
             path = self.control / fname
+            self._written.append(path)
             path.write_bytes(data)
             path.chmod(0o444)
         host = self.layers.cgroup_host
-        if host is not None:
+        if host is not None and self.cgroup is None:
             self.cgroup = cgroups.RunCgroup(host, f"{workspace.owner_tag()}.{self.name}")
             self.cgroup.create(
                 cgroups.plan_settings(
@@ -153,10 +161,11 @@ class PreparedSandbox:
 
     # -- 3. boot plan and argument list ------------------------------------------------------
 
-    def argv(self, command: Sequence[str], fds: LaunchFds) -> list[str]:
+    def argv(self, command: Sequence[str], fds: LaunchFds, *, as_pid_1: bool = False) -> list[str]:
         """Write the boot plan and return the argument list that starts the sandbox with
         ``command`` inside: bwrap's, or the workspace helper's that runs bwrap (then
-        :attr:`helper` holds the helper's pipes, to pass to the launch)."""
+        :attr:`helper` holds the helper's pipes, to pass to the launch). ``as_pid_1``: the
+        command is the sandbox's pid 1 (it must reap every child, as the boot does)."""
         self._write_plan(status_fd=fds.status_w)
         request, runtime = self.request, self.runtime
         argv = build_argv(
@@ -177,6 +186,7 @@ class PreparedSandbox:
                 info_fd=fds.info_w,
                 block_fd=fds.block_r,
                 command=list(command),
+                as_pid_1=as_pid_1,
             )
         )
         if fds.args is not None:
@@ -262,7 +272,18 @@ class PreparedSandbox:
             with contextlib.suppress(OSError):
                 workspace.unmount(self.work)
             self.mounted = False
-        workspace.remove_tree(self.run_dir)
+        # By name, without listing a directory: removal may run on a background thread, and a
+        # listing holds a descriptor that a caller counting its own would see. Anything else
+        # found there (a directory not empty, a mount left) goes the thorough way.
+        try:
+            for path in (*self._written, self.control / CONTROL_PLAN):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            for d in (self.control, self.work, self.run_dir):
+                with contextlib.suppress(FileNotFoundError):
+                    d.rmdir()
+        except OSError:
+            workspace.remove_tree(self.run_dir)
 
 
 __all__ = [
