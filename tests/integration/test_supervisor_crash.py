@@ -206,7 +206,9 @@ def test_user_supervisor_sigkill(
     owner = owner_tag_of(sup.pid)
     sandbox = pid_namespace_members(child.pid)
     helpers = [p for p in children_of(sup.pid) if "_mount_helper" in p.cmdline]
-    bwraps = [p for p in live_procs_matching(str(runs)) if p.comm == "bwrap"]
+    # bwrap's arguments come through a memfd, so its command line names no path: find it as
+    # the helper's child.
+    bwraps = [p for h in helpers for p in children_of(h.pid) if p.comm == "bwrap"]
     doomed = sorted({p.pid for p in [*sandbox, *helpers, *bwraps]})
     cleanup.extend(doomed)
     assert len(helpers) == 1, "expected one workspace helper under the supervisor"
