@@ -340,9 +340,7 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             )
             return result_to_dict(ex.run(req))
 
-        return Sandbox(
-            identity="root", run=run_root, home=root_home, start=start, backend=backend
-        )
+        return Sandbox(identity="root", run=run_root, home=root_home, start=start, backend=backend)
 
     env: UnprivEnv = request.getfixturevalue("unpriv")
     for p in (tmp_path, *tmp_path.parents):

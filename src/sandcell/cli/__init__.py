@@ -12,7 +12,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandcell import status
-from sandcell.cli import approvals, ask, audit, batch, doctor, packages, policy, pool, run, session
+from sandcell.cli import (
+    approvals,
+    ask,
+    audit,
+    batch,
+    doctor,
+    packages,
+    policy,
+    pool,
+    run,
+    session,
+    vm,
+)
 from sandcell.errors import AuditError, SandcellError
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -29,6 +41,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "ask": ask.handle,
     "session": session.handle,
     "pool": pool.handle,
+    "vm": vm.handle,
 }
 
 
@@ -44,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $SANDCELL_HOME or the user data directory)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (run, doctor, audit, batch, ask, session, pool):
+    for module in (run, doctor, audit, batch, ask, session, pool, vm):
         module.add_parser(sub)
     policy.add_parsers(sub)
     approvals.add_parsers(sub)

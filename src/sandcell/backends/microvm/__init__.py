@@ -1,0 +1,311 @@
+"""The microVM backend: each run in its own QEMU ``microvm`` guest with a dedicated kernel.
+
+:meth:`MicroVMBackend.run` reads as the order of containment:
+
+1. check the request against what a VM offers (fail closed: Landlock asked for by name, packages);
+2. get a VM whose agent is ready: a fresh boot (cold), or one restored from the snapshot (warm:
+   ``template`` restores at call time, ``pool`` takes one restored ahead, each used once);
+3. drive the run over the agent channel (``drive.py``): job, fresh entropy, inputs, stdin in;
+   output, exit report, exported files out; wall time and output caps enforced from here;
+4. kill QEMU, hand the received files to ``collect`` (the host's export checks), remove every
+   file of the VM.
+
+The guest kernel and image are verified against their manifest when the backend starts (a
+tampered one raises IsolationUnavailable); QEMU runs jailed (``jail.py``) where the host allows.
+A supervisor killed mid-run leaves its QEMU processes, run directories and snapshots behind:
+:func:`sweep` (called at every start) removes those whose owner is gone.
+
+Security limitations: see ``jail.py`` for the VMM's own confinement. Under TCG, QEMU emulates the
+CPU in software: the guest kernel is not the host's, but QEMU's TCG and device emulation are the
+attack surface. A restored VM shares the snapshot's pre-run memory image (the preloaded modules,
+Python's hash secret): its kernel RNG, ``random`` and numpy's global generator are reseeded before
+the program runs, and its clock and hostname are set fresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from sandcell.backends.base import BackendResult, BackendStatus, Collector
+from sandcell.backends.microvm import accel, image, jail, layout, machine, qemu
+from sandcell.backends.microvm.drive import Ended, classify, drive
+from sandcell.backends.microvm.pool import WarmVMs
+from sandcell.backends.microvm.vm import VM
+from sandcell.backends.namespaces import sweep as namespaces_sweep
+from sandcell.backends.namespaces.runs import RunRegistry
+from sandcell.backends.namespaces.warm import WarmConfig, WarmStats
+from sandcell.errors import InfraError, IsolationUnavailable, SandcellError
+from sandcell.spec import (
+    Artifact,
+    Enforcement,
+    Outcome,
+    RejectedExport,
+    RunRequest,
+    StartInfo,
+    Usage,
+)
+
+MAX_EXPORT_ENTRIES = 20_000
+
+
+class MicroVMBackend:
+    """Runs each program in a fresh microVM (see module). One instance serves many runs."""
+
+    name = "microvm"
+
+    def __init__(self, warm: WarmConfig | None = None) -> None:
+        found = qemu.find_qemu()
+        files = image.verify()
+        sweep()
+        self._jail = jail.plan_jail()
+        guest = machine.Guest(files=files, qemu=found, accel="tcg", tsc_khz=qemu.host_tsc_khz())
+        choice = accel.choose(
+            lambda: accel.timed(
+                lambda: machine.boot(
+                    replace(guest, accel="kvm"), memory_mib=256, name="probe"
+                ).destroy()
+            )
+        )
+        self.accel = choice
+        self.guest = replace(guest, accel=choice.accel, jail=self._jail)
+        self.runs = RunRegistry()
+        self._warm = WarmVMs(self.guest, warm) if warm is not None else None
+
+    # -- the Backend protocol --------------------------------------------------------------
+
+    def versions(self) -> Mapping[str, str]:
+        m = self.guest.files.manifest
+        return {
+            "qemu": f"{self.guest.qemu.version_text} ({self.guest.qemu.path})",
+            "accelerator": f"{self.accel.accel} ({self.accel.why})",
+            "guest_kernel": m.kernel_release,
+            "guest_kernel_sha256": m.kernel_sha256,
+            "guest_image_sha256": m.image_sha256,
+            "guest_initrd_sha256": m.initrd_sha256,
+        }
+
+    def cancel_all(self, reason: str) -> int:
+        return self.runs.cancel_all(reason)
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
+        # This supervisor's run directory, once its VMs are gone (each removed its own).
+        with contextlib.suppress(OSError):
+            (layout.runs_root() / layout.owner_tag()).rmdir()
+
+    def warm_stats(self) -> WarmStats | None:
+        return self._warm.stats() if self._warm is not None else None
+
+    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
+        self._check(request)
+        start = StartInfo()
+        vm: VM | None = None
+        note: str | None = None
+        if self._warm is not None:
+            taken = self._warm.take(request)
+            if isinstance(taken, str):
+                note = taken
+            else:
+                vm, start = taken
+        result = self._run(request, run_id=run_id, collect=collect, vm=vm, start=start)
+        if note is not None:
+            layers = {**result.enforcement.layers, "warm_start": f"not used: {note}"}
+            result = replace(result, enforcement=replace(result.enforcement, layers=layers))
+        return result
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def _check(self, request: RunRequest) -> None:
+        if request.landlock is True:
+            raise IsolationUnavailable(
+                "landlock",
+                "the microVM backend gives each run its own kernel instead of Landlock rules",
+                "leave landlock unset, or use the namespaces backend",
+            )
+        if request.packages:
+            raise IsolationUnavailable(
+                "microvm packages",
+                "packages from the wheel cache are not offered inside microVMs",
+                "use the namespaces backend for runs that need extra packages",
+            )
+
+    def _run(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        vm: VM | None,
+        start: StartInfo,
+    ) -> BackendResult:
+        stop = threading.Event()
+        memory_mib = machine.guest_mib(request.effective_limits.memory_bytes)
+        with self.runs.register(run_id, stop.set) as cancellation:
+            try:
+                if vm is None:
+                    vm = machine.boot(self.guest, memory_mib=memory_mib, name=run_id[:12])
+                else:
+                    memory_mib = self._warm.memory_mib if self._warm is not None else memory_mib
+            except InfraError as exc:
+                if cancellation.cancelled:
+                    return self._not_run(
+                        request, Outcome.KILLED, f"cancelled: {cancellation.reason}", memory_mib
+                    )
+                return self._not_run(request, Outcome.INFRA_ERROR, str(exc), memory_mib)
+            assert vm.chan is not None
+            try:
+                sink = vm.run_dir / "export"
+                lim = request.effective_limits
+                ended = drive(
+                    vm.chan,
+                    request,
+                    run_id=run_id,
+                    sink_dir=sink,
+                    stop=stop,
+                    alive=vm.alive,
+                    export_budget=lim.workspace_bytes + (64 << 20),
+                    max_entries=MAX_EXPORT_ENTRIES,
+                )
+                console = vm.console() if ended.failure else ""
+                vm.kill()
+                artifacts: tuple[Artifact, ...] = ()
+                rejected: tuple[RejectedExport, ...] = ()
+                if ended.reported and ended.files_complete and sink.is_dir():
+                    artifacts, rejected = collect(sink)
+                    leaked = [a for a in artifacts if a.path in ended.stand_ins]
+                    artifacts = tuple(a for a in artifacts if a.path not in ended.stand_ins)
+                    rejected += tuple(
+                        RejectedExport(path=a.path, reason="too large to send from the guest")
+                        for a in leaked
+                    )
+                    rejected += tuple(
+                        RejectedExport(path=p, reason=f"{k} in the guest: not exported")
+                        for p, k in ended.skipped
+                    )
+                elif ended.reported and (request.exports or request.display):
+                    why = ended.failure or "the guest did not send its files"
+                    rejected = (RejectedExport(path=".", reason=f"nothing exported: {why}"),)
+            finally:
+                vm.destroy()
+        outcome, reason = classify(
+            ended, request, cancel_reason=cancellation.reason, console=console
+        )
+        return BackendResult(
+            outcome=outcome,
+            exit_code=ended.exit_code if ended.reported else None,
+            signal=ended.signal if ended.reported else None,
+            stdout=bytes(ended.stdout),
+            stderr=bytes(ended.stderr),
+            stdout_truncated=ended.stdout_truncated,
+            stderr_truncated=ended.stderr_truncated,
+            usage=_usage(ended),
+            artifacts=artifacts,
+            rejected_exports=rejected,
+            enforcement=self.enforcement(request, memory_mib),
+            reason=reason,
+            start=start,
+        )
+
+    def _not_run(
+        self, request: RunRequest, outcome: Outcome, reason: str, memory_mib: int
+    ) -> BackendResult:
+        return BackendResult.not_run(outcome, reason, self.enforcement(request, memory_mib))
+
+    def enforcement(self, request: RunRequest, memory_mib: int) -> Enforcement:
+        lim = request.effective_limits
+        m = self.guest.files.manifest
+        layers = {
+            "vmm": f"QEMU {self.guest.qemu.version} microvm, {self.accel.accel}",
+            "guest_kernel": f"{m.kernel_release} (sha256 {m.kernel_sha256[:16]}...)",
+            "guest_image": f"read-only ext4, sha256 {m.image_sha256[:16]}...",
+            "devices": "virtio-mmio: read-only root disk, one serial port (agent channel); "
+            "no network device, no PCI, no USB, no option ROMs",
+            "guest_memory": f"{memory_mib} MiB of guest RAM; the program's cgroup "
+            f"memory.max={lim.memory_bytes} bytes, no swap",
+            "pids": f"cgroup pids.max={lim.max_pids} and RLIMIT_NPROC in the guest",
+            "rlimits": "cpu, file size, open files, processes, core (in the guest)",
+            "user": "the program runs as uid 1000 in the guest, no capabilities",
+            "workspace_quota": f"tmpfs of {lim.workspace_bytes} bytes in the guest",
+            "wall_time_and_output": "enforced by the host: the VM is stopped and destroyed",
+            "jailer": self._jail.describe() if self._jail else "none: " + jail.why_not(),
+        }
+        return Enforcement(backend=self.name, layers=layers, mode=request.mode)
+
+
+def _usage(ended: Ended) -> Usage:
+    return Usage(
+        wall_ms=round(ended.wall_ms, 3),
+        cpu_ms=round(ended.cpu_ms, 3) if ended.cpu_ms is not None else None,
+        peak_memory_bytes=ended.peak_bytes,
+    )
+
+
+def probe() -> BackendStatus:
+    """Whether this host can run microVMs, for ``sandcell doctor`` (boots nothing)."""
+    try:
+        found = qemu.find_qemu()
+        files = image.verify()
+    except SandcellError as exc:
+        fix = exc.fix if isinstance(exc, IsolationUnavailable) else None
+        reason = exc.reason if isinstance(exc, IsolationUnavailable) else str(exc)
+        return BackendStatus(name="microvm", usable=False, detail=reason, fix=fix)
+    m = files.manifest
+    return BackendStatus(
+        name="microvm",
+        usable=True,
+        detail=f"{found.version_text}; guest kernel {m.kernel_release}; image "
+        f"{m.image_sha256[:12]} built {m.built_at}; jailer: "
+        + ("bubblewrap" if jail.plan_jail() else jail.why_not()),
+        fix=None,
+    )
+
+
+def sweep() -> list[str]:
+    """Remove what dead supervisors left: QEMU processes, run directories, snapshots."""
+    removed: list[str] = []
+    for root in (layout.runs_root(), layout.snapshots_root()):
+        if not root.is_dir():
+            continue
+        for entry in root.iterdir():
+            if entry.name.startswith("cache-"):
+                continue  # shared snapshots, kept for reuse (``sandcell vm build`` renews them)
+            owner = entry.name
+            if root == layout.snapshots_root():
+                owner = entry.name.partition("-")[2].rsplit("-", 1)[0]
+            if layout.owner_alive(owner):
+                continue
+            _kill_qemus_under(entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(str(entry))
+    # The jails' cgroups are named like the namespaces backend's (owner tag first): its sweep
+    # kills and removes those of dead supervisors.
+    removed += namespaces_sweep()
+    return removed
+
+
+def _kill_qemus_under(path: Path) -> None:
+    """Kill QEMU processes whose command line names a file under ``path``."""
+    needle = str(path).encode() + b"/"
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"qemu-system" in cmdline and needle in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(int(pid_dir.name), signal.SIGKILL)
+    time.sleep(0)
+
+
+__all__ = ["MicroVMBackend", "WarmConfig", "probe", "sweep"]

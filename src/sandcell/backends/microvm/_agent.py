@@ -1,0 +1,607 @@
+"""sandcell's guest agent: pid 1 of the microVM (standalone, stdlib only, no sandcell imports).
+
+Boot: mount /tmp, /run and the cgroup2 hierarchy, find the virtio-serial port named
+``sandcell``, start the runner (``runner.py``: the runtime's interpreter, which imports the
+preload modules named on the kernel command line ``sandcell.preload=``) and wait until it is
+ready. Then answer the host's handshake (``SCHELLO``/``SCGO``/``SCREADY``; a VM restored from a
+snapshot resumes here, waiting for its host). Per VM, exactly one job:
+
+1. the job (JSON): fresh entropy (added with RNDADDENTROPY, then a forced reseed of the kernel's
+   generator), the host's wall clock, a fresh hostname; the inputs (written to a tmpfs at
+   /inputs, remounted read-only), the size-capped workspace tmpfs at /sandbox, a private /tmp,
+   the program at /sandcell (read-only), the program's cgroup (memory, pids);
+2. the runner is handed the job and the program's pipes; it joins the cgroup, sets the rlimits,
+   drops to uid 1000 and runs the program. Output is streamed to the host (capped here too);
+   stdin is fed from the host. A ``K`` frame kills the program's cgroup;
+3. the exit frame (status, OOM kills, CPU time, peak memory), then the files of /sandbox that
+   match the export globs (and the display directory), walked without following any link, then
+   ``Z``; the VM is then destroyed by the host.
+
+Everything the program can touch is treated as hostile here too: the walk never follows a link,
+and sizes are capped. The host re-checks everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import fnmatch
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+import time
+
+# Not imported at run time: pid 1 of a guest starts faster without typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    Job = dict[str, Any]
+
+MAX_FRAME = 1 << 20
+HEADER = struct.Struct(">cI")
+PORT_NAME = "sandcell"
+UID = GID = 1000
+CG = "/sys/fs/cgroup"
+PROG_CG = CG + "/prog"
+DISPLAY_DIRNAME = ".sandcell-display"
+RNDADDENTROPY = 0x40085203
+RNDRESEEDCRNG = 0x5207
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MAX_EXPORT_FILES = 10000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def log(msg: str) -> None:
+    try:
+        with open("/dev/console", "w") as f:
+            f.write(f"sandcell-agent: {msg}\n")
+    except OSError:
+        pass
+
+
+def mount(src: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
+    if _libc.mount(src.encode(), target.encode(), fstype.encode(), flags, data.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype} on {target}: {os.strerror(err)}")
+
+
+def write_file(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# -- the port -----------------------------------------------------------------------------
+
+
+def find_port() -> str:
+    base = "/sys/class/virtio-ports"
+    for _ in range(500):
+        try:
+            for dev in os.listdir(base):
+                with open(f"{base}/{dev}/name") as f:
+                    if f.read().strip() == PORT_NAME:
+                        return f"/dev/{dev}"
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise RuntimeError("no virtio-serial port named sandcell")
+
+
+class Port:
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.buf = bytearray()
+        self.early: list[tuple[bytes, bytes]] = []
+
+    def read_some(self, timeout: float) -> bool:
+        r, _, _ = select.select([self.fd], [], [], timeout)
+        if not r:
+            return False
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not data:
+            # No host connected yet (or it went away): a restored VM waits for its new host.
+            time.sleep(0.005)
+            return False
+        self.buf += data
+        return True
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.fd, view)
+            except BlockingIOError:
+                select.select([], [self.fd], [], 1.0)
+                continue
+            view = view[n:]
+
+    def send(self, kind: bytes, payload: bytes = b"") -> None:
+        for i in range(0, max(len(payload), 1), MAX_FRAME):
+            part = payload[i : i + MAX_FRAME]
+            self.write(HEADER.pack(kind, len(part)) + part)
+
+    def handshake(self) -> None:
+        nonce = None
+        while True:
+            while b"\n" not in self.buf:
+                self.read_some(1.0)
+                if len(self.buf) > 1 << 16:
+                    del self.buf[: -(1 << 12)]
+            line, _, rest = bytes(self.buf).partition(b"\n")
+            self.buf = bytearray(rest)
+            words = line.split()
+            if len(words) == 2 and words[0].endswith(b"SCHELLO"):
+                nonce = words[1]
+                self.write(b"SCHELLO " + nonce + b"\n")
+            elif len(words) == 2 and words[0].endswith(b"SCGO") and words[1] == nonce:
+                self.write(b"SCREADY " + nonce + b"\n")
+                return
+
+    def frames(self, timeout: float) -> list[tuple[bytes, bytes]]:
+        """Complete frames available now (waiting up to ``timeout`` for more bytes). Every
+        frame returned must be handled: none is kept for a later call."""
+        out, self.early = self.early, []
+        if not out:
+            self.read_some(timeout)
+        while len(self.buf) >= HEADER.size:
+            kind, length = HEADER.unpack_from(self.buf)
+            if length > MAX_FRAME:
+                raise RuntimeError("oversized frame from the host")
+            end = HEADER.size + length
+            if len(self.buf) < end:
+                break
+            out.append((kind, bytes(self.buf[HEADER.size : end])))
+            del self.buf[:end]
+        return out
+
+
+# -- boot ---------------------------------------------------------------------------------
+
+
+def cmdline_preload() -> str:
+    try:
+        with open("/proc/cmdline") as f:
+            words = f.read().split()
+    except OSError:
+        return ""
+    for w in words:
+        if w.startswith("sandcell.preload="):
+            return w.partition("=")[2]
+    return ""
+
+
+def boot() -> tuple[int, socket.socket]:
+    mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    # Allocations succeed and the program's cgroup limit decides (an OOM kill, reported as
+    # memory_limit), as on the host, instead of a MemoryError from the guest's small RAM.
+    write_file("/proc/sys/vm/overcommit_memory", "1")
+    mount("cgroup2", CG, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    write_file(CG + "/cgroup.subtree_control", "+memory +pids +cpu")
+    os.mkdir(PROG_CG)
+    # The runner starts in the program's cgroup, so that what it imports before the job (the
+    # preload) is charged to the program, as the namespaces backend's template memory is not.
+    sock_agent, sock_runner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "SANDCELL_PRELOAD": cmdline_preload(),
+        "HOME": "/tmp",
+    }
+    with open("/opt/sandcell/python") as f:
+        python = f.read().strip()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            sock_agent.close()
+            write_file(PROG_CG + "/cgroup.procs", str(os.getpid()))
+            os.dup2(sock_runner.fileno(), 3, inheritable=True)
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execve(python, [python, "-I", "/opt/sandcell/runner.py", "3"], env)
+        finally:
+            os._exit(127)
+    sock_runner.close()
+    ready = sock_agent.recv(64)
+    if not ready.startswith(b"R"):
+        raise RuntimeError(f"the runner failed to start: {ready[:200]!r}")
+    return pid, sock_agent
+
+
+# -- the job ------------------------------------------------------------------------------
+
+
+def reseed(entropy: bytes) -> None:
+    fd = os.open("/dev/urandom", os.O_WRONLY)
+    try:
+        info = struct.pack("ii", len(entropy) * 8, len(entropy)) + entropy
+        fcntl.ioctl(fd, RNDADDENTROPY, info)
+        fcntl.ioctl(fd, RNDRESEEDCRNG)
+    finally:
+        os.close(fd)
+
+
+def set_identity(job: Job) -> None:
+    time.clock_settime_ns(time.CLOCK_REALTIME, int(job["time_ns"]))
+    socket.sethostname(job["hostname"])
+
+
+def warm_kernel_paths() -> None:
+    """The guest kernel paths a job takes (mounts, cgroup writes), once, undone."""
+    tmpfs("/sandbox", 1 << 20, 64, 0o755, UID)
+    _libc.umount2(b"/sandbox", 0)
+    write_file(PROG_CG + "/pids.max", "max")
+    socket.sethostname(socket.gethostname())
+
+
+def tmpfs(target: str, size: int, inodes: int, mode: int, uid: int = 0) -> None:
+    opts = f"size={size},nr_inodes={inodes},mode={mode:o},uid={uid},gid={uid}"
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+
+
+def remount_ro(target: str) -> None:
+    mount("none", target, "", MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def receive_inputs(port: Port, job: Job) -> bytes:
+    lim = job["limits"]
+    if job["inputs"]:
+        tmpfs("/inputs", job["inputs_bytes"] + (1 << 20), 1 << 20, 0o755)
+    current = None
+    left = 0
+    stdin = bytearray()
+    while True:
+        frames = port.frames(1.0)
+        while frames:
+            kind, payload = frames.pop(0)
+            if kind == b"F":
+                meta = json.loads(payload)
+                path = "/inputs/" + meta["path"]
+                if meta["type"] == "dir":
+                    os.makedirs(path, mode=0o755, exist_ok=True)
+                    continue
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                current = os.open(path, flags, 0o444)
+                left = meta["size"]
+                if left == 0:
+                    os.close(current)
+                    current = None
+            elif kind == b"D" and current is not None:
+                os.write(current, payload)
+                left -= len(payload)
+                if left <= 0:
+                    os.close(current)
+                    current = None
+            elif kind == b"S":
+                stdin += payload
+            elif kind == b"G":
+                start_workspace(job, lim)
+                port.early = frames
+                return bytes(stdin)
+            elif kind == b"K":
+                raise SystemExit("killed before the program started")
+
+
+def start_workspace(job: Job, lim: Job) -> None:
+    if job["inputs"]:
+        remount_ro("/inputs")
+    tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
+    tmpfs("/tmp", lim["tmp_bytes"], 16384, 0o1777)
+    # POSIX shared memory (multiprocessing's locks and queues), capped like /tmp.
+    os.makedirs("/dev/shm", mode=0o755, exist_ok=True)
+    tmpfs("/dev/shm", lim["tmp_bytes"], 16384, 0o1777)
+    # The program sees only its own processes, not the guest's kernel threads or the agent.
+    mount("proc", "/proc", "proc", MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    for name in job["inputs"]:
+        os.symlink(f"/inputs/{name}", f"/sandbox/{name}")
+        os.lchown(f"/sandbox/{name}", UID, GID)
+    tmpfs("/sandcell", 4 * len(job["code"]) + (1 << 16), 16, 0o755)
+    with open(job["code_path"], "w", encoding="utf-8") as f:
+        f.write(job["code"])
+    remount_ro("/sandcell")
+
+
+def prepare_cgroup(lim: Job) -> None:
+    write_file(PROG_CG + "/memory.max", str(lim["memory_bytes"]))
+    write_file(PROG_CG + "/memory.swap.max", "0")
+    write_file(PROG_CG + "/pids.max", str(lim["max_pids"]))
+
+
+def kill_cgroup() -> None:
+    with contextlib.suppress(OSError):
+        write_file(PROG_CG + "/cgroup.kill", "1")
+
+
+def cpu_usage_ms() -> float | None:
+    try:
+        with open(PROG_CG + "/cpu.stat") as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k == "usage_usec":
+                    return int(v) / 1000
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cgroup_stats(cpu_before: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"oom_kill": 0, "cpu_ms": None, "peak_bytes": None}
+    try:
+        with open(PROG_CG + "/memory.events") as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k == "oom_kill":
+                    out["oom_kill"] = int(v)
+        cpu = cpu_usage_ms()
+        if cpu is not None:
+            # The runner's start and preload ran in this cgroup before the job.
+            out["cpu_ms"] = max(cpu - (cpu_before or 0), 0)
+        with open(PROG_CG + "/memory.peak") as f:
+            out["peak_bytes"] = int(f.read())
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def run_program(
+    port: Port, runner_pid: int, runner_sock: socket.socket, job: Job, stdin: bytes
+) -> int:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe()
+    brief = {k: v for k, v in job.items() if k != "code"}
+    socket.send_fds(runner_sock, [json.dumps(brief).encode()], [in_r, out_w, err_w])
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    caps = {out_r: job["limits"]["stdout_bytes"] + 1, err_r: job["limits"]["stderr_bytes"] + 1}
+    kinds = {out_r: b"O", err_r: b"E"}
+    open_fds = [out_r, err_r]
+    os.set_blocking(in_w, False)
+    pending_in = memoryview(stdin)
+    if not pending_in:
+        os.close(in_w)
+        in_w = -1
+    status: int | None = None
+    # Woken when the runner exits, not by polling.
+    exited = os.pidfd_open(runner_pid)
+    while open_fds or status is None:
+        wfds = [in_w] if in_w >= 0 else []
+        rfds = [*open_fds, port.fd, *([exited] if status is None else [])]
+        r, w, _ = select.select(rfds, wfds, [], 1.0)
+        if in_w in w:
+            try:
+                n = os.write(in_w, pending_in[: 1 << 16])
+                pending_in = pending_in[n:]
+            except (BlockingIOError, BrokenPipeError):
+                n = 0
+            if not pending_in or (n == 0 and status is not None):
+                os.close(in_w)
+                in_w = -1
+        for fd in r:
+            if fd == exited:
+                continue
+            if fd == port.fd:
+                for kind, _ in port.frames(0):
+                    if kind == b"K":
+                        kill_cgroup()
+                continue
+            data = os.read(fd, 1 << 16)
+            if not data:
+                open_fds.remove(fd)
+                os.close(fd)
+                continue
+            if caps[fd] > 0:
+                part = data[: caps[fd]]
+                caps[fd] -= len(part)
+                port.send(kinds[fd], part)
+        # pid 1 reaps every orphan; the runner's own status is the program's.
+        for pid, st in reap():
+            if pid == runner_pid and status is None:
+                status = st
+                # Whatever the program left running dies with it; its pipes then close.
+                kill_cgroup()
+    if in_w >= 0:
+        os.close(in_w)
+    os.close(exited)
+    return status
+
+
+def reap() -> list[tuple[int, int]]:
+    """(pid, status) of every child that has exited, reaped."""
+    out: list[tuple[int, int]] = []
+    while True:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        if pid == 0:
+            return out
+        out.append((pid, st))
+
+
+# -- exports ------------------------------------------------------------------------------
+
+
+def glob_match(parts: list[str], globs: list[str]) -> bool:
+    return any(_match(parts, g.split("/")) for g in globs)
+
+
+def _match(parts: list[str], pats: list[str]) -> bool:
+    if not pats:
+        return not parts
+    if pats[0] == "**":
+        return any(_match(parts[i:], pats[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pats[0]) and _match(parts[1:], pats[1:])
+
+
+def _may_descend(parts: list[str], globs: list[str]) -> bool:
+    for g in globs:
+        pats = g.split("/")
+        if "**" in pats[: len(parts) + 1]:
+            return True
+        if len(pats) > len(parts) and all(
+            fnmatch.fnmatchcase(p, q) for p, q in zip(parts, pats, strict=False)
+        ):
+            return True
+    return False
+
+
+def send_exports(port: Port, globs: list[str], display: bool, budget: int) -> None:
+    if display:
+        globs = [*globs, DISPLAY_DIRNAME, DISPLAY_DIRNAME + "/*"]
+    if not globs:
+        return
+    state = {"files": 0, "bytes": 0}
+
+    def walk(dir_fd: int, parts: list[str]) -> None:
+        try:
+            names = sorted(os.listdir(dir_fd))
+        except OSError:
+            return
+        for name in names:
+            if state["files"] >= MAX_EXPORT_FILES:
+                return
+            state["files"] += 1
+            p = [*parts, name]
+            rel = "/".join(p)
+            try:
+                st = os.lstat(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+            matched = glob_match(p, globs)
+            if stat.S_ISDIR(st.st_mode):
+                if matched:
+                    port.send(b"F", json.dumps({"path": rel, "type": "dir", "size": 0}).encode())
+                if len(p) < 64 and (matched or _may_descend(p, globs)):
+                    try:
+                        fd = os.open(
+                            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd
+                        )
+                    except OSError:
+                        continue
+                    try:
+                        walk(fd, p)
+                    finally:
+                        os.close(fd)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                # Named (or passed through) by a glob: the host re-creates a stand-in so that
+                # its own export checks refuse it as they would on the host.
+                if matched or _may_descend(p, globs):
+                    mode = st.st_mode
+                    kind = (
+                        "symlink"
+                        if stat.S_ISLNK(mode)
+                        else "socket"
+                        if stat.S_ISSOCK(mode)
+                        else "special"
+                    )
+                    port.send(b"L", json.dumps({"path": rel, "kind": kind}).encode())
+                continue
+            if not matched:
+                continue
+            if state["bytes"] + st.st_size > budget:
+                skip = {"path": rel, "kind": "oversized", "size": st.st_size}
+                port.send(b"L", json.dumps(skip).encode())
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                data = b""
+                size = os.fstat(fd).st_size
+                while len(data) < size:
+                    chunk = os.read(fd, min(MAX_FRAME, size - len(data)))
+                    if not chunk:
+                        break
+                    data += chunk
+            finally:
+                os.close(fd)
+            state["bytes"] += len(data)
+            header = {"path": rel, "type": "file", "size": len(data), "nlink": st.st_nlink}
+            port.send(b"F", json.dumps(header).encode())
+            for i in range(0, len(data), MAX_FRAME):
+                port.send(b"D", data[i : i + MAX_FRAME])
+
+    root = os.open("/sandbox", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        walk(root, [])
+    finally:
+        os.close(root)
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    port = Port(find_port())
+    try:
+        runner_pid, runner_sock = boot()
+    except Exception as exc:
+        port.handshake()
+        port.send(b"W", json.dumps({"message": f"guest boot failed: {exc}"}).encode())
+        raise
+    port.handshake()
+    job = None
+    while job is None:
+        frames = port.frames(1.0)
+        while frames:
+            kind, payload = frames.pop(0)
+            if kind == b"P":
+                # Warm the translated code before the VM waits in the pool (see runner.warm).
+                runner_sock.sendall(b'{"warm": true}')
+                runner_sock.recv(1)
+                warm_kernel_paths()
+                port.send(b"p")
+            elif kind == b"J":
+                job = json.loads(payload)
+                break
+    # Frames that came with the job (inputs, stdin, go) are handled next, in order.
+    port.early = frames
+    try:
+        reseed(bytes.fromhex(job["entropy"]))
+        set_identity(job)
+        prepare_cgroup(job["limits"])
+        stdin = receive_inputs(port, job)
+    except Exception as exc:
+        port.send(b"W", json.dumps({"message": f"guest setup failed: {exc}"}).encode())
+        raise
+    cpu_before = cpu_usage_ms()
+    status = run_program(port, runner_pid, runner_sock, job, stdin)
+    report = cgroup_stats(cpu_before)
+    report["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    report["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    port.send(b"X", json.dumps(report).encode())
+    send_exports(port, job["exports"], job["display"], job["export_budget"])
+    port.send(b"Z")
+    # The host destroys the VM; until then, nothing more happens here.
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:
+        log(f"failed: {type(exc).__name__}: {exc}")
+        _libc.reboot(0x4321FEDC)  # RB_POWER_OFF: the host sees QEMU exit

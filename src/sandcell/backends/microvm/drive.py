@@ -1,0 +1,273 @@
+"""One run inside a ready VM: the job, inputs and stdin in; output, status and files out.
+
+:func:`drive` talks to the agent over the channel (after the handshake) and enforces, from the
+host, what the guest must not be trusted with: the wall-time limit and the output caps (the
+program is told to stop with a ``K`` frame, and the VM is destroyed after a short grace if the
+guest does not answer), and the size of everything it sends back. :func:`classify` turns what was
+observed into the run's outcome, in the same order of precedence as the namespaces backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandcell.backends.microvm import channel
+from sandcell.backends.microvm.transfer import FileSink, TransferError, input_frames, input_items
+from sandcell.runtimes import code_path, common_env, runtime_for
+from sandcell.spec import Outcome, RunRequest
+
+STOP_GRACE_S = 5.0
+"""How long the guest has to report after it was told to stop, before the VM is destroyed."""
+_TICK_S = 0.05
+
+
+@dataclass(slots=True)
+class Ended:
+    """What the host observed of one run in a VM."""
+
+    started: bool = False
+    """The job reached the agent and the program was handed over."""
+    stopped_by: str | None = None
+    """``wall_time``, ``stdout``, ``stderr``, ``cancelled``, or None."""
+    exit_code: int | None = None
+    signal: int | None = None
+    oom_kill: int = 0
+    cpu_ms: float | None = None
+    peak_bytes: int | None = None
+    reported: bool = False
+    """The agent sent its exit report."""
+    failure: str | None = None
+    """Why the run could not go on (the agent's message, a protocol error, the VM's end)."""
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(path, kind) of matching entries the agent did not send (links, special files)."""
+    wall_ms: float = 0.0
+    files_complete: bool = False
+    stand_ins: set[str] = field(default_factory=set)
+    """Paths the host re-created as stand-ins (links, special and oversized files)."""
+
+
+def job_doc(request: RunRequest, *, run_id: str, export_budget: int) -> dict[str, object]:
+    """The job the agent receives (the program, its environment and limits, fresh entropy)."""
+    runtime = runtime_for(request.language)
+    lim = request.effective_limits
+    items = input_items(request.inputs)
+    return {
+        "code": request.code,
+        "code_path": str(code_path(request.language)),
+        "language": request.language,
+        "interpreter": runtime.interpreter,
+        "env": {**common_env(), **runtime.env, **request.env},
+        "limits": {
+            "cpu_time_s": lim.cpu_time_s,
+            "memory_bytes": lim.memory_bytes,
+            "max_pids": lim.max_pids,
+            "max_open_files": lim.max_open_files,
+            "max_file_bytes": lim.max_file_bytes,
+            "workspace_bytes": lim.workspace_bytes,
+            "workspace_inodes": lim.workspace_inodes,
+            "tmp_bytes": lim.tmp_bytes,
+            "stdout_bytes": lim.stdout_bytes,
+            "stderr_bytes": lim.stderr_bytes,
+        },
+        "inputs": [i.name for i in request.inputs],
+        "inputs_bytes": sum(i.size + 4096 for i in items),
+        "exports": list(request.exports),
+        "display": request.display and request.language == "python",
+        "export_budget": export_budget,
+        "entropy": os.urandom(64).hex(),
+        "time_ns": time.time_ns(),
+        "hostname": f"sandcell-{run_id[:8]}",
+    }
+
+
+def drive(
+    chan: channel.Channel,
+    request: RunRequest,
+    *,
+    run_id: str,
+    sink_dir: Path,
+    stop: threading.Event,
+    alive: object,
+    export_budget: int,
+    max_entries: int,
+) -> Ended:
+    """Run ``request`` through the agent on ``chan``; files go into ``sink_dir`` (created here).
+
+    ``stop`` is set by a cancellation; ``alive`` is a callable telling whether QEMU still runs.
+    """
+    ended = Ended()
+    lim = request.effective_limits
+    caps = {channel.STDOUT: lim.stdout_bytes, channel.STDERR: lim.stderr_bytes}
+    job = job_doc(request, run_id=run_id, export_budget=export_budget)
+    t0 = time.monotonic()
+    try:
+        chan.send(channel.JOB, json.dumps(job).encode())
+        for frame in input_frames(input_items(request.inputs)):
+            chan.send_raw(frame)
+        for frame in channel.chunks(channel.STDIN, request.stdin):
+            chan.send_raw(frame)
+        chan.send(channel.GO)
+    except channel.ChannelError as exc:
+        ended.failure = f"the job could not be sent: {exc}"
+        return ended
+    ended.started = True
+    deadline = t0 + lim.wall_time_s
+    hard_deadline: float | None = None
+    sink = FileSink(sink_dir, max_bytes=export_budget, max_entries=max_entries)
+
+    def tell_stop(reason: str) -> None:
+        nonlocal hard_deadline
+        if ended.stopped_by is None:
+            ended.stopped_by = reason
+        if hard_deadline is None:
+            hard_deadline = time.monotonic() + STOP_GRACE_S
+            try:
+                chan.send(channel.KILL)
+            except channel.ChannelError:
+                hard_deadline = time.monotonic()
+
+    try:
+        while True:
+            now = time.monotonic()
+            if stop.is_set() and ended.stopped_by != "cancelled" and not ended.reported:
+                ended.stopped_by = None
+                tell_stop("cancelled")
+            if now >= deadline and not ended.reported:
+                tell_stop("wall_time")
+            if hard_deadline is not None and now >= hard_deadline:
+                ended.failure = ended.failure or "the guest did not report after it was stopped"
+                break
+            try:
+                kind, payload = chan.recv(now + _TICK_S)
+            except channel.ChannelTimeout:
+                if not alive() and not chan.pending:  # type: ignore[operator]
+                    ended.failure = "the VM stopped during the run"
+                    break
+                continue
+            if kind in caps:
+                buf = ended.stdout if kind == channel.STDOUT else ended.stderr
+                room = caps[kind] - len(buf)
+                buf += payload[: max(room, 0)]
+                if len(payload) > room:
+                    if kind == channel.STDOUT:
+                        ended.stdout_truncated = True
+                    else:
+                        ended.stderr_truncated = True
+                    if not ended.reported:
+                        tell_stop("stdout" if kind == channel.STDOUT else "stderr")
+            elif kind == channel.EXIT:
+                _exit_report(ended, payload)
+                ended.wall_ms = (time.monotonic() - t0) * 1000
+            elif kind == channel.FILE and ended.reported:
+                sink.header(payload)
+            elif kind == channel.DATA and ended.reported:
+                sink.data(payload)
+            elif kind == channel.SKIPPED and ended.reported:
+                _skipped(ended, sink, payload)
+            elif kind == channel.DONE and ended.reported:
+                ended.files_complete = not sink.expecting_data
+                break
+            elif kind == channel.FAILED:
+                ended.failure = "the guest agent failed: " + _message(payload)
+                break
+            else:
+                raise channel.ChannelError(f"unexpected frame {kind!r}")
+    except channel.ChannelError as exc:
+        ended.failure = ended.failure or f"the channel to the guest failed: {exc}"
+    except TransferError as exc:
+        ended.failure = f"the guest sent files the host refuses: {exc}"
+    finally:
+        sink.close()
+    if not ended.wall_ms:
+        ended.wall_ms = (time.monotonic() - t0) * 1000
+    return ended
+
+
+def _exit_report(ended: Ended, payload: bytes) -> None:
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        raise channel.ChannelError("the exit report is not JSON") from None
+    if not isinstance(doc, dict):
+        raise channel.ChannelError("the exit report is not an object")
+    ended.reported = True
+    ended.exit_code = _int(doc.get("exit_code"), 0, 255)
+    ended.signal = _int(doc.get("signal"), 1, 64)
+    ended.oom_kill = _int(doc.get("oom_kill"), 0, 1 << 31) or 0
+    cpu = doc.get("cpu_ms")
+    ended.cpu_ms = float(cpu) if isinstance(cpu, int | float) and cpu >= 0 else None
+    ended.peak_bytes = _int(doc.get("peak_bytes"), 0, 1 << 50)
+
+
+def _int(value: object, low: int, high: int) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return None
+    return value
+
+
+def _skipped(ended: Ended, sink: FileSink, payload: bytes) -> None:
+    """An entry the agent did not send: a link or special file gets a stand-in the host's
+    export checks refuse; anything else is reported as not exported."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return
+    if not isinstance(doc, dict) or not isinstance(doc.get("path"), str):
+        return
+    path, kind = doc["path"], str(doc.get("kind"))
+    if sink.stand_in(path, kind, doc.get("size")):
+        ended.stand_ins.add(path)
+        return
+    if len(ended.skipped) < 64:
+        ended.skipped.append((path[:200], kind[:40]))
+
+
+def _message(payload: bytes) -> str:
+    try:
+        doc = json.loads(payload)
+        return str(doc.get("message"))[:500]
+    except (ValueError, AttributeError):
+        return payload[:200].decode("utf-8", "replace")
+
+
+def classify(
+    ended: Ended, request: RunRequest, *, cancel_reason: str | None, console: str
+) -> tuple[Outcome, str]:
+    """The outcome and its reason, with the namespaces backend's precedence."""
+    lim = request.effective_limits
+    if ended.stopped_by == "cancelled":
+        return Outcome.KILLED, f"cancelled: {cancel_reason or 'no reason given'}"
+    if not ended.started or (ended.failure and not ended.reported and ended.stopped_by is None):
+        why = ended.failure or "the program did not start"
+        if ended.started and "stopped during the run" in why:
+            return Outcome.KILLED, f"{why} (guest kernel crash or QEMU died): {console}"
+        return Outcome.INFRA_ERROR, f"{why}{': ' + console if console else ''}"
+    if ended.stopped_by == "wall_time":
+        return Outcome.TIMEOUT, f"wall-time limit of {lim.wall_time_s:g} s reached"
+    if ended.stopped_by in ("stdout", "stderr"):
+        cap = lim.stdout_bytes if ended.stopped_by == "stdout" else lim.stderr_bytes
+        return Outcome.OUTPUT_LIMIT, f"{ended.stopped_by} exceeded its cap of {cap} bytes"
+    if ended.oom_kill:
+        return Outcome.MEMORY_LIMIT, f"memory limit of {lim.memory_bytes} bytes reached"
+    sig = ended.signal
+    cpu_out = ended.cpu_ms is not None and ended.cpu_ms >= lim.cpu_time_s * 1000 * 0.98
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_out):
+        return Outcome.TIMEOUT, f"CPU-time limit of {lim.cpu_time_s} s reached"
+    if sig is not None:
+        return Outcome.KILLED, f"killed by signal {sig} ({signal.Signals(sig).name})"
+    if ended.exit_code == 0:
+        return Outcome.OK, "exited with status 0"
+    return Outcome.ERROR, f"exited with status {ended.exit_code}"
+
+
+__all__ = ["Ended", "classify", "drive", "job_doc"]

@@ -1,0 +1,420 @@
+"""The guest's root filesystem and its manifest: built from sandcell's runtime, content-hashed.
+
+``sandcell vm build`` (:func:`build`) stages, at their host paths, what a run needs and nothing
+else of the host: the runtime's base interpreter and standard library, the runtime's environment
+(site-packages with numpy, pandas, matplotlib), bash and the usual tools, the shared libraries all
+of them load (resolved with ``ldd``), a synthetic ``/etc``, and the guest agent. The tree becomes
+a read-only ext4 image (``mkfs.ext4 -d``, no root needed); the initramfs carries busybox and the
+virtio modules. ``manifest.json`` records the sha256 of the kernel, the initramfs and the image.
+
+Before use, :func:`verify` checks every hash (the image's through a stat-keyed cache, so the 500
+MB image is re-read only when its inode changed): a mismatch is refused as tampering, never run.
+
+Security limitations: the manifest sits next to the image; whoever can write the directory can
+rewrite both, so the directory must be writable by its owner (root for the system-wide one) only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sandcell.backends.microvm import initramfs, layout
+from sandcell.backends.namespaces.bwrap import ETC_FILES
+from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
+from sandcell.runtimes import bash_runtime, python_runtime
+
+FORMAT = 1
+IMAGE_NAME = "root.ext4"
+INITRD_NAME = "initrd.cpio"
+MANIFEST_NAME = "manifest.json"
+_VERIFIED_NAME = ".verified.json"
+TOOL_PACKAGES = ("bash", "coreutils", "grep", "sed", "mawk", "findutils", "diffutils", "gzip")
+"""Debian packages whose programs the guest gets, for bash runs."""
+_STDLIB_SKIP = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3")
+_AGENT_FILES = {
+    "agent.py": Path(__file__).with_name("_agent.py"),
+    "runner.py": Path(__file__).with_name("_runner.py"),
+    "display.py": Path(__file__).parents[1] / "namespaces" / "_display.py",
+}
+_FIX_BUILD = "run scripts/install-vm (once, as root), then: sandcell vm build"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Manifest:
+    """What ``sandcell vm build`` made, with the hash of each piece."""
+
+    format: int
+    kernel_release: str
+    kernel_sha256: str
+    initrd_sha256: str
+    image_sha256: str
+    image_bytes: int
+    runtime_sha256: str
+    runtime_identity: str
+    python: str
+    """The runtime's interpreter, at the same path in the guest as on the host."""
+    bash: str
+    built_at: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuestFiles:
+    """The verified files of one guest: what QEMU is started with."""
+
+    kernel: Path
+    initrd: Path
+    image: Path
+    manifest: Manifest
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- loading and verifying ---------------------------------------------------------------------
+
+
+def load_manifest(base: Path | None = None) -> Manifest:
+    """The manifest of the built image; IsolationUnavailable when there is none or it is bad."""
+    path = layout.image_dir(base) / MANIFEST_NAME
+    try:
+        doc = json.loads(path.read_text())
+        manifest = Manifest(**doc)
+    except FileNotFoundError:
+        raise IsolationUnavailable(
+            "microvm image", f"no guest image is built ({path} is missing)", _FIX_BUILD
+        ) from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise IsolationUnavailable(
+            "microvm image", f"the manifest {path} is unreadable ({exc})", _FIX_BUILD
+        ) from None
+    if manifest.format != FORMAT:
+        raise IsolationUnavailable(
+            "microvm image", f"the image has format {manifest.format}, not {FORMAT}", _FIX_BUILD
+        )
+    return manifest
+
+
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    # ctime cannot be set by a writer: any change to the file's bytes moves it.
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def verify(base: Path | None = None) -> GuestFiles:
+    """The guest files, after checking every hash against the manifest (fail closed)."""
+    kdir, idir = layout.kernel_dir(base), layout.image_dir(base)
+    manifest = load_manifest(base)
+    files = GuestFiles(
+        kernel=kdir / "vmlinuz",
+        initrd=idir / INITRD_NAME,
+        image=idir / IMAGE_NAME,
+        manifest=manifest,
+    )
+    expected = {
+        files.kernel: manifest.kernel_sha256,
+        files.initrd: manifest.initrd_sha256,
+        files.image: manifest.image_sha256,
+    }
+    cache_path = idir / _VERIFIED_NAME
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    fresh: dict[str, object] = {}
+    for path, digest in expected.items():
+        try:
+            key = _stat_key(path)
+        except OSError as exc:
+            raise IsolationUnavailable(
+                "microvm image", f"{path} is missing ({exc.strerror})", _FIX_BUILD
+            ) from None
+        entry = cache.get(str(path)) if isinstance(cache, dict) else None
+        if entry == {"key": key, "sha256": digest}:
+            fresh[str(path)] = entry
+            continue
+        actual = sha256_file(path)
+        if actual != digest:
+            raise IsolationUnavailable(
+                "microvm image",
+                f"{path} does not match its manifest (sha256 {actual[:16]}..., expected "
+                f"{digest[:16]}...): the file was changed or tampered with",
+                "rebuild it: " + _FIX_BUILD,
+            )
+        fresh[str(path)] = {"key": key, "sha256": digest}
+    if fresh != cache:
+        # Only an optimisation: a directory this user cannot write is verified every time.
+        with contextlib.suppress(OSError):
+            _write_atomic(cache_path, json.dumps(fresh).encode(), 0o644)
+    return files
+
+
+# -- building ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RootPlan:
+    """The root tree as data: host files and trees to copy, links and files to create."""
+
+    trees: tuple[str, ...]
+    """Host directories copied whole, at the same path."""
+    files: tuple[str, ...]
+    """Host files copied at the same path (links among them are kept as links)."""
+    links: tuple[tuple[str, str], ...]
+    """(path, target) symlinks."""
+    generated: tuple[tuple[str, bytes, int], ...]
+    """(path, content, mode) files written by sandcell."""
+    dirs: tuple[str, ...]
+    """Empty directories (mount points)."""
+
+
+def plan_root() -> RootPlan:
+    """What the guest's root holds, from the runtime of this environment."""
+    py = python_runtime()
+    stdlib = sysconfig.get_paths()["stdlib"]
+    base_python = os.path.realpath(sys.executable)
+    prefix = os.path.abspath(sys.prefix)
+    trees = [stdlib]
+    if prefix != os.path.realpath(sys.base_prefix):
+        trees.append(prefix)
+    files = [base_python, py.interpreter, *_package_programs(TOOL_PACKAGES)]
+    links = [(link, target) for link, target in py.symlinks]
+    etc = {**ETC_FILES, "hostname": "sandcell\n", "machine-id": ""}
+    generated = [(f"/etc/{name}", text.encode(), 0o644) for name, text in etc.items()]
+    generated += [
+        (f"/opt/sandcell/{name}", src.read_bytes(), 0o644) for name, src in _AGENT_FILES.items()
+    ]
+    generated.append(("/opt/sandcell/python", py.interpreter.encode(), 0o644))
+    # /etc/fonts: matplotlib finds fonts quietly; C.utf8: the locale every program gets.
+    trees += [d for d in ("/etc/fonts", "/usr/lib/locale/C.utf8") if os.path.isdir(d)]
+    dirs = ("/proc", "/sys", "/dev", "/tmp", "/sandbox", "/inputs", "/sandcell", "/run")
+    return RootPlan(
+        trees=tuple(trees),
+        files=tuple(dict.fromkeys(files)),
+        links=tuple(links),
+        generated=tuple(generated),
+        dirs=dirs,
+    )
+
+
+def _package_programs(packages: Iterable[str]) -> list[str]:
+    """The programs (under bin directories) the Debian ``packages`` installed."""
+    try:
+        out = subprocess.run(
+            ["dpkg", "-L", *packages], capture_output=True, text=True, check=False, timeout=60
+        ).stdout
+    except OSError:
+        return [p for p in ("/usr/bin/bash", "/bin/bash") if os.path.exists(p)][:1]
+    progs = []
+    for line in out.splitlines():
+        if line.startswith(("/bin/", "/usr/bin/", "/sbin/", "/usr/sbin/")) and os.path.isfile(line):
+            progs.append(line)
+    return progs
+
+
+def _copy_file(src: str, root: Path) -> None:
+    src = _host_path(src)
+    dest = root / src.lstrip("/")
+    if os.path.lexists(dest):
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(src):
+        target = os.readlink(src)
+        os.symlink(target, dest)
+        resolved = os.path.join(os.path.dirname(src), target)
+        _copy_file(os.path.normpath(resolved), root)
+        return
+    shutil.copy2(src, dest, follow_symlinks=False)
+
+
+def _copy_tree(src: str, root: Path) -> None:
+    dest = root / src.lstrip("/")
+    skip = set(_STDLIB_SKIP) if src == sysconfig.get_paths()["stdlib"] else set()
+
+    def ignore(d: str, names: list[str]) -> set[str]:
+        return skip & set(names) if d == src else set()
+
+    shutil.copytree(src, dest, symlinks=True, ignore=ignore, dirs_exist_ok=True)
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _host_path(p: str) -> str:
+    """``p`` with the host's root links (``/lib`` → ``usr/lib``) resolved, as staged."""
+    return os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+
+
+def _shared_libraries(root: Path) -> set[str]:
+    """Host paths of the shared libraries the staged ELF files load (ldd of each)."""
+    needed: set[str] = set()
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath) / name
+            if path.is_symlink() or not (".so" in name or "/bin" in dirpath):
+                continue
+            if not _is_elf(path):
+                continue
+            proc = subprocess.run(
+                ["ldd", str(path)], capture_output=True, text=True, check=False, timeout=60
+            )
+            for line in proc.stdout.splitlines():
+                parts = line.split()
+                lib = parts[2] if len(parts) >= 3 and parts[1] == "=>" else parts[0]
+                if lib.startswith("/") and os.path.exists(lib):
+                    staged = root / _host_path(lib).lstrip("/")
+                    if not staged.exists():
+                        needed.add(lib)
+    return needed
+
+
+def stage(plan: RootPlan, root: Path) -> None:
+    """Lay out ``plan`` under ``root``."""
+    for link, target in plan.links:
+        (root / link.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, root / link.lstrip("/"))
+    for tree in plan.trees:
+        _copy_tree(tree, root)
+    for f in plan.files:
+        _copy_file(f, root)
+    for lib in sorted(_shared_libraries(root)):
+        _copy_file(lib, root)
+    for d in plan.dirs:
+        (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    for path, data, mode in plan.generated:
+        dest = root / path.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        dest.chmod(mode)
+    # The agent starts as /usr/bin/python3 -I -S: the base interpreter, not the environment's.
+    guest_python = root / initramfs.GUEST_PYTHON.lstrip("/")
+    if not os.path.lexists(guest_python):
+        os.symlink(os.path.basename(os.path.realpath(sys.executable)), guest_python)
+
+
+def _tree_bytes(root: Path) -> tuple[int, int]:
+    total, count = 0, 0
+    for dirpath, dirs, names in os.walk(root):
+        for name in names + dirs:
+            count += 1
+            st = os.lstat(os.path.join(dirpath, name))
+            total += (st.st_size + 4095) // 4096 * 4096
+    return total, count
+
+
+def make_ext4(tree: Path, image: Path) -> None:
+    """An ext4 image of ``tree`` (no journal: it is only ever mounted read-only)."""
+    size, count = _tree_bytes(tree)
+    size_mib = int(size * 1.15) // (1 << 20) + 64
+    inodes = count + 4096
+    cmd = [
+        shutil.which("mkfs.ext4") or "/usr/sbin/mkfs.ext4",
+        "-q",
+        "-F",
+        "-O",
+        "^has_journal",
+        "-N",
+        str(inodes),
+        "-L",
+        "sandcell-root",
+        "-E",
+        "root_owner=0:0",
+        "-d",
+        str(tree),
+        str(image),
+        f"{size_mib}M",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
+    if proc.returncode != 0:
+        raise InfraError(f"mkfs.ext4 failed: {proc.stderr.strip()[-500:]}")
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> Manifest:
+    """Build the guest image and initramfs from this environment's runtime; returns the manifest.
+
+    Needs the kernel of ``scripts/install-vm`` and a static busybox.
+    """
+    kdir, idir = layout.kernel_dir(base), layout.image_dir(base)
+    kernel = kdir / "vmlinuz"
+    if not kernel.is_file():
+        raise ConfigError(f"no guest kernel at {kernel}; run scripts/install-vm first")
+    if not busybox.is_file():
+        raise ConfigError(f"no static busybox at {busybox}; apt-get install busybox-static")
+    modules = {p.stem: p.read_bytes() for p in (kdir / "modules").glob("*.ko")}
+    try:
+        initrd = initramfs.cpio_newc(initramfs.entries(busybox.read_bytes(), modules))
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; run scripts/install-vm again") from None
+    idir.mkdir(parents=True, exist_ok=True)
+    py, bash = python_runtime(), bash_runtime()
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=idir) as tmp:
+        root = Path(tmp) / "root"
+        root.mkdir()
+        stage(plan_root(), root)
+        image_tmp = Path(tmp) / IMAGE_NAME
+        make_ext4(root, image_tmp)
+        image_tmp.chmod(0o444)
+        image_sha = sha256_file(image_tmp)
+        image_size = image_tmp.stat().st_size
+        os.replace(image_tmp, idir / IMAGE_NAME)
+    _write_atomic(idir / INITRD_NAME, initrd, 0o444)
+    manifest = Manifest(
+        format=FORMAT,
+        kernel_release=(kdir / "release").read_text().strip(),
+        kernel_sha256=sha256_file(kernel),
+        initrd_sha256=hashlib.sha256(initrd).hexdigest(),
+        image_sha256=image_sha,
+        image_bytes=image_size,
+        runtime_sha256=py.sha256,
+        runtime_identity=py.identity,
+        python=py.interpreter,
+        bash=bash.interpreter,
+        built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    _write_atomic(idir / MANIFEST_NAME, json.dumps(asdict(manifest), indent=2).encode(), 0o644)
+    with_cache = idir / _VERIFIED_NAME
+    with_cache.unlink(missing_ok=True)
+    idir.chmod(0o755)
+    return manifest
+
+
+__all__ = [
+    "GuestFiles",
+    "Manifest",
+    "RootPlan",
+    "build",
+    "load_manifest",
+    "plan_root",
+    "sha256_file",
+    "stage",
+    "verify",
+]

@@ -1,0 +1,243 @@
+"""Warm starts for the microVM backend: runs start from a snapshot instead of a boot.
+
+:class:`WarmVMs` takes the snapshot on a background thread when the backend starts (a boot with
+the preload imported, saved: ``snapshot.py``). ``mode="template"`` restores a clone for each run
+at call time; ``mode="pool"`` keeps ``pool_size`` clones restored ahead, through the handshake
+and then paused (an idle TCG guest would cost several percent of a host CPU each), and resumes
+one per run. Every clone serves exactly one run and is destroyed after it; the job it receives
+carries fresh entropy, the wall clock and a new hostname (see ``_agent.py``).
+
+The snapshot is shared by this user's processes (``snapshot.cached``): a CLI run with
+``--start pool`` restores from the one an earlier process saved instead of booting again.
+
+What the snapshot cannot serve starts cold, and the record says why: a memory limit above the
+snapshot's guest size, or any run while the snapshot is not (yet, or any more) available.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from sandcell.backends.microvm import channel, machine, snapshot
+from sandcell.backends.microvm.vm import VM
+from sandcell.backends.namespaces.pool import PoolStats, idle_memory
+from sandcell.backends.namespaces.warm import WarmConfig, WarmStats
+from sandcell.errors import InfraError
+from sandcell.spec import Limits, RunRequest, StartInfo
+
+SNAPSHOT_MEMORY_BYTES = Limits().memory_bytes
+"""The program memory a snapshot's guest is sized for (the default limit); smaller limits are
+set inside the guest, larger ones start cold."""
+_REFILL_PAUSE_S = 1.0
+
+
+class WarmVMs:
+    """The snapshot and, in pool mode, the clones waiting for a run (see module)."""
+
+    def __init__(self, guest: machine.Guest, config: WarmConfig) -> None:
+        self.guest = guest
+        self.config = config
+        self.memory_mib = machine.guest_mib(SNAPSHOT_MEMORY_BYTES)
+        self.snapshot: snapshot.Snapshot | None = None
+        self.error: str | None = None
+        self._cond = threading.Condition()
+        self._ready: collections.deque[VM] = collections.deque()
+        self._closed = False
+        self._snapshot_done = False
+        self._restored = self._taken = self._discarded = self._errors = 0
+        self._runs = self._fallbacks = 0
+        self._thread = threading.Thread(target=self._work, name="sandcell-vm-pool", daemon=True)
+        self._thread.start()
+
+    # -- background ------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        try:
+            snap = snapshot.cached(
+                self.guest,
+                memory_mib=self.memory_mib,
+                preload=self.config.preload,
+                timeout_s=self.config.start_timeout_s,
+            )
+        except (InfraError, OSError) as exc:
+            with self._cond:
+                self.error = f"the snapshot could not be taken: {exc}"
+                self._snapshot_done = True
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self.snapshot = snap
+            self._snapshot_done = True
+            self._cond.notify_all()
+            if self._closed:
+                return
+        if self.config.mode == "pool":
+            self._fill(snap)
+
+    def _fill(self, snap: snapshot.Snapshot) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) >= self.config.pool_size:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                vm = snapshot.restore(self.guest, snap, name="pool")
+                try:
+                    _warm(vm)
+                    assert vm.qmp is not None
+                    vm.qmp.execute("stop", deadline=time.monotonic() + 10)
+                except BaseException:
+                    vm.destroy()
+                    raise
+            except (InfraError, OSError) as exc:
+                with self._cond:
+                    self._errors += 1
+                    self.error = f"a clone could not be restored: {exc}"
+                time.sleep(_REFILL_PAUSE_S)
+                continue
+            with self._cond:
+                if self._closed:
+                    vm.destroy()
+                    return
+                self._restored += 1
+                self._ready.append(vm)
+                self._cond.notify_all()
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def _wait_snapshot(self, deadline: float) -> snapshot.Snapshot | str:
+        with self._cond:
+            while not self._snapshot_done:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return "the snapshot is still being taken"
+                self._cond.wait(left)
+            if self.snapshot is None:
+                return self.error or "no snapshot"
+            return self.snapshot
+
+    def take(self, request: RunRequest) -> tuple[VM, StartInfo] | str:
+        """A ready VM for ``request`` and how it started, or why it must start cold."""
+        t0 = time.monotonic()
+        if request.effective_limits.memory_bytes > SNAPSHOT_MEMORY_BYTES:
+            self._fallbacks += 1
+            return f"the memory limit is above the snapshot's {SNAPSHOT_MEMORY_BYTES} bytes"
+        deadline = t0 + self.config.take_timeout_s
+        snap = self._wait_snapshot(deadline)
+        if isinstance(snap, str):
+            self._fallbacks += 1
+            return snap
+        if self.config.mode == "template":
+            try:
+                vm = snapshot.restore(self.guest, snap, name="clone")
+            except (InfraError, OSError) as exc:
+                self._fallbacks += 1
+                return f"the snapshot could not be restored: {exc}"
+            mode = "template"
+        else:
+            got = self._pop(deadline)
+            if got is None:
+                self._fallbacks += 1
+                return "no pooled VM was ready in time"
+            vm = got
+            mode = "pool"
+            try:
+                assert vm.qmp is not None
+                vm.qmp.execute("cont", deadline=time.monotonic() + 10)
+            except (InfraError, OSError) as exc:
+                vm.destroy()
+                self._fallbacks += 1
+                return f"the pooled VM could not be resumed: {exc}"
+        self._runs += 1
+        info = StartInfo(
+            mode=mode,  # type: ignore[arg-type]
+            template=f"vm-snapshot-{snap.id}",
+            preloaded=snap.preload,
+            wait_ms=round((time.monotonic() - t0) * 1000, 3),
+        )
+        return vm, info
+
+    def _pop(self, deadline: float) -> VM | None:
+        with self._cond:
+            while True:
+                while self._ready:
+                    vm = self._ready.popleft()
+                    self._cond.notify_all()
+                    if vm.alive():
+                        self._taken += 1
+                        return vm
+                    self._discarded += 1
+                    vm.destroy()
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return None
+                self._cond.wait(left)
+
+    def stats(self) -> WarmStats:
+        with self._cond:
+            ready = list(self._ready)
+            pss, uss = idle_memory(tuple(p for vm in ready for p in vm.pids())) if ready else (0, 0)
+            pool = (
+                PoolStats(
+                    size=self.config.pool_size,
+                    ready=len(ready),
+                    forked=self._restored,
+                    taken=self._taken,
+                    discarded=self._discarded,
+                    refill_errors=self._errors,
+                    last_error=self.error,
+                    idle_pss_bytes=pss,
+                    idle_uss_bytes=uss,
+                )
+                if self.config.mode == "pool"
+                else None
+            )
+            snap = self.snapshot
+            return WarmStats(
+                mode=self.config.mode,
+                template_id=f"vm-snapshot-{snap.id}" if snap else None,
+                template_pid=None,
+                template_state={
+                    "snapshot_dir": str(snap.dir) if snap else None,
+                    "guest_memory_mib": self.memory_mib,
+                    "preload": list(self.config.preload),
+                    "error": self.error,
+                },
+                template_pss_bytes=0,
+                template_restarts=0,
+                runs=self._runs,
+                fallbacks=self._fallbacks,
+                pool=pool,
+                cgroup_prefix="",
+            )
+
+    def close(self) -> None:
+        """Destroy the waiting clones and the snapshot; waits for the background thread."""
+        with self._cond:
+            self._closed = True
+            ready = list(self._ready)
+            self._ready.clear()
+            self._cond.notify_all()
+        for vm in ready:
+            vm.destroy()
+        # The snapshot itself stays: it is shared with this user's other processes.
+        self._thread.join(timeout=self.config.start_timeout_s + 30)
+
+
+def _warm(vm: VM) -> None:
+    """Have the restored guest run a program's code paths once before it waits (``P``)."""
+    assert vm.chan is not None
+    deadline = time.monotonic() + 30
+    try:
+        vm.chan.send(channel.WARM)
+        kind, _ = vm.chan.recv(deadline)
+    except channel.ChannelError as exc:
+        raise InfraError(f"the restored guest did not warm up: {exc}") from None
+    if kind != channel.WARMED:
+        raise InfraError(f"the restored guest answered {kind!r} to the warm-up")
+
+
+__all__ = ["SNAPSHOT_MEMORY_BYTES", "WarmVMs"]
