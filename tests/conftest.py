@@ -285,7 +285,8 @@ SANDBOX_PARAMS = [
     "root-gvisor",
     "user-gvisor",
     "root-gvisor-pool",
-    "root-microvm",
+    # A cold microVM boots a guest kernel per run (seconds under TCG): the whole suite runs on
+    # pooled VMs, restored from a snapshot; tests/contract/test_microvm.py covers cold boots.
     "root-microvm-pool",
     "user-microvm-pool",
 ]
