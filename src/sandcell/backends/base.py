@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -72,6 +72,13 @@ class BackendStatus:
     """How to make it usable; set whenever ``usable`` is false."""
 
 
+def started_cold(result: BackendResult, why: str) -> BackendResult:
+    """A run that was to start warm but started cold: ``why`` goes into its enforcement report
+    (``layers["warm_start"]``), so the record says so."""
+    layers = {**result.enforcement.layers, "warm_start": f"not used: {why}"}
+    return replace(result, enforcement=replace(result.enforcement, layers=layers))
+
+
 class Backend(Protocol):
     """An isolation engine: ``run`` starts a fresh sandbox, runs one program, destroys it."""
 
@@ -94,4 +101,4 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-__all__ = ["Backend", "BackendResult", "BackendStatus", "Collector"]
+__all__ = ["Backend", "BackendResult", "BackendStatus", "Collector", "started_cold"]

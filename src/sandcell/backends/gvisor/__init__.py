@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from sandcell.backends.base import BackendResult, BackendStatus, Collector
+from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
 from sandcell.backends.gvisor import proctree, runsc
 from sandcell.backends.gvisor.sandbox import AGENT_SCRIPT, GSandbox, Host, fixed_for
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, supervise
@@ -162,9 +162,7 @@ class GVisorBackend:
         warm = self._pool.run(request, run_id=run_id, collect=collect)
         if isinstance(warm, BackendResult):
             return warm
-        cold = self._run_cold(request, run_id=run_id, collect=collect)
-        layers = {**cold.enforcement.layers, "warm_start": f"not used: {warm}"}
-        return replace(cold, enforcement=replace(cold.enforcement, layers=layers))
+        return started_cold(self._run_cold(request, run_id=run_id, collect=collect), warm)
 
     def _run_cold(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
         host = self.decide(request)

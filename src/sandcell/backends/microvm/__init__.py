@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from sandcell.backends.base import BackendResult, BackendStatus, Collector
+from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
 from sandcell.backends.microvm import accel, image, jail, layout, machine, qemu
 from sandcell.backends.microvm.drive import Ended, classify, drive
 from sandcell.backends.microvm.pool import WarmVMs
@@ -117,10 +117,7 @@ class MicroVMBackend:
             else:
                 vm, start = taken
         result = self._run(request, run_id=run_id, collect=collect, vm=vm, start=start)
-        if note is not None:
-            layers = {**result.enforcement.layers, "warm_start": f"not used: {note}"}
-            result = replace(result, enforcement=replace(result.enforcement, layers=layers))
-        return result
+        return result if note is None else started_cold(result, note)
 
     # -- the run ---------------------------------------------------------------------------
 

@@ -29,9 +29,8 @@ import os
 import platform
 import threading
 from collections.abc import Mapping
-from dataclasses import replace
 
-from sandcell.backends.base import BackendResult, Collector
+from sandcell.backends.base import BackendResult, Collector, started_cold
 from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, find_bwrap
 from sandcell.backends.namespaces.launcher import Pipes, StopPipe, launch
@@ -146,9 +145,7 @@ class NamespacesBackend:
         warm = self._warm.run(request, run_id=run_id, collect=collect)
         if isinstance(warm, BackendResult):
             return warm
-        cold = self._run_cold(request, run_id=run_id, collect=collect)
-        layers = {**cold.enforcement.layers, "warm_start": f"not used: {warm}"}
-        return replace(cold, enforcement=replace(cold.enforcement, layers=layers))
+        return started_cold(self._run_cold(request, run_id=run_id, collect=collect), warm)
 
     def _run_cold(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
         layers = self.decide(request)
