@@ -44,8 +44,9 @@ def errname(exc):
     return type(exc).__name__
 
 
-def breach(what):
-    print("BREACH", what, flush=True)
+def breach(what, why=None):
+    # why: what was seen, when breach and blocked are chosen between with the same arguments.
+    print("BREACH", what if why is None else f"{what}: {why}", flush=True)
 
 
 def blocked(what, why):

@@ -116,6 +116,9 @@ def test_blocks_repo_checkout(attack: Attack) -> None:
 
 
 def test_blocks_sys(attack: Attack) -> None:
+    if attack.sandbox.backend == "microvm":
+        _guest_sys(attack)
+        return
     paths = ["/sys", "/sys/kernel", "/sys/fs/cgroup", "/sys/class/net", "/sys/firmware"]
     if attack.sandbox.backend == "gvisor":
         # gVisor always mounts its own synthetic sysfs at /sys; the backend covers it with an
@@ -136,6 +139,27 @@ attempt("mkdir /sys/class", lambda: os.mkdir("/sys/class") or "created", ok=(err
     attack.expect_blocked(res, attempts=attempts)
 
 
+def _guest_sys(attack: Attack) -> None:
+    """A microVM's /sys is its guest kernel's own sysfs: it describes the VM, never the host.
+    None of the host's network interfaces is in it, and the program cannot write to it."""
+    host_nets = sorted(set(os.listdir("/sys/class/net")) - {"lo"})
+    assert host_nets, "the host has no network interface but lo; the test would test nothing"
+    body = f"""
+    names = os.listdir("/sys/class/net")
+    seen = sorted(set(names) & set({host_nets!r}))
+    (breach if seen or names != ["lo"] else blocked)("see the host's interfaces", f"{{names!r}}")
+    def write():
+        fd = os.open("/sys/class/net/lo/mtu", os.O_WRONLY)
+        os.close(fd)
+        return "opened for writing"
+    attempt("open /sys/class/net/lo/mtu for writing", write, ok=(errno.EACCES,))
+    attempt("mkdir /sys/class/sandcell", lambda: os.mkdir("/sys/class/sandcell") or "made",
+            ok=(errno.EACCES, errno.EPERM))
+    """
+    res = attack.run(body)
+    attack.expect_blocked(res, attempts=3)
+
+
 def test_blocks_host_etc_files(attack: Attack) -> None:
     """Only the synthetic passwd, group, hosts and nsswitch.conf (and runtime dirs) are in /etc."""
     allowed = SYNTHETIC_ETC | {
@@ -147,6 +171,13 @@ def test_blocks_host_etc_files(attack: Attack) -> None:
         "hostname", "os-release", "machine-id", "resolv.conf", "fstab", "crontab", "environment",
         "ld.so.preload", "sudoers.d", "ssh", "ssl/private", "subuid", "subgid", "mtab",
     ]  # fmt: skip
+    # A microVM's image has its own /etc/hostname and (empty) machine-id: what is checked there is
+    # that their content is not the host's.
+    guest_own = {"hostname", "machine-id"} if attack.sandbox.backend == "microvm" else set()
+    allowed |= guest_own
+    host_ids = {n: (Path("/etc") / n).read_bytes() for n in sorted(guest_own)}
+    assert all(host_ids.values()), f"the host's {host_ids} are empty; nothing to compare with"
+    candidates = [n for n in candidates if n not in guest_own]
     probes = [f"/etc/{n}" for n in candidates if (Path("/etc") / n).exists() or n == "hostname"]
     host_users = sorted(p.pw_name for p in pwd.getpwall() if p.pw_uid >= 1000 and p.pw_uid < 65534)
     body = (
@@ -166,10 +197,14 @@ def test_blocks_host_etc_files(attack: Attack) -> None:
         breach(f"/etc/passwd names host users {{leaked!r}}")
     else:
         blocked("host users in /etc/passwd", "synthetic file")
+    for name, host_text in {host_ids!r}.items():
+        with open("/etc/" + name, "rb") as f:
+            inner = f.read()
+        (breach if inner == host_text else blocked)(f"the host's /etc/{{name}}", repr(inner[:60]))
     """
     )
     res = attack.run(body)
-    attack.expect_blocked(res, attempts=len(probes) + 2)
+    attack.expect_blocked(res, attempts=len(probes) + 2 + len(host_ids))
 
 
 def test_blocks_var_run_and_host_sockets(attack: Attack) -> None:
@@ -179,9 +214,19 @@ def test_blocks_var_run_and_host_sockets(attack: Attack) -> None:
         "/var/run/dbus/system_bus_socket", "/run/systemd/private", "/run/user",
         "/var/lib/docker", "/var/log",
     ]  # fmt: skip
+    guest_run = attack.sandbox.backend == "microvm"
+    if guest_run:
+        # The guest agent mounts its own small tmpfs at /run: it must be there empty (nothing of
+        # the host's /run, nothing the agent keeps) and read-only to the program.
+        paths.remove("/run")
     body = f"""
     for path in {paths!r}:
         attempt(f"stat {{path}}", lambda path=path: os.stat(path), ok=(errno.ENOENT,))
+    if {guest_run!r}:
+        names = os.listdir("/run")
+        (breach if names else blocked)("list /run", f"entries {{names!r}}")
+        attempt("create a file in /run", lambda: open("/run/x", "w") and "created",
+                ok=(errno.EACCES, errno.EROFS))
     for path in ("/run/docker.sock", "/var/run/docker.sock", "/run/dbus/system_bus_socket"):
         def connect(path=path):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -191,7 +236,7 @@ def test_blocks_var_run_and_host_sockets(attack: Attack) -> None:
         attempt(f"connect {{path}}", connect)
     """
     res = attack.run(body)
-    attack.expect_blocked(res, attempts=len(paths) + 3)
+    attack.expect_blocked(res, attempts=len(paths) + 3 + (2 if guest_run else 0))
 
 
 def test_blocks_runs_dir_and_other_workspaces(attack: Attack) -> None:
@@ -202,11 +247,18 @@ def test_blocks_runs_dir_and_other_workspaces(attack: Attack) -> None:
         if attack.identity == "root"
         else str(attack.home.parent / "runs")
     )
+    microvm = attack.sandbox.backend == "microvm"
     body = f"""
     attempt("stat the runs root", lambda: os.stat({runs!r}), ok=(errno.ENOENT, errno.EACCES))
     attempt("list the runs root", lambda: os.listdir({runs!r}), ok=(errno.ENOENT, errno.EACCES))
-    with open("/proc/1/cmdline", "rb") as f:
-        argv = f.read().split(b"\\0")
+    try:
+        with open("/proc/1/cmdline", "rb") as f:
+            argv = f.read().split(b"\\0")
+    except FileNotFoundError:
+        if not {microvm!r}:
+            raise
+        # The guest's pid 1 is its agent, hidden from the program; no host path is in the guest.
+        argv = []
     host_ws = None
     for i, a in enumerate(argv):
         if a == b"--bind" and argv[i + 2] == b"/sandbox":
@@ -368,12 +420,32 @@ def _where(stdout: str) -> dict[str, str]:
 def test_runtime_shows_no_host_paths(attack: Attack) -> None:
     """Mounts, maps, environment, sys paths, every visible command line and the listings of /,
     /opt and the runtime name no host home, checkout or venv path: the runtime is at
-    /opt/sandcell (a venv) and /usr, whatever the host's layout."""
+    /opt/sandcell (a venv) and /usr, whatever the host's layout.
+
+    Known limitation of the microVM backend: its guest image holds the runtime at the host path
+    it was built from, so that path and its parent directories are names in the guest. The host
+    file system itself is not reachable there: each parent lists only the next name on the way
+    to the runtime (no other content of the checkout or home), and no other host path shows."""
     paths = _host_paths("/tmp/sandcell-unpriv-")
+    runtime, exe_dir = "/opt/sandcell/venv", "/opt/sandcell/"
+    parents: list[str] = []
+    if attack.sandbox.backend == "microvm":
+        from sandcell.backends.microvm import image
+
+        runtime = os.path.dirname(os.path.dirname(image.load_manifest().python))
+        exe_dir = runtime + "/"
+        parents = [str(p) for p in Path(runtime).parents if str(p) != "/"]
+        named = {runtime, os.path.realpath(runtime), *parents}
+        paths = [p for p in paths if p.rstrip("/") not in named]
     body = (
         textwrap.indent(_WHERE_PROBE, "    ")
         + f"""
     paths = {paths!r}
+    runtime = {runtime!r}
+    for parent in {parents!r}:
+        names = os.listdir(parent)
+        wanted = [runtime[len(parent) + 1 :].split("/")[0]]
+        (breach if names != wanted else blocked)(f"list {{parent}}", f"entries {{names!r}}")
     import re
     where["existing"] = " ".join(p for p in paths if os.path.lexists(p))
     for source, text in where.items():
@@ -383,13 +455,13 @@ def test_runtime_shows_no_host_paths(attack: Attack) -> None:
             breach(f"{{source}} names {{hits}}: {{text[:3000]}}")
         else:
             blocked(f"host paths in {{source}}", "none")
-    if sys.prefix != "/opt/sandcell/venv" or not sys.executable.startswith("/opt/sandcell/"):
+    if sys.prefix != runtime or not sys.executable.startswith({exe_dir!r}):
         unexpected("the runtime's place", f"{{sys.prefix}} {{sys.executable}}")
     """
     )
     res = attack.run(body)
-    out = attack.expect_blocked(res, attempts=9)
-    assert "/opt/sandcell/venv/lib/" in _where(out)["sys paths"], out[-2000:]
+    out = attack.expect_blocked(res, attempts=9 + len(parents))
+    assert runtime + "/lib/" in _where(out)["sys paths"], out[-2000:]
 
 
 def test_mountinfo_root_field_names_the_host_source(executor: Executor) -> None:

@@ -21,7 +21,7 @@ NET_BLOCKED = (
 )
 
 
-def _tcp_connect(host: str, port: int, family: str = "AF_INET") -> str:
+def _tcp_connect(host: str, port: int, family: str = "AF_INET", ok: str = NET_BLOCKED) -> str:
     return f"""
     def connect():
         s = socket.socket(socket.{family}, socket.SOCK_STREAM)
@@ -31,7 +31,7 @@ def _tcp_connect(host: str, port: int, family: str = "AF_INET") -> str:
             return s.recv(16) or "connected"
         finally:
             s.close()
-    attempt("tcp connect to {host}:{port}", connect, ok={NET_BLOCKED})
+    attempt("tcp connect to {host}:{port}", connect, ok={ok})
     """
 
 
@@ -52,7 +52,11 @@ def test_blocks_tcp6_to_host_loopback(attack: Attack) -> None:
     srv.listen(4)
     lst = Listener(sock=srv, port=srv.getsockname()[1]).start()
     try:
-        res = attack.run(_tcp_connect("::1", lst.port, "AF_INET6"))
+        ok = NET_BLOCKED
+        if attack.sandbox.backend == "microvm":
+            # The guest's loopback has no ::1 address at all; no device leads out of the guest.
+            ok = ok[:-1] + ", errno.EADDRNOTAVAIL)"
+        res = attack.run(_tcp_connect("::1", lst.port, "AF_INET6", ok))
         attack.expect_blocked(res, attempts=1)
     finally:
         seen = lst.stop()

@@ -13,10 +13,20 @@ if TYPE_CHECKING:
 def test_blocks_host_init_in_proc1(attack: Attack) -> None:
     host_init = Path("/proc/1/cmdline").read_bytes()
     assert host_init, "the host's /proc/1/cmdline is empty; nothing to compare with"
+    microvm = attack.sandbox.backend == "microvm"
     body = f"""
-    with open("/proc/1/cmdline", "rb") as f:
-        inner = f.read()
-    if inner == {host_init!r}:
+    try:
+        with open("/proc/1/cmdline", "rb") as f:
+            inner = f.read()
+    except FileNotFoundError:
+        if not {microvm!r}:
+            raise
+        # The guest's pid 1 is the agent, hidden from the program (hidepid=invisible): it is
+        # not even the host's pid 1 by number, and the guest kernel has no host process at all.
+        inner = None
+    if inner is None:
+        blocked("/proc/1 is the host's init", "ENOENT: the guest's pid 1 is hidden")
+    elif inner == {host_init!r}:
         breach(f"/proc/1 is the host's init: {{inner[:200]!r}}")
     else:
         first = inner.split(bytes(1))[0]

@@ -98,10 +98,20 @@ def test_blocks_signal_to_sandbox_supervisor(attack: Attack) -> None:
     """The parent of the sandbox init (bwrap's parent: the supervisor) is out of reach: getppid of
     init is 0 and the supervisor's host pid is not in the namespace."""
     supervisor = os.getpid()  # as root the executor is this process; as the user, its ancestor
+    microvm = attack.sandbox.backend == "microvm"
     body = f"""
-    with open("/proc/1/stat") as f:
-        ppid = int(f.read().rpartition(")")[2].split()[1])
-    if ppid == 0:
+    try:
+        with open("/proc/1/stat") as f:
+            ppid = int(f.read().rpartition(")")[2].split()[1])
+    except FileNotFoundError:
+        if not {microvm!r}:
+            raise
+        # The guest's pid 1 is the agent, hidden from the program; the supervisor is a host
+        # process, outside the guest kernel altogether.
+        ppid = None
+    if ppid is None:
+        blocked("find the supervisor from /proc/1/stat", f"ENOENT, parent pid {{os.getppid()}}")
+    elif ppid == 0:
         blocked("find the supervisor from /proc/1/stat", "ppid 0")
     else:
         breach(f"the sandbox init has a visible parent {{ppid}}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import pwd
 import textwrap
 import threading
@@ -239,12 +240,56 @@ ATTEMPTS = {
 }  # fmt: skip
 VECTORS = list(_vectors())
 
+# What the guest kernel of a microVM lets an unprivileged process do (there is no seccomp filter
+# in the guest: the guest kernel itself is the boundary). Every other vector needs a privilege
+# the program lacks there too, and is still expected blocked.
+GUEST_KERNEL_ALLOWS = {
+    "ptrace_traceme", "userfaultfd", "perf_event_open", "keyctl", "add_key", "io_uring_setup",
+    "unshare_user", "setns", "open_by_handle_at", "personality", "socket_af_netlink",
+    "clone_newuser", "clone3", "tiocsti",
+}  # fmt: skip
+
+# Attack body: the promise of a microVM instead, three verdicts. The program is an unprivileged
+# uid with no capabilities, and the kernel answering its calls is the guest's, not the host's.
+_GUEST_PROMISE = """
+uid = os.getuid()
+(blocked if uid != 0 and os.geteuid() != 0 else breach)("run as uid 0", f"uid {uid}")
+with open("/proc/self/status") as f:
+    caps = {k: v.strip() for k, _, v in (ln.partition(":") for ln in f) if k.startswith("Cap")}
+held = {k: v for k, v in caps.items() if k != "CapBnd" and int(v, 16) != 0}
+(breach if held or len(caps) < 4 else blocked)("hold a capability", f"{caps!r}")
+with open("/proc/sys/kernel/random/boot_id") as f:
+    boot_id = f.read().strip()
+guest_kernel = (os.uname().release, boot_id)
+(breach if HOST_KERNEL[0] in guest_kernel or HOST_KERNEL[1] in guest_kernel else blocked)(
+    "reach the host's kernel", f"the guest's kernel {guest_kernel!r}")
+# A call the guest kernel allows is reported, not judged: it changes only the guest.
+def breach(what, why=None):
+    print("GUEST-ALLOWED", what, flush=True)
+unexpected = breach
+"""
+
+
+def _host_kernel() -> tuple[str, str]:
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return platform.release(), boot_id
+
 
 @pytest.mark.parametrize("vector", VECTORS, ids=VECTORS)
 def test_blocks_syscall(attack: Attack, vector: str) -> None:
     # GVISOR: the few bodies whose setting differs under gVisor's sentry branch on it.
     gvisor = attack.sandbox.backend == "gvisor"
-    res = attack.run(f"GVISOR = {gvisor!r}\n" + textwrap.dedent(_vectors()[vector]))
+    body = f"GVISOR = {gvisor!r}\n" + textwrap.dedent(_vectors()[vector])
+    if attack.sandbox.backend == "microvm" and vector in GUEST_KERNEL_ALLOWS:
+        prelude = f"HOST_KERNEL = {_host_kernel()!r}\n" + _GUEST_PROMISE
+        res = attack.run(prelude + body)
+        out = attack.expect_blocked(res)
+        assert out.count("blocked:") >= 3, out
+        # Each attempt ran and was answered by the guest kernel (a child of a clone may add one).
+        answered = out.count("blocked:") - 3 + out.count("GUEST-ALLOWED")
+        assert answered >= ATTEMPTS.get(vector, 1), out
+        return
+    res = attack.run(body)
     attack.expect_blocked(res, attempts=ATTEMPTS.get(vector, 1))
 
 
@@ -260,14 +305,22 @@ def test_blocks_privileges_in_status(
     # capabilities, no_new_privs, a read-only runtime, chown refused, and the files it makes are
     # the invoking user's on the host (checked from the host below).
     rootless_gvisor = gvisor and attack.identity == "user"
+    # A microVM guest has no seccomp filter and no no_new_privs (its kernel is the boundary) and
+    # keeps the full bounding set, which only a setuid or file-capability program could turn into
+    # privileges: what is asserted there instead is that the guest's image has no such program,
+    # and that the kernel is the guest's own.
+    microvm = attack.sandbox.backend == "microvm"
     marker = f"{token}.txt"
     body = f"""
     import time
     GVISOR, ROOTLESS_GVISOR, MARKER = {gvisor!r}, {rootless_gvisor!r}, {marker!r}
+    MICROVM, HOST_KERNEL = {microvm!r}, {_host_kernel()!r}
     with open("/proc/self/status") as f:
         fields = dict(line.rstrip("\\n").split(":\\t", 1) for line in f if ":\\t" in line)
     for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         v = fields.get(key)
+        if key == "CapBnd" and MICROVM:
+            continue  # judged below, through the programs that could use it
         if v is None and key == "CapAmb" and GVISOR:
             # gVisor's status has no CapAmb line: ask for each capability instead. Its prctl
             # knows no ambient set at all (EINVAL); a kernel that has one answers 0 or 1.
@@ -286,11 +339,37 @@ def test_blocks_privileges_in_status(
             blocked(f"{{key}} empty", v)
         else:
             breach(f"{{key}} = {{v!r}}")
-    # prctl rather than status: gVisor's status has no NoNewPrivs line.
-    nnp = _libc.prctl(39, 0, 0, 0, 0)  # PR_GET_NO_NEW_PRIVS
-    (blocked if nnp == 1 else breach)("no_new_privs = 1", f"PR_GET_NO_NEW_PRIVS gives {{nnp}}")
-    v = fields.get("Seccomp", "").strip()
-    (blocked if v == "2" else breach)("Seccomp = 2", repr(v))
+    if MICROVM:
+        privileged, scanned = [], 0
+        for top, dirs, files in os.walk("/"):
+            dirs[:] = [d for d in dirs if os.path.join(top, d) not in ("/proc", "/sys", "/dev")]
+            for name in files:
+                path = os.path.join(top, name)
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+                    continue
+                scanned += 1
+                if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    privileged.append(path)
+                    continue
+                try:
+                    os.getxattr(path, "security.capability", follow_symlinks=False)
+                except OSError:
+                    continue
+                privileged.append(path + " (file capabilities)")
+        (breach if privileged or scanned < 50 else blocked)(
+            "gain privileges through a setuid or file-capability program",
+            f"{{scanned}} programs, privileged: {{privileged[:20]!r}}")
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            guest_kernel = (os.uname().release, f.read().strip())
+        (breach if set(HOST_KERNEL) & set(guest_kernel) else blocked)(
+            "reach the host's kernel", f"the guest's kernel {{guest_kernel!r}}")
+    else:
+        # prctl rather than status: gVisor's status has no NoNewPrivs line.
+        nnp = _libc.prctl(39, 0, 0, 0, 0)  # PR_GET_NO_NEW_PRIVS
+        (blocked if nnp == 1 else breach)("no_new_privs = 1", f"PR_GET_NO_NEW_PRIVS gives {{nnp}}")
+        v = fields.get("Seccomp", "").strip()
+        (blocked if v == "2" else breach)("Seccomp = 2", repr(v))
     if ROOTLESS_GVISOR:
         print("uid", os.getuid(), "euid", os.geteuid(), flush=True)
         attempt("write the runtime as uid 0", lambda: open(sys.executable, "ab") and "opened",
@@ -311,7 +390,7 @@ def test_blocks_privileges_in_status(
     """
     if not rootless_gvisor:
         res = attack.run(body)
-        attack.expect_blocked(res, attempts=8)
+        attack.expect_blocked(res, attempts=7 if microvm else 8)
         return
     seen: list[os.stat_result] = []
     stop = threading.Event()

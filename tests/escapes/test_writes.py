@@ -87,6 +87,13 @@ def _host_dir(directory: str) -> str:
     return VENV if directory == SANDBOX_VENV else directory
 
 
+def _guest_venv() -> str:
+    """The runtime's venv in a microVM guest: where its image was built from (its manifest)."""
+    from sandcell.backends.microvm import image
+
+    return os.path.dirname(os.path.dirname(image.load_manifest().python))
+
+
 TARGETS = {
     "usr": ("/usr", "/usr/bin/env"),
     "usr_bin": ("/usr/bin", "/usr/bin/env"),
@@ -101,8 +108,16 @@ TARGETS = {
 @pytest.mark.parametrize("target", list(TARGETS), ids=list(TARGETS))
 def test_blocks_write_outside_workspace(attack: Attack, token: str, target: str) -> None:
     directory, existing = TARGETS[target]
+    # A microVM guest's image holds the runtime at the path it was built from, not at the neutral
+    # path: aim there. A write that got through would land in the guest's read-only root disk;
+    # the host is checked below all the same.
+    guest_venv = _guest_venv() if attack.sandbox.backend == "microvm" else None
+    if guest_venv is not None and target == "venv":
+        directory, existing = guest_venv, os.path.join(guest_venv, "pyvenv.cfg")
     if directory == "<site-packages>":
         directory, host_dir = _site_packages()
+        if guest_venv is not None:
+            directory = guest_venv + host_dir[len(VENV) :]
         # A package file of the runtime (sandcell itself may be an editable install).
         found = next((p for p in sorted(Path(host_dir).glob("*/__init__.py"))), None)
         existing = None if found is None else directory + str(found)[len(host_dir) :]

@@ -19,7 +19,9 @@ Security limitations: see ``jail.py`` for the VMM's own confinement. Under TCG, 
 CPU in software: the guest kernel is not the host's, but QEMU's TCG and device emulation are the
 attack surface. A restored VM shares the snapshot's pre-run memory image (the preloaded modules,
 Python's hash secret): its kernel RNG, ``random`` and numpy's global generator are reseeded before
-the program runs, and its clock and hostname are set fresh.
+the program runs, and its clock and hostname are set fresh. The guest image holds the runtime at
+the host path it was built from, so that path's directory names (a checkout's, a home's) show in
+the guest, though none of those directories' other content is in the image.
 """
 
 from __future__ import annotations

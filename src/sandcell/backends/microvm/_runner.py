@@ -49,7 +49,11 @@ def reseed() -> None:
 
 
 def limits(lim: dict[str, int]) -> None:
-    cpu = int(lim["cpu_time_s"])
+    # RLIMIT_CPU counts this process's whole life, and the preload already spent seconds of it
+    # (more under TCG): the program's budget starts from what is spent, rounded up to a second.
+    spent = resource.getrusage(resource.RUSAGE_SELF)
+    used = spent.ru_utime + spent.ru_stime
+    cpu = int(lim["cpu_time_s"]) + int(used) + (used > int(used))
     for res, value in (
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
         (resource.RLIMIT_FSIZE, (lim["max_file_bytes"],) * 2),

@@ -282,6 +282,8 @@ def _shared_libraries(root: Path) -> set[str]:
             for line in proc.stdout.splitlines():
                 parts = line.split()
                 lib = parts[2] if len(parts) >= 3 and parts[1] == "=>" else parts[0]
+                if lib.startswith(f"{root}/"):
+                    continue  # bundled next to a staged file ($ORIGIN): staged with it already
                 if lib.startswith("/") and os.path.exists(lib):
                     staged = root / _host_path(lib).lstrip("/")
                     if not staged.exists():
