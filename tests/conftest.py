@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,24 @@ def ladder_executors(root_home: Path) -> Iterator[dict[tuple[str, str], Executor
     yield built
     for ex in built.values():
         ex.close()
+
+
+def settle_pools(executors: Mapping[tuple[str, str], Executor], timeout: float = 120) -> None:
+    """Wait until every warm pool of the suite's ladder executors is full and idle, so a test
+    that compares this process's descriptors or children before and after is not disturbed by
+    a pool refilling in the background."""
+    deadline = time.monotonic() + timeout
+    for ex in executors.values():
+        stats_of = getattr(ex.backend, "warm_stats", None)
+        while stats_of is not None and time.monotonic() < deadline:
+            stats = stats_of()
+            pool = getattr(stats, "pool", stats)  # the microVM's WarmStats nests its pool
+            if pool is None or pool.ready >= pool.size:
+                break
+            time.sleep(0.1)
+        else:
+            if stats_of is not None:
+                pytest.fail(f"the {ex.backend.name} pool did not fill within {timeout:g} s")
 
 
 def ladder_executor(

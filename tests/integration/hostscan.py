@@ -69,12 +69,14 @@ def children_of(pid: int) -> list[Proc]:
 
 def unreaped_sandboxes(pid: int) -> list[Proc]:
     """Children of ``pid`` a finished run must not leave: zombies, and any bwrap but a warm
-    template's (the session-wide warm executors of tests/conftest.py keep theirs by design; what
-    a warm executor leaves after ``close`` is tested in test_template_isolation.py)."""
+    template's or a jailed VM's waiting in the microVM pool (the session-wide warm executors of
+    tests/conftest.py keep theirs by design; what a warm executor leaves after ``close`` is
+    tested in test_template_isolation.py and test_microvm.py)."""
     return [
         p
         for p in children_of(pid)
-        if p.zombie or (p.comm == "bwrap" and "zygote.pyc" not in p.cmdline)
+        if p.zombie
+        or (p.comm == "bwrap" and "zygote.pyc" not in p.cmdline and "qemu-system" not in p.cmdline)
     ]
 
 

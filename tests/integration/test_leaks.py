@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import UnprivEnv, run_as_user
+from conftest import UnprivEnv, run_as_user, settle_pools
 from sandcell import Executor, IsolationMode, Limits, RunRequest
 from sandcell.backends.namespaces import workspace
 from sandcell.spec import MiB, Outcome
@@ -203,7 +203,10 @@ def _assert_clean(runs: Path, marker: str, owner: str | None) -> None:
 
 
 def test_root_runs_leave_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("the in-process executor runs as root; this test run is not root")
@@ -228,6 +231,7 @@ def test_root_runs_leave_nothing(
             return kind.name, res.outcome.value
 
         one(KINDS[0])  # warm up, so lazily opened descriptors (the audit log) exist before
+        settle_pools(request.getfixturevalue("ladder_executors"))
         fds_before = open_fds()
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=4) as pool:
