@@ -89,7 +89,8 @@ def _arg_filter(lib: LibSeccomp, policy: SeccompPolicy, name: str) -> bytes:
         allow = [LibseccompRule(name, SECCOMP_RET_ALLOW, (t,)) for t in _tests(cond)]
         return lib.program(policy.arch, EPERM, allow)
     if any(c.op == "not_in" for r in rules for c in r.when):
-        raise NotImplementedError(f"{name}: teach the cross-check this shape of argument rule")
+        # A new shape of rule must fail the cross-check loudly, never be compared half-way.
+        pytest.fail(f"{name}: the cross-check cannot translate this shape of argument rule yet")
     deny = [
         LibseccompRule(name, EPERM, combo)
         for rule in rules
