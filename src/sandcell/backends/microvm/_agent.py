@@ -53,6 +53,7 @@ DISPLAY_DIRNAME = ".sandcell-display"
 RNDADDENTROPY = 0x40085203
 RNDRESEEDCRNG = 0x5207
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC = 4096, 16384
 MAX_EXPORT_FILES = 10000
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -303,7 +304,16 @@ def start_workspace(job: Job, lim: Job) -> None:
     if job["inputs"]:
         remount_ro("/inputs")
     tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
+    # A runtime built from a checkout under /tmp lives under the image's /tmp: the run's own
+    # /tmp must not hide it (packages imported after the snapshot would vanish).
+    kept = [n for n in sorted(os.listdir("/tmp")) if os.path.isdir(f"/tmp/{n}")]
+    if kept:
+        os.makedirs("/run/image-tmp", exist_ok=True)
+        mount("/tmp", "/run/image-tmp", "", MS_BIND)
     tmpfs("/tmp", lim["tmp_bytes"], 16384, 0o1777)
+    for name in kept:
+        os.mkdir(f"/tmp/{name}")
+        mount(f"/run/image-tmp/{name}", f"/tmp/{name}", "", MS_BIND | MS_REC)
     # POSIX shared memory (multiprocessing's locks and queues), capped like /tmp.
     os.makedirs("/dev/shm", mode=0o755, exist_ok=True)
     tmpfs("/dev/shm", lim["tmp_bytes"], 16384, 0o1777)
