@@ -49,11 +49,13 @@ def test_spare_is_renamed_limited_and_removed() -> None:
         first = f"{workspace.owner_tag()}.{uuid.uuid4().hex}"
         taken.append(spare.take(Limits(), first))  # nothing made ahead yet: created now
         assert all(d.name == first and d.is_dir() for d in taken[0].dirs.values())
-        # One group, a directory in each controller's hierarchy.
-        assert wait_until(
-            lambda: len({d.name for d in set(_spares(host)) - before}) == 1, timeout=10
-        ), "no spare was made after the first take"
+        # Its directories appear before the group is handed over as the spare: wait for that.
+        assert wait_until(lambda: spare.waiting() is not None, timeout=10), (
+            "no spare was made after the first take"
+        )
         waiting = set(_spares(host)) - before
+        # One group, a directory in each controller's hierarchy.
+        assert {d.name for d in waiting} == {spare.waiting()}
         assert len(waiting) == len(host.bases)
 
         second = f"{workspace.owner_tag()}.{uuid.uuid4().hex}"

@@ -53,6 +53,12 @@ class SpareCgroup:
         """Whether spares can be kept on ``host`` (a v1 hierarchy: groups can be renamed)."""
         return host.version == 1
 
+    def waiting(self) -> str | None:
+        """The name of the group waiting for the next run, or None while there is none (the
+        maker may be part way through creating one)."""
+        with self._lock:
+            return None if self._spare is None else self._spare[0].name
+
     def take(self, limits: Limits, name: str) -> cgroups.RunCgroup:
         """A new, empty cgroup named ``name`` with ``limits``: the spare when there is one,
         else made now. Raises IsolationUnavailable as :meth:`RunCgroup.create` does."""
