@@ -35,10 +35,12 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from sandcell._artifact_store import ArtifactStore
+from sandcell.backends.base import Collector
 from sandcell.backends.namespaces import NamespacesBackend, cgroups, landlock
 from sandcell.backends.namespaces.launcher import (
     HelperChannel,
@@ -55,10 +57,12 @@ from sandcell.backends.namespaces.prepared import (
     PreparedSandbox,
     boot_command,
 )
+from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
+from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
-from sandcell.spec import Enforcement, Outcome, RunRequest, Usage
+from sandcell.spec import Enforcement, RunRequest, Usage
 
 SETUP_TIMEOUT_S = 60.0
 
@@ -67,42 +71,6 @@ _KERNEL_SOURCE = _NS_DIR / "_kernel.py"
 _DISPLAY_SOURCE = _NS_DIR / "_display.py"
 _CONTROL_KERNEL = "kernel.pyc"
 _READ_CHUNK = 65536
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CellRun:
-    """What the host observed for one cell."""
-
-    outcome: Outcome
-    reason: str
-    exit_code: int | None
-    signal: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    usage: Usage
-    out_dir: str | None
-    """The cell's display directory inside the sandbox, if the kernel made one."""
-    session_ended: str | None
-    """Why the session ended during this cell, or None when it goes on."""
-
-
-class _Output:
-    """One stream of one cell, capped."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.truncated = False
-
-    def add(self, chunk: bytes) -> bool:
-        """Keep what fits; True when the cap was passed."""
-        room = self.cap - len(self.data)
-        self.data += chunk[: max(room, 0)]
-        if len(chunk) > room:
-            self.truncated = True
-        return self.truncated
 
 
 class SessionSandbox:
@@ -240,7 +208,7 @@ class SessionSandbox:
     def _await_hello(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         assert self.proc.stderr is not None
-        out, err = _Output(self.limits.stdout_bytes), _Output(self.limits.stderr_bytes)
+        out, err = CappedOutput(self.limits.stdout_bytes), CappedOutput(self.limits.stderr_bytes)
         deadline = time.monotonic() + SETUP_TIMEOUT_S
         while True:
             msg = self._next_message()
@@ -282,7 +250,7 @@ class SessionSandbox:
             return self._messages.pop(0)
         return None
 
-    def _pump(self, out: _Output, err: _Output, timeout_s: float) -> str | None:
+    def _pump(self, out: CappedOutput, err: CappedOutput, timeout_s: float) -> str | None:
         """Read whatever is ready for up to ``timeout_s``. Returns ``"ended"`` once the kernel
         exited, ``"stdout"``/``"stderr"`` when a cap was passed, else None."""
         assert self.proc is not None and self.proc.stdout is not None
@@ -357,7 +325,7 @@ class SessionSandbox:
         assert self._sock is not None
         self._cell_seq += 1
         cell_id = self._cell_seq
-        out, err = _Output(self.limits.stdout_bytes), _Output(self.limits.stderr_bytes)
+        out, err = CappedOutput(self.limits.stdout_bytes), CappedOutput(self.limits.stderr_bytes)
         cpu0 = self._cpu_ms()
         t0 = time.monotonic()
         # A kernel that is gone refuses the cell; the loop below reports how it ended.
@@ -441,7 +409,7 @@ class SessionSandbox:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.kernel_pid, signal.SIGINT)
 
-    def _drain(self, out: _Output, err: _Output) -> None:
+    def _drain(self, out: CappedOutput, err: CappedOutput) -> None:
         """Everything already in the output pipes (written before the reply) belongs to the cell."""
         assert self.proc is not None and self.proc.stdout is not None
         assert self.proc.stderr is not None
@@ -491,6 +459,24 @@ class SessionSandbox:
         pid = self.kernel_pid if self.kernel_pid is not None else self.sandbox_pid
         return Path(f"/proc/{pid}/root{path}")
 
+    def files(self) -> list[str]:
+        root = self.workspace_view()
+        found: list[str] = []
+        for dirpath, _dirs, names in os.walk(root, followlinks=False):
+            for name in names:
+                full = Path(dirpath) / name
+                if full.is_file() and not full.is_symlink():
+                    found.append(str(full.relative_to(root)))
+        return sorted(found)
+
+    def export(self, globs: Sequence[str], collect: Collector) -> Exported:
+        # ``collect`` carries the globs and the host's checks; the workspace is a host view.
+        del globs
+        return collect(self.workspace_view())
+
+    def outputs(self, out_dir: str, store: ArtifactStore) -> DisplayCollection:
+        return read_outputs(self.sandbox_path(out_dir), store)
+
     def enforcement(self) -> Enforcement:
         base = self.backend.enforcement(self.request, self.layers)
         layers = {
@@ -508,10 +494,11 @@ class SessionSandbox:
         if self.sandbox_pid is not None:
             kill_sandbox(self.sandbox_pid, self.proc if self.helper is None else None)
 
-    def teardown(self, collect: Callable[[Path], None] | None = None) -> None:
+    def teardown(self, globs: Sequence[str] = (), collect: Collector | None = None) -> Exported:
         """Kill the sandbox, let ``collect`` read the quiescent workspace, remove everything."""
+        exported: Exported = ((), ())
         if self._torn_down:
-            return
+            return exported
         self._torn_down = True
         if self.ended is None:
             self.ended = "closed"
@@ -525,8 +512,10 @@ class SessionSandbox:
                 else:
                     with contextlib.suppress(InfraError):
                         self.helper.read_result(time.monotonic() + 10)
-            if collect is not None and self.proc is not None and self.sandbox_pid is not None:
-                collect(self.workspace_view())
+            wanted = collect is not None and bool(globs)
+            if wanted and self.proc is not None and self.sandbox_pid is not None:
+                assert collect is not None
+                exported = collect(self.workspace_view())
         finally:
             if self.helper is not None:
                 self.helper.release()
@@ -544,9 +533,10 @@ class SessionSandbox:
                 self._status_r = None
             self.prepared.kill_all()
             self.prepared.remove()
+        return exported
 
     def alive(self) -> bool:
         return self.ended is None and self.proc is not None and self.proc.poll() is None
 
 
-__all__ = ["INTERRUPT_GRACE_S", "CellRun", "SessionSandbox"]
+__all__ = ["INTERRUPT_GRACE_S", "SessionSandbox"]

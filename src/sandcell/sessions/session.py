@@ -23,26 +23,24 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as dt
-import os
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from sandcell.artifacts import collect_exports, validate_globs
-from sandcell.backends.base import BackendResult
-from sandcell.backends.namespaces import NamespacesBackend
-from sandcell.display import DisplayCollection, read_outputs
+from sandcell.backends.base import BackendResult, Collector
+from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError
 from sandcell.inputs import inspect_inputs
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
-from sandcell.sessions.sandbox import CellRun, SessionSandbox
+from sandcell.sessions.cell_sandbox import CellRun, Exported, open_cell_sandbox
 from sandcell.spec import (
     Artifact,
     InputFile,
@@ -133,12 +131,6 @@ class Session:
             else load_profile(profile)
         )
         backend = executor.backend_for(self.profile)
-        if not isinstance(backend, NamespacesBackend):
-            raise ConfigError(
-                f"sessions run on the namespaces backend only; this session's backend is "
-                f"{backend.name!r}: start it with --backend namespaces under a profile that "
-                "allows it"
-            )
         # The session's own request: the profile resolves its limits (refusing any above a
         # ceiling) and accepts its inputs once; every cell is admitted again with its code.
         base = RunRequest(
@@ -156,7 +148,7 @@ class Session:
         self._born = time.monotonic()
         self._last_active = self._born
         self._ended: str | None = None
-        self._sandbox = SessionSandbox(backend, self.request, session_id=self.id)
+        self._sandbox = open_cell_sandbox(backend, self.request, session_id=self.id)
         self._sandbox.start()
         self._watchdog = threading.Thread(
             target=self._watch, name=f"sandcell-session-watchdog-{self.id}", daemon=True
@@ -274,12 +266,7 @@ class Session:
         rejected: tuple[RejectedExport, ...] = ()
         if request.exports:
             globs = validate_globs(request.exports)
-            artifacts, rejected = collect_exports(
-                self._sandbox.workspace_view(),
-                globs,
-                self.executor.store,
-                self.executor.export_limits,
-            )
+            artifacts, rejected = self._sandbox.export(globs, self._collector(globs))
         return BackendResult(
             outcome=cell.outcome,
             exit_code=cell.exit_code,
@@ -300,7 +287,11 @@ class Session:
         """The cell's rich outputs, read from the live sandbox like any hostile export."""
         if cell.out_dir is None or cell.session_ended is not None:
             return DisplayCollection()
-        return read_outputs(self._sandbox.sandbox_path(cell.out_dir), self.executor.store)
+        return self._sandbox.outputs(cell.out_dir, self.executor.store)
+
+    def _collector(self, globs: tuple[str, ...]) -> Collector:
+        store, limits = self.executor.store, self.executor.export_limits
+        return lambda view: collect_exports(view, globs, store, limits)
 
     def _not_run(self, reason: str) -> BackendResult:
         return BackendResult.not_run(Outcome.DENIED, reason, self._sandbox.enforcement())
@@ -309,14 +300,7 @@ class Session:
         """Paths of the regular files in the session's workspace, relative to it, sorted."""
         with self._lock:
             self._check_alive()
-            root = self._sandbox.workspace_view()
-            found: list[str] = []
-            for dirpath, _dirs, names in os.walk(root, followlinks=False):
-                for name in names:
-                    full = Path(dirpath) / name
-                    if full.is_file() and not full.is_symlink():
-                        found.append(str(full.relative_to(root)))
-            return sorted(found)
+            return self._sandbox.files()
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -336,24 +320,13 @@ class Session:
                         f"profile {self.profile.name!r} does not allow exporting {glob!r}"
                     )
             globs = validate_globs(tuple(exports))
-            got: list[tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]] = []
-
-            def collect(view: Path) -> None:
-                if globs:
-                    got.append(
-                        collect_exports(
-                            view, globs, self.executor.store, self.executor.export_limits
-                        )
-                    )
-
-            self._end("closed", collect=collect)
-            artifacts, rejected = got[0] if got else ((), ())
+            artifacts, rejected = self._end("closed", globs)
             return SessionEnd(artifacts=artifacts, rejected_exports=rejected, reason="closed")
 
-    def _end(self, reason: str, collect: Callable[[Path], None] | None = None) -> None:
+    def _end(self, reason: str, globs: tuple[str, ...] = ()) -> Exported:
         self._ended = reason
         self._wake.set()
-        self._sandbox.teardown(collect)
+        return self._sandbox.teardown(globs, self._collector(globs) if globs else None)
 
     def _check_alive(self) -> None:
         if self._ended is not None:

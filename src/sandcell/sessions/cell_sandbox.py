@@ -1,0 +1,146 @@
+"""What a session needs of a backend: one live sandbox that runs cells, and how to get one.
+
+A session (:mod:`sandcell.sessions.session`) owns the policy, the record, the idle and lifetime
+watchdog; a :class:`CellSandbox` owns the isolation. Each backend that keeps a sandbox alive
+across cells provides one: the namespaces backend's is :class:`~sandcell.sessions.sandbox.
+SessionSandbox`; another backend offers its own through a ``session_sandbox(request,
+session_id=...)`` method. All of them speak the kernel's channel (:mod:`sandcell.sessions.channel`)
+to ``_kernel.py`` and judge a cell with :func:`sandcell.sessions.verdict.classify_cell`, so a
+cell's outcome means the same on every rung.
+
+The workspace is reached through the sandbox, never as a host path the session walks itself: on
+a microVM it lives in the guest, and files cross only through the backend's transfer and then the
+host's export checks (the ``collect`` callback, as for a run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sandcell._artifact_store import ArtifactStore
+from sandcell.backends.base import Backend, Collector
+from sandcell.display import DisplayCollection
+from sandcell.errors import ConfigError
+from sandcell.spec import Artifact, Enforcement, Outcome, RejectedExport, RunRequest, Usage
+
+Exported = tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellRun:
+    """What the host observed for one cell."""
+
+    outcome: Outcome
+    reason: str
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    usage: Usage
+    out_dir: str | None
+    """The cell's display directory inside the sandbox, if the kernel made one."""
+    session_ended: str | None
+    """Why the session ended during this cell, or None when it goes on."""
+
+
+class CappedOutput:
+    """One stream of one cell, kept up to ``cap`` bytes."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep what fits; True when the cap was passed."""
+        room = self.cap - len(self.data)
+        self.data += chunk[: max(room, 0)]
+        if len(chunk) > room:
+            self.truncated = True
+        return self.truncated
+
+
+class CellSandbox(Protocol):
+    """One live sandbox running a kernel. Not thread-safe: the session serialises its calls."""
+
+    @property
+    def backend(self) -> Backend:
+        """The backend that made it (its versions go into each cell's record)."""
+        ...
+
+    @property
+    def ended(self) -> str | None:
+        """Why the sandbox ended (killed, crashed, closed), or None while it is alive."""
+        ...
+
+    @property
+    def sandbox_pid(self) -> int | None:
+        """The host pid of the sandbox's outermost process (for inspection and tests)."""
+        ...
+
+    @property
+    def run_dir(self) -> Path:
+        """The sandbox's directory on the host (removed by :meth:`teardown`)."""
+        ...
+
+    def start(self) -> None:
+        """Create the sandbox and wait until its kernel is ready; clean up after itself on
+        error."""
+        ...
+
+    def run_cell(self, code: str, *, timeout_s: float, hard_deadline: float | None) -> CellRun:
+        """Run one cell: at most ``timeout_s`` of wall time (interrupted, state kept), and the
+        whole sandbox ended at the monotonic ``hard_deadline``."""
+        ...
+
+    def enforcement(self) -> Enforcement: ...
+
+    def files(self) -> list[str]:
+        """Paths of the regular files in the workspace, relative to it, sorted."""
+        ...
+
+    def export(self, globs: Sequence[str], collect: Collector) -> Exported:
+        """Export the workspace files matching ``globs`` through ``collect`` (the host's export
+        checks) while the sandbox lives on."""
+        ...
+
+    def outputs(self, out_dir: str, store: ArtifactStore) -> DisplayCollection:
+        """The rich outputs a cell left in ``out_dir`` (a path inside the sandbox), read and
+        checked like any hostile export."""
+        ...
+
+    def teardown(self, globs: Sequence[str] = (), collect: Collector | None = None) -> Exported:
+        """Stop everything in the sandbox, export what matches ``globs`` from the quiescent
+        workspace through ``collect``, and remove everything. Idempotent."""
+        ...
+
+
+SessionOpener = Callable[..., CellSandbox]
+
+
+def open_cell_sandbox(backend: Backend, request: RunRequest, *, session_id: str) -> CellSandbox:
+    """The backend's live sandbox for one session (not started yet).
+
+    Raises ConfigError when the backend cannot keep a sandbox alive across cells.
+    """
+    from sandcell.backends.namespaces import NamespacesBackend
+
+    if isinstance(backend, NamespacesBackend):
+        from sandcell.sessions.sandbox import SessionSandbox
+
+        return SessionSandbox(backend, request, session_id=session_id)
+    opener: SessionOpener | None = getattr(backend, "session_sandbox", None)
+    if opener is None:
+        raise ConfigError(
+            f"the {backend.name!r} backend cannot keep a sandbox alive across cells, so it "
+            "cannot run sessions; start the session on a backend that can (see `sandcell doctor`)"
+        )
+    return opener(request, session_id=session_id)
+
+
+__all__ = ["CappedOutput", "CellRun", "CellSandbox", "Exported", "open_cell_sandbox"]
