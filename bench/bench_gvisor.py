@@ -21,7 +21,6 @@ enough for the refill, so that the pool is measured ready, as a steady trickle o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -42,34 +41,20 @@ PANDAS = "import pandas as pd; print(pd.DataFrame({'a':[1,2,3]}).sum().to_dict()
 
 def _bare_bundle(rs: runsc.Runsc, code: str) -> Path:
     bundle = Path(tempfile.mkdtemp(prefix="bench-gvisor-"))
-    rootfs = bundle / "rootfs"
     venv = os.path.abspath(sys.prefix)
-    for d in ("usr", "proc", "dev", "tmp", venv.lstrip("/")):
-        (rootfs / d).mkdir(parents=True)
-    for link in ("bin", "lib", "lib64"):
-        if os.path.islink(f"/{link}"):
-            os.symlink(os.readlink(f"/{link}"), rootfs / link)
-    config = {
-        "ociVersion": "1.0.2",
-        "process": {
-            "user": {"uid": 0 if rs.rootless else 65534, "gid": 0 if rs.rootless else 65534},
-            # sandcell's own interpreter and packages (its venv bound at its host path).
-            "args": [os.path.join(venv, "bin", "python"), "-I", "-c", code],
-            "env": ["PATH=/usr/bin"],
-            "cwd": "/tmp",
-            "capabilities": {},
-            "noNewPrivileges": True,
-        },
-        "root": {"path": str(rootfs), "readonly": True},
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
+    # The probe's bundle, running sandcell's own interpreter and packages (its venv bound at its
+    # host path) with a writable /tmp.
+    runsc.write_bare_bundle(
+        bundle,
+        rs,
+        [os.path.join(venv, "bin", "python"), "-I", "-c", code],
+        env=["PATH=/usr/bin"],
+        cwd="/tmp",
+        mounts=[
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["size=64m"]},
-            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]},
             {"destination": venv, "type": "bind", "source": venv, "options": ["rbind", "ro"]},
         ],
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
-    }
-    (bundle / "config.json").write_text(json.dumps(config))
+    )
     bundle.chmod(0o755)
     return bundle
 

@@ -1,39 +1,27 @@
-"""The content-addressed store exported files land in (:class:`ArtifactStore`), and the copy of
-artifacts out of it into a directory the caller chooses.
+"""The content-addressed store exported files land in (:class:`ArtifactStore`).
 
 The threat: what is stored was read from files untrusted code wrote. Content is streamed and
 hashed, never held in memory, and reading stops one byte past the cap whatever size the file
 claims (:class:`ArtifactTooLarge`); no permission bit of the original survives (every stored file
-is ``0o644``); a stored path is either absent or complete. Copying out, an artifact path is a
-string from a run's result: one that is absolute or has ``..`` would write outside the
-destination, and a symbolic or hard link there would redirect the write. So the path is checked,
-nothing below the destination is followed, and an existing file is replaced by rename, never
-written into.
+is ``0o644``); a stored path is either absent or complete. The copy of artifacts out of the store
+into a directory the caller chooses is :mod:`sandcell._artifact_copy`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
-import secrets
-import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandcell._export_names import _is_control, _type_reason
+from sandcell._artifact_copy import copy_out
+from sandcell._fd_io import CHUNK, write_all
 from sandcell.errors import ConfigError, InfraError, SandcellError
-from sandcell.spec import Artifact, MiB
-
-_CHUNK = 1 * MiB
-"""Read and write size when streaming file content."""
+from sandcell.spec import Artifact
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
-# Opening a directory, one component at a time: never through a symbolic link.
-_OPEN_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class ArtifactTooLarge(SandcellError):
@@ -143,34 +131,7 @@ class ArtifactStore:
                 components or control characters; for a symbolic link or non-directory in the
                 way; for content missing from the store.
         """
-        dest = Path(dest)
-        plans = [(art, _split_artifact_path(art.path)) for art in artifacts]
-        try:
-            dest.mkdir(parents=True, exist_ok=True)
-            root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot copy artifacts to {str(dest)!r}: {exc.strerror}; pass a writable directory"
-            ) from exc
-        written: list[Path] = []
-        try:
-            for art, parts in plans:
-                source = self.path_for(art.sha256)
-                try:
-                    src_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                except FileNotFoundError as exc:
-                    raise ConfigError(
-                        f"artifact {art.path!r} ({art.sha256}) is not in the store at "
-                        f"{str(self._root)!r}"
-                    ) from exc
-                try:
-                    _copy_into(src_fd, root_fd, parts, art.path, dest)
-                finally:
-                    os.close(src_fd)
-                written.append(dest.joinpath(*parts))
-        finally:
-            os.close(root_fd)
-        return written
+        return copy_out(artifacts, dest, path_for=self.path_for, store_root=self._root)
 
 
 def _stream(src_fd: int, out_fd: int, max_bytes: int) -> tuple[str, int]:
@@ -183,14 +144,14 @@ def _stream(src_fd: int, out_fd: int, max_bytes: int) -> tuple[str, int]:
     size = 0
     while True:
         # One byte more than allowed tells "exactly at the cap" from "over it".
-        chunk = os.read(src_fd, min(_CHUNK, max_bytes + 1 - size))
+        chunk = os.read(src_fd, min(CHUNK, max_bytes + 1 - size))
         if not chunk:
             break
         size += len(chunk)
         if size > max_bytes:
             raise ArtifactTooLarge(f"content exceeds {max_bytes} bytes")
         digest.update(chunk)
-        _write_all(out_fd, chunk)
+        write_all(out_fd, chunk)
     try:
         # No permission bit of the source survives: every stored file is 0o644.
         os.fchmod(out_fd, 0o644)
@@ -198,82 +159,3 @@ def _stream(src_fd: int, out_fd: int, max_bytes: int) -> tuple[str, int]:
     except OSError as exc:
         raise InfraError(f"artifact store cannot be written: {exc}") from exc
     return digest.hexdigest(), size
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data``; a failure is the destination's, so an :class:`InfraError`."""
-    view = memoryview(data)
-    try:
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-    except OSError as exc:
-        raise InfraError(f"cannot write: {exc}") from exc
-
-
-def _split_artifact_path(path: str) -> list[str]:
-    """The components of an artifact path, refusing anything that could leave the destination."""
-    if not isinstance(path, str) or not path:
-        raise ConfigError(f"artifact path {path!r} is empty or not a string")
-    if path.startswith("/"):
-        raise ConfigError(f"artifact path {path!r} is absolute; refusing to copy it")
-    parts = path.split("/")
-    for part in parts:
-        if part in ("", ".", ".."):
-            raise ConfigError(
-                f"artifact path {path!r} has an empty, '.' or '..' component; refusing to copy it"
-            )
-        if "\x00" in part or any(_is_control(ch) for ch in part):
-            raise ConfigError(f"artifact path {path!r} has a control character; refusing it")
-    return parts
-
-
-def _copy_into(src_fd: int, root_fd: int, parts: list[str], shown: str, dest: Path) -> None:
-    """Write the content of ``src_fd`` to ``parts`` below the directory ``root_fd``."""
-    dir_fd = os.dup(root_fd)
-    try:
-        for i, part in enumerate(parts[:-1]):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=dir_fd)
-            try:
-                child = os.open(part, _OPEN_DIR_FLAGS, dir_fd=dir_fd)
-            except OSError as exc:
-                where = "/".join(parts[: i + 1])
-                raise ConfigError(
-                    f"cannot copy artifact {shown!r}: {str(dest / where)!r} is a symbolic link "
-                    f"or not a directory ({exc.strerror}); refusing to write through it"
-                ) from exc
-            os.close(dir_fd)
-            dir_fd = child
-        name = parts[-1]
-        try:
-            existing = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
-        else:
-            if not stat.S_ISREG(existing.st_mode):
-                raise ConfigError(
-                    f"cannot copy artifact {shown!r}: {str(dest / shown)!r} exists and is not a "
-                    f"regular file ({_type_reason(existing.st_mode).split(':')[0]}); remove it"
-                )
-        # Write a new file and rename it over the name: never write into an existing inode.
-        tmp = f".sandcell-{secrets.token_hex(8)}.tmp"
-        out_fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o644,
-            dir_fd=dir_fd,
-        )
-        try:
-            try:
-                os.fchmod(out_fd, 0o644)  # the umask may have taken bits away
-                while chunk := os.read(src_fd, _CHUNK):
-                    _write_all(out_fd, chunk)
-            finally:
-                os.close(out_fd)
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            os.unlink(tmp, dir_fd=dir_fd)
-            raise
-    finally:
-        os.close(dir_fd)

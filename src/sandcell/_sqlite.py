@@ -1,7 +1,8 @@
-"""Private SQLite files: how the audit log and the approval store open theirs.
+"""Private SQLite files: how the audit log, the approval store and the agent's paused
+conversations open theirs, and the store they share (:class:`PrivateStore`).
 
-Both keep one file that only its owner may read (it holds code, inputs, env values), shared by
-threads (one connection under the caller's lock) and by processes (SQLite's locks). Opening one:
+Each keeps one file that only its owner may read (it holds code, inputs, env values), shared by
+threads (one connection under the store's lock) and by processes (SQLite's locks). Opening one:
 
 * :func:`create_private_file` creates the file 0600 and its missing parents 0700 before SQLite
   would create it with the umask's mode; SQLite gives its -wal and -shm files the file's mode;
@@ -25,13 +26,21 @@ import contextlib
 import os
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import ClassVar, Self
 
 from sandcell.errors import SandcellError
 
-__all__ = ["BUSY_TIMEOUT_S", "create_private_file", "open_private_db", "transaction"]
+__all__ = [
+    "BUSY_TIMEOUT_S",
+    "PrivateStore",
+    "create_private_file",
+    "open_private_db",
+    "transaction",
+]
 
 BUSY_TIMEOUT_S = 30.0
 """How long a transaction waits for another process's write lock. Transactions hold it for well
@@ -190,3 +199,75 @@ def open_private_db(
         conn.close()
         raise
     return conn
+
+
+class PrivateStore:
+    """A store kept in one private SQLite file: a connection shared by threads under a lock,
+    closed by :meth:`close` or by leaving a ``with`` block.
+
+    A subclass names its error class (``_error``: every failure is raised as it) and what it is
+    (``_what``, e.g. "approval store", the words of its messages). Its methods run SQL in
+    :meth:`_txn`, or, holding ``_lock``, on :meth:`_connection` where they report errors their
+    own way. A connection must not cross ``fork()``: open a new store in the child.
+    """
+
+    _error: ClassVar[type[SandcellError]]
+    _what: ClassVar[str]
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        application_id: int,
+        schema: Sequence[str],
+        advice: str = "",
+        check: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
+        """Open (creating file 0600, parents 0700, schema) the store at ``path``; the arguments
+        after it are :func:`open_private_db`'s."""
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        # No implicit transactions: every method opens its own explicitly.
+        self._conn: sqlite3.Connection | None = open_private_db(
+            self.path,
+            application_id=application_id,
+            schema=schema,
+            error=self._error,
+            what=self._what,
+            advice=advice,
+            check=check,
+        )
+
+    def close(self) -> None:
+        """Close the connection; later calls raise the store's error. Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection; the caller holds ``_lock``."""
+        if self._conn is None:
+            raise self._error(f"{self._what} {self.path} is closed")
+        return self._conn
+
+    @contextlib.contextmanager
+    def _txn(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """One transaction (:func:`transaction`) under the lock; sqlite3 errors become the
+        store's error."""
+        # IMMEDIATE takes the write lock before the state is read, so a check and the change
+        # that depends on it are atomic across processes; the thread lock does the same for the
+        # shared connection.
+        with self._lock:
+            conn = self._connection()
+            try:
+                with transaction(conn, write=write) as txn:
+                    yield txn
+            except sqlite3.Error as e:
+                raise self._error(f"{self._what} {self.path}: {e}") from e

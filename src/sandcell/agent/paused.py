@@ -16,17 +16,15 @@ transaction, so of two racing resumes exactly one gets it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandcell._sqlite import open_private_db, transaction
+from sandcell._sqlite import PrivateStore
 from sandcell.errors import ConfigError
 
 __all__ = ["PAUSED_FILENAME", "Paused", "PausedStore", "ResumeError"]
@@ -81,31 +79,14 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-class PausedStore:
+class PausedStore(PrivateStore):
     """The paused conversations in one SQLite file; safe to share between threads and processes."""
 
+    _error = ResumeError
+    _what = "agent conversation store"
+
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = open_private_db(
-            self.path,
-            application_id=_APPLICATION_ID,
-            schema=(_SCHEMA,),
-            error=ResumeError,
-            what="agent conversation store",
-        )
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    def __enter__(self) -> PausedStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(path, application_id=_APPLICATION_ID, schema=(_SCHEMA,))
 
     def save(self, approval_id: str, state: Mapping[str, object]) -> Paused:
         """Keep ``state`` as the conversation waiting for ``approval_id``."""
@@ -136,17 +117,6 @@ class PausedStore:
                 (_now(), paused.approval_id),
             )
             return self._get(conn, paused.approval_id)
-
-    @contextlib.contextmanager
-    def _txn(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            if self._conn is None:
-                raise ResumeError(f"agent conversation store {self.path} is closed")
-            try:
-                with transaction(self._conn, write=write) as conn:
-                    yield conn
-            except sqlite3.Error as exc:
-                raise ResumeError(f"agent conversation store {self.path}: {exc}") from exc
 
     def _get(self, conn: sqlite3.Connection, approval_id: str) -> Paused:
         key = approval_id.strip().lower()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import builtins
-import contextlib
 import hashlib
 import json
 import os
@@ -28,9 +27,8 @@ import pwd
 import secrets
 import socket
 import sqlite3
-import threading
 import unicodedata
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +36,7 @@ from typing import Any, TypeVar, cast
 
 import platformdirs
 
-from sandcell._sqlite import open_private_db, transaction
+from sandcell._sqlite import PrivateStore
 from sandcell.errors import ConfigError
 from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest
 
@@ -245,34 +243,15 @@ def _required(value: str, what: str) -> str:
 # --- the store --------------------------------------------------------------------------------
 
 
-class ApprovalStore:
+class ApprovalStore(PrivateStore):
     """The approval queue in one SQLite file; safe to share between threads and processes."""
+
+    _error = ApprovalError
+    _what = "approval store"
 
     def __init__(self, path: Path) -> None:
         """Open (creating file 0600, parents 0700, schema) the store at ``path``."""
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        # No implicit transactions: each method opens its own (_txn).
-        self._conn: sqlite3.Connection | None = open_private_db(
-            self.path,
-            application_id=_APPLICATION_ID,
-            schema=(_SCHEMA,),
-            error=ApprovalError,
-            what="approval store",
-        )
-
-    def close(self) -> None:
-        """Close the connection; idempotent."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    def __enter__(self) -> ApprovalStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(path, application_id=_APPLICATION_ID, schema=(_SCHEMA,))
 
     def submit(
         self,
@@ -365,19 +344,6 @@ class ApprovalStore:
             return self._ticket(self._find(conn, ticket.id))
 
     # --- internals ----------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _txn(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
-        # IMMEDIATE takes the write lock before the state is read, so the check and the change
-        # are atomic across processes; the thread lock does the same for the shared connection.
-        with self._lock:
-            if self._conn is None:
-                raise ApprovalError(f"approval store {self.path} is closed")
-            try:
-                with transaction(self._conn, write=write) as conn:
-                    yield conn
-            except sqlite3.Error as e:
-                raise ApprovalError(f"approval store {self.path}: {e}") from e
 
     def _find(self, conn: sqlite3.Connection, id_or_prefix: str) -> Any:
         key = id_or_prefix.strip().lower()

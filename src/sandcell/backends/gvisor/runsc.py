@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ PLATFORM = "ptrace"
 """The only platform that works on this kind of host: KVM hangs at boot in a para-virtualised
 VM without VT-x, and systrap does not exist in the 2022 releases."""
 _SEARCH = ("/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc")
+STATE_DIRNAME = ".gvisor-state"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +58,7 @@ class Runsc:
 def state_dir() -> Path:
     # A dot name: the namespaces backend's sweep removes every other entry of the runs root
     # that is not a live supervisor's.
-    path = workspace.runs_root() / ".gvisor-state"
+    path = workspace.runs_root() / STATE_DIRNAME
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
@@ -109,6 +111,48 @@ def find_runsc() -> Runsc:
     return runsc
 
 
+def write_bare_bundle(
+    bundle: Path,
+    runsc: Runsc,
+    args: Sequence[str],
+    *,
+    env: Sequence[str] = (),
+    cwd: str = "/",
+    mounts: Sequence[Mapping[str, object]] = (),
+) -> None:
+    """Write the smallest OCI bundle that runs ``args`` into the directory ``bundle``: a read-only
+    empty root with the host's ``/usr`` bound read-only (``/bin``, ``/lib``, ``/lib64`` as the
+    host's links into it), ``/proc``, new namespaces, no capabilities, as nobody (as root when
+    rootless: the only user there), plus ``mounts`` (OCI mount objects; their destinations are
+    made in the root). What the start check runs, and the floor a benchmark compares with."""
+    rootfs = bundle / "rootfs"
+    extra = (str(m["destination"]).lstrip("/") for m in mounts)
+    for d in ("usr", "proc", "dev", "tmp", *extra):
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    for link in ("bin", "lib", "lib64"):
+        if os.path.islink(f"/{link}"):
+            os.symlink(os.readlink(f"/{link}"), rootfs / link)
+    config = {
+        "ociVersion": "1.0.2",
+        "process": {
+            "user": {"uid": 0 if runsc.rootless else 65534, "gid": 65534},
+            "args": list(args),
+            "env": list(env),
+            "cwd": cwd,
+            "capabilities": {},
+            "noNewPrivileges": True,
+        },
+        "root": {"path": str(rootfs), "readonly": True},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]},
+            *mounts,
+        ],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+    }
+    (bundle / "config.json").write_text(json.dumps(config))
+
+
 def _start_check(runsc: Runsc) -> None:
     """Run ``/usr/bin/true`` in a container, or raise IsolationUnavailable with runsc's error."""
     bundle = Path(
@@ -116,37 +160,7 @@ def _start_check(runsc: Runsc) -> None:
     )
     cid = f"{workspace.owner_tag()}.check"
     try:
-        rootfs = bundle / "rootfs"
-        for d in ("usr", "proc", "dev", "tmp"):
-            (rootfs / d).mkdir(parents=True)
-        for link in ("bin", "lib", "lib64"):
-            if os.path.islink(f"/{link}"):
-                os.symlink(os.readlink(f"/{link}"), rootfs / link)
-        config = {
-            "ociVersion": "1.0.2",
-            "process": {
-                "user": {"uid": 0 if runsc.rootless else 65534, "gid": 65534},
-                "args": ["/usr/bin/true"],
-                "env": [],
-                "cwd": "/",
-                "capabilities": {},
-                "noNewPrivileges": True,
-            },
-            "root": {"path": str(rootfs), "readonly": True},
-            "mounts": [
-                {"destination": "/proc", "type": "proc", "source": "proc"},
-                {
-                    "destination": "/usr",
-                    "type": "bind",
-                    "source": "/usr",
-                    "options": ["rbind", "ro"],
-                },
-            ],
-            "linux": {
-                "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]
-            },
-        }
-        (bundle / "config.json").write_text(json.dumps(config))
+        write_bare_bundle(bundle, runsc, ["/usr/bin/true"])
         try:
             proc = subprocess.run(
                 runsc.argv("run", "--bundle", str(bundle), cid),
@@ -241,6 +255,7 @@ def versions(runsc: Runsc) -> dict[str, str]:
 
 __all__ = [
     "PLATFORM",
+    "STATE_DIRNAME",
     "Runsc",
     "container_ids",
     "delete",
@@ -250,4 +265,5 @@ __all__ = [
     "owner_of",
     "state_dir",
     "versions",
+    "write_bare_bundle",
 ]
