@@ -4,7 +4,9 @@ A session (:mod:`sandcell.sessions.session`) owns the policy, the record, the id
 watchdog; a :class:`CellSandbox` owns the isolation. Each backend that keeps a sandbox alive
 across cells provides one: the namespaces backend's is :class:`~sandcell.sessions.sandbox.
 SessionSandbox`; another backend offers its own through a ``session_sandbox(request,
-session_id=...)`` method. All of them speak the kernel's channel (:mod:`sandcell.sessions.channel`)
+session_id=...)`` method (gVisor's: :class:`~sandcell.backends.gvisor.session.
+GVisorSessionSandbox`; the microVM's: :class:`~sandcell.backends.microvm.session.
+VMSessionSandbox`). All of them speak the kernel's channel (:mod:`sandcell.sessions.channel`)
 to ``_kernel.py`` and judge a cell with :func:`sandcell.sessions.verdict.classify_cell`, so a
 cell's outcome means the same on every rung.
 

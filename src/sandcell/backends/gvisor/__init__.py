@@ -15,7 +15,9 @@
    state (``runsc delete --force``), the cgroup, the mount, the directory.
 
 With ``warm=WarmConfig(mode="pool")`` runs take a sandbox that was started ahead of time (its
-agent waiting, the preload imported) and used once (:mod:`.pool`).
+agent waiting, the preload imported) and used once (:mod:`.pool`). A session keeps one sandbox
+alive across cells, the namespaces backend's kernel in it (:meth:`GVisorBackend.session_sandbox`,
+:mod:`.session`).
 
 Inside the sentry the program also gets the namespaces backend's seccomp filter (installed by
 the agent, applied by gVisor), so the calls that policy refuses are refused the same way here,
@@ -44,6 +46,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
 from sandcell.backends.gvisor import proctree, runsc
@@ -66,6 +69,9 @@ from sandcell.spec import (
     RunRequest,
     StartInfo,
 )
+
+if TYPE_CHECKING:
+    from sandcell.sessions.cell_sandbox import CellSandbox
 
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -149,6 +155,12 @@ class GVisorBackend:
     def warm_stats(self) -> object | None:
         """The pool, as it is now (None without warm starts)."""
         return self._pool.stats() if self._pool is not None else None
+
+    def session_sandbox(self, request: RunRequest, *, session_id: str) -> CellSandbox:
+        """A live sandbox for one session (not started yet; see ``session.py``)."""
+        from sandcell.backends.gvisor.session import GVisorSessionSandbox
+
+        return GVisorSessionSandbox(self, request, session_id=session_id)
 
     def new_name(self, run_id: str) -> str:
         """A container name for a run: unique in this supervisor, readable in ``runsc list``."""

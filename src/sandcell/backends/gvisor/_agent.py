@@ -2,10 +2,13 @@
 
 Usage (inside the sandbox, never by hand)::
 
-    python -I /sandcell/agent.pyc PRELOAD
+    python -I /sandcell/agent.pyc PRELOAD [--channel]
 
 ``PRELOAD`` is a comma-separated list of modules to import first (trusted runtime code, never the
-program's; empty for a cold run). Then, in order:
+program's; empty for a cold run). ``--channel``: stdin is a session's control channel (a socket),
+not the program's input: after the request line it is left to the program as fd 0, unread, and
+this process closes its own copy, so end-of-file on the channel means the program is gone. Then,
+in order:
 
 1. write the ready marker on stderr (a pooled sandbox waits here until a run takes it);
 2. read the request from stdin: one JSON line (``env``, ``rlimits``, ``argv``), then the
@@ -61,8 +64,8 @@ def _load_boot() -> Any:
     return module
 
 
-def _read_request() -> tuple[bytes, int]:
-    """(the JSON line, a memfd holding the rest of stdin, rewound)."""
+def _read_request(channel: bool) -> tuple[bytes, int | None]:
+    """(the JSON line, a memfd holding the rest of stdin, rewound; None for a channel)."""
     buf = b""
     while b"\n" not in buf:
         chunk = os.read(0, 65536)
@@ -70,6 +73,11 @@ def _read_request() -> tuple[bytes, int]:
             _fail("stdin closed before a request arrived")
         buf += chunk
     line, _, rest = buf.partition(b"\n")
+    if channel:
+        # The host sends nothing more until the program greets it on the channel.
+        if rest:
+            _fail("the channel carried data after the request line")
+        return line, None
     fd = os.memfd_create("stdin", 0)
     while True:
         view = memoryview(rest)
@@ -141,8 +149,9 @@ def main(argv: list[str]) -> None:
     import resource
 
     libc = ctypes.CDLL(None, use_errno=True)
+    channel = len(argv) > 2 and argv[2] == "--channel"
     os.write(2, READY)
-    line, stdin_fd = _read_request()
+    line, stdin_fd = _read_request(channel)
     try:
         request = boot._parse_json(line.decode("utf-8"))
         env, rlimits, boot_argv = request["env"], request["rlimits"], request["argv"]
@@ -154,10 +163,13 @@ def main(argv: list[str]) -> None:
             raise ValueError("env and argv must be strings")
     except Exception as exc:
         _fail(f"malformed request: {exc}")
-    os.dup2(stdin_fd, 0)
-    os.close(stdin_fd)
+    if stdin_fd is not None:
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
     child = os.fork()
     if child:
+        if stdin_fd is None:
+            os.close(0)
         # Not dumpable: the program (same uid) can neither ptrace this process nor read its
         # memory, so it cannot write the exit trailer in its place.
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)

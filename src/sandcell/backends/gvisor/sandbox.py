@@ -184,9 +184,17 @@ class GSandbox:
 
     # -- 1. bundle, workspace, cgroup ------------------------------------------------------
 
-    def create(self, preload: tuple[str, ...] = ()) -> None:
+    def create(
+        self,
+        preload: tuple[str, ...] = (),
+        *,
+        channel: bool = False,
+        control: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Lay out the bundle (the agent to import ``preload``) and create the cgroup. Raises
-        IsolationUnavailable when the workspace quota or the cgroup cannot be set up."""
+        IsolationUnavailable when the workspace quota or the cgroup cannot be set up.
+        ``channel``: the agent's stdin is a session's channel (see ``_agent.py``); ``control``:
+        more read-only control files (a session's kernel)."""
         f = self.fixed
         self.work.mkdir(parents=True, mode=0o700)
         self.control.mkdir(mode=0o755)
@@ -209,10 +217,12 @@ class GSandbox:
             CONTROL_BOOT: self.host.boot_code,
             CONTROL_DISPLAY: self.host.display_code,
             CONTROL_SECCOMP: self.host.seccomp_program,
+            **(control or {}),
         }
         for fname, data in files.items():
             self._write_control(fname, data)
         py = python_runtime()
+        agent = [py.sandbox_python, "-I", f"{CONTROL_DIR}/{CONTROL_AGENT}", ",".join(preload)]
         plan = bundle_plan.BundlePlan(
             rootfs=self.rootfs,
             mounts=py.mounts,
@@ -223,7 +233,7 @@ class GSandbox:
             inputs=[(i.host_path, i.name) for i in f.inputs],
             packages=f.packages,
             env=f.env,
-            command=[py.sandbox_python, "-I", f"{CONTROL_DIR}/{CONTROL_AGENT}", ",".join(preload)],
+            command=[*agent, "--channel"] if channel else agent,
             rlimits=f.rlimits,
             tmp_bytes=f.tmp_bytes,
             uid=self.host.sandbox_uid,
@@ -279,8 +289,9 @@ class GSandbox:
 
     # -- 2. runsc --------------------------------------------------------------------------
 
-    def spawn(self) -> None:
-        """Start ``runsc run`` (see the module). Raises InfraError if it cannot be started."""
+    def spawn(self, stdin: int | None = None) -> None:
+        """Start ``runsc run`` (see the module). Raises InfraError if it cannot be started.
+        ``stdin``: a descriptor for the agent's stdin (a session's channel) instead of a pipe."""
         argv = self.host.runsc.argv("run", "--bundle", str(self.run_dir), self.container_id)
         if SETPRIV is not None:
             # runsc dies with the thread that started it (its sandbox is --attached to it, and
@@ -308,7 +319,7 @@ class GSandbox:
         try:
             self.proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.PIPE,
+                stdin=subprocess.PIPE if stdin is None else stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=pass_fds,

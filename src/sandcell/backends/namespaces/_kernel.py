@@ -3,6 +3,7 @@
 Usage (inside the sandbox, started by the boot after Landlock is applied, never by hand)::
 
     python -I /sandcell/kernel.pyc [--path DIR]... [--display /sandcell/display.pyc]
+        [--outputs DIR]
 
 The host hands the kernel one end of a socket pair as its standard input. The kernel takes it over
 as its control channel (and puts ``/dev/null`` on fd 0 for the cells), says hello, then serves
@@ -18,7 +19,8 @@ this process, in one ``__main__`` namespace, so variables and imports persist. C
 fds 1 and 2, which are flushed before the reply, so everything a cell printed is in the host's
 pipes before its reply arrives. With a display module (``_display.py``, precompiled), cells run
 through its ``run_cell``: the last expression's value and open figures become manifest files in a
-per-cell directory under ``/tmp`` that the host collects.
+per-cell directory under ``/tmp`` that the host collects (``--outputs``: under another directory,
+one the host can read, such as the workspace of a sandbox whose ``/tmp`` the host cannot see).
 
 SIGINT interrupts the running cell (KeyboardInterrupt, state kept); between cells it is ignored,
 so an interrupt that races the end of a cell cannot kill the kernel.
@@ -157,8 +159,9 @@ def _flush() -> None:
 class Kernel:
     """Runs cells in one namespace; see the module docstring for the protocol."""
 
-    def __init__(self, ctl: int, display: Any) -> None:
+    def __init__(self, ctl: int, display: Any, outputs_root: str = _OUTPUTS_ROOT) -> None:
         self.ctl = ctl
+        self.outputs_root = outputs_root
         self.run_cell: Callable[..., int] | None = display.run_cell if display is not None else None
         self.seq = 0
         main = type(sys)("__main__")
@@ -187,8 +190,8 @@ class Kernel:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         out_dir: str | None = None
         if self.run_cell is not None:
-            _remove_tree(_OUTPUTS_ROOT)
-            out_dir = f"{_OUTPUTS_ROOT}/{cell_id}"
+            _remove_tree(self.outputs_root)
+            out_dir = f"{self.outputs_root}/{cell_id}"
             os.makedirs(out_dir, mode=0o700)
         reply: dict[str, Any] = {"op": "done", "id": cell_id, "out_dir": out_dir}
         try:
@@ -226,12 +229,15 @@ class Kernel:
 def _main(argv: list[str]) -> None:
     paths: list[str] = []
     display: str | None = None
+    outputs_root = _OUTPUTS_ROOT
     args = iter(argv[1:])
     for arg in args:
         if arg == "--path":
             paths.append(next(args))
         elif arg == "--display":
             display = next(args)
+        elif arg == "--outputs":
+            outputs_root = next(args)
         else:
             os.write(2, f"sandcell-kernel: unknown argument {arg!r}\n".encode())
             os._exit(125)
@@ -247,7 +253,7 @@ def _main(argv: list[str]) -> None:
     except Exception as exc:
         os.write(2, f"sandcell-kernel: display module not loaded: {exc}\n".encode())
         module = None
-    Kernel(ctl, module).serve()
+    Kernel(ctl, module, outputs_root).serve()
     _flush()
     os._exit(0)
 

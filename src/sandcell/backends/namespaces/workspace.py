@@ -62,14 +62,19 @@ def runs_root() -> Path:
     return Path(explicit) if explicit else Path(tempfile.gettempdir()) / f"sandcell-{os.geteuid()}"
 
 
-def _start_time(pid: int) -> str | None:
+def _start_time(pid: int, *, live: bool = False) -> str | None:
+    """The start time of ``pid``; None if there is none (or, with ``live``, if it is a zombie:
+    a supervisor killed under a parent that does not reap it holds nothing any more)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
     # The command name may contain spaces and parentheses: fields start after the last ')'.
-    return stat.rpartition(")")[2].split()[19]
+    fields = stat.rpartition(")")[2].split()
+    if live and fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 @functools.cache
@@ -83,7 +88,7 @@ def owner_alive(tag: str) -> bool:
     pid_text, _, start = tag.partition("-")
     if not pid_text.isdigit():
         return False
-    return _start_time(int(pid_text)) == start
+    return _start_time(int(pid_text), live=True) == start
 
 
 def prepare_root() -> Path:
