@@ -14,12 +14,18 @@ would show that directory's path components to the program if it were mounted at
   directory bound at its place relative to the venv. Nothing else of the venv is bound: its
   console scripts and ``activate`` files name the host path;
 * files that only point back into the host (an editable install's ``.pth`` hook and finder) are
-  covered by empty files: the path they name is not mounted, and their text would name it.
+  covered by empty files: the path they name is not mounted, and their text would name it;
+* the install records that name a host path (a local install's ``direct_url.json``, a
+  ``RECORD`` listing absolute paths outside the runtime) are covered by empty files too.
 
-Security limitations: file *contents* of the runtime may still name host paths (bytecode compiled
-on the host records its source path; ``sysconfig`` data records the build prefix). And
-``/proc/self/mountinfo`` shows, for every bind mount, the source directory's path within its
-filesystem (the kernel's "root" field), which no choice of mount point hides.
+Where the view's host sources are bound from (overlays, so that ``/proc/self/mountinfo`` names
+none of them) and the bytecode that would name them (rewritten copies stacked above) are the
+namespaces backend's: ``backends/namespaces/neutral_sources.py`` and ``neutral_bytecode.py``.
+
+Security limitations: other file *contents* of the runtime may still name host paths:
+``sysconfig`` data records the build prefix of an interpreter outside ``/usr``, and a package may
+keep a path it was built or installed at in its own data files. The gVisor backend binds the same
+view; its mountinfo is the sentry's (no host path), and its bytecode comes from the same overlays.
 """
 
 from __future__ import annotations
@@ -135,8 +141,12 @@ def neutral_view(host: HostPython, *, same_path: Sequence[str]) -> NeutralView:
 
 def host_hooks(site_packages: Sequence[str], host_roots: Sequence[str]) -> tuple[str, ...]:
     """Files of the site-packages that only point back into the host: an editable install's
-    ``__editable__`` hooks, and ``.pth`` files naming a directory outside ``host_roots`` (which
-    the sandbox cannot see; the text would tell it where the host keeps its sources)."""
+    ``__editable__`` hooks (a legacy one's ``.egg-link``), ``.pth`` files naming a directory
+    outside ``host_roots`` (which the sandbox cannot see; the text would tell it where the host
+    keeps its sources), and the install records that name the host: a ``direct_url.json`` of a
+    local source (``file:`` URL: an editable or a local directory or archive install), a
+    ``RECORD`` or ``installed-files.txt`` listing files by an absolute path outside
+    ``host_roots``."""
     found: list[str] = []
     for sp in site_packages:
         try:
@@ -145,10 +155,29 @@ def host_hooks(site_packages: Sequence[str], host_roots: Sequence[str]) -> tuple
             continue
         for name in names:
             path = os.path.join(sp, name)
-            hook = name.startswith("__editable__") and os.path.isfile(path)
+            hook = name.startswith("__editable__") or name.endswith(".egg-link")
+            hook = hook and os.path.isfile(path)
             if hook or (name.endswith(".pth") and _names_outside(path, host_roots)):
                 found.append(path)
+            elif name.endswith((".dist-info", ".egg-info")):
+                found += _naming_records(path, host_roots)
     return tuple(found)
+
+
+def _naming_records(meta: str, roots: Sequence[str]) -> list[str]:
+    found: list[str] = []
+    direct = os.path.join(meta, "direct_url.json")
+    try:
+        with open(direct, encoding="utf-8", errors="replace") as f:
+            if '"file:' in f.read():
+                found.append(direct)
+    except OSError:
+        pass
+    for name in ("RECORD", "installed-files.txt"):
+        path = os.path.join(meta, name)
+        if os.path.isfile(path) and _names_outside(path, roots):
+            found.append(path)
+    return found
 
 
 def _names_outside(pth: str, roots: Sequence[str]) -> bool:

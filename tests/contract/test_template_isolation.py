@@ -154,6 +154,9 @@ def test_threads_and_background_processes_end_with_their_run(
     token = f"sandcell-iso-{secrets.token_hex(6)}"
     gate = tmp_path / "gate"
     gate.mkdir()
+    # The gate is a file's content, not a name the host creates later: an input directory shows
+    # the names it had when the run first looked them up (neutral_sources.py).
+    (gate / "seen").write_text("")
     code = f"""
         import os, threading, time
         def linger():
@@ -164,7 +167,7 @@ def test_threads_and_background_processes_end_with_their_run(
             os.setsid()
             os.execv("/bin/sleep", ["{token}", "60"])
         for _ in range(3000):
-            if os.path.exists("/inputs/gate/seen"):
+            if open("/inputs/gate/seen").read():
                 break
             time.sleep(0.02)
         print("{{}}")
@@ -179,7 +182,7 @@ def test_threads_and_background_processes_end_with_their_run(
         # argv[0] is the token: the sleeper itself, not a command line that mentions it.
         if not seen and any(p.split(": ", 1)[1].startswith(token) for p in processes_with(token)):
             seen = True
-            (gate / "seen").touch()
+            (gate / "seen").write_text("seen")
         thread.join(0.02)
     first = box["r"]
     assert first["outcome"] == "ok", first

@@ -6,9 +6,12 @@ import json
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -348,8 +351,7 @@ def test_blocks_host_tmp(attack: Attack, tmp_path: Path) -> None:
 # -- the runtime's paths ------------------------------------------------------------------------
 
 # What a program can learn about where things are: every text below is searched for host paths.
-# mountinfo's fourth field (a bind mount's source directory within its filesystem) is left out
-# here; see test_mountinfo_root_field_names_the_host_source.
+# mountinfo's root fields are checked with the inputs' in test_mountinfo_names_no_host_path.
 _WHERE_PROBE = """
 import json, os, sys
 def _read(path):
@@ -369,9 +371,7 @@ def _link(path):
     except OSError as exc:
         return f"<{exc.errno}>"
 where = {}
-lines = _read("/proc/self/mountinfo").splitlines()
-where["mountinfo but root fields"] = "\\n".join(
-    " ".join(f[:3] + f[4:]) for f in (ln.split(" ") for ln in lines))
+where["mountinfo"] = _read("/proc/self/mountinfo")
 where["maps"] = _read("/proc/self/maps")
 where["environ"] = _read("/proc/self/environ")
 where["os.environ"] = repr(dict(os.environ))
@@ -380,6 +380,23 @@ where["sys paths"] = repr([sys.path, sys.prefix, sys.base_prefix, sys.exec_prefi
 pids = [p for p in os.listdir("/proc") if p.isdigit()]
 where["cmdlines"] = "\\n".join(_read(f"/proc/{p}/cmdline") for p in pids)
 where["links"] = " ".join(_link(f"/proc/{p}/{n}") for p in pids for n in ("exe", "cwd", "root"))
+# File contents: what the runtime's bytecode says it was compiled from (the code objects of up
+# to 60 .pyc files of site-packages), and the install records of every distribution.
+import glob, marshal
+pycs = sorted(glob.glob(sys.prefix + "/lib/python3*/site-packages/*/__pycache__/*.pyc"))[:60]
+pycs += sorted(glob.glob(sys.base_prefix + "/lib/python3*/__pycache__/*.pyc"))[:20]
+def _co_filename(path):
+    try:
+        with open(path, "rb") as f:
+            return marshal.loads(f.read()[16:]).co_filename
+    except Exception as exc:
+        return f"<{type(exc).__name__}>"
+where["bytecode"] = f"{len(pycs)} files: " + " ".join(_co_filename(p) for p in pycs)
+meta = sys.prefix + "/lib/python3*/site-packages/*.dist-info/"
+records = [_read(p) for p in sorted(glob.glob(meta + "direct_url.json"))]
+records += [ln for p in sorted(glob.glob(meta + "RECORD")) for ln in _read(p).splitlines()
+            if ln.startswith("/") or ln.startswith("<")]
+where["install records"] = "\\n".join(records)
 where["listings"] = "\\n".join(
     f"{d}: {_ls(d)}" for d in ("/", "/opt", "/opt/sandcell", "/opt/sandcell/venv",
                                "/opt/sandcell/venv/bin", "/tmp", "/sandcell"))
@@ -420,34 +437,25 @@ def _where(stdout: str) -> dict[str, str]:
 def test_runtime_shows_no_host_paths(attack: Attack) -> None:
     """Mounts, maps, environment, sys paths, every visible command line and the listings of /,
     /opt and the runtime name no host home, checkout or venv path: the runtime is at
-    /opt/sandcell (a venv) and /usr, whatever the host's layout.
-
-    Known limitation of the microVM backend: its guest image holds the runtime at the host path
-    it was built from, so that path and its parent directories are names in the guest. The host
-    file system itself is not reachable there: each parent lists only the next name on the way
-    to the runtime (no other content of the checkout or home), and no other host path shows."""
+    /opt/sandcell (a venv) and /usr, whatever the host's layout. The microVM guest's image holds
+    the runtime at the same neutral paths, its bytecode rewritten to name them: no host path of
+    the install exists there or is named."""
     paths = _host_paths("/tmp/sandcell-unpriv-")
     runtime, exe_dir = "/opt/sandcell/venv", "/opt/sandcell/"
-    parents: list[str] = []
     if attack.sandbox.backend == "microvm":
         from sandcell.backends.microvm import image
 
-        runtime = os.path.dirname(os.path.dirname(image.load_manifest().python))
-        exe_dir = runtime + "/"
-        parents = [str(p) for p in Path(runtime).parents if str(p) != "/"]
-        named = {runtime, os.path.realpath(runtime), *parents}
-        paths = [p for p in paths if p.rstrip("/") not in named]
+        built = image.load_manifest().python
+        assert built.startswith(exe_dir), f"the guest image names {built}: rebuild it"
     body = (
         textwrap.indent(_WHERE_PROBE, "    ")
         + f"""
     paths = {paths!r}
     runtime = {runtime!r}
-    for parent in {parents!r}:
-        names = os.listdir(parent)
-        wanted = [runtime[len(parent) + 1 :].split("/")[0]]
-        (breach if names != wanted else blocked)(f"list {{parent}}", f"entries {{names!r}}")
     import re
     where["existing"] = " ".join(p for p in paths if os.path.lexists(p))
+    if where["bytecode"].startswith("0 files"):
+        unexpected("find bytecode in site-packages", where["bytecode"])
     for source, text in where.items():
         hits = [p for p in paths
                 if re.search(r"(?<![\\w.-])" + re.escape(p.rstrip("/")) + r"(?![\\w.-])", text)]
@@ -460,19 +468,68 @@ def test_runtime_shows_no_host_paths(attack: Attack) -> None:
     """
     )
     res = attack.run(body)
-    out = attack.expect_blocked(res, attempts=9 + len(parents))
+    out = attack.expect_blocked(res, attempts=11)
     assert runtime + "/lib/" in _where(out)["sys paths"], out[-2000:]
 
 
-def test_mountinfo_root_field_names_the_host_source(executor: Executor) -> None:
-    """Known limitation: a bind mount's line in mountinfo carries its source directory's path
-    within its filesystem, so the venv's host location shows there. No mount point choice hides
-    it (an overlay whose lower directory is given as a relative path would): this test flips
-    to failing when that is fixed, and should then become a plain assertion."""
-    res = executor.run(RunRequest(code="print(open('/proc/self/mountinfo').read())"))
-    assert res.outcome.value == "ok", res.stderr
-    roots = "\n".join(line.split(" ")[3] for line in res.stdout.splitlines() if line.strip())
-    assert _named(roots, [os.path.realpath(sys.prefix)]), roots
+@pytest.fixture
+def home_like() -> Iterator[Path]:
+    """A directory under /tmp that every user can traverse (pytest's own temporary root is
+    private to root again whenever another pytest session starts)."""
+    d = Path(tempfile.mkdtemp(prefix="sandcell-home-like-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_mountinfo_names_no_host_path(attack: Attack, home_like: Path) -> None:
+    """Every line of /proc/self/mountinfo (a bind mount's root field, the mount source, the
+    super options) is free of host paths: the checkout and venv, homes, the runs directory
+    (control files, synthetic /etc, the runtime's support files), the data directory and the
+    inputs, here a file and a directory under a home-like path. The inputs are read first, so
+    the lines checked are those of mounts that serve them."""
+    data = home_like / "home" / "alice" / "proj" / "data"
+    (data / "tables").mkdir(parents=True)
+    (data / "notes.txt").write_text("note\n")
+    (data / "tables" / "t.csv").write_text("a,b\n")
+    for p in (data, data / "tables", data / "notes.txt", data / "tables" / "t.csv"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    for p in (data.parent, data.parent.parent, data.parent.parent.parent):
+        p.chmod(0o755)
+    runs = (
+        str(workspace.runs_root())
+        if attack.identity == "root"
+        else str(attack.home.parent / "runs")
+    )
+    forbidden = [*_host_paths(str(home_like), runs, str(attack.home)), "/tmp/sandcell-"]
+    body = f"""
+    import re
+    with open("/inputs/notes.txt") as f:
+        note = f.read()
+    with open("/inputs/tables/t.csv") as f:
+        table = f.read()
+    if (note, table) != ("note\\n", "a,b\\n"):
+        unexpected("read the inputs", repr((note, table)))
+    else:
+        blocked("inputs mounted", "read both")
+    with open("/proc/self/mountinfo") as f:
+        lines = f.read().splitlines()
+    bad = []
+    for line in lines:
+        hits = [p for p in {forbidden!r}
+                if re.search(r"(?<![\\w.-])" + re.escape(p.rstrip("/")) + r"(?![\\w.-])", line)
+                or (p.endswith("-") and p in line)]
+        if hits:
+            bad.append(f"{{hits}}: {{line}}")
+    if bad or not lines:
+        breach("mountinfo names host paths", "\\n".join(bad) or "no lines")
+    else:
+        blocked("host paths in mountinfo", f"none in {{len(lines)}} lines")
+    """
+    res = attack.run(body, inputs=[data / "notes.txt", data / "tables"])
+    attack.expect_blocked(res, attempts=2)
 
 
 def _venv_under_home(tmp_path: Path, base_python: str) -> Path:
@@ -483,6 +540,21 @@ def _venv_under_home(tmp_path: Path, base_python: str) -> Path:
     site = next((venv / "lib").glob("python3.*/site-packages"))
     deps = [p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)]
     (site / "hostdeps.pth").write_text("\n".join([*deps, str(REPO / "src")]) + "\n")
+    # A package installed from the project's directory, compiled on the host: its bytecode, its
+    # direct_url.json and its RECORD name the host paths.
+    pkg = site / "probepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def where():\n    return __file__\n")
+    subprocess.run(
+        [base_python, "-m", "py_compile", str(pkg / "__init__.py")], check=True, timeout=60
+    )
+    meta = site / "probepkg-1.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: probepkg\nVersion: 1.0\n")
+    project = venv.parent.as_uri()
+    (meta / "direct_url.json").write_text(json.dumps({"url": project, "dir_info": {}}))
+    record = ["probepkg/__init__.py,,", f"{venv}/share/probepkg/data.txt,,", ""]
+    (meta / "RECORD").write_text("\n".join(record))
     return venv
 
 
@@ -496,10 +568,14 @@ def _pyenv_python() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("base", ["system", "pyenv"])
-def test_venv_under_a_home_directory(base: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("base", "start"), [("system", "cold"), ("pyenv", "cold"), ("system", "pool")]
+)
+def test_venv_under_a_home_directory(base: str, start: str, tmp_path: Path) -> None:
     """sandcell installed in a venv under a home directory, on the system interpreter or on a
-    pyenv one under /root: started from its CLI, its sandbox names neither."""
+    pyenv one under /root: started from its CLI, its sandbox names neither, in its mounts or
+    in the files it can read (bytecode compiled on the host, the install records of a package
+    installed from the project directory)."""
     if base == "pyenv":
         python = _pyenv_python()
         if python is None:
@@ -510,7 +586,7 @@ def test_venv_under_a_home_directory(base: str, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home" / "alice"),
            "SANDCELL_HOME": str(tmp_path / "data")}  # fmt: skip
     cmd = [str(venv / "bin" / "python"), "-m", "sandcell", "run", "--json"]
-    cmd += ["--profile", "unchecked", "-c", _WHERE_PROBE]
+    cmd += ["--profile", "unchecked", f"--start={start}", "-c", _WHERE_PROBE]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, cwd=venv.parent, timeout=300, check=False
     )
@@ -524,6 +600,8 @@ def test_venv_under_a_home_directory(base: str, tmp_path: Path) -> None:
         assert not named, f"{source} names {named}: {text[:3000]}"
         assert "alice" not in text and "proj" not in text, f"{source}: {text[:3000]}"
     assert "/opt/sandcell/venv/bin/python" in where["sys paths"]
+    # The probe read the package's bytecode (rewritten) and its records (covered).
+    assert "site-packages/probepkg/__init__.py" in where["bytecode"], where["bytecode"]
     if base == "pyenv":
         assert "/opt/sandcell/python" in where["sys paths"], where["sys paths"]
 
@@ -537,4 +615,16 @@ def test_session_shows_no_host_paths(executor: Executor) -> None:
     assert "/opt/sandcell/venv/bin/python" in where["sys paths"], where["sys paths"]
     for source, text in where.items():
         named = _named(text, _host_paths())
+        assert not named, f"{source} names {named}: {text[:3000]}"
+
+
+def test_display_run_shows_no_host_paths(executor: Executor) -> None:
+    """A run that captures rich outputs (its display module in the control directory, its
+    outputs in the workspace) names no host path in its mounts or files either."""
+    res = executor.run(RunRequest(code=_WHERE_PROBE, display=True))
+    assert res.outcome.value == "ok", res.stderr
+    where = _where(res.stdout)
+    assert "overlay sandcell" in where["mountinfo"], where["mountinfo"]
+    for source, text in where.items():
+        named = _named(text, _host_paths(str(workspace.runs_root())))
         assert not named, f"{source} names {named}: {text[:3000]}"

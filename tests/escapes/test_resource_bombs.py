@@ -85,6 +85,10 @@ def test_blocks_fork_bomb(attack: Attack, token: str, tmp_path: Path) -> None:
     (on a gate file the host opens) until the host has seen the sleepers."""
     gate = tmp_path / "gate"
     gate.mkdir(mode=0o755)
+    # A file's content, not a name created later: an input directory shows the names it had when
+    # the run first looked them up (neutral_sources.py).
+    (gate / "seen").write_text("")
+    (gate / "seen").chmod(0o644)
     watched = attack.sandbox.backend == "namespaces"
     body = f"""
     import time
@@ -110,7 +114,7 @@ def test_blocks_fork_bomb(attack: Attack, token: str, tmp_path: Path) -> None:
             pass
     print("sleepers inside:", inside)
     for _ in range(1500 if {watched!r} else 0):
-        if os.path.exists("/inputs/gate/seen"):
+        if open("/inputs/gate/seen").read():
             print("gate: the host saw the sleepers")
             break
         time.sleep(0.02)
@@ -120,7 +124,7 @@ def test_blocks_fork_bomb(attack: Attack, token: str, tmp_path: Path) -> None:
         body,
         token,
         f"sleep-{token}",
-        on_seen=lambda: (gate / "seen").touch(),
+        on_seen=lambda: (gate / "seen").write_text("seen"),
         max_pids=16,
         inputs=[gate],
         wall_time_s=60,

@@ -133,7 +133,8 @@ def cgroup_bases() -> list[Path]:
     """Where sandcell creates run cgroups on this host (empty when it cannot)."""
     host = cgroups.detect()
     if isinstance(host, cgroups.CgroupHost):
-        return list(host.bases.values())
+        # The v1 freezer groups of warm runs are run cgroups too.
+        return [*host.bases.values(), *([host.freezer] if host.freezer is not None else [])]
     return []
 
 

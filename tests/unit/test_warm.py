@@ -13,12 +13,14 @@ from sandcell import ConfigError, RunRequest, WarmConfig
 from sandcell.backends.namespaces import seccomp
 from sandcell.backends.namespaces.template import (
     THREAD_ENV,
+    ZYGOTE_PARTS,
     TemplateSpec,
     build_template_argv,
     compile_script,
+    compile_zygote,
 )
 from sandcell.backends.namespaces.warm import WarmStarter
-from sandcell.backends.namespaces.warm_drive import parse_status
+from sandcell.backends.namespaces.warm_drive import parse_done, parse_status
 from sandcell.runtimes import python_runtime
 
 
@@ -106,6 +108,32 @@ def test_status_report_is_parsed() -> None:
     # No report (pid 1 died): no wait status.
     assert parse_status(b"1") == (True, None, 0.0, 0)
     assert parse_status(b"1W12") == (True, None, 0.0, 0)
+    # pid 1's early report of a program that stopped itself does not disturb the final one.
+    assert parse_status(b"1D3\nW2304 1.000 0\n") == (True, 2304, 1.0, 0)
+
+
+def test_early_end_report_is_parsed() -> None:
+    assert parse_done(b"1D3\n") == 3
+    assert parse_done(b"1D0\nW9 0.000 0\n") == 0
+    # Incomplete, absent, after the final report, or not a number: no early end.
+    for data in (b"1D3", b"1", b"1W0 0.000 0\nD1\n", b"1Dx\n", b"1D\n", b"1D12345\n"):
+        assert parse_done(data) is None, data
+
+
+def test_zygote_parts_are_compiled_for_the_template() -> None:
+    files = compile_zygote()
+    assert sorted(files) == [
+        "zygote.pyc",
+        "zygote_base.pyc",
+        "zygote_init.pyc",
+        "zygote_program.pyc",
+    ]
+    magic = __import__("importlib.util").util.MAGIC_NUMBER
+    assert all(data[:4] == magic for data in files.values())
+    # The entry loads the parts the host compiled, in the same order.
+    from sandcell.backends.namespaces import _zygote
+
+    assert _zygote._PARTS == ZYGOTE_PARTS
 
 
 @pytest.mark.parametrize(
@@ -135,7 +163,7 @@ def test_zygote_compiles_for_this_interpreter(tmp_path: Path) -> None:
 def test_runtime_mounts_under_tmp_are_kept_when_a_run_gets_its_own_tmp() -> None:
     # A checkout (and its venv) under /tmp: the template sees the venv as a read-only mount
     # below /tmp, which each run's fresh /tmp would otherwise hide (found by CI in /tmp/ci7).
-    from sandcell.backends.namespaces._zygote import _mounts_below
+    from sandcell.backends.namespaces._zygote_init import _mounts_below
 
     table = "\n".join(
         [

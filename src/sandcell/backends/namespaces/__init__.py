@@ -276,8 +276,7 @@ def sweep() -> list[str]:
             owner = group.name.partition(".")[0]
             if workspace.owner_alive(owner):
                 continue
-            rc = cgroups.RunCgroup(host, group.name)
-            rc.dirs = {c: b / group.name for c, b in host.bases.items()}
+            rc = cgroups.RunCgroup(host, group.name, freezer=True)
             rc.kill_all()
             if rc.remove():
                 removed.append(str(group))

@@ -33,6 +33,10 @@ class CgroupHost:
     version: int
     bases: Mapping[str, Path]
     """Controller name (``"unified"`` on v2) to the directory run groups are created under."""
+    freezer: Path | None = None
+    """cgroup v1: where freezer groups are created, when the freezer controller is mounted and
+    writable (on v2 every group has ``cgroup.freeze``). Only warm runs ask for one
+    (:meth:`RunCgroup.freeze`), so a cold run pays no extra attach."""
 
     def describe(self) -> str:
         if self.version == 2:
@@ -107,7 +111,7 @@ def detect() -> CgroupHost | IsolationUnavailable:
                     "run as root, or ask for the weaker mode by name (--isolation rlimits), "
                     "or move the host to cgroup v2 with a delegated subtree",
                 )
-        return CgroupHost(version=1, bases=bases)
+        return CgroupHost(version=1, bases=bases, freezer=_v1_freezer())
     missing = sorted(set(V1_CONTROLLERS) - set(v1))
     return IsolationUnavailable(
         "cgroups",
@@ -116,6 +120,14 @@ def detect() -> CgroupHost | IsolationUnavailable:
         else "no usable cgroup hierarchy",
         "mount cgroup v2 (or the v1 memory, pids and cpuacct controllers)",
     )
+
+
+def _v1_freezer() -> Path | None:
+    for point, fstype, opts in _mountinfo():
+        if fstype == "cgroup" and "freezer" in opts.split(","):
+            base = Path(point) / GROUP_PREFIX
+            return base if os.access(base if base.exists() else point, os.W_OK) else None
+    return None
 
 
 def _check_v2_base(base: Path) -> IsolationUnavailable | None:
@@ -179,12 +191,61 @@ class CgroupUsage:
 
 
 class RunCgroup:
-    """The cgroup(s) of one run: create, limit, attach, read, remove."""
+    """The cgroup(s) of one run: create, limit, attach, read, freeze, remove."""
 
-    def __init__(self, host: CgroupHost, name: str) -> None:
+    def __init__(self, host: CgroupHost, name: str, *, freezer: bool = False) -> None:
         self.host = host
         self.name = name
         self.dirs: dict[str, Path] = {c: base / name for c, base in host.bases.items()}
+        if freezer and host.version == 1 and host.freezer is not None:
+            self.dirs["freezer"] = host.freezer / name
+
+    @property
+    def can_freeze(self) -> bool:
+        """Whether :meth:`freeze` can stop this group (v2 from kernel 5.2, or a v1 group made
+        with a freezer)."""
+        if self.host.version == 2:
+            return (self.dirs["unified"] / "cgroup.freeze").exists()
+        return "freezer" in self.dirs
+
+    def freeze(self, timeout_s: float = 1.0) -> bool:
+        """Stop every process of the group and return once all are stopped (True), or False
+        when they were not within ``timeout_s`` or the group cannot be frozen. A frozen task is
+        parked outside any system call, so a frozen group writes nothing more."""
+        if self.host.version == 2:
+            d = self.dirs["unified"]
+            request, state, done = d / "cgroup.freeze", d / "cgroup.events", "frozen 1"
+            value = "1"
+        elif "freezer" in self.dirs:
+            request = state = self.dirs["freezer"] / "freezer.state"
+            value = done = "FROZEN"
+        else:
+            return False
+        deadline = time.monotonic() + timeout_s
+        try:
+            request.write_text(value)
+            pause = 0.00005
+            while True:
+                # Reading the v1 state is what moves FREEZING to FROZEN once every task is.
+                if done in state.read_text().splitlines():
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.005)
+        except OSError:
+            return False
+
+    def thaw(self) -> None:
+        """Let a frozen group run again (a killed one then dies)."""
+        if self.host.version == 2:
+            target, value = self.dirs["unified"] / "cgroup.freeze", "0"
+        elif "freezer" in self.dirs:
+            target, value = self.dirs["freezer"] / "freezer.state", "THAWED"
+        else:
+            return
+        with contextlib.suppress(OSError):
+            target.write_text(value)
 
     def create(self, settings: Sequence[CgroupSetting]) -> None:
         try:
@@ -236,17 +297,20 @@ class RunCgroup:
         )
 
     def kill_all(self) -> None:
-        """SIGKILL every process left in the group."""
+        """SIGKILL every process left in the group, frozen ones included (they are thawed
+        after the signal, so they die without running another instruction of their own)."""
         if self.host.version == 2:
             kill_file = self.dirs["unified"] / "cgroup.kill"
             if kill_file.exists():
                 with contextlib.suppress(OSError):
                     kill_file.write_text("1")
+                self.thaw()
                 return
         for d in self.dirs.values():
             for pid in _read_pids(d):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, 9)
+        self.thaw()
 
     def remove(self, timeout_s: float = 5.0) -> bool:
         """Remove the groups, killing stragglers; True when nothing is left."""
@@ -346,7 +410,10 @@ def swap_accounting(host: CgroupHost) -> bool:
 def stale_groups(host: CgroupHost) -> list[tuple[str, Path]]:
     """Run groups left behind by a supervisor that died (for the sweep)."""
     out: list[tuple[str, Path]] = []
-    for ctrl, base in host.bases.items():
+    bases = dict(host.bases)
+    if host.freezer is not None:
+        bases["freezer"] = host.freezer
+    for ctrl, base in bases.items():
         if base.is_dir():
             out.extend((ctrl, d) for d in base.iterdir() if d.is_dir())
     return out

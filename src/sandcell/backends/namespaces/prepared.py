@@ -9,6 +9,9 @@ Both a one-shot cold run (:meth:`NamespacesBackend.run`) and a session's long-li
    run's cgroup with its limits;
 3. :meth:`~PreparedSandbox.argv`: the boot plan (Landlock rules, status descriptor) and the bwrap
    argument list for the launch descriptors, wrapped in the workspace helper where one is needed;
+   every read-only host source is bound from a read-only overlay of it (``neutral_sources``:
+   mounted here as root, by the helper in its namespace otherwise), so that the sandbox's
+   mountinfo names no host path;
 4. once bwrap reports the sandbox init, :meth:`~PreparedSandbox.on_sandbox_pid` moves it into the
    cgroup and sets its rlimits, before it starts anything;
 5. :meth:`~PreparedSandbox.remove` ends what is left: cgroup, mount, directory.
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell.backends.namespaces import cgroups, landlock, workspace
+from sandcell.backends.namespaces import cgroups, landlock, neutral_sources, workspace
 from sandcell.backends.namespaces.bwrap import (
     PACKAGES_DIR,
     SANDBOX_WORKDIR,
@@ -113,6 +116,10 @@ class PreparedSandbox:
         self._rlimits = plan_rlimits(self.limits, request.mode)
         self._written: list[Path] = []
         """The control files written here, removed by name (see :meth:`remove`)."""
+        self.view = self.run_dir / "view"
+        self._sources = neutral_sources.NeutralSources()
+        self._view_mounts: list[str] = []
+        """Overlays this supervisor mounted on the host (as root, without the helper)."""
 
     # -- 2. run directory, control files, cgroup ---------------------------------------------
 
@@ -168,18 +175,21 @@ class PreparedSandbox:
         command is the sandbox's pid 1 (it must reap every child, as the boot does)."""
         self._write_plan(status_fd=fds.status_w)
         request, runtime = self.request, self.runtime
+        etc_dir = self.backend.root / "etc"
+        files = support_files(self.backend.root, runtime)
+        src = self._plan_sources(etc_dir, files)
         argv = build_argv(
             BwrapPlan(
                 bwrap=self.backend.bwrap.path,
                 ro_dirs=(),
-                mounts=runtime.mounts,
-                files=support_files(self.backend.root, runtime),
+                mounts=[(src.of(host), dest) for host, dest in runtime.mounts],
+                files=[(Path(src.of(host)), dest) for host, dest in files],
                 symlinks=runtime.symlinks,
                 workspace=self.work,
-                control_dir=self.control,
-                etc_dir=self.backend.root / "etc",
-                inputs=[(i.host_path, i.name) for i in request.inputs],
-                packages=request.packages,
+                control_dir=Path(src.of(self.control)),
+                etc_dir=Path(src.of(etc_dir)),
+                inputs=[(Path(src.of(i.host_path)), i.name) for i in request.inputs],
+                packages=[Path(src.of(p)) for p in request.packages],
                 env={**common_env(), **runtime.sandbox_env, **request.env},
                 tmp_bytes=self.limits.tmp_bytes,
                 seccomp_fd=fds.seccomp,
@@ -193,9 +203,13 @@ class PreparedSandbox:
             argv, data = args_via_fd(argv, fds.args)
             os.pwrite(fds.args, data, 0)
         if not self.layers.use_helper:
+            self._view_mounts = neutral_sources.mount_all(src)
             return argv
         # An ordinary user cannot mount the workspace tmpfs on the host: a helper mounts it in a
-        # namespace of its own and runs bwrap there.
+        # namespace of its own (and the overlays of the neutral sources) and runs bwrap there.
+        for d in src.directories:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o755)
         self.helper = HelperChannel()
         result_w, hold_r = self.helper.child_fds()
         return [
@@ -209,9 +223,30 @@ class PreparedSandbox:
             str(result_w),
             str(hold_r),
             ",".join(map(str, fds.passed())),
+            *neutral_sources.helper_args(src),
             "--",
             *argv,
         ]
+
+    def _plan_sources(
+        self, etc_dir: Path, files: Sequence[tuple[Path, str]]
+    ) -> neutral_sources.NeutralSources:
+        """The overlays that serve this sandbox's read-only host sources (``neutral_sources``):
+        everything but the workspace (a tmpfs already) and what is bound at its own path."""
+        runtime, request = self.runtime, self.request
+        moved, layers = neutral_sources.runtime_sources(runtime.mounts, etc_dir)
+        paths = neutral_sources.gather(
+            [
+                self.control,
+                etc_dir,
+                *moved,
+                *(host for host, _ in files),
+                *(i.host_path for i in request.inputs),
+                *request.packages,
+            ]
+        )
+        self._sources = neutral_sources.plan(paths, str(self.view), layers=layers)
+        return self._sources
 
     def _write_plan(self, *, status_fd: int) -> None:
         request, runtime = self.request, self.runtime
@@ -272,6 +307,8 @@ class PreparedSandbox:
             with contextlib.suppress(OSError):
                 workspace.unmount(self.work)
             self.mounted = False
+        neutral_sources.unmount_all(self._view_mounts)
+        self._view_mounts = []
         # By name, without listing a directory: removal may run on a background thread, and a
         # listing holds a descriptor that a caller counting its own would see. Anything else
         # found there (a directory not empty, a mount left) goes the thorough way.
@@ -279,6 +316,10 @@ class PreparedSandbox:
             for path in (*self._written, self.control / CONTROL_PLAN):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+            views: list[str | Path] = [*reversed(self._sources.directories), self.view]
+            for d in views:
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(d)
             for d in (self.control, self.work, self.run_dir):
                 with contextlib.suppress(FileNotFoundError):
                     d.rmdir()

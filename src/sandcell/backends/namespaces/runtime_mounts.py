@@ -17,6 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from sandcell.backends.namespaces.neutral_sources import NeutralSources
 from sandcell.runtimes import Runtime
 
 __all__ = ["bind_args", "support_files"]
@@ -47,7 +48,8 @@ def support_files(root: Path, runtime: Runtime) -> tuple[tuple[Path, str], ...]:
         names = [hashlib.sha256(text.encode()).hexdigest()[:16] for _, text in runtime.files]
         if not final.is_dir():
             tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".new-"))
-            for name, (_, text) in zip(names, runtime.files, strict=True):
+            # Named by content: several covered files share one (the empty file).
+            for name, text in dict(zip(names, (t for _, t in runtime.files), strict=True)).items():
                 (tmp / name).write_text(text)
                 (tmp / name).chmod(0o444)
             tmp.chmod(0o755)
@@ -63,14 +65,20 @@ def support_files(root: Path, runtime: Runtime) -> tuple[tuple[Path, str], ...]:
         return out
 
 
-def bind_args(runtime: Runtime, files: tuple[tuple[Path, str], ...]) -> list[str]:
+def bind_args(
+    runtime: Runtime,
+    files: tuple[tuple[Path, str], ...],
+    sources: NeutralSources | None = None,
+) -> list[str]:
     """bwrap arguments for the runtime: its mounts, its synthetic ``files`` (from
-    :func:`support_files`), then the top-level symlinks (pure)."""
+    :func:`support_files`), then the top-level symlinks (pure). ``sources``: where each host
+    path is bound from (``neutral_sources``)."""
+    src = sources or NeutralSources()
     a: list[str] = []
     for host, dest in runtime.mounts:
-        a += ["--ro-bind", host, dest]
+        a += ["--ro-bind", src.of(host), dest]
     for host_file, dest in files:
-        a += ["--ro-bind", str(host_file), dest]
+        a += ["--ro-bind", src.of(host_file), dest]
     for link, target in runtime.symlinks:
         a += ["--symlink", target, link]
     return a

@@ -37,15 +37,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandcell.backends.namespaces import cgroups
+from sandcell.backends.namespaces import cgroups, neutral_sources
 from sandcell.backends.namespaces.bwrap import SANDBOX_GID, SANDBOX_HOSTNAME, SANDBOX_UID
 from sandcell.backends.namespaces.runtime_mounts import bind_args
 from sandcell.errors import InfraError
 from sandcell.runtimes import Runtime
 
-__all__ = ["Armed", "Template", "WarmChild", "compile_script", "recv_message", "send_message"]
+__all__ = [
+    "Armed",
+    "Template",
+    "WarmChild",
+    "compile_script",
+    "compile_zygote",
+    "recv_message",
+    "send_message",
+]
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("_zygote.py")
+_MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
+ZYGOTE_PARTS = ("base", "program", "init")
+"""The zygote's other parts (``_zygote_<part>.py``), loaded by ``_zygote.py`` in this order."""
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 # Every BLAS and OpenMP pool single-threaded: the template must have exactly one thread when it
 # forks, and a pool started lazily in a run would be that run's own.
@@ -64,6 +75,16 @@ def compile_script(script: Path, sandbox_path: str) -> bytes:
     code = compile(source, sandbox_path, "exec", dont_inherit=True)
     header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") * 2
     return header + (len(source) & 0xFFFFFFFF).to_bytes(4, "little") + marshal.dumps(code)
+
+
+def compile_zygote() -> dict[str, bytes]:
+    """The zygote's files for the template's ``/sandcell``: ``zygote.pyc`` and its parts."""
+    files = {"zygote.pyc": compile_script(ZYGOTE_SCRIPT, "/sandcell/zygote.py")}
+    for part in ZYGOTE_PARTS:
+        files[f"zygote_{part}.pyc"] = compile_script(
+            ZYGOTE_SCRIPT.with_name(f"_zygote_{part}.py"), f"/sandcell/zygote_{part}.py"
+        )
+    return files
 
 
 # -- messages (the zygote's framing: 4-byte length, body; descriptors on the first byte) -----
@@ -168,6 +189,8 @@ class TemplateSpec:
     control_fd: int
     runtime_files: tuple[tuple[Path, str], ...] = ()
     """The runtime's synthetic files on the host (``runtime_mounts.support_files``)."""
+    sources: neutral_sources.NeutralSources = field(default_factory=neutral_sources.NeutralSources)
+    """Where each host path is bound from: overlays that keep host paths out of mountinfo."""
 
 
 def build_template_argv(spec: TemplateSpec) -> list[str]:
@@ -187,11 +210,12 @@ def build_template_argv(spec: TemplateSpec) -> list[str]:
     a += ["--symlink", "/proc/self/fd", "/dev/fd", "--dir", "/dev/shm", "--remount-ro", "/dev"]
     # Mount points of the children's own mounts.
     a += ["--dir", "/sandbox", "--dir", "/inputs"]
-    a += ["--ro-bind", str(spec.control_dir), "/sandcell"]
+    src = spec.sources
+    a += ["--ro-bind", src.of(spec.control_dir), "/sandcell"]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
-        a += ["--ro-bind", str(spec.etc_dir / name), f"/etc/{name}"]
+        a += ["--ro-bind", f"{src.of(spec.etc_dir)}/{name}", f"/etc/{name}"]
     # The runtime at the same neutral paths as a cold run's, so the children see it there too.
-    a += bind_args(spec.runtime, spec.runtime_files)
+    a += bind_args(spec.runtime, spec.runtime_files, src)
     a += ["--remount-ro", "/", "--chdir", "/"]
     if spec.seccomp_fd is not None:
         a += ["--seccomp", str(spec.seccomp_fd)]
@@ -212,7 +236,7 @@ class Template:
         etc_dir: Path,
         runtime_files: tuple[tuple[Path, str], ...] = (),
         boot_code: bytes,
-        zygote_code: bytes,
+        zygote_files: Mapping[str, bytes],
         display_code: bytes,
         setup_seccomp: bytes,
         run_seccomp: bytes,
@@ -227,7 +251,7 @@ class Template:
         control.mkdir(parents=True, mode=0o755)
         for name, data in (
             ("boot.pyc", boot_code),
-            ("zygote.pyc", zygote_code),
+            *zygote_files.items(),
             ("display.pyc", display_code),
             # The run's own filter, which each child installs on top of the setup one.
             ("seccomp.bpf", run_seccomp),
@@ -240,6 +264,7 @@ class Template:
         os.write(seccomp_fd, setup_seccomp)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         env = {**_base_env(runtime), **THREAD_ENV}
+        sources = _plan_sources(runtime, run_dir, control, etc_dir, runtime_files)
         argv = build_template_argv(
             TemplateSpec(
                 bwrap=bwrap,
@@ -247,12 +272,24 @@ class Template:
                 control_dir=control,
                 etc_dir=etc_dir,
                 runtime_files=runtime_files,
+                sources=sources,
                 env=env,
                 preload=preload,
                 seccomp_fd=seccomp_fd,
                 control_fd=child_end.fileno(),
             )
         )
+        self._view_mounts: list[str] = []
+        if os.geteuid() == 0:
+            self._view_mounts = neutral_sources.mount_all(sources)
+        else:
+            # An ordinary user mounts the overlays in a namespace of its own, which then
+            # becomes bwrap (the workspace helper's exec mode).
+            for d in sources.directories:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(d, 0o755)
+            helper = [runtime.python, "-I", "-S", str(_MOUNT_HELPER), "-", "0", "0", "-", "-"]
+            argv = [*helper, "", *neutral_sources.helper_args(sources), "--", *argv]
         self.log_path = run_dir / "template.log"
         try:
             with open(self.log_path, "wb") as log:
@@ -267,6 +304,7 @@ class Template:
                     start_new_session=True,
                 )
         except OSError as exc:
+            neutral_sources.unmount_all(self._view_mounts)
             raise InfraError(f"could not start the warm-start template: {exc}") from exc
         finally:
             child_end.close()
@@ -339,6 +377,8 @@ class Template:
             os.killpg(self._proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=10)
+        neutral_sources.unmount_all(self._view_mounts)
+        self._view_mounts = []
 
     def _log_tail(self) -> str:
         try:
@@ -346,6 +386,20 @@ class Template:
         except OSError:
             return "no log"
         return text[-2000:] or "no output"
+
+
+def _plan_sources(
+    runtime: Runtime,
+    run_dir: Path,
+    control: Path,
+    etc_dir: Path,
+    runtime_files: Sequence[tuple[Path, str]],
+) -> neutral_sources.NeutralSources:
+    """The template's read-only host sources as overlays (like a cold run's): its control
+    directory, the synthetic ``/etc``, and the runtime's paths that move."""
+    moved, layers = neutral_sources.runtime_sources(runtime.mounts, etc_dir)
+    paths: list[str | Path] = [control, etc_dir, *moved, *(host for host, _ in runtime_files)]
+    return neutral_sources.plan(neutral_sources.gather(paths), str(run_dir / "view"), layers=layers)
 
 
 def _base_env(runtime: Runtime) -> dict[str, str]:

@@ -17,7 +17,11 @@ layers a prepared child does not have (Landlock off, the ``rlimits`` mode next t
 gets a child forked for it at call time (recorded as ``template``). The result is returned as
 soon as status, output, usage and exports are in; the sandbox (pid 1, its namespaces, its
 cgroup) is destroyed on a background thread (``warm_teardown.py``, bounded backlog; ``close``
-waits for it). Runs are registered with the backend's run registry, so ``cancel_all`` stops them.
+waits for it). Where the run's cgroup can be frozen (the v1 freezer controller, or v2's
+``cgroup.freeze``), the program's end is reported before its process exits and the result is
+read from the frozen sandbox (``_zygote.py`` step 6, ``warm_drive.py``): the exports still come
+from a workspace where nothing of the run can move, and the exit itself is part of the
+teardown. Runs are registered with the backend's run registry, so ``cancel_all`` stops them.
 
 The request a child is sent and its input trees: ``warm_request.py``; the run itself (output
 under the limits, status, exports), with measured timings and where a pooled run's time goes:
@@ -45,7 +49,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,11 +61,10 @@ from sandcell.backends.namespaces.observe import observed
 from sandcell.backends.namespaces.pool import PoolStats, WarmPool, idle_memory
 from sandcell.backends.namespaces.runtime_mounts import support_files
 from sandcell.backends.namespaces.template import (
-    ZYGOTE_SCRIPT,
     Armed,
     Template,
     WarmChild,
-    compile_script,
+    compile_zygote,
     recv_message,
     send_message,
 )
@@ -136,7 +139,7 @@ class WarmStarter:
         self.backend = backend
         self.config = config
         self.runtime = runtime_for("python")
-        self._zygote_code = compile_script(ZYGOTE_SCRIPT, "/sandcell/zygote.py")
+        self._zygote_files = compile_zygote()
         self._setup_seccomp = seccomp.build_setup_policy(backend.arch).compile()
         self._display_code = landlock.boot_bytecode(
             f"{landlock.SANDBOX_DIR}/display.py", script=landlock.DISPLAY_SCRIPT
@@ -169,7 +172,7 @@ class WarmStarter:
             etc_dir=self.backend.root / "etc",
             runtime_files=support_files(self.backend.root, self.runtime),
             boot_code=self.backend.boot_code,
-            zygote_code=self._zygote_code,
+            zygote_files=self._zygote_files,
             display_code=self._display_code,
             setup_seccomp=self._setup_seccomp,
             run_seccomp=self.backend.seccomp_program,
@@ -191,7 +194,7 @@ class WarmStarter:
         try:
             if self._cgroup_host is not None:
                 name = f"{self.cgroup_prefix}{uuid.uuid4().hex[:12]}"
-                cgroup = cgroups.RunCgroup(self._cgroup_host, name)
+                cgroup = cgroups.RunCgroup(self._cgroup_host, name, freezer=True)
                 cgroup.create(self._pool_limits.settings(self._cgroup_host, memory_bytes, max_pids))
                 cgroup.attach(child.init_pid)
             arm = {"arm": {"landlock": self._landlock_plans.for_abi(self._landlock_abi)}}
@@ -293,7 +296,9 @@ class WarmStarter:
             return reason
         layers = self.backend.decide(request)  # fails closed as a cold start would
         try:
-            trees = input_trees(request)
+            scratch = self.backend.root / workspace.owner_tag()
+            scratch.mkdir(mode=0o700, exist_ok=True)
+            trees = input_trees(request, scratch, self.backend.root / "etc" / ".empty")
         except (OSError, InfraError) as exc:
             self._fallbacks += 1
             return f"inputs could not be prepared for a warm start: {exc}"
@@ -360,7 +365,9 @@ class WarmStarter:
                 if cgroup is not None:
                     self._pool_limits.retune(cgroup, armed, limits)
             elif layers.cgroup_host is not None:
-                cgroup = cgroups.RunCgroup(layers.cgroup_host, f"{workspace.owner_tag()}.{run_id}")
+                cgroup = cgroups.RunCgroup(
+                    layers.cgroup_host, f"{workspace.owner_tag()}.{run_id}", freezer=True
+                )
                 cgroup.create(
                     cgroups.plan_settings(
                         layers.cgroup_host.version,
@@ -375,21 +382,26 @@ class WarmStarter:
                     raise InfraError(
                         f"could not move the warm sandbox into its cgroup: {exc}"
                     ) from exc
+            doc = request_doc(
+                request,
+                env=self._env,
+                landlock_plan=self._landlock_plans.for_abi(layers.landlock_abi),
+            )
+            quiesce = _quiescer(cgroup) if cgroup is not None and cgroup.can_freeze else None
+            if quiesce is not None:
+                doc["quiesce"] = True
             stop = StopPipe()
             try:
                 # Cancellable as a cold run is: the stop ends it as its wall limit would.
                 with self.backend.runs.register(run_id, stop.set) as cancellation:
                     launched, artifacts, rejected = drive(
                         child,
-                        request_doc(
-                            request,
-                            env=self._env,
-                            landlock_plan=self._landlock_plans.for_abi(layers.landlock_abi),
-                        ),
+                        doc,
                         request,
                         trees,
                         collect,
                         stop_fd=stop.r,
+                        quiesce=quiesce,
                     )
             finally:
                 stop.close()
@@ -433,3 +445,16 @@ class WarmStarter:
         if request.mode.value == "rlimits":
             ll["rlimits"] += " (address space counted above the template's mappings)"
         return replace(cold, layers=ll)
+
+
+def _quiescer(cgroup: cgroups.RunCgroup) -> Callable[[], bool]:
+    """Freeze the run's cgroup; a group that would not freeze is thawed again, so that pid 1
+    can end the run the ordinary way."""
+
+    def quiesce() -> bool:
+        if cgroup.freeze():
+            return True
+        cgroup.thaw()
+        return False
+
+    return quiesce

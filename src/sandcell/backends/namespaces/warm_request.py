@@ -7,10 +7,12 @@ visible in a namespace made from the template's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -79,14 +81,28 @@ def request_doc(
     }
 
 
-def input_trees(request: RunRequest) -> list[int]:
+def input_trees(request: RunRequest, scratch: Path, empty: Path) -> list[int]:
     """Descriptors of detached mount trees of the run's inputs, in order (the caller closes
-    them): cloned here as root, else by the ``_trees.py`` helper in a namespace of its own."""
+    them): cloned here as root, else by the ``_trees.py`` helper in a namespace of its own.
+    ``scratch``: a directory of this supervisor's, where the clones' mount points are made;
+    ``empty``: the empty directory their overlays stack the inputs on (made if missing; it must
+    outlive the runs)."""
     paths = [str(i.host_path) for i in request.inputs]
     if not paths:
         return []
+    with contextlib.suppress(FileExistsError):
+        empty.mkdir(mode=0o555)
+    work = tempfile.mkdtemp(dir=scratch, prefix="trees-")
+    try:
+        return _input_trees(paths, work, str(empty))
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(work)
+
+
+def _input_trees(paths: list[str], scratch: str, empty: str) -> list[int]:
     if os.geteuid() == 0:
-        return _trees.open_trees(paths)
+        return _trees.open_trees(paths, scratch, empty)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with parent:
         try:
@@ -97,6 +113,8 @@ def input_trees(request: RunRequest) -> list[int]:
                     "-S",
                     str(_TREE_HELPER),
                     str(child.fileno()),
+                    scratch,
+                    empty,
                     *paths,
                 ],
                 pass_fds=(child.fileno(),),

@@ -16,7 +16,7 @@ def destroyer(child: WarmChild, cgroup: cgroups.RunCgroup | None) -> Callable[[]
     def destroy() -> None:
         # End-of-file and SIGKILL end pid 1, and with it the run's pid namespace; then nothing
         # of the run may be left in its cgroup when the cgroup goes (a pooled child's own
-        # cgroup goes with discard()).
+        # cgroup goes with discard()). A frozen run dies when kill_all thaws it after the kill.
         child.discard()
         if cgroup is not None and child.armed is None:
             cgroup.kill_all()
