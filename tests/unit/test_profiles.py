@@ -267,8 +267,14 @@ def test_wildcard_over_a_public_suffix_is_refused_at_its_line(tmp_path: Path) ->
         ("localhost", False),
         ("foo.*.example.com", False),
         ("api*.example.com", False),
-        ("API.example.com", False),
-        ("10.0.0.1", False),
+        ("API.example.com", True),  # names are compared in lower case
+        ("bücher.example", True),  # and as A-labels (IDNA)
+        ("10.0.0.1", True),  # an IP literal, allowed when listed explicitly
+        ("[2001:db8::1]:443", True),
+        ("api.example.com:443,8443", True),
+        ("api.example.com:0", False),
+        ("api.example.com:https", False),
+        ("1.2.3", False),
         ("exa_mple.com", False),
     ],
 )

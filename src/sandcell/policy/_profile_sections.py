@@ -21,6 +21,13 @@ from typing import Literal, get_args
 from sandcell.artifacts import validate_globs
 from sandcell.backends.registry import LADDER, rank
 from sandcell.errors import ConfigError
+from sandcell.network.allowlist import (
+    Allowlist,
+    IPNetwork,
+    host_problem,
+    parse_network,
+    parse_rule,
+)
 from sandcell.spec import LANGUAGES, Language, Limits, MiB
 
 # The same literals as ``sandcell.policy.checks.findings``, spelled out here rather than imported:
@@ -66,20 +73,6 @@ LIMIT_KEYS: Mapping[str, tuple[str, int]] = MappingProxyType(
 _RULE_ID = re.compile(r"^(py|sh)\.[a-z0-9-]+$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-# Suffixes under which anyone can register a name. Not the whole Public Suffix List: ccTLD
-# second levels (co.uk, com.au...) are caught by shape below, these are the common others.
-_SHARED_SUFFIXES = frozenset(
-    {
-        *("github.io", "gitlab.io", "herokuapp.com", "appspot.com", "blogspot.com"),
-        *("cloudfront.net", "amazonaws.com", "s3.amazonaws.com", "azurewebsites.net"),
-        *("netlify.app", "vercel.app", "pages.dev", "workers.dev"),
-    }
-)
-_CC_SECOND_LEVELS = frozenset(
-    {"ac", "co", "com", "edu", "gob", "gov", "go", "ltd", "mil", "ne", "net", "or", "org", "sch"}
-)
-
 
 class SectionError(ConfigError):
     """A field of a section is invalid: ``field`` (and ``item``, for a list) say which."""
@@ -87,40 +80,6 @@ class SectionError(ConfigError):
     def __init__(self, reason: str, field: str, item: str | None = None) -> None:
         super().__init__(reason)
         self.reason, self.field, self.item = reason, field, item
-
-
-def host_problem(host: str) -> str | None:
-    """Why ``host`` cannot be on a network allowlist, or None if it can.
-
-    A host is a lower-case DNS name of at least two labels. A wildcard may only be the whole
-    first label, under a registrable domain: ``*.example.com`` is fine, ``*``, ``*.com`` and
-    ``*.co.uk`` are refused because they cover domains that anyone can register.
-    """
-    name = host[2:] if host.startswith("*.") else host
-    labels = name.split(".")
-    if host == "*" or "*" in name:
-        return (
-            f"{host!r} is not a host: a wildcard may only be the first label, as in '*.example.com'"
-        )
-    if len(host) > 253 or not all(_LABEL.match(label) for label in labels):
-        return f"{host!r} is not a host name: use lower-case labels of letters, digits and '-'"
-    if labels[-1].isdigit():
-        return f"{host!r} is not a host: IP addresses are not supported, name the host"
-    public = (
-        len(labels) == 1
-        or name in _SHARED_SUFFIXES
-        or (len(labels) == 2 and len(labels[1]) == 2 and labels[0] in _CC_SECOND_LEVELS)
-    )
-    if len(labels) == 1 and not host.startswith("*."):
-        return f"{host!r} is not a host: name a full host under a domain, e.g. 'api.example.com'"
-    if public and host.startswith("*."):
-        return (
-            f"{host!r} is not a host: it is too broad, covering every domain under the public "
-            f"suffix {name!r}; put the wildcard under a registrable domain, e.g. '*.example.{name}'"
-        )
-    if public:
-        return f"{host!r} is not a host: it is a public suffix; name a host under it"
-    return None
 
 
 def glob_covers(allowed: tuple[str, ...], requested: tuple[str, ...]) -> bool:
@@ -197,10 +156,17 @@ class NetworkRules:
 
     mode: NetworkMode = "none"
     """``none`` (absent: the default): no network at all. ``allowlist``: only ``hosts``,
-    through the egress proxy, which does not exist yet (:meth:`Profile.require_enforceable`)."""
+    through the egress proxy (:mod:`sandcell.network`), which runs are not wired to yet
+    (:meth:`Profile.require_enforceable`)."""
     hosts: tuple[str, ...] = ()
-    """Host names, or ``*.domain`` under a registrable domain (:func:`host_problem`). Empty or
-    absent: none. Must be empty when ``mode`` is ``none``."""
+    """``host``, ``host:port[,port]``, ``*.domain`` under a registrable domain, or an IP literal
+    (:mod:`sandcell.network.allowlist`). Empty or absent: none. Must be empty when ``mode`` is
+    ``none``."""
+    allow_addresses: tuple[str, ...] = ()
+    """Non-public addresses or networks (``10.20.0.0/16``) that a listed name may resolve to.
+    Empty or absent: listed names must resolve to public addresses."""
+    allowlist: Allowlist = field(init=False, repr=False, compare=False)
+    """``hosts`` and ``allow_addresses`` parsed: what the egress proxy checks against."""
 
     def __post_init__(self) -> None:
         if self.mode not in get_args(NetworkMode):
@@ -211,10 +177,25 @@ class NetworkRules:
             raise SectionError(
                 "hosts are listed but mode is 'none'; set mode = 'allowlist'", "hosts"
             )
+        if self.mode == "none" and self.allow_addresses:
+            raise SectionError(
+                "allow_addresses are listed but mode is 'none'; set mode = 'allowlist'",
+                "allow_addresses",
+            )
         for host in self.hosts:
             problem = host_problem(host)
             if problem:
                 raise SectionError(problem, "hosts", host)
+        networks: list[IPNetwork] = []
+        for text in self.allow_addresses:
+            try:
+                networks.append(parse_network(text))
+            except ConfigError as exc:
+                raise SectionError(str(exc), "allow_addresses", text) from None
+        allowlist = Allowlist(
+            rules=tuple(parse_rule(h) for h in self.hosts), allow_addresses=tuple(networks)
+        )
+        object.__setattr__(self, "allowlist", allowlist)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,6 +41,7 @@ import platformdirs
 from sandcell.artifacts import validate_globs
 from sandcell.backends.registry import LADDER, BackendName, check_name, rank
 from sandcell.errors import ConfigError, IsolationUnavailable
+from sandcell.network.allowlist import host_problem
 from sandcell.policy._profile_sections import (
     APPROVAL_MODES,
     LIMIT_KEYS,
@@ -58,7 +59,6 @@ from sandcell.policy._profile_sections import (
     Severity,
     ValidationRules,
     glob_covers,
-    host_problem,
     plain,
     show_limit,
 )
@@ -249,7 +249,7 @@ class ProfileSummary:
 _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "filesystem": ("max_inputs", "export_globs"),
-        "network": ("mode", "hosts"),
+        "network": ("mode", "hosts", "allow_addresses"),
         "isolation": ("backend", "minimum"),
         "runtime": ("languages", "runtime", "allowed_imports", "allowed_packages"),
         "limits": tuple(LIMIT_KEYS),
@@ -361,6 +361,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             NetworkRules,
             mode=doc.string((net, "mode")),
             hosts=doc.strings((net, "hosts")),
+            allow_addresses=doc.strings((net, "allow_addresses")),
         ),
         isolation=_rules(doc, iso, IsolationRules, backend=backend, minimum=minimum),
         limits=_rules(doc, "limits", LimitRules, defaults=defaults, ceilings=ceilings),
@@ -526,7 +527,8 @@ def render_matrix(profile: Profile) -> str:
         ("filesystem", "workspace", f"writable, {_limit('workspace_bytes')}"),
         ("filesystem", "export_globs", _items(fs.export_globs)),
         ("network", "mode", net.mode),
-        ("network", "hosts", _items(net.hosts)),
+        ("network", "hosts", _items([r.show() for r in net.allowlist.rules])),
+        ("network", "allow_addresses", _items(net.allow_addresses)),
         ("isolation", "backend", profile.isolation.backend),
         ("isolation", "minimum", profile.isolation.minimum),
     ]
