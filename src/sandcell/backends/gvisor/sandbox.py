@@ -17,6 +17,11 @@ run takes it):
    process tree), reap, ``runsc delete --force`` if runsc left state, remove the cgroup, the
    mount and the directory.
 
+The sentry writes the sandbox's mountinfo itself (no host path in it). The runtime's bytecode,
+which names the host paths it was compiled from, is served like the namespaces backend's: each
+runtime directory with bytecode is bound from a read-only overlay with its neutral bytecode tree
+on top (``neutral_sources``; mounted on the host as root, in the workspace helper otherwise).
+
 Security limitations: the sandbox's file access goes through runsc's gofer, which runs on the
 host (in runsc's own namespaces and seccomp filter); the host's root can change the bundle while
 it runs.
@@ -39,7 +44,7 @@ from pathlib import Path
 
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor import proctree, runsc
-from sandcell.backends.namespaces import cgroups, landlock, workspace
+from sandcell.backends.namespaces import cgroups, landlock, neutral_sources, workspace
 from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_UID
 from sandcell.backends.namespaces.launcher import HelperChannel, reap
 from sandcell.backends.namespaces.prepared import (
@@ -181,6 +186,8 @@ class GSandbox:
         self.helper_maxrss = 0
         self._lock = threading.Lock()
         self._reaped = False
+        self._sources = neutral_sources.NeutralSources()
+        """The runtime's bytecode overlays; unmounted by :meth:`destroy` with the directory."""
 
     # -- 1. bundle, workspace, cgroup ------------------------------------------------------
 
@@ -223,9 +230,18 @@ class GSandbox:
             self._write_control(fname, data)
         py = python_runtime()
         agent = [py.sandbox_python, "-I", f"{CONTROL_DIR}/{CONTROL_AGENT}", ",".join(preload)]
+        moved, layers = neutral_sources.runtime_sources(py.mounts, self.host.root / "etc")
+        paths = [p for p in neutral_sources.gather(moved) if p[1] in layers]
+        self._sources = neutral_sources.plan(paths, str(self.run_dir / "view"), layers=layers)
+        if self.host.runsc.rootless:
+            for d in self._sources.directories:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(d, 0o755)
+        else:
+            neutral_sources.mount_all(self._sources)
         plan = bundle_plan.BundlePlan(
             rootfs=self.rootfs,
-            mounts=py.mounts,
+            mounts=[(self._sources.of(host), dest) for host, dest in py.mounts],
             files=support_files(self.host.root, py),
             workspace=self.work,
             control_dir=self.control,
@@ -314,7 +330,8 @@ class GSandbox:
             argv = [
                 python_runtime().python, "-I", "-S", str(MOUNT_HELPER), str(self.work),
                 str(self.fixed.workspace_bytes), str(self.fixed.workspace_inodes),
-                str(result_w), str(hold_r), "", "--", *argv,
+                str(result_w), str(hold_r), "",
+                *neutral_sources.helper_args(self._sources), "--", *argv,
             ]  # fmt: skip
         try:
             self.proc = subprocess.Popen(
