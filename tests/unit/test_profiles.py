@@ -465,3 +465,16 @@ def test_checks_section(tmp_path: Path) -> None:
     assert profile.checks.disabled == ("sh.network-tool",)
     assert dict(profile.checks.severity) == {"py.process": "deny"}
     assert "py.process=deny" in render_matrix(profile)
+
+
+def test_tools_load_but_runs_cannot_reach_them_yet(tmp_path: Path) -> None:
+    text = (
+        '[tools.weather]\nkind = "http"\nbase_url = "https://api.example.com/v1"\n'
+        'allow = ["GET /forecast/*"]\ncredential_env = "WEATHER_API_KEY"\n'
+    )
+    profile = load_profile(str(write(tmp_path, "tools.toml", text)))
+    assert [t.name for t in profile.tools] == ["weather"]
+    with pytest.raises(IsolationUnavailable) as info:
+        profile.require_enforceable()
+    assert info.value.layer == "tool gateway"
+    assert "weather" in str(info.value)

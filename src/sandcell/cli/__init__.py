@@ -23,6 +23,7 @@ from sandcell.cli import (
     pool,
     run,
     session,
+    tools,
     vm,
 )
 from sandcell.errors import AuditError, SandcellError
@@ -42,6 +43,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "session": session.handle,
     "pool": pool.handle,
     "vm": vm.handle,
+    "tools": tools.handle,
 }
 
 
@@ -57,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $SANDCELL_HOME or the user data directory)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (run, doctor, audit, batch, ask, session, pool, vm):
+    for module in (run, doctor, audit, batch, ask, session, pool, vm, tools):
         module.add_parser(sub)
     policy.add_parsers(sub)
     approvals.add_parsers(sub)

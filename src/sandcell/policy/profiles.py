@@ -64,6 +64,7 @@ from sandcell.policy._profile_sections import (
 )
 from sandcell.policy._toml_lines import ProfileError, TomlDoc
 from sandcell.spec import Limits
+from sandcell.tools.definitions import ToolDefinition, ToolDefinitionError, parse_tools
 
 __all__ = [
     "APPROVAL_MODES",
@@ -121,6 +122,9 @@ class Profile:
     ``on_findings`` (a run with a ``warning`` finding waits), ``always`` (every run waits).
     A ``deny`` finding stops the run in every mode (``sandcell.policy.checks.findings.decide``).
     Absent: ``on_findings``."""
+    tools: tuple[ToolDefinition, ...] = ()
+    """``[tools.NAME]`` sections: governed tools a run may call through the host's tool gateway
+    (:mod:`sandcell.tools`). Absent: none."""
 
     def __post_init__(self) -> None:
         if self.approval not in APPROVAL_MODES:
@@ -219,6 +223,14 @@ class Profile:
                 "does not have yet",
                 "use a profile with network mode 'none'",
             )
+        if self.tools:
+            names = ", ".join(t.name for t in self.tools)
+            raise IsolationUnavailable(
+                "tool gateway",
+                f"profile {self.name!r} declares governed tools ({names}); runs cannot reach the "
+                "tool gateway yet (`sandcell tools call` can)",
+                "remove the [tools] sections from the profile a run uses",
+            )
 
     def to_record(self) -> dict[str, object]:
         """What the run record keeps of the profile."""
@@ -315,6 +327,15 @@ def _schema(doc: TomlDoc, base_dir: Path | None) -> tuple[object, bytes]:
         doc.fail(f"schema file {str(path)!r} is not JSON: {exc}", where)
 
 
+def _tools(doc: TomlDoc) -> tuple[ToolDefinition, ...]:
+    table = doc.table(("tools",), None)
+    try:
+        return parse_tools(table)
+    except ToolDefinitionError as exc:
+        key = () if exc.key == "name" else (exc.key,)
+        doc.fail(str(exc), ("tools", exc.tool, *key), exc.item)
+
+
 def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None = None) -> Profile:
     """Check the bytes of a profile file completely and build the :class:`Profile`.
 
@@ -325,13 +346,14 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
         ProfileError: naming the file, the line and the reason.
     """
     doc = TomlDoc(source, raw)
-    doc.table((), ("description", "approval", *_SECTIONS))
+    doc.table((), ("description", "approval", "tools", *_SECTIONS))
     for section, keys in _SECTIONS.items():
         doc.table((section,), keys)
     severity = doc.table(("checks", "severity"), None)
     for rule in severity:
         doc.string(("checks", "severity", rule))
     schema, schema_bytes = _schema(doc, base_dir)
+    tools = _tools(doc)
     defaults, ceilings = _limits(doc, "limits", Limits()), _limits(doc, "ceilings", STRICT_CEILINGS)
     fs, net, rt, chk, val = "filesystem", "network", "runtime", "checks", "validation"
     iso = "isolation"
@@ -348,6 +370,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
         sha256=hashlib.sha256(raw + schema_bytes).hexdigest(),
         description=doc.string(("description",)),
         approval=doc.string(("approval",)),
+        tools=tools,
         filesystem=_rules(
             doc,
             fs,
@@ -544,9 +567,17 @@ def render_matrix(profile: Profile) -> str:
         ("validation", "result_file", val.result_file or "stdout"),
         ("approval", "approval", profile.approval),
     ]
+    rows += [("tools", t.name, _tool_summary(t)) for t in profile.tools]
     head = f"profile {profile.name} ({profile.source}), sha256 {profile.sha256}"
     about = f"\n{profile.description.strip()}" if profile.description.strip() else ""
     return f"{head}{about}\n\n{_table(('section', 'setting', 'value'), rows)}\n"
+
+
+def _tool_summary(tool: ToolDefinition) -> str:
+    where = getattr(tool, "base_url", None) or getattr(tool, "url", None) or "stdio"
+    allowed = [r.show() if not isinstance(r, str) else r for r in tool.allow]
+    approval = dict(tool.approval) or tool.default_approval
+    return _clip(f"{tool.kind} {where}; allow {_items(allowed)}; approval {approval}")
 
 
 def render_list(summaries: Sequence[ProfileSummary]) -> str:

@@ -1,0 +1,76 @@
+"""Asking the host for approval of a tool call, bounded by a deadline.
+
+The gateway never decides on its own that a call needing approval may go ahead: the host gives
+an :data:`Approver`; None from it, no approver, an error or the deadline all refuse the call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalRequest:
+    """What a person is asked about."""
+
+    profile: str
+    tool: str
+    """``tool`` or ``tool.operation``."""
+    args: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalDecision:
+    """A person's answer."""
+
+    approved: bool
+    approver: str
+    """Who answered (a user name, ``cli:<user>``...), for the record."""
+
+
+Approver = Callable[[ApprovalRequest], ApprovalDecision | None]
+"""Returns a decision, or None when nobody can approve (no person at a terminal)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    decision: ApprovalDecision | None
+    reason: str
+
+
+def ask(approver: Approver | None, request: ApprovalRequest, timeout_s: float) -> Outcome:
+    """Ask ``approver``, waiting at most ``timeout_s``; the outcome says why when refused."""
+    if approver is None:
+        return Outcome(decision=None, reason=_nobody(request))
+    box: list[ApprovalDecision | BaseException | None] = []
+
+    def run() -> None:
+        try:
+            box.append(approver(request))
+        except BaseException as exc:  # reported as a refusal below
+            box.append(exc)
+
+    worker = threading.Thread(target=run, name="sandcell-tool-approval", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not box:
+        return Outcome(decision=None, reason=f"no approval within {timeout_s:g} s; refused")
+    answer = box[0]
+    if isinstance(answer, BaseException):
+        return Outcome(
+            decision=None, reason=f"the approver failed ({type(answer).__name__}); refused"
+        )
+    if answer is None:
+        return Outcome(decision=None, reason=_nobody(request))
+    if not answer.approved:
+        return Outcome(decision=answer, reason=f"{request.tool} was denied by {answer.approver}")
+    return Outcome(decision=answer, reason="ok")
+
+
+def _nobody(request: ApprovalRequest) -> str:
+    return (
+        f"{request.tool} needs approval (profile {request.profile}) and nobody can approve "
+        "this run; run it where a person can answer, or set approval = 'never' for it"
+    )
