@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -201,6 +202,7 @@ def main() -> int:
     }
     ex.close()
     cold_ex.close()
+    shutil.rmtree(home, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=1))
     else:

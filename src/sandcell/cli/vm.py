@@ -32,8 +32,9 @@ def handle(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         print(f"building the guest image in {layout.image_dir()} ...", file=sys.stderr)
         manifest = image.build()
-        # This user's saved snapshots are of the old image: they would be refused anyway.
-        snapshot.remove_stale(manifest.image_sha256)
+        # This user's saved snapshots of the old build of this image would be refused anyway;
+        # those of other VM directories' images are theirs.
+        snapshot.remove_stale(layout.image_dir() / image.IMAGE_NAME, manifest.image_sha256)
         print(
             f"built in {time.monotonic() - t0:.0f} s: kernel {manifest.kernel_release}, image "
             f"{manifest.image_bytes // (1 << 20)} MiB sha256 {manifest.image_sha256}"

@@ -7,21 +7,24 @@
    ``template`` restores at call time, ``pool`` takes one restored ahead, each used once);
 3. drive the run over the agent channel (``drive.py``): job, fresh entropy, inputs, stdin in;
    output, exit report, exported files out; wall time and output caps enforced from here;
-4. kill QEMU, hand the received files to ``collect`` (the host's export checks), remove every
-   file of the VM.
+4. kill QEMU, hand the received files to ``collect`` (the host's export checks); reaping QEMU
+   and removing every file of the VM happen after the result is returned (a background thread
+   that :meth:`MicroVMBackend.close` waits for), as does restoring the pool's next clone.
 
 The guest kernel and image are verified against their manifest when the backend starts (a
 tampered one raises IsolationUnavailable); QEMU runs jailed (``jail.py``) where the host allows.
 A supervisor killed mid-run leaves its QEMU processes, run directories and snapshots behind:
 :func:`sweep` (called at every start) removes those whose owner is gone.
 
+Sessions (:meth:`MicroVMBackend.session_sandbox`, ``session.py``) keep one VM alive across cells,
+started the same ways, with the session's kernel in the guest.
+
 Security limitations: see ``jail.py`` for the VMM's own confinement. Under TCG, QEMU emulates the
 CPU in software: the guest kernel is not the host's, but QEMU's TCG and device emulation are the
 attack surface. A restored VM shares the snapshot's pre-run memory image (the preloaded modules,
 Python's hash secret): its kernel RNG, ``random`` and numpy's global generator are reseeded before
 the program runs, and its clock and hostname are set fresh. The guest image holds the runtime at
-the host path it was built from, so that path's directory names (a checkout's, a home's) show in
-the guest, though none of those directories' other content is in the image.
+the namespaces backend's neutral paths (``/opt/sandcell/venv``), not at its host path.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
 from sandcell.backends.microvm import accel, image, jail, layout, machine, qemu
@@ -54,6 +58,9 @@ from sandcell.spec import (
     StartInfo,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from sandcell.sessions.cell_sandbox import CellSandbox
 
 MAX_EXPORT_ENTRIES = 20_000
 
@@ -80,6 +87,8 @@ class MicroVMBackend:
         self.guest = replace(guest, accel=choice.accel, jail=self._jail)
         self.runs = RunRegistry()
         self._warm = WarmVMs(self.guest, warm) if warm is not None else None
+        self._teardowns: set[threading.Thread] = set()
+        self._teardown_lock = threading.Lock()
 
     # -- the Backend protocol --------------------------------------------------------------
 
@@ -100,6 +109,10 @@ class MicroVMBackend:
     def close(self) -> None:
         if self._warm is not None:
             self._warm.close()
+        with self._teardown_lock:
+            pending = list(self._teardowns)
+        for t in pending:
+            t.join()
         # This supervisor's run directory, once its VMs are gone (each removed its own).
         with contextlib.suppress(OSError):
             (layout.runs_root() / layout.owner_tag()).rmdir()
@@ -112,14 +125,23 @@ class MicroVMBackend:
         start = StartInfo()
         vm: VM | None = None
         note: str | None = None
-        if self._warm is not None:
+        if self._warm is None:
+            return self._run(request, run_id=run_id, collect=collect, vm=vm, start=start)
+        with self._warm.refill_held():
             taken = self._warm.take(request)
             if isinstance(taken, str):
                 note = taken
             else:
                 vm, start = taken
-        result = self._run(request, run_id=run_id, collect=collect, vm=vm, start=start)
+            result = self._run(request, run_id=run_id, collect=collect, vm=vm, start=start)
         return result if note is None else started_cold(result, note)
+
+    def session_sandbox(self, request: RunRequest, *, session_id: str) -> CellSandbox:
+        """One VM kept alive across the cells of a session (see ``session.py``); not started."""
+        from sandcell.backends.microvm.session import VMSessionSandbox
+
+        self._check(request)
+        return VMSessionSandbox(self, request, session_id=session_id, warm=self._warm)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -175,7 +197,7 @@ class MicroVMBackend:
                     max_entries=MAX_EXPORT_ENTRIES,
                 )
                 console = vm.console() if ended.failure else ""
-                vm.kill()
+                vm.kill(reap=False)
                 artifacts: tuple[Artifact, ...] = ()
                 rejected: tuple[RejectedExport, ...] = ()
                 if ended.reported and ended.files_complete and sink.is_dir():
@@ -194,7 +216,7 @@ class MicroVMBackend:
                     why = ended.failure or "the guest did not send its files"
                     rejected = (RejectedExport(path=".", reason=f"nothing exported: {why}"),)
             finally:
-                vm.destroy()
+                self._tear_down(vm)
         outcome, reason = classify(
             ended, request, cancel_reason=cancellation.reason, console=console
         )
@@ -213,6 +235,22 @@ class MicroVMBackend:
             reason=reason,
             start=start,
         )
+
+    def _tear_down(self, vm: VM) -> None:
+        """Kill the VM now; reap it and remove its files off the result path."""
+        vm.kill(reap=False)
+
+        def destroy() -> None:
+            try:
+                vm.destroy()
+            finally:
+                with self._teardown_lock:
+                    self._teardowns.discard(thread)
+
+        thread = threading.Thread(target=destroy, name="sandcell-vm-teardown", daemon=True)
+        with self._teardown_lock:
+            self._teardowns.add(thread)
+        thread.start()
 
     def _not_run(
         self, request: RunRequest, outcome: Outcome, reason: str, memory_mib: int

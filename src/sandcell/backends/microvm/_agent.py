@@ -17,6 +17,16 @@ snapshot resumes here, waiting for its host). Per VM, exactly one job:
    match the export globs (and the display directory), walked without following any link, then
    ``Z``; the VM is then destroyed by the host.
 
+A session (``Q`` instead of ``J``) sets up the same way, then the runner becomes the session's
+kernel (the host's ``_kernel.py``, sent with the job, run by :data:`SESSION_BOOT`) with its
+control channel, stdout and stderr held here: ``C`` frames carry the host's kernel messages in,
+``M`` frames the kernel's out (each followed by an ``a`` frame with the cgroup's usage), output
+goes out as ``O``/``E`` capped per cell, ``I`` interrupts the kernel (SIGINT), ``K`` kills the
+cgroup, ``T`` lists the workspace's files (``N``) and ``U`` sends files (workspace globs, or a
+cell's display directory) as a run's exports; ``X`` reports the kernel's end. The agent
+acknowledges the session job with ``q`` at once, so that a host can tell an agent without
+sessions (which ignores the job) from a slow guest.
+
 Everything the program can touch is treated as hostile here too: the walk never follows a link,
 and sizes are capped. The host re-checks everything.
 """
@@ -74,8 +84,20 @@ def mount(src: str, target: str, fstype: str, flags: int = 0, data: str = "") ->
 
 
 def write_file(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    # Plain descriptors, not Python's text files: under TCG each layer of those costs.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16).decode()
+    finally:
+        os.close(fd)
 
 
 # -- the port -----------------------------------------------------------------------------
@@ -189,6 +211,10 @@ def boot() -> tuple[int, socket.socket]:
     mount("cgroup2", CG, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     write_file(CG + "/cgroup.subtree_control", "+memory +pids +cpu")
     os.mkdir(PROG_CG)
+    # The program sees only its own processes, not the guest's kernel threads or the agent
+    # (set here, before the snapshot: no run pays for it).
+    mount("proc", "/proc", "proc", MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    os.makedirs("/dev/shm", mode=0o755, exist_ok=True)
     # The runner starts in the program's cgroup, so that what it imports before the job (the
     # preload) is charged to the program, as the namespaces backend's template memory is not.
     sock_agent, sock_runner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -205,7 +231,8 @@ def boot() -> tuple[int, socket.socket]:
         "SANDCELL_PRELOAD": cmdline_preload(),
         "HOME": "/tmp",
     }
-    with open("/opt/sandcell/python") as f:
+    # The runtime's interpreter at its neutral path (/opt/sandcell/venv/bin/python for a venv).
+    with open("/opt/sandcell/interpreter") as f:
         python = f.read().strip()
     pid = os.fork()
     if pid == 0:
@@ -229,10 +256,11 @@ def boot() -> tuple[int, socket.socket]:
 # -- the job ------------------------------------------------------------------------------
 
 
-def reseed(entropy: bytes) -> None:
+def reseed(entropy: bytes, *, credit: bool = True) -> None:
     fd = os.open("/dev/urandom", os.O_WRONLY)
     try:
-        info = struct.pack("ii", len(entropy) * 8, len(entropy)) + entropy
+        bits = len(entropy) * 8 if credit else 0
+        info = struct.pack("ii", bits, len(entropy)) + entropy
         fcntl.ioctl(fd, RNDADDENTROPY, info)
         fcntl.ioctl(fd, RNDRESEEDCRNG)
     finally:
@@ -244,12 +272,25 @@ def set_identity(job: Job) -> None:
     socket.sethostname(job["hostname"])
 
 
-def warm_kernel_paths() -> None:
-    """The guest kernel paths a job takes (mounts, cgroup writes), once, undone."""
-    tmpfs("/sandbox", 1 << 20, 64, 0o755, UID)
-    _libc.umount2(b"/sandbox", 0)
-    write_file(PROG_CG + "/pids.max", "max")
-    socket.sethostname(socket.gethostname())
+def warm_kernel_paths(runner_pid: int) -> None:
+    """The code a job takes here (mounts, cgroup files, clock, entropy, the program's pipes),
+    run once and undone: a VM restored from a snapshot starts with nothing translated, and
+    what is translated here before it waits in the pool is not translated during a run."""
+    warm = {"inputs": [], "code": "pass\n", "code_path": "/sandcell/main.py"}
+    lim = {"workspace_bytes": 1 << 20, "workspace_inodes": 64, "tmp_bytes": 1 << 20}
+    start_workspace(warm, lim)
+    for target in (b"/sandcell", b"/dev/shm", b"/tmp", b"/sandbox"):
+        _libc.umount2(target, 0)
+    reseed(os.urandom(64), credit=False)
+    set_identity({"time_ns": time.time_ns(), "hostname": socket.gethostname()})
+    for name in ("memory.max", "memory.swap.max", "pids.max"):
+        write_file(f"{PROG_CG}/{name}", "max")
+    cgroup_stats(cpu_usage_ms())
+    fds = [*os.pipe(), os.pidfd_open(runner_pid)]
+    select.select(fds, [], [], 0)
+    reap()
+    for fd in fds:
+        os.close(fd)
 
 
 def tmpfs(target: str, size: int, inodes: int, mode: int, uid: int = 0) -> None:
@@ -304,21 +345,10 @@ def start_workspace(job: Job, lim: Job) -> None:
     if job["inputs"]:
         remount_ro("/inputs")
     tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
-    # A runtime built from a checkout under /tmp lives under the image's /tmp: the run's own
-    # /tmp must not hide it (packages imported after the snapshot would vanish).
-    kept = [n for n in sorted(os.listdir("/tmp")) if os.path.isdir(f"/tmp/{n}")]
-    if kept:
-        os.makedirs("/run/image-tmp", exist_ok=True)
-        mount("/tmp", "/run/image-tmp", "", MS_BIND)
+    # The image's runtime is under /opt (nothing under /tmp): the run's /tmp hides nothing.
     tmpfs("/tmp", lim["tmp_bytes"], 16384, 0o1777)
-    for name in kept:
-        os.mkdir(f"/tmp/{name}")
-        mount(f"/run/image-tmp/{name}", f"/tmp/{name}", "", MS_BIND | MS_REC)
     # POSIX shared memory (multiprocessing's locks and queues), capped like /tmp.
-    os.makedirs("/dev/shm", mode=0o755, exist_ok=True)
     tmpfs("/dev/shm", lim["tmp_bytes"], 16384, 0o1777)
-    # The program sees only its own processes, not the guest's kernel threads or the agent.
-    mount("proc", "/proc", "proc", MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     for name in job["inputs"]:
         os.symlink(f"/inputs/{name}", f"/sandbox/{name}")
         os.lchown(f"/sandbox/{name}", UID, GID)
@@ -341,11 +371,10 @@ def kill_cgroup() -> None:
 
 def cpu_usage_ms() -> float | None:
     try:
-        with open(PROG_CG + "/cpu.stat") as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                if k == "usage_usec":
-                    return int(v) / 1000
+        for line in read_file(PROG_CG + "/cpu.stat").splitlines():
+            k, _, v = line.partition(" ")
+            if k == "usage_usec":
+                return int(v) / 1000
     except (OSError, ValueError):
         pass
     return None
@@ -354,17 +383,15 @@ def cpu_usage_ms() -> float | None:
 def cgroup_stats(cpu_before: float | None) -> dict[str, Any]:
     out: dict[str, Any] = {"oom_kill": 0, "cpu_ms": None, "peak_bytes": None}
     try:
-        with open(PROG_CG + "/memory.events") as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                if k == "oom_kill":
-                    out["oom_kill"] = int(v)
+        for line in read_file(PROG_CG + "/memory.events").splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill":
+                out["oom_kill"] = int(v)
         cpu = cpu_usage_ms()
         if cpu is not None:
             # The runner's start and preload ran in this cgroup before the job.
             out["cpu_ms"] = max(cpu - (cpu_before or 0), 0)
-        with open(PROG_CG + "/memory.peak") as f:
-            out["peak_bytes"] = int(f.read())
+        out["peak_bytes"] = int(read_file(PROG_CG + "/memory.peak"))
     except (OSError, ValueError):
         pass
     return out
@@ -473,7 +500,9 @@ def _may_descend(parts: list[str], globs: list[str]) -> bool:
     return False
 
 
-def send_exports(port: Port, globs: list[str], display: bool, budget: int) -> None:
+def send_exports(
+    port: Port, globs: list[str], display: bool, budget: int, root_dir: str = "/sandbox"
+) -> None:
     if display:
         globs = [*globs, DISPLAY_DIRNAME, DISPLAY_DIRNAME + "/*"]
     if not globs:
@@ -551,11 +580,289 @@ def send_exports(port: Port, globs: list[str], display: bool, budget: int) -> No
             for i in range(0, len(data), MAX_FRAME):
                 port.send(b"D", data[i : i + MAX_FRAME])
 
-    root = os.open("/sandbox", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        root = open_dir_nofollow(root_dir)
+    except OSError:
+        return
     try:
         walk(root, [])
     finally:
         os.close(root)
+
+
+# -- sessions -----------------------------------------------------------------------------
+
+SESSION_DIR = "/run/sandcell"
+OUTPUTS_ROOT = "/tmp/.sandcell-outputs"
+MAX_LISTED_PATH = 4096
+# The program the runner runs for a session: the host's kernel (``_kernel.py``), in the runner's
+# process (the preloaded modules already imported), with the display module the agent compiled.
+SESSION_BOOT = (
+    "import sys\n"
+    "sys.argv = ['/sandcell/kernel.py', '--display', '/run/sandcell/display.pyc']\n"
+    "with open('/run/sandcell/kernel.py', encoding='utf-8') as f:\n"
+    "    source = f.read()\n"
+    "exec(compile(source, '/sandcell/kernel.py', 'exec', dont_inherit=True),\n"
+    "     {'__name__': '__main__', '__builtins__': __builtins__})\n"
+)
+
+
+def open_dir_nofollow(path: str) -> int:
+    """A descriptor of the directory ``path`` (absolute), no component followed if a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fd = os.open("/", flags)
+    try:
+        for name in [p for p in path.split("/") if p]:
+            nxt = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_session_files(job: Job) -> None:
+    """The host's kernel source, and its display module compiled by this interpreter (the
+    runtime's base interpreter: the runner loads the bytecode)."""
+    os.makedirs(SESSION_DIR, mode=0o755, exist_ok=True)
+    with open(SESSION_DIR + "/kernel.py", "w", encoding="utf-8") as f:
+        f.write(job["kernel_source"])
+    import marshal
+    import sys
+
+    source = job["display_source"]
+    code = compile(source, "/sandcell/display.py", "exec", dont_inherit=True)
+    magic = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
+    header = magic + bytes(8) + (len(source) & 0xFFFFFFFF).to_bytes(4, "little")
+    with open(SESSION_DIR + "/display.pyc", "wb") as f:
+        f.write(header + marshal.dumps(code))
+
+
+def session_main(
+    port: Port,
+    runner_pid: int,
+    runner_sock: socket.socket,
+    job: Job,
+    frames: list[tuple[bytes, bytes]],
+) -> None:
+    """Serve one session: the runner becomes the kernel; cells, output, interrupts and files
+    are relayed until the host destroys the VM."""
+    # At once: the host tells an agent that knows sessions from one that ignores the job.
+    port.send(b"q")
+    port.early = frames
+    job["code"] = SESSION_BOOT
+    job["code_path"] = "/sandcell/boot.py"
+    try:
+        reseed(bytes.fromhex(job["entropy"]))
+        set_identity(job)
+        prepare_cgroup(job["limits"])
+        write_session_files(job)
+        receive_inputs(port, job)
+    except Exception as exc:
+        port.send(b"W", json.dumps({"message": f"guest session setup failed: {exc}"}).encode())
+        raise
+    ctl, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    skip = ("code", "kernel_source", "display_source")
+    brief = {k: v for k, v in job.items() if k not in skip}
+    brief.update(language="python", display=False)
+    socket.send_fds(runner_sock, [json.dumps(brief).encode()], [kernel_end.fileno(), out_w, err_w])
+    kernel_end.close()
+    os.close(out_w)
+    os.close(err_w)
+    runner_sock.close()
+    KernelRelay(port, runner_pid, ctl, out_r, err_r, lim=job["limits"]).serve()
+
+
+class KernelRelay:
+    """Between the host and the session's kernel (see :func:`session_main`)."""
+
+    def __init__(
+        self, port: Port, pid: int, ctl: socket.socket, out_r: int, err_r: int, *, lim: Job
+    ) -> None:
+        self.port = port
+        self.pid = pid
+        self.ctl: socket.socket | None = ctl
+        ctl.setblocking(False)
+        self.outs = [out_r, err_r]
+        # Non-blocking: a select's answer is stale once a drain (see from_kernel) read the pipe.
+        for fd in self.outs:
+            os.set_blocking(fd, False)
+        self.kinds = {out_r: b"O", err_r: b"E"}
+        # Per cell, as for a run: one byte over the cap tells the host the cap was passed.
+        self.per_cell = {out_r: lim["stdout_bytes"] + 1, err_r: lim["stderr_bytes"] + 1}
+        self.room = dict(self.per_cell)
+        self.to_kernel = bytearray()
+        self.status: int | None = None
+
+    def serve(self) -> None:
+        exited = os.pidfd_open(self.pid)
+        while True:
+            rfds = [*self.outs, self.port.fd]
+            if self.ctl is not None:
+                rfds.append(self.ctl.fileno())
+            if self.status is None:
+                rfds.append(exited)
+            wfds = [self.ctl.fileno()] if self.ctl is not None and self.to_kernel else []
+            r, w, _ = select.select(rfds, wfds, [], 1.0)
+            if w:
+                self.flush_to_kernel()
+            if self.ctl is not None and self.ctl.fileno() in r:
+                self.from_kernel()
+            for fd in list(self.outs):
+                if fd in r:
+                    self.relay_output(fd)
+            if self.port.fd in r or self.port.early:
+                for kind, payload in self.port.frames(0):
+                    self.on_host(kind, payload)
+            for pid, st in reap():
+                if pid == self.pid and self.status is None:
+                    self.kernel_ended(st)
+
+    def flush_to_kernel(self) -> None:
+        assert self.ctl is not None
+        try:
+            n = self.ctl.send(self.to_kernel[: 1 << 16])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.to_kernel.clear()
+            return
+        del self.to_kernel[:n]
+
+    def from_kernel(self) -> None:
+        assert self.ctl is not None
+        # The kernel flushes a cell's output before it replies: relay that output first (a
+        # bounded drain: a process the cell left writing cannot hold the reply back).
+        for fd in list(self.outs):
+            for _ in range(64):
+                if fd not in self.outs or not select.select([fd], [], [], 0)[0]:
+                    break
+                self.relay_output(fd)
+        try:
+            data = self.ctl.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.ctl.close()
+            self.ctl = None
+            return
+        self.port.send(b"M", data)
+        self.port.send(b"a", json.dumps(cgroup_stats(None)).encode())
+
+    def relay_output(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self.outs.remove(fd)
+            os.close(fd)
+            return
+        part = data[: self.room[fd]]
+        self.room[fd] -= len(part)
+        if part:
+            self.port.send(self.kinds[fd], part)
+
+    def on_host(self, kind: bytes, payload: bytes) -> None:
+        if kind == b"C":
+            self.room = dict(self.per_cell)
+            if self.ctl is not None:
+                self.to_kernel += payload
+                self.flush_to_kernel()
+        elif kind == b"I":
+            if self.status is None:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGINT)
+        elif kind == b"K":
+            kill_cgroup()
+        elif kind == b"T":
+            list_workspace(self.port)
+            self.port.send(b"Z")
+        elif kind == b"U":
+            send_session_files(self.port, payload)
+            self.port.send(b"Z")
+
+    def kernel_ended(self, status: int) -> None:
+        self.status = status
+        # Whatever the cells left running ends with the kernel, as the session does.
+        kill_cgroup()
+        report = cgroup_stats(None)
+        report["status"] = status
+        self.port.send(b"X", json.dumps(report).encode())
+
+
+def list_workspace(port: Port) -> None:
+    """The regular files of /sandbox (relative paths), in batches, no link followed."""
+    batch: list[str] = []
+    size = 0
+    count = 0
+
+    def walk(dir_fd: int, prefix: str, depth: int) -> None:
+        nonlocal size, count, batch
+        try:
+            names = sorted(os.listdir(dir_fd))
+        except OSError:
+            return
+        for name in names:
+            if count >= MAX_EXPORT_FILES:
+                return
+            rel = prefix + name
+            try:
+                st = os.lstat(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and depth < 64:
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                except OSError:
+                    continue
+                try:
+                    walk(fd, rel + "/", depth + 1)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISREG(st.st_mode) and len(rel) <= MAX_LISTED_PATH:
+                count += 1
+                batch.append(rel)
+                size += len(rel) + 4
+                if size > MAX_FRAME // 4:
+                    port.send(b"N", json.dumps(batch).encode())
+                    batch, size = [], 0
+
+    try:
+        root = open_dir_nofollow("/sandbox")
+    except OSError:
+        return
+    try:
+        walk(root, "", 0)
+    finally:
+        os.close(root)
+    if batch:
+        port.send(b"N", json.dumps(batch).encode())
+
+
+def send_session_files(port: Port, payload: bytes) -> None:
+    """Files the host asked for: workspace files matching globs, or one cell's display
+    directory; any other place is refused (nothing sent)."""
+    try:
+        doc = json.loads(payload)
+        root, globs, budget = doc["root"], doc["globs"], int(doc["budget"])
+    except (ValueError, KeyError, TypeError):
+        return
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        return
+    if not isinstance(root, str):
+        return
+    cell = root[len(OUTPUTS_ROOT) + 1 :]
+    if root != "/sandbox" and not (
+        root.startswith(OUTPUTS_ROOT + "/") and cell.isdigit() and len(cell) < 16
+    ):
+        return
+    send_exports(port, globs, False, budget, root_dir=root)
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -581,11 +888,13 @@ def main() -> None:
                 # Warm the translated code before the VM waits in the pool (see runner.warm).
                 runner_sock.sendall(b'{"warm": true}')
                 runner_sock.recv(1)
-                warm_kernel_paths()
+                warm_kernel_paths(runner_pid)
                 port.send(b"p")
             elif kind == b"J":
                 job = json.loads(payload)
                 break
+            elif kind == b"Q":
+                session_main(port, runner_pid, runner_sock, json.loads(payload), frames)
     # Frames that came with the job (inputs, stdin, go) are handled next, in order.
     port.early = frames
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import resource
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 
 UID = GID = 1000
+# Loaded before the snapshot: a run does not pay for finding libc.
+_prctl = ctypes.CDLL(None).prctl
 
 
 def preload() -> None:
@@ -76,9 +79,7 @@ def become(job: dict[str, Any], fds: list[int]) -> None:
     # A credential change leaves the process non-dumpable, which hides it (and children that
     # have not exec'd yet) from its own /proc under hidepid; the program is its own, as on the
     # host. PR_SET_DUMPABLE = 4.
-    import ctypes
-
-    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
+    _prctl(4, 1, 0, 0, 0)
     limits(job["limits"])
     os.environ.clear()
     os.environ.update(job["env"])
@@ -142,19 +143,32 @@ WARM_CODE = (
 )
 
 
+WARM_LIMITS = {"cpu_time_s": 60, "max_file_bytes": 1 << 20, "max_open_files": 64, "max_pids": 64}
+
+
 def warm() -> None:
-    """Run the paths a program takes (compile, exec, print) once, output discarded. In a VM
-    restored from a snapshot, QEMU translates the guest's code anew: doing it here, before the
-    VM waits in the pool, takes that cost off the run."""
-    with open(os.devnull, "w") as null:
-        ns = {"__name__": "__warm__", "__builtins__": sys.modules["builtins"]}
-        saved = sys.stdout
-        sys.stdout = null
+    """Run the paths a program takes once, in a forked child, the whole way from the job to the
+    program's exit (credentials, limits, stdio on a pipe, compile, exec, print, exit), output
+    discarded. In a VM restored from a snapshot, QEMU translates the guest's code anew: doing it
+    here, before the VM waits in the pool, takes that cost off the run."""
+    json.loads(json.dumps({"env": dict(os.environ), "limits": {"a": 1}}))
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
         try:
+            fds = [os.open(os.devnull, os.O_RDONLY), out_w, os.dup(out_w)]
+            become({"limits": WARM_LIMITS, "env": dict(os.environ)}, fds)
+            ns = {"__name__": "__warm__", "__builtins__": sys.modules["builtins"]}
             exec(compile(WARM_CODE, "<warm>", "exec", dont_inherit=True), ns)  # noqa: S102
-            json.loads(json.dumps({"env": dict(os.environ), "limits": {"a": 1}}))
+            # Not the exit handlers: they belong to the waiting runner, not to this child.
+            sys.stdout.flush()
         finally:
-            sys.stdout = saved
+            os._exit(0)
+    os.close(out_w)
+    while os.read(out_r, 1 << 16):
+        pass
+    os.close(out_r)
+    os.waitpid(pid, 0)
 
 
 def main() -> None:

@@ -65,8 +65,9 @@ def job_doc(request: RunRequest, *, run_id: str, export_budget: int) -> dict[str
         "code": request.code,
         "code_path": str(code_path(request.language)),
         "language": request.language,
-        "interpreter": runtime.interpreter,
-        "env": {**common_env(), **runtime.env, **request.env},
+        # The guest has the runtime at the namespaces backend's neutral paths (``image.py``).
+        "interpreter": runtime.sandbox_interpreter,
+        "env": {**common_env(), **runtime.sandbox_env, **request.env},
         "limits": {
             "cpu_time_s": lim.cpu_time_s,
             "memory_bytes": lim.memory_bytes,

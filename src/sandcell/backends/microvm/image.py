@@ -1,9 +1,13 @@
 """The guest's root filesystem and its manifest: built from sandcell's runtime, content-hashed.
 
-``sandcell vm build`` (:func:`build`) stages, at their host paths, what a run needs and nothing
-else of the host: the runtime's base interpreter and standard library, the runtime's environment
-(site-packages with numpy, pandas, matplotlib), bash and the usual tools, the shared libraries all
-of them load (resolved with ``ldd``), a synthetic ``/etc``, and the guest agent. The tree becomes
+``sandcell vm build`` (:func:`build`) stages what a run needs and nothing else of the host: the
+runtime's base interpreter and standard library, the runtime's environment (site-packages with
+numpy, pandas, matplotlib), bash and the usual tools, the shared libraries all of them load
+(resolved with ``ldd``), a synthetic ``/etc``, and the guest agent. The runtime sits at the
+neutral paths the namespaces backend shows (``_runtime_view.py``): ``/usr`` stays ``/usr``, a
+base interpreter installed elsewhere is at ``/opt/sandcell/python`` and a virtual environment at
+``/opt/sandcell/venv`` (its site-packages, the interpreter as ``bin/python`` and a ``pyvenv.cfg``
+naming the neutral base), so no path of the host's install is a name in the guest. The tree becomes
 a read-only ext4 image (``mkfs.ext4 -d``, no root needed); the initramfs carries busybox and the
 virtio modules. ``manifest.json`` records the sha256 of the kernel, the initramfs and the image.
 
@@ -31,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sandcell.backends.microvm import initramfs, layout
+from sandcell.backends.namespaces import neutral_bytecode
 from sandcell.backends.namespaces.bwrap import ETC_FILES
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.runtimes import bash_runtime, python_runtime
@@ -64,7 +69,7 @@ class Manifest:
     runtime_sha256: str
     runtime_identity: str
     python: str
-    """The runtime's interpreter, at the same path in the guest as on the host."""
+    """The runtime's interpreter inside the guest (a neutral path, see module)."""
     bash: str
     built_at: str
 
@@ -174,6 +179,8 @@ class RootPlan:
 
     trees: tuple[str, ...]
     """Host directories copied whole, at the same path."""
+    moved: tuple[tuple[str, str], ...] = ()
+    """(host path, guest path): host files and directories copied to a neutral place."""
     files: tuple[str, ...]
     """Host files copied at the same path (links among them are kept as links)."""
     links: tuple[tuple[str, str], ...]
@@ -184,28 +191,40 @@ class RootPlan:
     """Empty directories (mount points)."""
 
 
+INTERPRETER_FILE = "/opt/sandcell/interpreter"
+"""Names the runtime's interpreter in the guest, for the agent that starts the runner."""
+
+
 def plan_root() -> RootPlan:
     """What the guest's root holds, from the runtime of this environment."""
     py = python_runtime()
     stdlib = sysconfig.get_paths()["stdlib"]
     base_python = os.path.realpath(sys.executable)
-    prefix = os.path.abspath(sys.prefix)
-    trees = [stdlib]
-    if prefix != os.path.realpath(sys.base_prefix):
-        trees.append(prefix)
-    files = [base_python, py.interpreter, *_package_programs(TOOL_PACKAGES)]
+    trees: list[str] = []
+    files: list[str] = []
+    # The runtime's neutral view: what stays at its host path (under /usr) is copied there, the
+    # rest (a venv, a base prefix under a home) moves to /opt/sandcell.
+    moved = [(host, guest) for host, guest in py.mounts if host != guest]
+    if not any(_under(stdlib, host) for host, _ in moved):
+        trees.append(stdlib)
+    if not any(_under(base_python, host) for host, _ in moved):
+        files.append(base_python)
+    files += _package_programs(TOOL_PACKAGES)
     links = [(link, target) for link, target in py.symlinks]
     etc = {**ETC_FILES, "hostname": "sandcell\n", "machine-id": ""}
     generated = [(f"/etc/{name}", text.encode(), 0o644) for name, text in etc.items()]
     generated += [
         (f"/opt/sandcell/{name}", src.read_bytes(), 0o644) for name, src in _AGENT_FILES.items()
     ]
-    generated.append(("/opt/sandcell/python", py.interpreter.encode(), 0o644))
+    # The neutral venv's pyvenv.cfg, and empty files over hooks that name the host's sources.
+    generated += [(path, text.encode(), 0o644) for path, text in py.files]
+    generated.append((INTERPRETER_FILE, py.sandbox_python.encode(), 0o644))
     # /etc/fonts: matplotlib finds fonts quietly; C.utf8: the locale every program gets.
     trees += [d for d in ("/etc/fonts", "/usr/lib/locale/C.utf8") if os.path.isdir(d)]
     dirs = ("/proc", "/sys", "/dev", "/tmp", "/sandbox", "/inputs", "/sandcell", "/run")
     return RootPlan(
         trees=tuple(trees),
+        moved=tuple(moved),
         files=tuple(dict.fromkeys(files)),
         links=tuple(links),
         generated=tuple(generated),
@@ -226,6 +245,45 @@ def _package_programs(packages: Iterable[str]) -> list[str]:
         if line.startswith(("/bin/", "/usr/bin/", "/sbin/", "/usr/sbin/")) and os.path.isfile(line):
             progs.append(line)
     return progs
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def guest_path(host: str, moved: Iterable[tuple[str, str]]) -> str:
+    """Where the host path ``host`` is in the guest (its moved place, else the same path)."""
+    for src, dest in sorted(moved, key=lambda m: -len(m[0])):
+        if _under(host, src):
+            return dest + host[len(src.rstrip("/")) :] if host != src else dest
+    return host
+
+
+def _copy_moved(src: str, dest: str, root: Path) -> None:
+    """The host file or directory ``src`` at ``dest`` in the guest: its content, never its
+    host path (links inside are kept as they are: a venv's are relative or point into /usr).
+    Its bytecode is rewritten to name the sources at ``dest`` (``co_filename`` would name the
+    host's place); bytecode of another interpreter is left out."""
+    target = root / dest.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not os.path.isdir(src):
+        shutil.copy2(os.path.realpath(src), target)
+        return
+    shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+    for dirpath, _dirs, names in os.walk(target):
+        if os.path.basename(dirpath) != "__pycache__":
+            continue
+        package = os.path.dirname(os.path.relpath(dirpath, target))
+        for name in names:
+            path = Path(dirpath) / name
+            if not name.endswith(".pyc") or path.is_symlink():
+                continue
+            source = os.path.normpath(os.path.join(dest, package, name.split(".", 1)[0] + ".py"))
+            new = neutral_bytecode.rewrite(path.read_bytes(), source)
+            if new is None:
+                path.unlink()
+            else:
+                path.write_bytes(new)
 
 
 def _copy_file(src: str, root: Path) -> None:
@@ -266,8 +324,10 @@ def _host_path(p: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
 
 
-def _shared_libraries(root: Path) -> set[str]:
-    """Host paths of the shared libraries the staged ELF files load (ldd of each)."""
+def _shared_libraries(root: Path, moved: Iterable[tuple[str, str]] = ()) -> set[str]:
+    """Host paths of the shared libraries the staged ELF files load (ldd of each), but those
+    of a moved tree (staged there already)."""
+    moved_from = [src for src, _ in moved]
     needed: set[str] = set()
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
@@ -284,6 +344,8 @@ def _shared_libraries(root: Path) -> set[str]:
                 lib = parts[2] if len(parts) >= 3 and parts[1] == "=>" else parts[0]
                 if lib.startswith(f"{root}/"):
                     continue  # bundled next to a staged file ($ORIGIN): staged with it already
+                if any(_under(os.path.realpath(lib), src) for src in moved_from):
+                    continue
                 if lib.startswith("/") and os.path.exists(lib):
                     staged = root / _host_path(lib).lstrip("/")
                     if not staged.exists():
@@ -298,10 +360,13 @@ def stage(plan: RootPlan, root: Path) -> None:
         os.symlink(target, root / link.lstrip("/"))
     for tree in plan.trees:
         _copy_tree(tree, root)
+    for src, place in plan.moved:
+        _copy_moved(src, place, root)
     for f in plan.files:
         _copy_file(f, root)
-    for lib in sorted(_shared_libraries(root)):
+    for lib in sorted(_shared_libraries(root, plan.moved)):
         _copy_file(lib, root)
+    _libraries_of_moved_prefix(plan, root)
     for d in plan.dirs:
         (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (root / "tmp").chmod(0o1777)
@@ -313,7 +378,24 @@ def stage(plan: RootPlan, root: Path) -> None:
     # The agent starts as /usr/bin/python3 -I -S: the base interpreter, not the environment's.
     guest_python = root / initramfs.GUEST_PYTHON.lstrip("/")
     if not os.path.lexists(guest_python):
-        os.symlink(os.path.basename(os.path.realpath(sys.executable)), guest_python)
+        guest_python.parent.mkdir(parents=True, exist_ok=True)
+        base = guest_path(os.path.realpath(sys.executable), plan.moved)
+        same_dir = os.path.dirname(base) == os.path.dirname(initramfs.GUEST_PYTHON)
+        os.symlink(os.path.basename(base) if same_dir else base, guest_python)
+
+
+def _libraries_of_moved_prefix(plan: RootPlan, root: Path) -> None:
+    """A shared ``libpython`` of a base prefix that moved: its interpreter's RUNPATH names the
+    host prefix, which the guest does not have, so the loader finds it in ``/usr/lib``."""
+    for _, dest in plan.moved:
+        lib_dir = root / dest.lstrip("/") / "lib"
+        if not lib_dir.is_dir() or dest.endswith("/venv"):
+            continue
+        for lib in lib_dir.glob("libpython*.so*"):
+            staged = root / "usr" / "lib" / lib.name
+            if not os.path.lexists(staged):
+                staged.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(lib, staged, follow_symlinks=True)
 
 
 def _tree_bytes(root: Path) -> tuple[int, int]:
@@ -398,7 +480,7 @@ def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> 
         image_bytes=image_size,
         runtime_sha256=py.sha256,
         runtime_identity=py.identity,
-        python=py.interpreter,
+        python=py.sandbox_python,
         bash=bash.interpreter,
         built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
@@ -410,10 +492,12 @@ def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> 
 
 
 __all__ = [
+    "INTERPRETER_FILE",
     "GuestFiles",
     "Manifest",
     "RootPlan",
     "build",
+    "guest_path",
     "load_manifest",
     "plan_root",
     "sha256_file",

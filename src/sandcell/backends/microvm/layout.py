@@ -64,10 +64,12 @@ def owner_alive(tag: str) -> bool:
     pid_text, _, start = tag.partition("-")
     if not pid_text.isdigit():
         return False
-    return _start_time(int(pid_text)) == start
+    return _start_time(int(pid_text), live=True) == start
 
 
-def _start_time(pid: int) -> str:
+def _start_time(pid: int, *, live: bool = False) -> str:
+    """The start time of ``pid``; ``gone`` if there is none (or, with ``live``, if it is a
+    zombie: a supervisor killed under a parent that does not reap it holds nothing any more)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -75,6 +77,8 @@ def _start_time(pid: int) -> str:
         return "gone"
     # The command name may hold spaces and parentheses: fields count from the last ")".
     fields = stat[stat.rfind(b")") + 2 :].split()
+    if live and fields and fields[0] in (b"Z", b"X"):
+        return "gone"
     return fields[19].decode() if len(fields) > 19 else "unknown"
 
 

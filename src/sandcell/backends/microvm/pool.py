@@ -5,7 +5,10 @@ the preload imported, saved: ``snapshot.py``). ``mode="template"`` restores a cl
 at call time; ``mode="pool"`` keeps ``pool_size`` clones restored ahead, through the handshake
 and then paused (an idle TCG guest would cost several percent of a host CPU each), and resumes
 one per run. Every clone serves exactly one run and is destroyed after it; the job it receives
-carries fresh entropy, the wall clock and a new hostname (see ``_agent.py``).
+carries fresh entropy, the wall clock and a new hostname (see ``_agent.py``). While a run holds
+the refill (:meth:`WarmVMs.refill_held`) and a clone is still ready, the next one is restored
+after that run's result, not during it: on a host with few cores a restore (QEMU's start, the
+guest's warm-up) would take the CPU the run's guest needs.
 
 The snapshot is shared by this user's processes (``snapshot.cached``): a CLI run with
 ``--start pool`` restores from the one an earlier process saved instead of booting again.
@@ -17,8 +20,10 @@ snapshot's guest size, or any run while the snapshot is not (yet, or any more) a
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from sandcell.backends.microvm import channel, machine, snapshot
 from sandcell.backends.microvm.vm import VM
@@ -48,6 +53,7 @@ class WarmVMs:
         self._snapshot_done = False
         self._restored = self._taken = self._discarded = self._errors = 0
         self._runs = self._fallbacks = 0
+        self._holds = 0
         self._thread = threading.Thread(target=self._work, name="sandcell-vm-pool", daemon=True)
         self._thread.start()
 
@@ -79,7 +85,9 @@ class WarmVMs:
     def _fill(self, snap: snapshot.Snapshot) -> None:
         while True:
             with self._cond:
-                while not self._closed and len(self._ready) >= self.config.pool_size:
+                while not self._closed and (
+                    len(self._ready) >= self.config.pool_size or (self._holds and self._ready)
+                ):
                     self._cond.wait()
                 if self._closed:
                     return
@@ -107,6 +115,18 @@ class WarmVMs:
                 self._cond.notify_all()
 
     # -- runs ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def refill_held(self) -> Iterator[None]:
+        """No clone is restored while this block runs, unless none is ready (see module)."""
+        with self._cond:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._holds -= 1
+                self._cond.notify_all()
 
     def _wait_snapshot(self, deadline: float) -> snapshot.Snapshot | str:
         with self._cond:

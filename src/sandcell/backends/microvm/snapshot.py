@@ -169,6 +169,12 @@ def cached(
     root.mkdir(mode=0o700, exist_ok=True)
     final = root / f"cache-{_key(guest, memory_mib, preload)}"
     found = _load(final)
+    if found is None and final.exists() and not in_use(final):
+        # Half-written or of an older format: it could never be used, nor replaced in place.
+        stale = root / f"stale-{layout.owner_tag()}-{uuid.uuid4().hex[:6]}"
+        with contextlib.suppress(OSError):
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
     if found is not None:
         probe = machine.plan(
             guest,
@@ -201,18 +207,52 @@ def cached(
     return moved
 
 
-def remove_stale(image_sha256: str) -> list[str]:
-    """Remove this user's shared snapshots of another guest image (``sandcell vm build``)."""
+def remove_stale(image: Path, image_sha256: str) -> list[str]:
+    """Remove this user's shared snapshots of the guest image at ``image`` that were taken of
+    another build of it (``sandcell vm build`` of that image's VM directory). Snapshots of other
+    images (another ``$SANDCELL_VM_DIR``) are not this build's to remove, and one that a live
+    QEMU still maps stays until that QEMU is gone (:func:`cached` replaces it then)."""
     removed: list[str] = []
     root = layout.snapshots_root()
     if not root.is_dir():
         return removed
     for d in root.glob("cache-*"):
         snap = _load(d)
-        if snap is None or snap.image_sha256 != image_sha256:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(str(d))
+        if snap is None or snap.image_sha256 == image_sha256:
+            continue
+        taken_of = image_path(snap)
+        if taken_of is None or not _same_file_path(taken_of, image) or in_use(d):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
     return removed
+
+
+def image_path(snap: Snapshot) -> Path | None:
+    """The guest image the snapshot's VM had as its root disk (from its command line)."""
+    for arg in snap.identity:
+        if arg.startswith("id=root,file="):
+            return Path(arg[len("id=root,file=") :].split(",", 1)[0])
+    return None
+
+
+def _same_file_path(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def in_use(d: Path) -> bool:
+    """Whether a live QEMU (or its jail) names a file of the snapshot directory ``d``."""
+    needle = str(d).encode() + b"/"
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"qemu-system" in cmdline and needle in cmdline:
+            return True
+    return False
 
 
 def check(snap: Snapshot, guest: machine.Guest, vplan: qemu.VMPlan) -> None:
@@ -281,4 +321,34 @@ def remove(snap: Snapshot) -> None:
         shutil.rmtree(snap.dir)
 
 
-__all__ = ["Snapshot", "cached", "check", "remove", "remove_stale", "restore", "take"]
+def find_cached(
+    guest: machine.Guest, *, memory_mib: int, preload: tuple[str, ...]
+) -> Snapshot | None:
+    """The shared snapshot :func:`cached` keeps for this guest and preload, if one is there and
+    passes :func:`check`. Never takes one: a caller without a pool (a session's VM) restores
+    what another process saved, or boots cold."""
+    found = _load(layout.snapshots_root() / f"cache-{_key(guest, memory_mib, preload)}")
+    if found is None:
+        return None
+    probe = machine.plan(
+        guest, Path("/"), memory_mib=memory_mib, preload=preload, ram_file=found.ram, incoming=True
+    )
+    try:
+        check(found, guest, probe)
+    except InfraError:
+        return None
+    return found
+
+
+__all__ = [
+    "Snapshot",
+    "cached",
+    "check",
+    "find_cached",
+    "image_path",
+    "in_use",
+    "remove",
+    "remove_stale",
+    "restore",
+    "take",
+]

@@ -121,13 +121,15 @@ class VM:
         self.chan = channel.Channel(sock)
         return self.chan
 
-    def kill(self) -> None:
-        """Kill QEMU (and anything of its process group) and reap it; files stay."""
+    def kill(self, *, reap: bool = True) -> None:
+        """Kill QEMU (and anything of its process group) and reap it (unless ``reap`` is false:
+        :meth:`destroy` does it later); files stay."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+        if reap:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
 
     def destroy(self) -> None:
         """Kill QEMU, reap it, close the channel and remove the run directory."""

@@ -1,0 +1,683 @@
+"""The sandbox of one session on the microVM backend: one VM kept alive across cells.
+
+The VM starts the fastest way the backend has: a pooled clone of the snapshot (``--start pool``),
+else one restored at call time (``template``, or without warm starts a clone of the snapshot this
+user's processes share, where one is saved), else a cold boot; the record's enforcement says
+which. The host then sends the agent a session job (``Q``: the run's job with the namespaces
+backend's kernel, ``_kernel.py``, and its display module), the inputs and ``G``; the agent sets up
+the workspace, cgroup and identity as for a run and has the runner become the kernel, unprivileged
+with the run's rlimits, in the program's cgroup (memory and pids of the whole session).
+
+Cells travel as the kernel's own framed messages inside ``C`` frames, replies come back inside
+``M`` frames, output as ``O``/``E`` (capped per cell by the agent as well as here). Everything the
+guest sends is hostile: frame types and sizes are checked by the channel, kernel messages by the
+bounded decoder (:mod:`sandcell.sessions.channel`), files by :class:`~.transfer.FileSink` and then
+the host's export checks (``collect``) or :func:`sandcell.display.read_outputs` on the host copy.
+
+A cell's wall time is enforced from here with an interrupt (``I``: SIGINT to the kernel, the
+state kept); a kernel that does not return within :data:`INTERRUPT_GRACE_S`, the session's end of
+life, or a kernel that died ends the session, and the VM is killed. Verdicts come from
+:func:`sandcell.sessions.verdict.classify_cell` with the guest cgroup's usage, so a cell's outcome
+means the same on every rung.
+
+The VM is acquired on a keeper thread that lives until teardown: the jailed QEMU's bubblewrap dies
+with the thread that started it (``--die-with-parent``), so a session opened from a short-lived
+thread keeps its VM. If the supervisor dies, the jail takes QEMU with it and the backend's
+:func:`~sandcell.backends.microvm.sweep` removes the run directory and the jail's cgroup.
+
+Security limitations: those of the microVM backend and of namespaces sessions: memory, processes
+and CPU time are the session's, not a cell's; files exported while the session lives can be
+changed by a process a cell left running (export at close for a quiescent workspace). A session
+VM from the pool shares the snapshot's pre-run memory like a run's, reseeded the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandcell._artifact_store import ArtifactStore
+from sandcell.backends.base import Collector
+from sandcell.backends.microvm import channel, layout, machine, snapshot
+from sandcell.backends.microvm.drive import job_doc
+from sandcell.backends.microvm.pool import SNAPSHOT_MEMORY_BYTES, WarmVMs
+from sandcell.backends.microvm.transfer import (
+    FileSink,
+    TransferError,
+    check_path,
+    input_frames,
+    input_items,
+)
+from sandcell.backends.microvm.vm import VM
+from sandcell.backends.namespaces.cgroups import CgroupUsage
+from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.display import DisplayCollection, read_outputs
+from sandcell.errors import InfraError
+from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
+from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
+from sandcell.spec import Artifact, Enforcement, RejectedExport, RunRequest, StartInfo, Usage
+
+if TYPE_CHECKING:
+    from sandcell.backends.microvm import MicroVMBackend
+
+SETUP_TIMEOUT_S = 90.0
+ACK_TIMEOUT_S = 20.0
+"""How long the agent has to acknowledge the session job (it does so before anything else)."""
+"""How long the guest has to start the kernel after the session job (TCG on a busy host)."""
+TRANSFER_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+"""How long the guest has to report its processes stopped at close (TCG on a busy host)."""
+MAX_FILES = 20_000
+_NS_DIR = Path(__file__).resolve().parents[1] / "namespaces"
+_KERNEL_SOURCE = _NS_DIR / "_kernel.py"
+_DISPLAY_SOURCE = _NS_DIR / "_display.py"
+_OUT_DIR = re.compile(r"^/tmp/\.sandcell-outputs/[0-9]{1,15}$")
+_SIGKILL_STATUS = 9
+"""The wait status of a process killed by SIGKILL: what a VM that stopped means for its kernel."""
+
+# host -> guest (besides the run's INPUT, DATA, GO and KILL)
+SESSION = b"Q"
+CELL = b"C"
+INTERRUPT = b"I"
+LIST = b"T"
+SEND = b"U"
+# guest -> host (besides the run's STDOUT, STDERR, EXIT, FILE, DATA, SKIPPED, DONE, FAILED)
+ACK = b"q"
+KERNEL = b"M"
+STATS = b"a"
+NAMES = b"N"
+GUEST_TYPES = channel.GUEST_TYPES | {ACK, KERNEL, STATS, NAMES}
+
+
+@dataclass(slots=True)
+class _Received:
+    """Files the guest sent into a host directory."""
+
+    root: Path
+    stand_ins: set[str] = field(default_factory=set)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    failure: str | None = None
+
+
+class VMSessionSandbox:
+    """One live VM running a kernel (see module). Not thread-safe: the session serialises."""
+
+    def __init__(
+        self,
+        backend: MicroVMBackend,
+        request: RunRequest,
+        *,
+        session_id: str,
+        warm: WarmVMs | None,
+    ) -> None:
+        self.backend = backend
+        self.warm = warm
+        self.request = request
+        self.session_id = session_id
+        self.limits = request.effective_limits
+        self.memory_mib = machine.guest_mib(self.limits.memory_bytes)
+        self.start_info = StartInfo()
+        self.start_note: str | None = None
+        self.vm: VM | None = None
+        self.ended: str | None = None
+        self._decoder = FrameDecoder(max_bytes=MAX_KERNEL_MESSAGE)
+        self._messages: list[dict[str, object]] = []
+        self._stats: dict[str, object] = {}
+        self._stats_seen = 0
+        self._exit: dict[str, object] | None = None
+        self._protocol_error: str | None = None
+        self._acked = False
+        self._cell_seq = 0
+        self._transfers = 0
+        self._torn_down = False
+        self._keeper_stop = threading.Event()
+        self._keeper_done = threading.Event()
+
+    # -- the CellSandbox protocol's properties ---------------------------------------------
+
+    @property
+    def sandbox_pid(self) -> int | None:
+        return self.vm.pid if self.vm is not None else None
+
+    @property
+    def run_dir(self) -> Path:
+        if self.vm is not None:
+            return self.vm.run_dir
+        return layout.runs_root() / layout.owner_tag() / f"session-{self.session_id[:12]}"
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Get a VM on the keeper thread, then start the kernel. Cleans up on error."""
+        try:
+            got: queue.Queue[BaseException | None] = queue.Queue()
+            threading.Thread(
+                target=self._keeper,
+                args=(got,),
+                name=f"sandcell-vm-session-{self.session_id}",
+                daemon=True,
+            ).start()
+            error = got.get()
+            if error is not None:
+                raise error
+            self._start_kernel()
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _keeper(self, got: queue.Queue[BaseException | None]) -> None:
+        try:
+            self.vm = self._acquire()
+        except BaseException as exc:
+            got.put(exc)
+            self._keeper_done.set()
+            return
+        got.put(None)
+        # Held until teardown: the jailed QEMU dies with this thread (see module).
+        self._keeper_stop.wait()
+        self._keeper_done.set()
+
+    def _acquire(self) -> VM:
+        warm = self.warm
+        if warm is not None:
+            taken = warm.take(self.request)
+            if isinstance(taken, str):
+                self.start_note = taken
+            else:
+                vm, self.start_info = taken
+                self.memory_mib = warm.memory_mib
+                return vm
+        name = f"session-{self.session_id[:12]}"
+        if warm is None:
+            restored = self._restore_shared(name)
+            if restored is not None:
+                return restored
+        return machine.boot(self.backend.guest, memory_mib=self.memory_mib, name=name)
+
+    def _restore_shared(self, name: str) -> VM | None:
+        """A clone of the snapshot this user's processes share, where one is saved and fits
+        the session's memory limit (a backend without a pool starts no snapshot itself)."""
+        t0 = time.monotonic()
+        if self.limits.memory_bytes > SNAPSHOT_MEMORY_BYTES:
+            return None
+        guest = self.backend.guest
+        preload = WarmConfig().preload
+        snap = snapshot.find_cached(
+            guest, memory_mib=machine.guest_mib(SNAPSHOT_MEMORY_BYTES), preload=preload
+        )
+        if snap is None:
+            return None
+        try:
+            vm = snapshot.restore(guest, snap, name=name)
+        except (InfraError, OSError) as exc:
+            self.start_note = f"the shared snapshot could not be restored: {exc}"
+            return None
+        self.memory_mib = snap.memory_mib
+        self.start_info = StartInfo(
+            mode="template",
+            template=f"vm-snapshot-{snap.id}",
+            preloaded=snap.preload,
+            wait_ms=round((time.monotonic() - t0) * 1000, 3),
+        )
+        return vm
+
+    def _start_kernel(self) -> None:
+        vm = self.vm
+        assert vm is not None and vm.chan is not None
+        vm.chan.reader.allowed = GUEST_TYPES
+        lim = self.limits
+        request = replace(self.request, code="", exports=(), display=False, stdin=b"")
+        job = job_doc(request, run_id=self.session_id, export_budget=self._budget())
+        job["kernel_source"] = _KERNEL_SOURCE.read_text(encoding="utf-8")
+        job["display_source"] = _DISPLAY_SOURCE.read_text(encoding="utf-8")
+        try:
+            vm.chan.send(SESSION, json.dumps(job).encode())
+            for frame in input_frames(input_items(self.request.inputs)):
+                vm.chan.send_raw(frame)
+            vm.chan.send(channel.GO)
+        except channel.ChannelError as exc:
+            raise InfraError(f"the session job could not be sent to the guest: {exc}") from None
+        out, err = CappedOutput(lim.stdout_bytes), CappedOutput(lim.stderr_bytes)
+        sent = time.monotonic()
+        deadline = sent + SETUP_TIMEOUT_S
+        while True:
+            if not self._acked and time.monotonic() > sent + ACK_TIMEOUT_S:
+                raise InfraError(
+                    f"the guest agent did not take the session job within {ACK_TIMEOUT_S:g} s: "
+                    "its image was built before sessions existed, or the guest is stuck; "
+                    "rebuild it: sandcell vm build"
+                )
+            msg = self._messages.pop(0) if self._messages else None
+            if msg is not None:
+                if msg.get("op") != "hello":
+                    raise InfraError(f"the session kernel said {str(msg)[:200]!r} instead of hello")
+                # The usage the first cell's CPU time counts from.
+                self._await_stats()
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise InfraError(
+                    f"the guest did not start the session kernel within {SETUP_TIMEOUT_S:g} "
+                    f"s: {vm.console() or 'no console output'}"
+                )
+            if self._pump(out, err, min(remaining, 1.0)) == "ended":
+                why = self._protocol_error or err.data.decode(errors="replace").strip()
+                raise InfraError(
+                    "the session's VM ended before its kernel started: "
+                    + (why or vm.console() or "no error output")
+                )
+
+    def _budget(self) -> int:
+        return self.limits.workspace_bytes + (64 << 20)
+
+    # -- the channel -------------------------------------------------------------------------
+
+    def _pump(
+        self, out: CappedOutput | None, err: CappedOutput | None, timeout_s: float
+    ) -> str | None:
+        """Handle the frames that arrive within ``timeout_s``. Returns ``"ended"`` once the
+        kernel or the VM is gone, ``"stdout"``/``"stderr"`` when a cap was passed, else None.
+        Output outside a cell (``out``/``err`` None) is dropped."""
+        vm = self.vm
+        assert vm is not None and vm.chan is not None
+        if self._exit is not None or self._protocol_error is not None:
+            return "ended"
+        try:
+            kind, payload = vm.chan.recv(time.monotonic() + max(timeout_s, 0.0))
+        except channel.ChannelTimeout:
+            return None if vm.alive() else self._vm_gone()
+        except channel.ChannelError as exc:
+            # The channel closes as QEMU exits (a guest that powered off or panicked).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                vm.proc.wait(timeout=2)
+            return self._vm_gone() if not vm.alive() else self._broken(str(exc))
+        capped: str | None = None
+        while True:
+            event = self._frame(kind, payload, out, err)
+            if event == "ended":
+                return event
+            capped = capped or event
+            if not vm.chan.pending:
+                return capped
+            kind, payload = vm.chan.pending.pop(0)
+
+    def _frame(
+        self, kind: bytes, payload: bytes, out: CappedOutput | None, err: CappedOutput | None
+    ) -> str | None:
+        if kind == channel.STDOUT:
+            return "stdout" if out is not None and out.add(payload) else None
+        if kind == channel.STDERR:
+            return "stderr" if err is not None and err.add(payload) else None
+        if kind == KERNEL:
+            self._decoder.feed(payload)
+            try:
+                self._messages += list(self._decoder.messages())
+            except ChannelError as exc:
+                return self._broken(str(exc))
+            return None
+        if kind == ACK:
+            self._acked = True
+            return None
+        if kind == STATS:
+            doc = _json_object(payload)
+            if doc is not None:
+                self._stats = doc
+                self._stats_seen += 1
+            return None
+        if kind == channel.EXIT:
+            self._exit = _json_object(payload) or {}
+            return "ended"
+        if kind == channel.FAILED:
+            return self._broken("the guest agent failed: " + payload[:300].decode(errors="replace"))
+        return self._broken(f"the guest sent an unexpected frame {kind!r}")
+
+    def _broken(self, why: str) -> str:
+        self._protocol_error = self._protocol_error or why
+        return "ended"
+
+    def _vm_gone(self) -> str:
+        if self._exit is None:
+            self._exit = {"status": _SIGKILL_STATUS}
+        return "ended"
+
+    def _send(self, kind: bytes, payload: bytes = b"") -> bool:
+        assert self.vm is not None and self.vm.chan is not None
+        try:
+            self.vm.chan.send(kind, payload)
+        except channel.ChannelError:
+            return False
+        return True
+
+    # -- one cell ----------------------------------------------------------------------------
+
+    def run_cell(self, code: str, *, timeout_s: float, hard_deadline: float | None) -> CellRun:
+        if self.ended is not None or self.vm is None:
+            raise InfraError(f"the session's VM has ended: {self.ended}")
+        self._cell_seq += 1
+        cell_id = self._cell_seq
+        out, err = CappedOutput(self.limits.stdout_bytes), CappedOutput(self.limits.stderr_bytes)
+        cpu0 = self._cpu_ms()
+        t0 = time.monotonic()
+        message = encode({"op": "cell", "id": cell_id, "code": code})
+        for i in range(0, len(message), channel.MAX_FRAME):
+            self._send(CELL, message[i : i + channel.MAX_FRAME])
+        deadline = t0 + timeout_s
+        stopped_by: str | None = None
+        reply: dict[str, object] | None = None
+        ended_why: str | None = None
+        while reply is None:
+            if self._messages:
+                msg = self._messages.pop(0)
+                if msg.get("op") == "done" and msg.get("id") == cell_id:
+                    reply = msg
+                continue
+            now = time.monotonic()
+            if hard_deadline is not None and now >= hard_deadline:
+                ended_why = "lifetime"
+                break
+            limit = min(deadline, hard_deadline) if hard_deadline is not None else deadline
+            event = self._pump(out, err, limit - now)
+            if event == "ended" and not self._messages:
+                ended_why = "kernel"
+                break
+            if event in ("stdout", "stderr") and stopped_by is None:
+                stopped_by = event
+                self._send(INTERRUPT)
+                deadline = time.monotonic() + INTERRUPT_GRACE_S
+            elif event is None and time.monotonic() >= deadline:
+                if stopped_by is None:
+                    stopped_by = "wall_time"
+                    self._send(INTERRUPT)
+                    deadline = time.monotonic() + INTERRUPT_GRACE_S
+                else:
+                    ended_why = "grace"
+                    break
+        wall_ms = (time.monotonic() - t0) * 1000
+        if reply is not None:
+            self._await_stats()
+        if ended_why is not None:
+            self._kill()
+        cg = self._usage()
+        cpu1 = cg.cpu_ms
+        usage = Usage(
+            wall_ms=round(wall_ms, 3),
+            cpu_ms=round(max(cpu1 - cpu0, 0.0), 3)
+            if cpu0 is not None and cpu1 is not None
+            else None,
+            peak_memory_bytes=cg.peak_memory_bytes,
+        )
+        outcome, reason, code_, sig = classify_cell(
+            reply=reply,
+            stopped_by=stopped_by,
+            ended_why=ended_why,
+            timeout_s=timeout_s,
+            limits=self.limits,
+            mode=self.request.mode,
+            cg=cg,
+            kernel_status=self._kernel_status(),
+            protocol_error=self._protocol_error,
+        )
+        if ended_why is not None:
+            self.ended = reason
+        out_dir = reply.get("out_dir") if reply is not None else None
+        return CellRun(
+            outcome=outcome,
+            reason=reason,
+            exit_code=code_,
+            signal=sig,
+            stdout=bytes(out.data),
+            stderr=bytes(err.data),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            usage=usage,
+            out_dir=out_dir if isinstance(out_dir, str) else None,
+            session_ended=self.ended,
+        )
+
+    def _await_stats(self) -> None:
+        """The agent follows each kernel message with the cgroup's usage: wait for it briefly."""
+        seen = self._stats_seen
+        deadline = time.monotonic() + 5.0
+        while self._stats_seen == seen and time.monotonic() < deadline:
+            if self._pump(None, None, deadline - time.monotonic()) == "ended":
+                return
+
+    def _usage(self) -> CgroupUsage:
+        """The guest cgroup's usage, from the kernel's end report if it ended, else the last."""
+        doc = self._exit if self._exit is not None and "cpu_ms" in self._exit else self._stats
+        cpu = doc.get("cpu_ms")
+        peak = doc.get("peak_bytes")
+        oom = doc.get("oom_kill")
+        return CgroupUsage(
+            cpu_ms=float(cpu) if isinstance(cpu, int | float) and _number(cpu) else None,
+            peak_memory_bytes=peak if isinstance(peak, int) and _number(peak) else None,
+            oom_killed=isinstance(oom, int) and _number(oom) and oom > 0,
+            pids_limit_hit=False,
+        )
+
+    def _cpu_ms(self) -> float | None:
+        return self._usage().cpu_ms
+
+    def _kernel_status(self) -> int | None:
+        if self._exit is None:
+            return None
+        status = self._exit.get("status")
+        if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 0xFFFF:
+            return None
+        return status
+
+    # -- files -------------------------------------------------------------------------------
+
+    def files(self) -> list[str]:
+        if self.ended is not None or self.vm is None or not self._send(LIST):
+            raise InfraError(f"the session's VM has ended: {self.ended}")
+        found: list[str] = []
+
+        def names(kind: bytes, payload: bytes) -> None:
+            if kind != NAMES:
+                raise InfraError(f"the guest answered a file listing with {kind!r}")
+            for name in _json_list(payload):
+                if len(found) >= MAX_FILES:
+                    return
+                with contextlib.suppress(TransferError):
+                    check_path(name)
+                    found.append(str(name))
+
+        self._transfer(names, time.monotonic() + TRANSFER_TIMEOUT_S)
+        return sorted(found)
+
+    def _transfer(self, on_file: Callable[[bytes, bytes], None], deadline: float) -> None:
+        """Hand the frames of one listing or transfer to ``on_file`` up to its ``Z``; the
+        kernel's messages and usage on the way are kept, output between cells is dropped."""
+        vm = self.vm
+        assert vm is not None and vm.chan is not None
+        refused: TransferError | None = None
+        while True:
+            try:
+                kind, payload = vm.chan.recv(deadline)
+            except channel.ChannelError as exc:
+                raise InfraError(f"the guest did not finish sending files: {exc}") from None
+            if kind == channel.DONE:
+                if refused is not None:
+                    raise refused
+                return
+            if kind in (NAMES, channel.FILE, channel.DATA, channel.SKIPPED):
+                # After a refusal the rest is read and dropped: the channel stays in step.
+                if refused is None:
+                    try:
+                        on_file(kind, payload)
+                    except TransferError as exc:
+                        refused = exc
+            elif self._frame(kind, payload, None, None) == "ended" and kind != channel.EXIT:
+                raise InfraError(f"the session's VM failed: {self._protocol_error}")
+
+    def _receive(self, root: str, globs: Sequence[str]) -> _Received:
+        """Ask the agent for files (``root``: the workspace or a display directory) and write
+        them into a new host directory under the VM's run directory."""
+        vm = self.vm
+        assert vm is not None
+        self._transfers += 1
+        got = _Received(root=vm.run_dir / f"files-{self._transfers}")
+        budget = self._budget()
+        sink = FileSink(got.root, max_bytes=budget, max_entries=MAX_FILES)
+
+        def into_sink(kind: bytes, payload: bytes) -> None:
+            if kind == channel.FILE:
+                sink.header(payload)
+            elif kind == channel.DATA:
+                sink.data(payload)
+            elif kind == channel.SKIPPED:
+                _skipped(got, sink, payload)
+            else:
+                raise TransferError(f"unexpected frame {kind!r} among files")
+
+        try:
+            request = {"root": root, "globs": list(globs), "budget": budget}
+            if not self._send(SEND, json.dumps(request).encode()):
+                got.failure = "the guest's channel is closed"
+                return got
+            self._transfer(into_sink, time.monotonic() + TRANSFER_TIMEOUT_S)
+            if sink.expecting_data:
+                got.failure = "a file ended early"
+        except (TransferError, InfraError) as exc:
+            got.failure = str(exc)
+        finally:
+            sink.close()
+        return got
+
+    def _exported(self, globs: Sequence[str], collect: Collector) -> Exported:
+        got = self._receive("/sandbox", globs)
+        try:
+            if got.failure is not None:
+                why = f"nothing exported: {got.failure}"
+                return (), (RejectedExport(path=".", reason=why),)
+            artifacts, rejected = collect(got.root)
+            leaked = [a for a in artifacts if a.path in got.stand_ins]
+            kept: tuple[Artifact, ...] = tuple(a for a in artifacts if a.path not in got.stand_ins)
+            rejected += tuple(
+                RejectedExport(path=a.path, reason="too large to send from the guest")
+                for a in leaked
+            )
+            rejected += tuple(
+                RejectedExport(path=p, reason=f"{k} in the guest: not exported")
+                for p, k in got.skipped
+            )
+            return kept, rejected
+        finally:
+            _remove(got.root)
+
+    def export(self, globs: Sequence[str], collect: Collector) -> Exported:
+        if self.ended is not None or self.vm is None:
+            raise InfraError(f"the session's VM has ended: {self.ended}")
+        return self._exported(globs, collect)
+
+    def outputs(self, out_dir: str, store: ArtifactStore) -> DisplayCollection:
+        if not _OUT_DIR.match(out_dir) or self.vm is None or self.ended is not None:
+            return DisplayCollection()
+        got = self._receive(out_dir, ["**"])
+        try:
+            return read_outputs(got.root, store)
+        finally:
+            _remove(got.root)
+
+    def enforcement(self) -> Enforcement:
+        base = self.backend.enforcement(self.request, self.memory_mib)
+        started = (
+            f"a {self.start_info.mode} start from snapshot {self.start_info.template}"
+            if self.start_info.mode != "cold"
+            else "a cold boot" + (f" ({self.start_note})" if self.start_note else "")
+        )
+        layers = {
+            **base.layers,
+            "session": f"one VM for the whole session ({started}); per cell: wall time "
+            "(SIGINT, then the VM is killed), output caps; memory, processes and CPU time are "
+            "the session's",
+        }
+        return replace(base, layers=layers)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        if self.vm is not None:
+            self.vm.kill()
+
+    def teardown(self, globs: Sequence[str] = (), collect: Collector | None = None) -> Exported:
+        """Kill everything in the guest, export from the quiescent workspace, destroy the VM."""
+        exported: Exported = ((), ())
+        if self._torn_down:
+            return exported
+        self._torn_down = True
+        alive = self.ended is None
+        if self.ended is None:
+            self.ended = "closed"
+        try:
+            vm = self.vm
+            if vm is not None and alive and vm.alive() and vm.chan is not None:
+                if self._exit is None and self._send(channel.KILL):
+                    deadline = time.monotonic() + STOP_TIMEOUT_S
+                    while self._exit is None and time.monotonic() < deadline:
+                        if self._pump(None, None, deadline - time.monotonic()) == "ended":
+                            break
+                if collect is not None and globs:
+                    if self._exit is not None:
+                        exported = self._exported(globs, collect)
+                    else:
+                        why = "nothing exported: the guest did not report its processes stopped"
+                        exported = ((), (RejectedExport(path=".", reason=why),))
+        finally:
+            if self.vm is not None:
+                self.vm.destroy()
+            self._keeper_stop.set()
+            self._keeper_done.wait(timeout=10)
+        return exported
+
+
+def _json_object(payload: bytes) -> dict[str, object] | None:
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _json_list(payload: bytes) -> list[object]:
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return []
+    return doc if isinstance(doc, list) else []
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1 << 62
+
+
+def _skipped(got: _Received, sink: FileSink, payload: bytes) -> None:
+    doc = _json_object(payload)
+    if doc is None or not isinstance(doc.get("path"), str):
+        return
+    path, kind = str(doc["path"]), str(doc.get("kind"))
+    if sink.stand_in(path, kind, doc.get("size")):
+        got.stand_ins.add(path)
+    elif len(got.skipped) < 64:
+        got.skipped.append((path[:200], kind[:40]))
+
+
+def _remove(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        shutil.rmtree(root.with_name(root.name + ".links"))
+
+
+__all__ = ["VMSessionSandbox"]
