@@ -2,10 +2,12 @@
 
 :meth:`MicroVMBackend.run` reads as the order of containment:
 
-1. check the request against what a VM offers (fail closed: Landlock asked for by name, packages);
+1. check the request against what a VM offers (fail closed: Landlock asked for by name); verify
+   and read its packages from the wheel cache (``guest_packages.py``: they travel with the job);
 2. get a VM whose agent is ready: a fresh boot (cold), or one restored from the snapshot (warm:
    ``template`` restores at call time, ``pool`` takes one restored ahead, each used once);
-3. drive the run over the agent channel (``drive.py``): job, fresh entropy, inputs, stdin in;
+3. drive the run over the agent channel (``drive.py``): job, fresh entropy, inputs, packages,
+   stdin in;
    output, exit report, exported files out; wall time and output caps enforced from here;
 4. kill QEMU, hand the received files to ``collect`` (the host's export checks); reaping QEMU
    and removing every file of the VM happen after the result is returned (a background thread
@@ -37,11 +39,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
-from sandcell.backends.microvm import accel, image, jail, layout, machine, qemu
+from sandcell.backends.microvm import accel, guest_packages, image, jail, layout, machine, qemu
 from sandcell.backends.microvm.drive import Ended, classify, drive
 from sandcell.backends.microvm.pool import WarmVMs
 from sandcell.backends.microvm.vm import VM
@@ -122,18 +125,23 @@ class MicroVMBackend:
 
     def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
         self._check(request)
+        packages = guest_packages.load(request.packages)
         start = StartInfo()
         vm: VM | None = None
         note: str | None = None
+        run = partial(self._run, request, run_id=run_id, collect=collect, packages=packages)
         if self._warm is None:
-            return self._run(request, run_id=run_id, collect=collect, vm=vm, start=start)
+            return run(vm=vm, start=start)
         with self._warm.refill_held():
-            taken = self._warm.take(request)
+            program_bytes = request.effective_limits.memory_bytes
+            taken: tuple[VM, StartInfo] | str = "the run's packages do not fit a pooled VM's memory"
+            if packages.fits(self._warm.memory_mib, program_bytes):
+                taken = self._warm.take(request)
             if isinstance(taken, str):
                 note = taken
             else:
                 vm, start = taken
-            result = self._run(request, run_id=run_id, collect=collect, vm=vm, start=start)
+            result = run(vm=vm, start=start)
         return result if note is None else started_cold(result, note)
 
     def session_sandbox(self, request: RunRequest, *, session_id: str) -> CellSandbox:
@@ -152,12 +160,6 @@ class MicroVMBackend:
                 "the microVM backend gives each run its own kernel instead of Landlock rules",
                 "leave landlock unset, or use the namespaces backend",
             )
-        if request.packages:
-            raise IsolationUnavailable(
-                "microvm packages",
-                "packages from the wheel cache are not offered inside microVMs",
-                "use the namespaces backend for runs that need extra packages",
-            )
 
     def _run(
         self,
@@ -167,9 +169,11 @@ class MicroVMBackend:
         collect: Collector,
         vm: VM | None,
         start: StartInfo,
+        packages: guest_packages.GuestPackages,
     ) -> BackendResult:
         stop = threading.Event()
-        memory_mib = machine.guest_mib(request.effective_limits.memory_bytes)
+        # A cold VM gets the RAM its packages' tmpfs takes on top (a pooled one had room).
+        memory_mib = machine.guest_mib(request.effective_limits.memory_bytes) + packages.extra_mib
         with self.runs.register(run_id, stop.set) as cancellation:
             try:
                 if vm is None:
@@ -195,6 +199,7 @@ class MicroVMBackend:
                     alive=vm.alive,
                     export_budget=lim.workspace_bytes + (64 << 20),
                     max_entries=MAX_EXPORT_ENTRIES,
+                    packages=packages,
                 )
                 console = vm.console() if ended.failure else ""
                 vm.kill(reap=False)
@@ -275,6 +280,11 @@ class MicroVMBackend:
             "wall_time_and_output": "enforced by the host: the VM is stopped and destroyed",
             "jailer": self._jail.describe() if self._jail else "none: " + jail.why_not(),
         }
+        if request.packages:
+            layers["packages"] = (
+                f"{len(request.packages)} from the wheel cache, verified against its lock on the "
+                f"host, sent in and held read-only under {guest_packages.PACKAGES_DIR} (root's)"
+            )
         return Enforcement(backend=self.name, layers=layers, mode=request.mode)
 
 

@@ -8,8 +8,9 @@ snapshot resumes here, waiting for its host). Per VM, exactly one job:
 
 1. the job (JSON): fresh entropy (added with RNDADDENTROPY, then a forced reseed of the kernel's
    generator), the host's wall clock, a fresh hostname; the inputs (written to a tmpfs at
-   /inputs, remounted read-only), the size-capped workspace tmpfs at /sandbox, a private /tmp,
-   the program at /sandcell (read-only), the program's cgroup (memory, pids);
+   /inputs, remounted read-only; the run's cache packages likewise at /packages), the
+   size-capped workspace tmpfs at /sandbox, a private /tmp, the program at /sandcell
+   (read-only), the program's cgroup (memory, pids);
 2. the runner is handed the job and the program's pipes; it joins the cgroup, sets the rlimits,
    drops to uid 1000 and runs the program. Output is streamed to the host (capped here too);
    stdin is fed from the host. A ``K`` frame kills the program's cgroup;
@@ -306,6 +307,9 @@ def receive_inputs(port: Port, job: Job) -> bytes:
     lim = job["limits"]
     if job["inputs"]:
         tmpfs("/inputs", job["inputs_bytes"] + (1 << 20), 1 << 20, 0o755)
+    if job.get("packages"):
+        # Cache packages, verified by the host: root's, read-only before the program starts.
+        tmpfs("/packages", job["packages_bytes"] + (1 << 20), 1 << 20, 0o755)
     current = None
     left = 0
     stdin = bytearray()
@@ -315,7 +319,8 @@ def receive_inputs(port: Port, job: Job) -> bytes:
             kind, payload = frames.pop(0)
             if kind == b"F":
                 meta = json.loads(payload)
-                path = "/inputs/" + meta["path"]
+                area = "/packages/" if meta.get("area") == "packages" else "/inputs/"
+                path = area + meta["path"]
                 if meta["type"] == "dir":
                     os.makedirs(path, mode=0o755, exist_ok=True)
                     continue
@@ -344,6 +349,8 @@ def receive_inputs(port: Port, job: Job) -> bytes:
 def start_workspace(job: Job, lim: Job) -> None:
     if job["inputs"]:
         remount_ro("/inputs")
+    if job.get("packages"):
+        remount_ro("/packages")
     tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
     # The image's runtime is under /opt (nothing under /tmp): the run's /tmp hides nothing.
     tmpfs("/tmp", lim["tmp_bytes"], 16384, 0o1777)

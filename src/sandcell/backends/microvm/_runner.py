@@ -93,6 +93,9 @@ def run_python(job: dict[str, Any]) -> None:
     path = job["code_path"]
     sys.argv = [path]
     sys.path[0:0] = ["/sandbox"]
+    # Packages from the wheel cache: after the runtime's own site-packages, as on the namespaces
+    # backend, so they add modules but never shadow the runtime's (a session's kernel inherits).
+    sys.path.extend(job.get("python_paths", []))
     main = type(sys)("__main__")
     ns = main.__dict__
     ns.update({"__file__": path, "__builtins__": sys.modules["builtins"], "__cached__": None})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandcell.backends.microvm import channel
+from sandcell.backends.microvm.guest_packages import NONE, PACKAGES_DIR, GuestPackages
 from sandcell.backends.microvm.transfer import FileSink, TransferError, input_frames, input_items
 from sandcell.runtimes import code_path, common_env, runtime_for
 from sandcell.spec import Outcome, RunRequest
@@ -56,7 +57,9 @@ class Ended:
     """Paths the host re-created as stand-ins (links, special and oversized files)."""
 
 
-def job_doc(request: RunRequest, *, run_id: str, export_budget: int) -> dict[str, object]:
+def job_doc(
+    request: RunRequest, *, run_id: str, export_budget: int, packages: GuestPackages = NONE
+) -> dict[str, object]:
     """The job the agent receives (the program, its environment and limits, fresh entropy)."""
     runtime = runtime_for(request.language)
     lim = request.effective_limits
@@ -82,6 +85,10 @@ def job_doc(request: RunRequest, *, run_id: str, export_budget: int) -> dict[str
         },
         "inputs": [i.name for i in request.inputs],
         "inputs_bytes": sum(i.size + 4096 for i in items),
+        # Created in a tmpfs at /packages, read-only to the program, appended to its sys.path.
+        "packages": list(packages.names),
+        "packages_bytes": packages.guest_bytes if packages.names else 0,
+        "python_paths": [f"{PACKAGES_DIR}/{n}" for n in packages.names],
         "exports": list(request.exports),
         "display": request.display and request.language == "python",
         "export_budget": export_budget,
@@ -101,6 +108,7 @@ def drive(
     alive: object,
     export_budget: int,
     max_entries: int,
+    packages: GuestPackages = NONE,
 ) -> Ended:
     """Run ``request`` through the agent on ``chan``; files go into ``sink_dir`` (created here).
 
@@ -109,12 +117,19 @@ def drive(
     ended = Ended()
     lim = request.effective_limits
     caps = {channel.STDOUT: lim.stdout_bytes, channel.STDERR: lim.stderr_bytes}
-    job = job_doc(request, run_id=run_id, export_budget=export_budget)
+    job = job_doc(request, run_id=run_id, export_budget=export_budget, packages=packages)
     t0 = time.monotonic()
     try:
         chan.send(channel.JOB, json.dumps(job).encode())
         for frame in input_frames(input_items(request.inputs)):
             chan.send_raw(frame)
+        sending = time.monotonic()
+        for frame in packages.frames():
+            chan.send_raw(frame)
+        # Sending them is the run's setup, as their bind mount is on the namespaces backend:
+        # not counted in its wall time (about 10 MiB/s under TCG; nothing of the program's
+        # runs yet, so nothing hostile can stall it).
+        t0 += time.monotonic() - sending
         for frame in channel.chunks(channel.STDIN, request.stdin):
             chan.send_raw(frame)
         chan.send(channel.GO)

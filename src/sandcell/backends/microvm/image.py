@@ -221,7 +221,8 @@ def plan_root() -> RootPlan:
     generated.append((INTERPRETER_FILE, py.sandbox_python.encode(), 0o644))
     # /etc/fonts: matplotlib finds fonts quietly; C.utf8: the locale every program gets.
     trees += [d for d in ("/etc/fonts", "/usr/lib/locale/C.utf8") if os.path.isdir(d)]
-    dirs = ("/proc", "/sys", "/dev", "/tmp", "/sandbox", "/inputs", "/sandcell", "/run")
+    dirs: tuple[str, ...] = ("/proc", "/sys", "/dev", "/tmp", "/sandbox", "/inputs", "/packages")
+    dirs += ("/sandcell", "/run")
     return RootPlan(
         trees=tuple(trees),
         moved=tuple(moved),

@@ -4,7 +4,8 @@ The VM starts the fastest way the backend has: a pooled clone of the snapshot (`
 else one restored at call time (``template``, or without warm starts a clone of the snapshot this
 user's processes share, where one is saved), else a cold boot; the record's enforcement says
 which. The host then sends the agent a session job (``Q``: the run's job with the namespaces
-backend's kernel, ``_kernel.py``, and its display module), the inputs and ``G``; the agent sets up
+backend's kernel, ``_kernel.py``, and its display module), the inputs, the cache packages
+(verified on the host, ``guest_packages.py``) and ``G``; the agent sets up
 the workspace, cgroup and identity as for a run and has the runner become the kernel, unprivileged
 with the run's rlimits, in the program's cgroup (memory and pids of the whole session).
 
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from sandcell._artifact_store import ArtifactStore
 from sandcell.backends.base import Collector
-from sandcell.backends.microvm import channel, layout, machine, snapshot
+from sandcell.backends.microvm import channel, guest_packages, layout, machine, snapshot
 from sandcell.backends.microvm.drive import job_doc
 from sandcell.backends.microvm.pool import SNAPSHOT_MEMORY_BYTES, WarmVMs
 from sandcell.backends.microvm.transfer import (
@@ -126,7 +127,9 @@ class VMSessionSandbox:
         self.request = request
         self.session_id = session_id
         self.limits = request.effective_limits
-        self.memory_mib = machine.guest_mib(self.limits.memory_bytes)
+        # Verified and read before any VM starts: a tampered cache entry refuses the session.
+        self.packages = guest_packages.load(request.packages)
+        self.memory_mib = machine.guest_mib(self.limits.memory_bytes) + self.packages.extra_mib
         self.start_info = StartInfo()
         self.start_note: str | None = None
         self.vm: VM | None = None
@@ -190,7 +193,11 @@ class VMSessionSandbox:
 
     def _acquire(self) -> VM:
         warm = self.warm
-        if warm is not None:
+        snapshot_mib = machine.guest_mib(SNAPSHOT_MEMORY_BYTES)
+        fits = self.packages.fits(snapshot_mib, self.limits.memory_bytes)
+        if warm is not None and not fits:
+            self.start_note = "the session's packages do not fit a pooled VM's memory"
+        elif warm is not None:
             taken = warm.take(self.request)
             if isinstance(taken, str):
                 self.start_note = taken
@@ -199,7 +206,7 @@ class VMSessionSandbox:
                 self.memory_mib = warm.memory_mib
                 return vm
         name = f"session-{self.session_id[:12]}"
-        if warm is None:
+        if warm is None and fits:
             restored = self._restore_shared(name)
             if restored is not None:
                 return restored
@@ -238,12 +245,16 @@ class VMSessionSandbox:
         vm.chan.reader.allowed = GUEST_TYPES
         lim = self.limits
         request = replace(self.request, code="", exports=(), display=False, stdin=b"")
-        job = job_doc(request, run_id=self.session_id, export_budget=self._budget())
+        job = job_doc(
+            request, run_id=self.session_id, export_budget=self._budget(), packages=self.packages
+        )
         job["kernel_source"] = _KERNEL_SOURCE.read_text(encoding="utf-8")
         job["display_source"] = _DISPLAY_SOURCE.read_text(encoding="utf-8")
         try:
             vm.chan.send(SESSION, json.dumps(job).encode())
             for frame in input_frames(input_items(self.request.inputs)):
+                vm.chan.send_raw(frame)
+            for frame in self.packages.frames():
                 vm.chan.send_raw(frame)
             vm.chan.send(channel.GO)
         except channel.ChannelError as exc:
