@@ -27,7 +27,7 @@ from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend, BackendResult
 from sandcell.backends.registry import BackendName, check_name, create_backend, requested_backend
 from sandcell.display import DisplayCollection, take_outputs
-from sandcell.errors import ConfigError, InfraError
+from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.home import data_dir as data_dir  # noqa: PLC0414 - re-exported from its old home
 from sandcell.inputs import inspect_inputs
 from sandcell.packages import WheelCache
@@ -124,8 +124,16 @@ class Executor:
     ) -> None:
         base = home or data_dir()
         # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
-        default = os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE
-        self.profile = self._profile(profile if profile is not None else default)
+        from_env = os.environ.get("SANDCELL_PROFILE") if profile is None else None
+        try:
+            self.profile = self._profile(
+                profile if profile is not None else from_env or DEFAULT_PROFILE
+            )
+        except ConfigError as exc:
+            if not from_env:
+                raise
+            # A name the caller never typed: say where it came from.
+            raise ConfigError(f"$SANDCELL_PROFILE: {exc}") from None
         # The rung the caller asked for (a name, a backend object, else $SANDCELL_BACKEND); None
         # lets each run's profile choose. Each profile refuses a rung below its minimum.
         self._warm = warm
@@ -387,7 +395,12 @@ class Executor:
             )
         approved = self.approvals.approve(ticket.id, by=by or default_approver(), reason=reason)
         policy = {**admission.policy_record(), "approval": approval_record(approved.ticket)}
-        result = self._execute(backend, approved.request, validators, policy)
+        try:
+            result = self._execute(backend, approved.request, validators, policy)
+        except SandcellError:
+            # Nothing ran: the ticket waits again rather than stay approved and unrunnable.
+            self.approvals.reopen(ticket.id)
+            raise
         self.approvals.mark_ran(ticket.id, result.run_id)
         return result
 

@@ -33,6 +33,11 @@ _HAZARDS = {
 }
 
 
+_PSEUDO_ROOTS = (Path("/proc"), Path("/sys"))
+"""Kernel pseudo-filesystems: their files change as they are read (so the hash in the record
+would not be what the program saw), and gVisor's gofer cannot serve them at all."""
+
+
 def _hazard(mode: int) -> str | None:
     return _HAZARDS.get(stat.S_IFMT(mode))
 
@@ -47,9 +52,15 @@ def _hash_file(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def inspect_input(item: InputFile) -> dict[str, object]:
-    """Refuse a hazardous input (ConfigError naming the path); else its hashes for the record."""
-    path = item.host_path
+def check_input_path(path: Path) -> os.stat_result:
+    """The cheap part of :func:`inspect_input`: refuse an input on a pseudo-filesystem or one
+    that is itself a socket, FIFO or device (ConfigError naming the path); its lstat otherwise.
+    What a directory holds is checked by :func:`inspect_input`."""
+    if any(path == root or root in path.parents for root in _PSEUDO_ROOTS):
+        raise ConfigError(
+            f"input {str(path)!r} is on a kernel pseudo-filesystem (/proc, /sys), whose files "
+            "change as they are read; copy it to a regular file and pass that"
+        )
     try:
         st = path.lstat()
     except OSError as exc:
@@ -59,6 +70,13 @@ def inspect_input(item: InputFile) -> dict[str, object]:
         raise ConfigError(
             f"input {str(path)!r} is {hazard}; only files and directories can be inputs"
         )
+    return st
+
+
+def inspect_input(item: InputFile) -> dict[str, object]:
+    """Refuse a hazardous input (ConfigError naming the path); else its hashes for the record."""
+    path = item.host_path
+    st = check_input_path(path)
     if stat.S_ISREG(st.st_mode):
         digest, size = _hash_file(path)
         return {

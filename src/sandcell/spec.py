@@ -7,6 +7,7 @@ Units are in the names (``_s``, ``_ms``, ``_bytes``).
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -53,6 +54,9 @@ class Limits:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"limit {f.name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                # NaN compares false with everything: it would pass every check and ceiling.
+                raise ConfigError(f"limit {f.name} must be a finite number, got {value!r}")
             if value <= 0:
                 raise ConfigError(f"limit {f.name} must be positive, got {value!r}")
         if self.memory_bytes < 16 * MiB:

@@ -115,6 +115,15 @@ def test_a_crash_is_fixed_on_retry(executor: Executor) -> None:
     assert any(e.kind == "retrying" for e in result.events)
 
 
+def test_the_retry_event_says_what_was_wrong_with_the_reply(executor: Executor) -> None:
+    bad = Scripted(tool_calls=(call("answer", text="The rate is 6.77%."),))
+    result, _ = ask(executor, [code(RATE_CODE), bad, answer(1)])
+    assert result.stop_reason == "answered"
+    (retry,) = [e.message for e in result.events if e.kind == "retrying"]
+    assert retry.startswith("retrying because the reply could not be used: "), retry
+    assert "'explanation'" in retry
+
+
 def test_a_policy_denial_is_worked_around(executor: Executor) -> None:
     native = "import ctypes\nprint(ctypes.sizeof(ctypes.c_int))\n"
     result, model = ask(executor, [code(native), code(RATE_CODE), answer(2)])

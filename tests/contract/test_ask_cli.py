@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, backend_unavailable, run_cli
 
 EXAMPLES = REPO / "examples"
 TURNS = EXAMPLES / "agent" / "conversion_rate.turns.json"
@@ -227,3 +227,45 @@ def test_a_script_of_tool_calls_answers(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     body = json.loads(proc.stdout)
     assert body["stop_reason"] == "answered" and body["figures"][0]["value"] == 6.77
+
+
+_HELD = {
+    "tool_calls": [
+        {"name": "run_code", "arguments": {"code": "import subprocess\nprint(subprocess.run)"}}
+    ]
+}
+
+
+@pytest.mark.usefixtures("root")
+def test_backend_option_is_where_every_run_happens_resume_included(tmp_path: Path) -> None:
+    # --backend was once ignored by ask: its runs (and the held run it approved) went to the
+    # profile's default rung, below the one the user named.
+    env = _env(tmp_path)
+    turns = tmp_path / "held.turns.json"
+    turns.write_text(
+        json.dumps(
+            [
+                _HELD,
+                _HELD,
+                {"tool_calls": [{"name": "run_code", "arguments": {"code": "print('after')"}}]},
+                {"tool_calls": [{"name": "answer", "arguments": {"explanation": "It ran."}}]},
+            ]
+        )
+    )
+    asked = run_cli(
+        ["ask", "Run it", "--backend", "gvisor", "--model", f"scripted:{turns}"], env=env
+    )
+    if asked.returncode != 125 and "gvisor is unavailable" in asked.stderr:
+        backend_unavailable("gvisor", asked.stderr.strip())
+    assert asked.returncode == 125, asked.stderr
+    approval_id = asked.stdout.split("sandcell ask --resume ")[1].split()[0]
+    assert run_cli(["approve", approval_id], env=env).returncode == 0
+    resumed = run_cli(["ask", "--resume", approval_id, "--json"], env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    run_ids = json.loads(resumed.stdout)["run_ids"]
+    assert len(run_ids) >= 2  # the approved run and the one after it, beside any held ones
+    for run_id in run_ids:
+        shown = run_cli(["audit", "show", run_id], env=env)
+        assert shown.returncode == 0, shown.stderr
+        boundary = [line for line in shown.stdout.splitlines() if line.startswith("# boundary:")]
+        assert boundary and boundary[0].startswith("# boundary: gvisor "), boundary

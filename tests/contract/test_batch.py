@@ -310,6 +310,37 @@ def test_changed_task_and_restart(home: Path, tmp_path: Path) -> None:
     assert [line["stdout"] for line in _lines(tmp_path / "tasks.results.jsonl")] == ["2\n"]
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "nan"])
+def test_a_bad_timeout_option_is_blamed_not_the_tasks(
+    home: Path, tmp_path: Path, value: str
+) -> None:
+    path = _write_tasks(tmp_path / "tasks.jsonl", [{"id": "a", "code": "print(1)"}])
+    p = _batch(home, str(path), "--timeout", value)
+    assert p.returncode == EXIT_CONFIG, p.stderr
+    assert p.stderr.startswith("sandcell: --timeout must be a positive number"), p.stderr
+    assert "line 1" not in p.stderr
+    assert not (tmp_path / "tasks.results.jsonl").exists()
+
+
+def test_inputs_no_run_could_take_are_bad_lines(home: Path, tmp_path: Path) -> None:
+    # Refused when the task's turn came, they ended the whole batch half-way, naming no line.
+    os.mkfifo(tmp_path / "pipe")
+    path = _write_tasks(
+        tmp_path / "tasks.jsonl",
+        [
+            {"id": "a", "code": "print(1)"},
+            {"id": "b", "code": "print(2)", "inputs": ["/proc/cpuinfo"]},
+            {"id": "c", "code": "print(3)", "inputs": ["pipe"]},
+        ],
+    )
+    p = _batch(home, str(path))
+    assert p.returncode == EXIT_CONFIG, p.stderr
+    assert "has 2 bad line(s); nothing was run" in p.stderr
+    assert "line 2: field 'inputs'" in p.stderr and "pseudo-filesystem" in p.stderr
+    assert "line 3: field 'inputs'" in p.stderr and "FIFO" in p.stderr
+    assert not (tmp_path / "tasks.results.jsonl").exists()
+
+
 def test_bad_lines_are_refused_before_anything_runs(home: Path, tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
     path.write_text(

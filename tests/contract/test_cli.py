@@ -239,9 +239,13 @@ def test_exit_status_mapping(home: Path, code: str, expected: int, outcome: str)
         (["--env", "NOEQUALS", "-c", "print(1)"], "NAME=VALUE"),
         (["--env", "=value", "-c", "print(1)"], "NAME=VALUE"),
         (["--input", "/nonexistent/data.csv", "-c", "print(1)"], "does not exist"),
+        (["--input", "/proc/cpuinfo", "-c", "print(1)"], "kernel pseudo-filesystem"),
+        (["--input", "/proc/self/environ", "-c", "print(1)"], "kernel pseudo-filesystem"),
         (["--export", "../escape/*", "-c", "print(1)"], ".."),
         (["--export", "/etc/*", "-c", "print(1)"], "relative"),
         (["--out", "somewhere", "-c", "print(1)"], "--export"),
+        # Refused before the run: after it, the run's output was lost behind the error.
+        (["--export", "*.txt", "--out", "prog.py", "-c", "print(1)"], "is not a directory"),
         ([], "no program given"),
     ],
     ids=[
@@ -250,9 +254,12 @@ def test_exit_status_mapping(home: Path, code: str, expected: int, outcome: str)
         "env-no-equals",
         "env-no-name",
         "missing-input",
+        "procfs-input",
+        "procfs-self-input",
         "export-dotdot",
         "export-absolute",
         "out-without-export",
+        "out-is-a-file",
         "no-program",
     ],
 )
@@ -272,6 +279,17 @@ def test_bad_input_is_a_clear_config_error(
     assert json.loads(listing.stdout) == []
 
 
+def test_a_bad_profile_in_the_environment_is_named_as_such(home: Path) -> None:
+    env = {**os.environ, "SANDCELL_HOME": str(home), "SANDCELL_PROFILE": "stric"}
+    p = run_cli(["run", "-c", "print(1)"], env=env)
+    assert p.returncode == EXIT_CONFIG, p.stderr
+    assert p.stderr.startswith("sandcell: $SANDCELL_PROFILE: unknown profile 'stric'"), p.stderr
+    # Named on the command line, the profile wins over the environment.
+    assert run_cli(["run", "--profile", "stric", "-c", "1"], env=env).stderr.startswith(
+        "sandcell: unknown profile 'stric'"
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -289,14 +307,30 @@ def test_usage_errors_exit_2(home: Path, args: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"),
-    [("--timeout", "0"), ("--memory", "-5"), ("--pids", "1"), ("--memory", "1")],
-    ids=["zero-timeout", "negative-memory", "one-pid", "tiny-memory"],
+    ("flag", "value", "said"),
+    [
+        # A value no limit can have names the option the user typed, in the user's units.
+        ("--timeout", "0", "--timeout must be a positive number, got 0"),
+        ("--memory", "-5", "--memory must be a positive number, got -5"),
+        ("--timeout", "nan", "--timeout must be a positive number, got nan"),
+        ("--timeout", "inf", "--timeout must be a positive number, got inf"),
+        ("--pids", "1", "limit max_pids must be at least 2"),
+        ("--memory", "1", "limit memory_bytes=1048576 is below 16 MiB"),
+    ],
+    ids=[
+        "zero-timeout",
+        "negative-memory",
+        "nan-timeout",
+        "infinite-timeout",
+        "one-pid",
+        "tiny-memory",
+    ],
 )
-def test_bad_limits_are_config_errors(home: Path, flag: str, value: str) -> None:
+def test_bad_limits_are_config_errors(home: Path, flag: str, value: str, said: str) -> None:
     p = sandcell(home, "run", flag, value, "-c", "print(1)")
     assert p.returncode == EXIT_CONFIG, p.stderr
-    assert p.stderr.startswith("sandcell: limit "), p.stderr
+    assert p.stderr.startswith(f"sandcell: {said}"), p.stderr
+    assert "Traceback" not in p.stderr
 
 
 # -- audit -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_cli
+from tests.conftest import backend_unavailable, run_cli
 
 from sandcell.status import (
     EXIT_AWAITING_APPROVAL,
@@ -224,6 +224,23 @@ def test_approval_then_approve(home: Path) -> None:
     again = sandcell(home, "approve", approval_id)
     assert again.returncode == EXIT_CONFIG
     assert "ran" in again.stderr
+
+
+@needs_root
+def test_approve_on_another_backend_is_refused_and_the_run_still_waits(home: Path) -> None:
+    # The refusal names `approve --backend`, so the option must exist and mean the same as on
+    # `run`: the rung the run was submitted for, or a refusal before anything is approved.
+    approval_id = _submit(home)
+    other = sandcell(home, "approve", approval_id, "--backend", "gvisor")
+    if "gvisor is unavailable" in other.stderr:
+        backend_unavailable("gvisor", other.stderr.strip())
+    assert other.returncode == EXIT_CONFIG, other.stderr
+    assert "for a run on backend 'namespaces', not 'gvisor'" in other.stderr
+    assert "usage:" not in other.stderr
+    assert approval_id in sandcell(home, "approvals", "list").stdout
+    same = sandcell(home, "approve", approval_id, "--backend", "namespaces", "--json")
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["stdout"] == "approved run\n"
 
 
 @needs_root

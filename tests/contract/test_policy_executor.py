@@ -20,7 +20,7 @@ import pytest
 
 from sandcell import ConfigError, Executor, Limits, RunRequest
 from sandcell.policy.approvals import ApprovalError, Ticket
-from sandcell.spec import Outcome, RunResult
+from sandcell.spec import Outcome, RunResult, input_from_path
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="real sandboxed runs through the in-process executor need root"
@@ -157,6 +157,27 @@ def test_approval_then_approve_runs_the_stored_request(ex: Executor) -> None:
         ex.run_approved(approval_id, by="tester")
     with pytest.raises(ConfigError):
         ex.run_approved(approval_id, by="tester")
+
+
+def test_an_approved_run_that_cannot_start_waits_again(ex: Executor, tmp_path: Path) -> None:
+    # The input is gone by the time a person approves: nothing can run, and the ticket must not
+    # be left approved forever (only a pending ticket can be approved).
+    data = tmp_path / "data.csv"
+    data.write_text("a\n1\n")
+    waiting = ex.run(RunRequest(code=SUBPROCESS_ID, inputs=(input_from_path(data),)))
+    approval_id = _approval_id(waiting)
+    data.unlink()
+    with pytest.raises(ConfigError, match="cannot be read"):
+        ex.run_approved(approval_id, by="tester", reason="ok")
+    ticket = ex.approvals.get(approval_id)
+    assert ticket.status == "pending"
+    assert ticket.decided_by is None
+
+    data.write_text("a\n1\n")
+    result = ex.run_approved(approval_id, by="tester", reason="ok")
+    assert result.outcome is Outcome.OK, result.reason
+    assert result.stdout.strip() == "1000"
+    assert ex.approvals.get(approval_id).status == "ran"
 
 
 def test_approval_then_deny_is_recorded_and_final(ex: Executor) -> None:

@@ -311,6 +311,32 @@ def test_cli_idle_timeout_ends_the_server(tmp_path: Path) -> None:
     assert json.loads(listed.stdout) == []
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--profile", "PROFILE_WITH_TYPO"], "unknown key 'isolaton'"),
+        (["--profile", "hostile", "--backend", "namespaces"], "weaker than the minimum 'microvm'"),
+        (["--memory", "-3"], "--memory must be a positive number"),
+        (["--timeout", "-1"], "--timeout must be a positive number"),
+        (["--timeout", "nan"], "--timeout must be a positive number"),
+    ],
+)
+def test_cli_start_refusals_reach_the_caller(tmp_path: Path, args: list[str], said: str) -> None:
+    # Refused before any sandbox exists, by the detached server or the starting command: the
+    # caller must read why (not only that the server exited) and get the configuration status.
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[isolaton]\nbackend = "gvisor"\n')
+    args = [str(typo) if a == "PROFILE_WITH_TYPO" else a for a in args]
+    env = {**os.environ, "SANDCELL_HOME": str(tmp_path / "home")}
+    env.pop("SANDCELL_BACKEND", None)
+    start = run_cli(["session", "start", *args], env=env)
+    assert start.returncode == 78, start.stderr
+    assert said in start.stderr
+    assert start.stdout == ""
+    listed = run_cli(["session", "list", "--json"], env=env)
+    assert json.loads(listed.stdout) == []
+
+
 _OTHER_USER_CLIENT = """
 import json, socket, sys
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -400,6 +400,12 @@ def test_render_ticket_shows_findings_and_numbered_code(store: ApprovalStore) ->
         assert expected in text, (expected, text)
     assert "\x1b" not in text and "\u202e" not in text and "\r" not in text
     assert "4 |" not in text  # the final newline adds no empty line
+    assert "landlock default" in text
+    assert "backend   not recorded" in text
+    on_gvisor = store.submit(
+        RunRequest(code="print(1)"), profile={**PROFILE, "backend": "gvisor"}, findings=[], why="w"
+    )
+    assert "backend   gvisor\n" in render_ticket(on_gvisor)
 
 
 def test_render_list_one_line_each(store: ApprovalStore) -> None:

@@ -338,6 +338,8 @@ def test_default_limits_are_valid_and_finite() -> None:
         ({"memory_bytes": None}, "limit memory_bytes must be a number, got None"),
         ({"memory_bytes": 8 * MiB}, "below 16 MiB"),
         ({"max_pids": 1}, "max_pids must be at least 2"),
+        ({"wall_time_s": float("nan")}, "limit wall_time_s must be a finite number, got nan"),
+        ({"cpu_time_s": float("inf")}, "limit cpu_time_s must be a finite number, got inf"),
     ],
     ids=[
         "negative",
@@ -349,6 +351,8 @@ def test_default_limits_are_valid_and_finite() -> None:
         "none",
         "tiny-memory",
         "one-pid",
+        "nan",
+        "infinite",
     ],
 )
 def test_limits_validation(changes: Mapping[str, object], message: str) -> None:

@@ -432,6 +432,11 @@ def test_limits_for_applies_defaults_and_refuses_above_the_ceiling(tmp_path: Pat
         strict.limits_for({"wall_time_s": 61})
     with pytest.raises(ConfigError, match="unknown limit 'memory_mb'"):
         strict.limits_for({"memory_mb": 1})
+    # NaN compares false with the ceiling, infinity used to crash the ceiling's message.
+    with pytest.raises(ConfigError, match="wall_time_s must be a finite number, got nan"):
+        strict.limits_for({"wall_time_s": float("nan")})
+    with pytest.raises(ConfigError, match="memory_bytes must be a finite number, got inf"):
+        strict.limits_for({"memory_bytes": float("inf")})
 
 
 def test_limit_rules_refuse_defaults_above_ceilings() -> None:

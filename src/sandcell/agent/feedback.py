@@ -176,8 +176,11 @@ def language_refused(language: Language, allowed: Sequence[str]) -> str:
     )
 
 
+UNUSABLE = "Your reply could not be used: "
+
+
 def unusable_reply(problem: str) -> str:
-    return f"Your reply could not be used: {problem}."
+    return f"{UNUSABLE}{problem}."
 
 
 def before_any_run() -> str:

@@ -497,7 +497,12 @@ class Agent:
             return self._stop(
                 task, reason, f"gave up after {task.failures} failed replies in a row: {why}"
             )
-        self._emit(task, "retrying", step, f"retrying because {_why(kind)}")
+        why = _why(kind)
+        if kind == "format" and message.startswith(feedback.UNUSABLE):
+            # The kind alone does not tell the person watching what the model got wrong.
+            problem = message.removeprefix(feedback.UNUSABLE).splitlines()[0].rstrip(".")
+            why += f": {problem[:200]}"
+        self._emit(task, "retrying", step, f"retrying because {why}")
         task.tell(message)
         return None
 

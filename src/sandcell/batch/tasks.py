@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sandcell.errors import ConfigError
+from sandcell.inputs import check_input_path
 from sandcell.spec import InputFile, IsolationMode, RunRequest, input_from_path
 
 if TYPE_CHECKING:
@@ -191,7 +192,10 @@ def _parse_line(raw: str, number: int, ctx: _Context) -> Task:
     inputs: list[InputFile] = []
     for item in fields["inputs"]:
         try:
-            inputs.append(input_from_path(base / item))
+            given = input_from_path(base / item)
+            # Refused here, with the line, rather than when the task's turn comes.
+            check_input_path(given.host_path)
+            inputs.append(given)
         except ConfigError as exc:
             raise bad("inputs", str(exc)) from None
     if not profile.allows_inputs(len(inputs)):

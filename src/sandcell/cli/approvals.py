@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from sandcell.cli.options import add_backend_option, check_out_dir
 from sandcell.cli.run import report
 from sandcell.executor import Executor, data_dir
 from sandcell.policy.approvals import ApprovalStore, render_list, render_ticket
@@ -25,6 +26,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ap.add_argument("id")
     ap.add_argument("--reason", default="", help="why (recorded)")
     ap.add_argument("--out", type=Path, help="copy the run's exported artifacts here")
+    # The run happens on the rung it was submitted for; naming another one is refused.
+    add_backend_option(ap)
     ap.add_argument("--json", action="store_true")
 
     dn = sub.add_parser("deny", help="deny a waiting run")
@@ -61,7 +64,8 @@ def _summary(d: dict[str, object]) -> dict[str, object]:
 
 
 def handle_approve(args: argparse.Namespace) -> int:
-    with Executor(home=args.home) as ex:
+    check_out_dir(args.out)
+    with Executor(home=args.home, backend=args.backend) as ex:
         result = ex.run_approved(args.id, reason=args.reason)
         copied = (
             ex.store.copy_out(result.artifacts, args.out) if args.out and result.artifacts else []

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from sandcell import status
-from sandcell.cli.options import add_backend_option
+from sandcell.cli.options import add_backend_option, check_out_dir
 from sandcell.errors import ConfigError
 from sandcell.validation import neutralise
 
@@ -120,6 +120,7 @@ def handle(args: argparse.Namespace) -> int:
         raise ConfigError("ask needs a QUESTION (or --resume APPROVAL_ID to go on with one)")
     if args.out is not None and not args.export:
         raise ConfigError("--out needs at least one --export GLOB to say what to copy out")
+    check_out_dir(args.out)
     _check_interactive(args)
     # The model first: without one there is nothing to do, and the message says how to set one.
     model, settings = resolve_model_and_settings(
@@ -132,7 +133,7 @@ def handle(args: argparse.Namespace) -> int:
         max_sandbox_s=args.max_sandbox_seconds or defaults.max_sandbox_s,
         reply_tokens=settings.max_tokens or defaults.reply_tokens,
     )
-    with Executor(home=args.home, profile=args.profile) as ex:
+    with Executor(home=args.home, profile=args.profile, backend=args.backend) as ex:
         agent = Agent(
             ex,
             model,
@@ -154,7 +155,9 @@ def _resume(args: argparse.Namespace) -> int:
     from sandcell.agent.budget import Budget
     from sandcell.agent.paused import PAUSED_FILENAME, PausedStore
     from sandcell.executor import Executor
+    from sandcell.home import data_dir
     from sandcell.models.fake import ScriptedModel
+    from sandcell.policy.approvals import ApprovalStore
 
     given = [f for f in ("question", "input", "export", "profile") if getattr(args, f)]
     if given:
@@ -163,7 +166,11 @@ def _resume(args: argparse.Namespace) -> int:
             f"{', '.join('QUESTION' if f == 'question' else '--' + f for f in given)}"
         )
     _check_interactive(args)
-    with Executor(home=args.home) as ex:
+    with ApprovalStore((args.home or data_dir()) / "approvals.sqlite3") as approvals:
+        submitted = approvals.get(args.resume).profile.get("backend")
+    # The question goes on on the rung it was asked on (the held run was approved for it).
+    backend = args.backend or (submitted if isinstance(submitted, str) else None)
+    with Executor(home=args.home, backend=backend) as ex:
         ticket = ex.approvals.get(args.resume)
         with PausedStore(ex.approvals.path.parent / PAUSED_FILENAME) as store:
             paused = store.get(ticket.id)

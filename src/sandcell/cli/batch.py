@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -195,6 +196,9 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        # Said of the option here: the tasks file would otherwise be blamed line by line.
+        raise ConfigError(f"--timeout must be a positive number, got {args.timeout:g}")
     results = args.results or results_path_for(args.tasks)
     if results.resolve() == args.tasks.resolve():
         raise ConfigError("--results must not be the tasks file itself")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sandcell.backends.registry import ENV_BACKEND, LADDER
+from sandcell.errors import ConfigError
 
 
 def add_backend_option(p: argparse.ArgumentParser) -> None:
@@ -17,3 +19,13 @@ def add_backend_option(p: argparse.ArgumentParser) -> None:
         help=f"isolation backend, weakest first: {', '.join(LADDER)} (default: "
         f"${ENV_BACKEND}, else the profile's; a backend below the profile's minimum is refused)",
     )
+
+
+def check_out_dir(out: Path | None) -> None:
+    """Refuse an ``--out`` that can never take files before anything runs: refused after the
+    run, the run's stdout would be lost behind the error."""
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"--out {str(out)!r} exists and is not a directory; pass a directory (a missing one "
+            "is created)"
+        )

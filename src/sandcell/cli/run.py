@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from sandcell import status
 from sandcell.cli._own_lines import OwnLines
-from sandcell.cli.options import add_backend_option
+from sandcell.cli.options import add_backend_option, check_out_dir
 from sandcell.cli.render import render_outputs
 from sandcell.errors import ConfigError
 from sandcell.policy.profiles import Profile
@@ -136,7 +137,24 @@ def read_code(args: argparse.Namespace) -> str:
 
 
 def requested_limits(args: argparse.Namespace) -> dict[str, float | None]:
-    """The limits given on the command line, in :class:`Limits` field names (None: not given)."""
+    """The limits given on the command line, in :class:`Limits` field names (None: not given).
+
+    Raises:
+        ConfigError: naming the option, for a value that is not a positive finite number.
+    """
+    for option, value in (
+        ("--timeout", args.timeout),
+        ("--cpu-time", args.cpu_time),
+        ("--memory", args.memory),
+        ("--pids", args.pids),
+        ("--open-files", args.open_files),
+        ("--file-size", args.file_size),
+        ("--workspace", args.workspace),
+        ("--max-stdout", args.max_stdout),
+        ("--max-stderr", args.max_stderr),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{option} must be a positive number, got {value:g}")
     mib = {"memory": args.memory, "file_size": args.file_size, "workspace": args.workspace}
     return {
         "wall_time_s": args.timeout,
@@ -194,6 +212,7 @@ def handle(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--out needs at least one --export GLOB (or --display) to say what to copy out"
         )
+    check_out_dir(args.out)
     schema = load_schema(Path(args.schema)) if args.schema else None
     from sandcell.backends.namespaces.warm import WarmConfig
 

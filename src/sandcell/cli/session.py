@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import uuid
 from pathlib import Path
@@ -32,6 +33,7 @@ from sandcell.spec import (
     Artifact,
     DisplayOutput,
     IsolationMode,
+    Limits,
     MiB,
     Outcome,
     RunResult,
@@ -165,6 +167,7 @@ def handle(args: argparse.Namespace) -> int:
 def _start(args: argparse.Namespace) -> int:
     if args.idle_timeout <= 0 or args.max_lifetime <= 0:
         raise ConfigError("--idle-timeout and --max-lifetime must be positive")
+    _session_limits(args)  # refused here: the server's own refusal would not reach the caller
     for p in args.input:
         input_from_path(p)  # refused here, with the caller's path in the message
     home = _home(args)
@@ -180,16 +183,26 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from sandcell.spec import Limits
-
+def _session_limits(args: argparse.Namespace) -> Limits | None:
     changes = {
         "wall_time_s": args.timeout,
         "memory_bytes": args.memory * MiB if args.memory is not None else None,
         "max_pids": args.pids,
         "cpu_time_s": args.cpu_time,
     }
-    limits = Limits().with_(**changes) if any(v is not None for v in changes.values()) else None
+    for option, value in (
+        ("--timeout", args.timeout),
+        ("--memory", args.memory),
+        ("--pids", args.pids),
+        ("--cpu-time", args.cpu_time),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{option} must be a positive number, got {value:g}")
+    return Limits().with_(**changes) if any(v is not None for v in changes.values()) else None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    limits = _session_limits(args)
     return server.serve(
         home=_home(args),
         session_id=registry.check_id(args.id),

@@ -332,6 +332,22 @@ class ApprovalStore(PrivateStore):
             self._expect(ticket, "pending", "denied")
             return self._update(conn, ticket.id, "denied", by, reason)
 
+    def reopen(self, id_or_prefix: str) -> Ticket:
+        """Put an approved ticket whose run could not start back to pending (approved → pending).
+
+        The decision is cleared with it: nothing ran under it, and the ticket must be approvable
+        again once the cause (an input gone, a backend unavailable) is fixed.
+        """
+        with self._txn() as conn:
+            ticket = self._ticket(self._find(conn, id_or_prefix))
+            self._expect(ticket, "approved", "reopened")
+            conn.execute(
+                "UPDATE approvals SET status = 'pending', decided_by = NULL, decided_at = NULL, "
+                "decision_reason = NULL WHERE id = ?",
+                (ticket.id,),
+            )
+            return self._ticket(self._find(conn, ticket.id))
+
     def mark_ran(self, id_or_prefix: str, run_id: str) -> Ticket:
         """Record that the approved ticket ran as ``run_id`` (approved → ran)."""
         run_id = _required(run_id, "run_id")
@@ -442,7 +458,10 @@ def render_ticket(ticket: Ticket) -> str:
         f"created   {ticket.created_at}",
         f"profile   {p.get('name', '?')} ({p.get('source', '?')}, sha256 {p.get('sha256', '?')})",
         f"why       {ticket.reason_for_approval}",
-        f"language  {req.language}   mode {req.mode.value}   landlock {req.landlock}",
+        f"language  {req.language}   mode {req.mode.value}   landlock "
+        f"{'default' if req.landlock is None else req.landlock}",
+        # The rung is part of what is approved: the run happens on it or not at all.
+        f"backend   {p.get('backend') or 'not recorded (the profile default when approved)'}",
         "limits    "
         + ", ".join(f"{f.name}={getattr(req.effective_limits, f.name)}" for f in fields(Limits)),
     ]

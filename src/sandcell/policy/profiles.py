@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -184,6 +185,9 @@ class Profile:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"limit {key} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                # NaN passes every ceiling comparison; infinity is no limit at all.
+                raise ConfigError(f"limit {key} must be a finite number, got {value!r}")
             ceiling = getattr(self.limits.ceilings, key)
             if value > ceiling:
                 raise ConfigError(

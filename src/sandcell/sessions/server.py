@@ -90,7 +90,13 @@ def serve(
     sock_path = registry.socket_path(home, session_id)
     listener: socket.socket | None = None
     try:
-        with Executor(home=home, profile=profile, backend=backend) as ex:
+        try:
+            executor = Executor(home=home, profile=profile, backend=backend)
+        except SandcellError as exc:
+            # A bad profile, or a backend the profile refuses: the starting command prints it.
+            os.write(ready_fd, f"error {exc}\n".encode())
+            return 1
+        with executor as ex:
             try:
                 session = Session(
                     ex,
