@@ -132,13 +132,16 @@ def main() -> None:
 
     def tls_direct(target: str) -> int:
         assert secure is not None
-        return _get(http.client.HTTPSConnection("127.0.0.1", secure.server_address[1],
-                                                context=client_tls, timeout=30), target)
+        return _get(
+            http.client.HTTPSConnection(
+                "127.0.0.1", secure.server_address[1], context=client_tls, timeout=30
+            ),
+            target,
+        )
 
     def tls_tunnel(target: str) -> int:
         assert secure is not None
-        conn = http.client.HTTPSConnection("127.0.0.1", bridge.port, context=client_tls,
-                                           timeout=30)
+        conn = http.client.HTTPSConnection("127.0.0.1", bridge.port, context=client_tls, timeout=30)
         conn.set_tunnel("api.test", secure.server_address[1])
         return _get(conn, target)
 
@@ -201,12 +204,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{args.rounds} requests of {len(SMALL)} bytes per variant, a new connection each; "
-          f"then three {args.mib} MiB downloads each")
+    print(
+        f"{args.rounds} requests of {len(SMALL)} bytes per variant, a new connection each; "
+        f"then three {args.mib} MiB downloads each"
+    )
     print(f"{'variant':14} {'median ms':>10} {'x direct':>9} {'MiB/s':>9} {'x direct':>9}")
     for name, row in result["variants"].items():  # type: ignore[attr-defined]
-        print(f"{name:14} {row['median_ms']:>10.3f} {row['ratio']:>9.2f} "
-              f"{row['mib_per_s']:>9.1f} {row['throughput_ratio']:>9.2f}")
+        print(
+            f"{name:14} {row['median_ms']:>10.3f} {row['ratio']:>9.2f} "
+            f"{row['mib_per_s']:>9.1f} {row['throughput_ratio']:>9.2f}"
+        )
     print(f"proxy records: {len(report.records)}, refused: {len(report.refused)}")
 
 

@@ -176,9 +176,7 @@ def running_proxy(
         folder.rmdir()
 
 
-def exchange(
-    path: str, data: bytes, *, timeout_s: float = 10.0, cut_ok: bool = False
-) -> bytes:
+def exchange(path: str, data: bytes, *, timeout_s: float = 10.0, cut_ok: bool = False) -> bytes:
     """Send ``data`` to the proxy socket and read until it closes.
 
     ``cut_ok``: the proxy may close the connection while ``data`` is still being sent.

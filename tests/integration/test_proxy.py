@@ -58,8 +58,16 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 @pytest.fixture
 def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy",
-                 "NO_PROXY", "all_proxy", "ALL_PROXY"):
+    for name in (
+        "http_proxy",
+        "https_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "no_proxy",
+        "NO_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -102,7 +110,10 @@ def test_urllib_with_proxy_variables_reaches_allowed_hosts(
             assert answer.read() == f"hello api.test:{srv.tls.port} /secure".encode()
     plain, tunnel = run.proxy.report.records
     assert (plain.method, plain.host, plain.port, plain.address) == (
-        "HTTP", "api.test", srv.plain.port, "127.0.0.1"
+        "HTTP",
+        "api.test",
+        srv.plain.port,
+        "127.0.0.1",
     )
     assert (tunnel.method, tunnel.status, tunnel.sni) == ("CONNECT", 200, "api.test")
     for record in (plain, tunnel):
@@ -132,17 +143,28 @@ def test_curl_with_https_proxy(srv: Servers) -> None:
     if curl is None:
         pytest.skip("curl is not installed")
     with running_proxy(hosts_for(srv, "api.test")) as run:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin"), "https_proxy": run.url,
-               "http_proxy": run.url}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin"),
+            "https_proxy": run.url,
+            "http_proxy": run.url,
+        }
         ok = subprocess.run(
             [curl, "-sS", "--cacert", str(srv.ca_file), f"https://api.test:{srv.tls.port}/c"],
-            env=env, capture_output=True, text=True, timeout=30, check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         assert ok.returncode == 0, ok.stderr
         assert ok.stdout == f"hello api.test:{srv.tls.port} /c"
         refused = subprocess.run(
             [curl, "-sS", "--cacert", str(srv.ca_file), f"https://evil.test:{srv.tls.port}/"],
-            env=env, capture_output=True, text=True, timeout=30, check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         assert refused.returncode != 0 and "403" in refused.stderr
     assert [r.allowed for r in run.proxy.report.records] == [True, False]
@@ -152,11 +174,14 @@ def tiny_wheel() -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as wheel:
         wheel.writestr("egressdemo/__init__.py", "")
-        wheel.writestr("egressdemo-1.0.dist-info/METADATA",
-                       "Metadata-Version: 2.1\nName: egressdemo\nVersion: 1.0\n")
-        wheel.writestr("egressdemo-1.0.dist-info/WHEEL",
-                       "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                       "Tag: py3-none-any\n")
+        wheel.writestr(
+            "egressdemo-1.0.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: egressdemo\nVersion: 1.0\n",
+        )
+        wheel.writestr(
+            "egressdemo-1.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
         wheel.writestr("egressdemo-1.0.dist-info/RECORD", "")
     return buffer.getvalue()
 
@@ -170,14 +195,35 @@ def test_pip_downloads_from_an_allowed_index(srv: Servers, tmp_path: Path) -> No
         f'<html><body><a href="/files/{name}#sha256={digest}">{name}</a></body></html>'
     ).encode()
     with running_proxy(hosts_for(srv, "api.test")) as run:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin"), "HOME": str(tmp_path),
-               "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1",
-               "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin"),
+            "HOME": str(tmp_path),
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_NO_CACHE_DIR": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        }
         pip = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--index-url", f"https://api.test:{srv.tls.port}/simple/",
-             "--cert", str(srv.ca_file), "--proxy", run.url, "-d", str(tmp_path / "got"),
-             "egressdemo==1.0"],
-            env=env, capture_output=True, text=True, timeout=120, check=False,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--index-url",
+                f"https://api.test:{srv.tls.port}/simple/",
+                "--cert",
+                str(srv.ca_file),
+                "--proxy",
+                run.url,
+                "-d",
+                str(tmp_path / "got"),
+                "egressdemo==1.0",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert (tmp_path / "got" / name).read_bytes() == wheel
@@ -192,14 +238,29 @@ def test_curl_through_socks5(srv: Servers) -> None:
         socks = f"socks5h://127.0.0.1:{run.bridge.port}"  # the proxy resolves the name
         env = {"PATH": os.environ.get("PATH", "/usr/bin")}
         ok = subprocess.run(
-            [curl, "-sS", "--proxy", socks, "--cacert", str(srv.ca_file),
-             f"https://api.test:{srv.tls.port}/s"],
-            env=env, capture_output=True, text=True, timeout=30, check=False,
+            [
+                curl,
+                "-sS",
+                "--proxy",
+                socks,
+                "--cacert",
+                str(srv.ca_file),
+                f"https://api.test:{srv.tls.port}/s",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         assert ok.returncode == 0 and ok.stdout.endswith("/s"), ok.stderr
         refused = subprocess.run(
             [curl, "-sS", "--proxy", socks, f"https://other.test:{srv.tls.port}/"],
-            env=env, capture_output=True, text=True, timeout=30, check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         # Reply 2, "connection not allowed by ruleset" (curl names it or shows the number).
         assert refused.returncode == 97, refused.stderr
@@ -214,13 +275,18 @@ def test_curl_through_socks5(srv: Servers) -> None:
     ("request_bytes", "answer", "words"),
     [
         (b"\x05\x01\x02", b"\x05\xff", "without authentication"),
-        (b"\x05\x01\x00\x05\x02\x00\x03\x08api.test\x01\xbb", b"\x05\x00\x05\x07",
-         "only CONNECT"),
+        (b"\x05\x01\x00\x05\x02\x00\x03\x08api.test\x01\xbb", b"\x05\x00\x05\x07", "only CONNECT"),
         (b"\x05\x01\x00\x05\x01\x00\x09" + bytes(6), b"\x05\x00\x05\x08", "address type"),
-        (b"\x05\x01\x00\x05\x01\x00\x01\x7f\x00\x00\x01\x01\xbb", b"\x05\x00\x05\x02",
-         "IP address"),
-        (b"\x05\x01\x00\x05\x01\x00\x03\x04\xff\xfe\xfd\xfc\x01\xbb", b"\x05\x00\x05\x01",
-         "not ASCII"),
+        (
+            b"\x05\x01\x00\x05\x01\x00\x01\x7f\x00\x00\x01\x01\xbb",
+            b"\x05\x00\x05\x02",
+            "IP address",
+        ),
+        (
+            b"\x05\x01\x00\x05\x01\x00\x03\x04\xff\xfe\xfd\xfc\x01\xbb",
+            b"\x05\x00\x05\x01",
+            "not ASCII",
+        ),
         (b"\x05\x01\x00\x05\x01\x00\x03\x08api.test\x00\x00", b"\x05\x00\x05\x01", "port 0"),
     ],
 )
@@ -245,22 +311,23 @@ def test_requests_with_proxies(srv: Servers, no_proxy_env: None) -> None:
     with running_proxy(hosts_for(srv, "api.test")) as run:
         proxies = {"http": run.url, "https": run.url}
         answer = requests.get(
-            f"https://api.test:{srv.tls.port}/r", proxies=proxies, verify=str(srv.ca_file),
+            f"https://api.test:{srv.tls.port}/r",
+            proxies=proxies,
+            verify=str(srv.ca_file),
             timeout=10,
         )
         assert answer.text == f"hello api.test:{srv.tls.port} /r"
-        refused = requests.get(
-            f"http://other.test:{srv.plain.port}/", proxies=proxies, timeout=10
-        )
+        refused = requests.get(f"http://other.test:{srv.plain.port}/", proxies=proxies, timeout=10)
         assert refused.status_code == 403
         assert "host other.test is not in profile fetch-data's allowlist" in refused.text
 
 
 def test_httpx_with_proxy(srv: Servers) -> None:
     httpx = pytest.importorskip("httpx", reason="httpx is not installed")
-    with running_proxy(hosts_for(srv, "api.test")) as run, httpx.Client(
-        proxy=run.url, verify=srv.client_tls
-    ) as client:
+    with (
+        running_proxy(hosts_for(srv, "api.test")) as run,
+        httpx.Client(proxy=run.url, verify=srv.client_tls) as client,
+    ):
         assert client.get(f"https://api.test:{srv.tls.port}/h").text.endswith("/h")
 
 
@@ -270,7 +337,8 @@ def test_the_bridge_runs_on_a_bare_interpreter(srv: Servers) -> None:
     with running_proxy(hosts_for(srv, "api.test")) as run:
         child = subprocess.Popen(
             [sys.executable, "-I", "-S", str(script), "127.0.0.1:0", run.path],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             assert child.stdout is not None
@@ -307,13 +375,16 @@ def test_a_slow_reader_still_gets_the_end_of_a_response(srv: Servers) -> None:
     # The client reads slowly: the last bytes are still in the proxy's buffers when the server
     # closes, and must be delivered all the same.
     size = 2 * 2**20
-    with running_proxy(hosts_for(srv, "api.test")) as run, socket.socket(
-        socket.AF_UNIX, socket.SOCK_STREAM
-    ) as sock:
+    with (
+        running_proxy(hosts_for(srv, "api.test")) as run,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock,
+    ):
         sock.settimeout(10)
         sock.connect(run.path)
-        sock.sendall(f"GET http://api.test:{srv.plain.port}/big/{size} HTTP/1.1\r\n"
-                     f"Host: api.test:{srv.plain.port}\r\n\r\n".encode())
+        sock.sendall(
+            f"GET http://api.test:{srv.plain.port}/big/{size} HTTP/1.1\r\n"
+            f"Host: api.test:{srv.plain.port}\r\n\r\n".encode()
+        )
         chunks = []
         while chunk := sock.recv(16384):
             chunks.append(chunk)
@@ -376,8 +447,11 @@ def test_an_ip_literal_is_refused_unless_listed(srv: Servers) -> None:
         sock, answer = open_tunnel(run.path, f"127.0.0.1:{srv.tls.port}")
         sock.close()
         assert status_of(answer) == 403 and b"IP address" in answer
-        answer = exchange(run.path, f"GET http://127.0.0.1:{srv.plain.port}/ HTTP/1.1\r\n"
-                          f"Host: 127.0.0.1:{srv.plain.port}\r\n\r\n".encode())
+        answer = exchange(
+            run.path,
+            f"GET http://127.0.0.1:{srv.plain.port}/ HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{srv.plain.port}\r\n\r\n".encode(),
+        )
         assert status_of(answer) == 403
     with running_proxy((f"127.0.0.1:{srv.tls.port}",), allow_addresses=()) as run:
         conn = http.client.HTTPSConnection(
@@ -393,14 +467,17 @@ def test_an_ip_literal_is_refused_unless_listed(srv: Servers) -> None:
 
 def test_a_name_resolving_to_a_refused_address_is_refused(srv: Servers) -> None:
     internal = Listener("127.0.0.2")
-    resolver = MapResolver({
-        "internal.test": ["127.0.0.2"],
-        "meta.test": ["169.254.169.254"],
-        "mixed.test": ["127.0.0.1", "10.1.2.3"],
-        "mapped.test": ["::ffff:127.0.0.2"],
-    })
-    rules = tuple(f"{n}:{internal.port}" for n in ("internal.test", "meta.test", "mixed.test",
-                                                   "mapped.test"))
+    resolver = MapResolver(
+        {
+            "internal.test": ["127.0.0.2"],
+            "meta.test": ["169.254.169.254"],
+            "mixed.test": ["127.0.0.1", "10.1.2.3"],
+            "mapped.test": ["::ffff:127.0.0.2"],
+        }
+    )
+    rules = tuple(
+        f"{n}:{internal.port}" for n in ("internal.test", "meta.test", "mixed.test", "mapped.test")
+    )
     try:
         with running_proxy(rules, resolver=resolver) as run:
             answers = {}
@@ -427,8 +504,11 @@ def test_loopback_and_private_targets_are_refused_by_default() -> None:
         ) as run:
             sock, answer = open_tunnel(run.path, f"api.test:{loopback.port}")
             sock.close()
-            plain = exchange(run.path, f"GET http://api.test:{loopback.port}/ HTTP/1.1\r\n"
-                             f"Host: api.test:{loopback.port}\r\n\r\n".encode())
+            plain = exchange(
+                run.path,
+                f"GET http://api.test:{loopback.port}/ HTTP/1.1\r\n"
+                f"Host: api.test:{loopback.port}\r\n\r\n".encode(),
+            )
         assert not loopback.was_reached()
     finally:
         loopback.close()
@@ -470,18 +550,19 @@ def test_a_tunnel_whose_sni_is_not_the_connect_host_is_closed(
     assert len(srv.tls.seen) == before  # not one byte reached the server
     record = only(run.proxy.report.records)
     assert not record.allowed and record.sni == server_name and record.bytes_up == 0
-    assert ("names other.test but CONNECT asked for api.test" if server_name
-            else "no SNI") in record.reason
+    assert (
+        "names other.test but CONNECT asked for api.test" if server_name else "no SNI"
+    ) in record.reason
 
 
 def test_a_socks_tunnel_checks_the_sni_too(srv: Servers) -> None:
-    with running_proxy(hosts_for(srv, "api.test")) as run, socket.socket(
-        socket.AF_UNIX, socket.SOCK_STREAM
-    ) as sock:
+    with (
+        running_proxy(hosts_for(srv, "api.test")) as run,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock,
+    ):
         sock.settimeout(10)
         sock.connect(run.path)
-        sock.sendall(b"\x05\x01\x00\x05\x01\x00\x03\x08api.test"
-                     + srv.tls.port.to_bytes(2, "big"))
+        sock.sendall(b"\x05\x01\x00\x05\x01\x00\x03\x08api.test" + srv.tls.port.to_bytes(2, "big"))
         answer = b""
         while len(answer) < 12:
             answer += sock.recv(12 - len(answer))
@@ -517,8 +598,9 @@ def test_ipv6_loopback_is_refused_by_default_and_reachable_when_allowed() -> Non
             refused = exchange(run.path, get)
         assert status_of(refused) == 403 and b"'::1' is a loopback address" in refused
         assert server.seen == []
-        with running_proxy((f"api.test:{port}",), allow_addresses=("::1",),
-                           resolver=resolver) as run:
+        with running_proxy(
+            (f"api.test:{port}",), allow_addresses=("::1",), resolver=resolver
+        ) as run:
             allowed = exchange(run.path, get)
         assert status_of(allowed) == 200 and allowed.endswith(b"/six")
         assert only(run.proxy.report.records).address == "::1"
@@ -531,10 +613,15 @@ def test_a_wildcard_admits_names_under_it_but_not_the_domain(srv: Servers) -> No
     resolver = MapResolver({"www.wild.test": ["127.0.0.1"], "wild.test": ["127.0.0.1"]})
     port = srv.plain.port
     with running_proxy((f"*.wild.test:{port}",), resolver=resolver) as run:
-        under = exchange(run.path, f"GET http://www.wild.test:{port}/w HTTP/1.1\r\n"
-                         f"Host: www.wild.test:{port}\r\n\r\n".encode())
-        apex = exchange(run.path, f"GET http://wild.test:{port}/w HTTP/1.1\r\n"
-                        f"Host: wild.test:{port}\r\n\r\n".encode())
+        under = exchange(
+            run.path,
+            f"GET http://www.wild.test:{port}/w HTTP/1.1\r\n"
+            f"Host: www.wild.test:{port}\r\n\r\n".encode(),
+        )
+        apex = exchange(
+            run.path,
+            f"GET http://wild.test:{port}/w HTTP/1.1\r\nHost: wild.test:{port}\r\n\r\n".encode(),
+        )
     assert status_of(under) == 200 and status_of(apex) == 403
 
 
@@ -577,15 +664,18 @@ def test_a_host_header_that_disagrees_with_the_url_is_refused(srv: Servers) -> N
             f"Host: api.test:{port}\r\nHost: other.test:{port}\r\n",
             "Host: \r\n",
         ):
-            answer = exchange(run.path, f"GET http://api.test:{port}/ HTTP/1.1\r\n"
-                              f"{host_lines}\r\n".encode())
+            answer = exchange(
+                run.path, f"GET http://api.test:{port}/ HTTP/1.1\r\n{host_lines}\r\n".encode()
+            )
             assert status_of(answer) == 400, (host_lines, answer)
         assert b"Host header" in exchange(
             run.path,
             f"GET http://api.test:{port}/ HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n".encode(),
         )
-        same = exchange(run.path, f"GET http://API.test:{port}/ok HTTP/1.1\r\n"
-                        f"Host: api.TEST:{port}\r\n\r\n".encode())
+        same = exchange(
+            run.path,
+            f"GET http://API.test:{port}/ok HTTP/1.1\r\nHost: api.TEST:{port}\r\n\r\n".encode(),
+        )
         assert status_of(same) == 200
     assert [p for _, _, p in srv.plain.seen[before:]] == ["/ok"]
 
@@ -608,16 +698,23 @@ def test_a_second_request_cannot_ride_on_a_forwarded_one(srv: Servers) -> None:
 
 def test_chunk_framing_cannot_be_read_two_ways(srv: Servers) -> None:
     port = srv.plain.port
-    head = (f"POST http://api.test:{port}/chunked HTTP/1.1\r\nHost: api.test:{port}\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n")
+    head = (
+        f"POST http://api.test:{port}/chunked HTTP/1.1\r\nHost: api.test:{port}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    )
     smuggled = f"GET /smuggled HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n"
     with running_proxy(hosts_for(srv, "api.test")) as run:
-        fine = exchange(run.path, (head + "5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"
-                                   + smuggled).encode())
+        fine = exchange(
+            run.path, (head + "5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n" + smuggled).encode()
+        )
         assert status_of(fine) == 200 and fine.endswith(b"got 5 bytes")
         assert srv.plain.bodies[-1] == b"hello"
-        for body in ("0x5\r\nhello\r\n0\r\n\r\n", "+5\r\nhello\r\n0\r\n\r\n",
-                     "5 \r\nhello\r\n0\r\n\r\n", "5\r\nhelloXX0\r\n\r\n"):
+        for body in (
+            "0x5\r\nhello\r\n0\r\n\r\n",
+            "+5\r\nhello\r\n0\r\n\r\n",
+            "5 \r\nhello\r\n0\r\n\r\n",
+            "5\r\nhelloXX0\r\n\r\n",
+        ):
             answer = exchange(run.path, (head + body + smuggled).encode())
             assert status_of(answer) == 400, (body, answer)
     assert all(p != "/smuggled" for _, _, p in srv.plain.seen)
@@ -627,8 +724,9 @@ def test_a_chunked_body_is_forwarded_exactly(srv: Servers) -> None:
     with running_proxy(hosts_for(srv, "api.test")) as run:
         conn = http.client.HTTPConnection("127.0.0.1", run.bridge.port, timeout=10)
         body = [b"a" * 1000, b"b" * 70000, b"c"]
-        conn.request("POST", f"http://api.test:{srv.plain.port}/chunks", body=iter(body),
-                     encode_chunked=True)
+        conn.request(
+            "POST", f"http://api.test:{srv.plain.port}/chunks", body=iter(body), encode_chunked=True
+        )
         assert conn.getresponse().read() == b"got 71001 bytes"
         conn.close()
     assert srv.plain.bodies[-1] == b"".join(body)
@@ -636,8 +734,9 @@ def test_a_chunked_body_is_forwarded_exactly(srv: Servers) -> None:
 
 def test_a_connection_flood_meets_both_connection_caps(srv: Servers) -> None:
     limits = ProxyLimits(max_concurrent=3, max_connections=6)
-    get = (f"GET http://api.test:{srv.plain.port}/ HTTP/1.1\r\n"
-           f"Host: api.test:{srv.plain.port}\r\n\r\n").encode()
+    get = (
+        f"GET http://api.test:{srv.plain.port}/ HTTP/1.1\r\nHost: api.test:{srv.plain.port}\r\n\r\n"
+    ).encode()
     with running_proxy(hosts_for(srv, "api.test"), limits=limits) as run:
         for _ in range(2):
             assert status_of(exchange(run.path, get)) == 200
@@ -663,12 +762,19 @@ def test_byte_floods_are_cut_at_the_run_caps(srv: Servers) -> None:
     limits = ProxyLimits(max_bytes_down=200_000, max_bytes_up=100_000)
     port = srv.plain.port
     with running_proxy(hosts_for(srv, "api.test"), limits=limits) as run:
-        down = exchange(run.path, f"GET http://api.test:{port}/big/1000000 HTTP/1.1\r\n"
-                        f"Host: api.test:{port}\r\n\r\n".encode())
+        down = exchange(
+            run.path,
+            f"GET http://api.test:{port}/big/1000000 HTTP/1.1\r\n"
+            f"Host: api.test:{port}\r\n\r\n".encode(),
+        )
         assert 0 < len(down) <= 200_000
-        up = exchange(run.path, f"POST http://api.test:{port}/up HTTP/1.1\r\n"
-                      f"Host: api.test:{port}\r\nContent-Length: 500000\r\n\r\n".encode()
-                      + b"u" * 500_000, cut_ok=True)
+        up = exchange(
+            run.path,
+            f"POST http://api.test:{port}/up HTTP/1.1\r\n"
+            f"Host: api.test:{port}\r\nContent-Length: 500000\r\n\r\n".encode()
+            + b"u" * 500_000,
+            cut_ok=True,
+        )
         assert b"got 500000 bytes" not in up
     first, second = run.proxy.report.records
     assert "download cap of 200000 bytes" in first.reason
@@ -678,8 +784,9 @@ def test_byte_floods_are_cut_at_the_run_caps(srv: Servers) -> None:
 
 
 def test_a_tls_download_is_cut_at_the_cap(srv: Servers) -> None:
-    with running_proxy(hosts_for(srv, "api.test"),
-                       limits=ProxyLimits(max_bytes_down=300_000)) as run:
+    with running_proxy(
+        hosts_for(srv, "api.test"), limits=ProxyLimits(max_bytes_down=300_000)
+    ) as run:
         conn = http.client.HTTPSConnection(
             "127.0.0.1", run.bridge.port, context=srv.client_tls, timeout=10
         )
@@ -704,10 +811,16 @@ def test_a_tls_download_is_cut_at_the_cap(srv: Servers) -> None:
         (b"GET http://api.test/ HTTP/1.1\nHost: api.test\n\n\r\n\r\n", 400),
         (b"GET http://api.test/ HTTP/1.1\r\nX: y\r\n folded\r\n\r\n", 400),
         (b"GET http://api.test/ HTTP/9.9\r\n\r\n", 505),
-        (b"POST http://api.test/ HTTP/1.1\r\nHost: api.test\r\nContent-Length: 1\r\n"
-         b"Transfer-Encoding: chunked\r\n\r\n", 400),
-        (b"POST http://api.test/ HTTP/1.1\r\nHost: api.test\r\n"
-         b"Transfer-Encoding: xchunked\r\n\r\n", 501),
+        (
+            b"POST http://api.test/ HTTP/1.1\r\nHost: api.test\r\nContent-Length: 1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            400,
+        ),
+        (
+            b"POST http://api.test/ HTTP/1.1\r\nHost: api.test\r\n"
+            b"Transfer-Encoding: xchunked\r\n\r\n",
+            501,
+        ),
         (b"GET http://u@api.test/ HTTP/1.1\r\n\r\n", 400),
         (b"GET http://api.test/ HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", 431),
         (b"GET http://api.test/ HTTP/1.1\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n", 431),
@@ -732,8 +845,7 @@ def test_a_slow_client_is_answered_408() -> None:
 
 
 def test_an_idle_tunnel_is_closed(srv: Servers) -> None:
-    with running_proxy(hosts_for(srv, "api.test"),
-                       limits=ProxyLimits(idle_timeout_s=0.3)) as run:
+    with running_proxy(hosts_for(srv, "api.test"), limits=ProxyLimits(idle_timeout_s=0.3)) as run:
         sock, answer = open_tunnel(run.path, f"api.test:{srv.tls.port}")
         assert status_of(answer) == 200
         assert read_all(sock) == b""  # no ClientHello: the proxy gives up and closes

@@ -111,8 +111,10 @@ def test_body_framing_refuses_what_two_parsers_could_read_differently() -> None:
 
 
 def test_a_response_head_is_made_to_close() -> None:
-    raw = head("HTTP/1.1 200 OK\nConnection: keep-alive, X-Hop\nX-Hop: 1\nKeep-Alive: 5\n"
-               "Content-Length: 2\n\n")
+    raw = head(
+        "HTTP/1.1 200 OK\nConnection: keep-alive, X-Hop\nX-Hop: 1\nKeep-Alive: 5\n"
+        "Content-Length: 2\n\n"
+    )
     assert close_response_head(raw) == head(
         "HTTP/1.1 200 OK\nContent-Length: 2\nConnection: close\n\n"
     )

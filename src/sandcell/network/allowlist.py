@@ -153,8 +153,7 @@ def host_problem(text: str) -> str | None:
     wildcard = where.startswith("*.")
     if where == "*" or "*" in where[2 if wildcard else 0 :]:
         return (
-            f"{text!r} is not a host: a wildcard may only be the first label, as in "
-            "'*.example.com'"
+            f"{text!r} is not a host: a wildcard may only be the first label, as in '*.example.com'"
         )
     try:
         name = _a_label(where[2:] if wildcard else where)
@@ -267,9 +266,7 @@ def _a_label(name: str) -> str:
         raise HostError(f"{_shown(name)} is not a valid internationalised name") from None
     labels = ascii_name.lower().split(".")
     if not ascii_name or len(ascii_name) > 253 or not all(_LABEL.match(lb) for lb in labels):
-        raise HostError(
-            f"{_shown(name)} is not a host name: use labels of letters, digits and '-'"
-        )
+        raise HostError(f"{_shown(name)} is not a host name: use labels of letters, digits and '-'")
     return ascii_name.lower()
 
 

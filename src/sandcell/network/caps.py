@@ -33,8 +33,15 @@ class ProxyLimits:
     """Attempts kept in the report; later ones are only counted."""
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrent", "max_connections", "max_bytes_up", "max_bytes_down",
-                     "max_head_bytes", "max_headers", "max_records"):
+        for name in (
+            "max_concurrent",
+            "max_connections",
+            "max_bytes_up",
+            "max_bytes_down",
+            "max_head_bytes",
+            "max_headers",
+            "max_records",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"proxy limit {name} must be a positive integer, got {value!r}")

@@ -297,9 +297,7 @@ async def _both_ways(
     budget: Budget,
 ) -> str:
     up = asyncio.ensure_future(pump(reader, server.writer, flow=flow, budget=budget, up=True))
-    down = asyncio.ensure_future(
-        pump(server.reader, writer, flow=flow, budget=budget, up=False)
-    )
+    down = asyncio.ensure_future(pump(server.reader, writer, flow=flow, budget=budget, up=False))
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
         first = done.pop()

@@ -145,11 +145,10 @@ def split_absolute_url(target: str) -> tuple[Authority, str]:
             400, "this is a proxy: send the absolute URL (GET http://host/path) or CONNECT"
         )
     if scheme.lower() != "http":
-        raise HeadError(
-            400, f"scheme {scheme[:20]!a} is not forwarded: use CONNECT for https"
-        )
-    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0),
-              default=len(rest))
+        raise HeadError(400, f"scheme {scheme[:20]!a} is not forwarded: use CONNECT for https")
+    cut = min(
+        (i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest)
+    )
     authority, path = rest[:cut], rest[cut:]
     if "@" in authority:
         raise HeadError(400, "user information in the URL is not accepted")
@@ -190,9 +189,7 @@ def forward_head(head: RequestHead, path: str) -> bytes:
     """The head to send the server: origin-form target, hop-by-hop headers dropped,
     ``Connection: close`` (one request per connection)."""
     named = {
-        token.strip().lower()
-        for value in head.values("connection")
-        for token in value.split(",")
+        token.strip().lower() for value in head.values("connection") for token in value.split(",")
     }
     lines = [f"{head.method} {path} {head.version}"]
     lines += [

@@ -62,8 +62,11 @@ def abort(writer: asyncio.StreamWriter) -> None:
 def describe(end: End, budget: Budget, up: bool) -> str:
     """A record's reason for how a connection ended."""
     if end == "cap":
-        way, cap = ("upload", budget.limits.max_bytes_up) if up else (
-            "download", budget.limits.max_bytes_down)
+        way, cap = (
+            ("upload", budget.limits.max_bytes_up)
+            if up
+            else ("download", budget.limits.max_bytes_down)
+        )
         return f"the run's {way} cap of {cap} bytes was reached"
     if end == "idle":
         return f"idle for {budget.limits.idle_timeout_s:g} s"
@@ -123,9 +126,7 @@ async def read_head(
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             if response:
-                raise HeadError(
-                    502, "the server closed the connection without answering"
-                ) from None
+                raise HeadError(502, "the server closed the connection without answering") from None
             raise Stop("closed") from None
         raise HeadError(502 if response else 400, f"the stream ended inside the {what}") from None
 

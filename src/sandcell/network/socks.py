@@ -45,9 +45,7 @@ def reply(code: int) -> bytes:
 
 def reply_for(status: int) -> int:
     """The reply code of a refusal the HTTP side would answer with ``status``."""
-    return {403: NOT_ALLOWED, 502: HOST_UNREACHABLE, 504: TTL_EXPIRED}.get(
-        status, GENERAL_FAILURE
-    )
+    return {403: NOT_ALLOWED, 502: HOST_UNREACHABLE, 504: TTL_EXPIRED}.get(status, GENERAL_FAILURE)
 
 
 async def read_request(

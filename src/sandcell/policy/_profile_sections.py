@@ -74,6 +74,7 @@ _RULE_ID = re.compile(r"^(py|sh)\.[a-z0-9-]+$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
+
 class SectionError(ConfigError):
     """A field of a section is invalid: ``field`` (and ``item``, for a list) say which."""
 
