@@ -161,6 +161,10 @@ def cgroups_of(owner: str, *, include_warm: bool = False) -> list[Path]:
 
 def _warm_pool_group(owner: str, name: str) -> bool:
     rest = name[len(owner) + 1 :]
+    # A cold run keeps the name of the spare group it took (``<owner>.w<id>-cold-<id>``): that
+    # is a run's group, not a warm pool's.
+    if rest.startswith("w") and "-cold-" in rest:
+        return False
     return rest.startswith(("w", "vm-")) or (
         rest.startswith("gv-") and "-pool-gvisor-pool-" in rest
     )

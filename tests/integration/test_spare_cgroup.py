@@ -1,5 +1,6 @@
-"""The cgroup made ahead for the next cold run: taken under the run's own name, with the run's own
-limits (rewritten where they differ from the last run's), and gone after ``close``."""
+"""The cgroup made ahead for the next cold run: taken as it is (under the name it was made with,
+empty), with the run's own limits (rewritten where they differ from the last run's), and gone
+after ``close``."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sandcell.backends.namespaces import cgroups, workspace
+from sandcell import Executor, RunRequest
+from sandcell.backends.namespaces import NamespacesBackend, cgroups, workspace
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
-from sandcell.spec import Limits
+from sandcell.spec import Limits, Outcome
 
 from .hostscan import wait_until
 
@@ -40,7 +42,7 @@ def _spares(host: cgroups.CgroupHost) -> list[Path]:
     ]
 
 
-def test_spare_is_renamed_limited_and_removed() -> None:
+def test_spare_is_taken_limited_and_removed() -> None:
     host = _host()
     before = set(_spares(host))
     spare = SpareCgroup(host)
@@ -62,8 +64,9 @@ def test_spare_is_renamed_limited_and_removed() -> None:
         limits = Limits().with_(memory_bytes=200 * MiB, max_pids=17)
         group = spare.take(limits, second)
         taken.append(group)
-        assert not any(d.exists() for d in waiting), "the spare kept its waiting name"
-        assert all(d.name == second and d.is_dir() for d in group.dirs.values())
+        # The spare itself, not a group made at take time: its directories, all of them.
+        assert set(group.dirs.values()) == waiting, "the take did not hand over the spare"
+        assert all(d.is_dir() for d in group.dirs.values())
         memory = group.dirs["memory"] / "memory.limit_in_bytes"
         assert int(memory.read_text()) == 200 * MiB
         assert (group.dirs["pids"] / "pids.max").read_text().strip() == "17"
@@ -73,3 +76,96 @@ def test_spare_is_renamed_limited_and_removed() -> None:
         for g in taken:
             g.remove()
     assert set(_spares(host)) == before, "close() left a spare behind"
+
+
+def _cold_executor(tmp_path: Path) -> Executor:
+    host = _host()
+    ex = Executor(home=tmp_path / "home", profile="unchecked")
+    backend = ex.backend
+    assert isinstance(backend, NamespacesBackend)
+    if backend.rootless:
+        ex.close()
+        pytest.skip("an ordinary user's runs start under the workspace helper: no spawner")
+    assert host.version == 1
+    return ex
+
+
+def _spawner_waiting(ex: Executor) -> None:
+    """Run once (the first run makes the first spare), then wait for the spare's spawner."""
+    assert ex.run(RunRequest(code="pass")).outcome is Outcome.OK
+    assert wait_until(SpareCgroup.settled_anywhere, timeout=10), "no spare was made"
+
+
+_CGROUPS = "print(open('/proc/self/cgroup').read())"
+
+
+def test_a_cold_run_is_born_inside_its_cgroup(tmp_path: Path) -> None:
+    # The cgroup namespace is rooted where the sandbox init was made: at the run's own group
+    # when bwrap started inside it (the spawner), at the supervisor's groups when the init was
+    # moved in afterwards. So "/" in every run controller shows the run never had to be moved.
+    with _cold_executor(tmp_path) as ex:
+        _spawner_waiting(ex)
+        r = ex.run(RunRequest(code=_CGROUPS))
+        assert r.outcome is Outcome.OK, r.stderr
+        lines = dict(line.split(":", 2)[1:] for line in r.stdout.splitlines() if line)
+        for ctrl in ("memory", "pids", "cpuacct"):
+            (key,) = [k for k in lines if ctrl in k.split(",")]
+            assert lines[key] == "/", f"{ctrl}: {lines[key]} (the sandbox was moved in)"
+        assert r.usage.cpu_ms is not None and r.usage.cpu_ms > 0, "the group counted nothing"
+        # A bash run cannot use the python spawner: it is ended, and the run attaches as before.
+        b = ex.run(RunRequest(code="cat /proc/self/cgroup", language="bash"))
+        assert b.outcome is Outcome.OK, b.stderr
+        assert "/sandcell/" in b.stdout, b.stdout
+
+
+_FORKS = """
+import os, time
+n = 0
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    n += 1
+pids = [line for line in open("/proc/self/cgroup").read().splitlines() if ":pids:" in line]
+print(n, pids[0].split(":", 2)[2])
+"""
+
+
+def test_the_spawners_bwrap_does_not_take_a_process_of_the_run(tmp_path: Path) -> None:
+    # bwrap itself sits in a spawner-born run's group: pids.max is one more than the run's
+    # limit, so the sandbox still gets exactly max_pids (its init, the program, the children).
+    limits = Limits().with_(max_pids=9, wall_time_s=20)
+    with _cold_executor(tmp_path) as ex:
+        _spawner_waiting(ex)
+        born = ex.run(RunRequest(code=_FORKS, limits=limits))
+        assert wait_until(SpareCgroup.settled_anywhere, timeout=10), "no spare was made"
+        _kill_waiting_spawner(ex)
+        moved = ex.run(RunRequest(code=_FORKS, limits=limits))
+    assert born.outcome is Outcome.OK and moved.outcome is Outcome.OK, (born, moved)
+    born_n, born_group = born.stdout.split()
+    moved_n, moved_group = moved.stdout.split()
+    assert born_group == "/" and moved_group.startswith("/sandcell/"), (born_group, moved_group)
+    assert int(born_n) == 9 - 2, born.stdout
+    assert moved_n == born_n, "a run moved into its group gets another number of processes"
+
+
+def _kill_waiting_spawner(ex: Executor) -> None:
+    spare = ex.backend._spare_cgroup  # type: ignore[attr-defined]
+    with spare._lock:
+        spawner = spare._spare[3]
+    assert spawner is not None and spawner.alive()
+    spawner.proc.kill()
+    spawner.proc.wait()
+
+
+def test_a_dead_spawner_falls_back_to_moving_the_sandbox(tmp_path: Path) -> None:
+    with _cold_executor(tmp_path) as ex:
+        _spawner_waiting(ex)
+        _kill_waiting_spawner(ex)
+        r = ex.run(RunRequest(code=_CGROUPS, limits=Limits().with_(max_pids=9)))
+        assert r.outcome is Outcome.OK, r.stderr
+        assert "/sandcell/" in r.stdout, "the run should have been moved into its group"

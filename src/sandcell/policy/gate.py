@@ -9,14 +9,19 @@ deny or approve.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 from sandcell.errors import ConfigError
 from sandcell.packages import WheelCache, imports_of, resolve_packages
 from sandcell.policy.checks import Decision, Finding, check, decide
 from sandcell.policy.profiles import Profile
-from sandcell.spec import RunRequest
+from sandcell.spec import Language, RunRequest
+
+_CACHED_CODE_CHARS = 64 * 1024
+"""Programs up to this size have their check findings kept (see :func:`_checked`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,12 +99,7 @@ def admit(
             # A package the profile allows from the cache brings its import names with it.
             allowlist = allowlist | {name for p in resolution.packages for name in p.imports}
     findings = [
-        *check(
-            request.code,
-            request.language,
-            allowed_imports=allowlist,
-            network=profile.allows_network(),
-        ),
+        *_checked(request.code, request.language, allowlist, profile.allows_network()),
         *package_findings,
     ]
     decision = decide(
@@ -114,6 +114,29 @@ def admit(
         profile=profile,
         result_file=result_file,
     )
+
+
+def _checked(
+    code: str, language: Language, allowlist: Collection[str] | None, network: bool
+) -> tuple[Finding, ...]:
+    """:func:`check`'s findings, remembered for the programs seen last.
+
+    The checks read nothing but these four arguments (no host state, no clock), so the same
+    program under the same allowlist and network gets the same findings: a batch or an agent
+    that runs one program many times parses it once. The key is the whole text, not a digest
+    of it, so two programs can never share an entry; large programs are not kept.
+    """
+    frozen = None if allowlist is None else frozenset(allowlist)
+    if len(code) > _CACHED_CODE_CHARS:
+        return tuple(check(code, language, allowed_imports=frozen, network=network))
+    return _checked_cached(code, language, frozen, network)
+
+
+@lru_cache(maxsize=128)
+def _checked_cached(
+    code: str, language: Language, allowlist: frozenset[str] | None, network: bool
+) -> tuple[Finding, ...]:
+    return tuple(check(code, language, allowed_imports=allowlist, network=network))
 
 
 def _local_modules(request: RunRequest) -> set[str]:

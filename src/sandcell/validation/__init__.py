@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from sandcell.validation.invariants import (
@@ -143,7 +144,7 @@ def validate_output(
         ConfigError: for an invalid schema or invariant. Check both when the request is made
             (:func:`check_schema`, :func:`parse_invariant`) so this cannot happen after a run.
     """
-    redactor = Redactor(known_secrets)
+    redactor = _redactor(tuple(known_secrets))
     safe_stdout, stdout_leaks = redactor.scan_text(stdout)
     safe_stderr, stderr_leaks = redactor.scan_text(stderr)
     leaks = [replace(leak, stream="stdout") for leak in stdout_leaks]
@@ -182,6 +183,14 @@ def validate_output(
     return replace(report, value=checked.value, leaks=tuple(leaks))
 
 
+@lru_cache(maxsize=8)
+def _redactor(known_secrets: tuple[str, ...]) -> Redactor:
+    """One :class:`Redactor` per set of secrets: building one compiles every pattern for text
+    and for bytes (about half a millisecond), and an executor scans each run with the same
+    secrets. A Redactor holds no state between scans."""
+    return Redactor(known_secrets)
+
+
 def scan_artifact(
     data: bytes, *, path: str = "", known_secrets: Sequence[str] = ()
 ) -> tuple[Leak, ...]:
@@ -190,5 +199,5 @@ def scan_artifact(
     Reports only: the artifact is left as it is (see the module docstring). To store a redacted
     copy instead, use ``Redactor(known_secrets).scan_bytes(data)``.
     """
-    _, leaks = Redactor(known_secrets).scan_bytes(data)
+    _, leaks = _redactor(tuple(known_secrets)).scan_bytes(data)
     return tuple(replace(leak, stream=path) for leak in leaks)

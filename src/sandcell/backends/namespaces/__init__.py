@@ -4,10 +4,12 @@
 
 1. decide the layers for this request and fail closed on any that cannot be enforced;
 2. lay out the run directory: a size-capped tmpfs workspace and the read-only control files;
-3. create the run's cgroup with its limits (on cgroup v1, take one made ahead: ``spare_cgroup.py``);
+3. create the run's cgroup with its limits (on cgroup v1, take one made ahead: ``spare_cgroup.py``,
+   with a spawner already inside it that becomes the run's bwrap: ``spawner.py``);
 4. build the bwrap argument list (namespaces, mounts, seccomp) as data;
-5. launch: the sandbox init (the boot, bwrap's ``--as-pid-1``) is moved into the cgroup and given
-   its rlimits before it starts the program; the boot closes inherited descriptors, forks the
+5. launch: the sandbox init (the boot, bwrap's ``--as-pid-1``) is moved into the cgroup (or,
+   started by a spawner, checked to be born there) and given its rlimits before it starts the
+   program; the boot closes inherited descriptors, forks the
    program's process and applies Landlock there;
 6. classify how it ended, read usage, export the declared files, and remove everything (once
    every process of the run is dead, on a background thread; :meth:`NamespacesBackend.close`
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import threading
 from collections.abc import Mapping
 
@@ -44,10 +47,11 @@ from sandcell.backends.namespaces.prepared import (
 )
 from sandcell.backends.namespaces.runs import RunRegistry
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
+from sandcell.backends.namespaces.spawner import Spawner
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStarter, WarmStats
 from sandcell.backends.namespaces.warm_teardown import Teardown
 from sandcell.errors import IsolationUnavailable
-from sandcell.runtimes import Runtime, code_path
+from sandcell.runtimes import Runtime, code_path, runtime_for
 from sandcell.spec import (
     Artifact,
     Enforcement,
@@ -85,12 +89,18 @@ class NamespacesBackend:
         self._teardown = Teardown()
         """Removes a cold run's directory, mount and cgroup after its result is complete."""
         self._spare_cgroup = (
-            SpareCgroup(self._cgroup_host)
+            SpareCgroup(
+                self._cgroup_host,
+                # As root bwrap is started directly: a spawner can wait for it in the group.
+                # An ordinary user's runs start under the workspace helper instead.
+                spawner=None if self.rootless else self._spawner,
+            )
             if isinstance(self._cgroup_host, cgroups.CgroupHost)
             and SpareCgroup.usable(self._cgroup_host)
             else None
         )
-        """The next cold run's cgroup, made ahead (see ``spare_cgroup.py``)."""
+        """The next cold run's cgroup, made ahead with a spawner in it (``spare_cgroup.py``,
+        ``spawner.py``)."""
         sweep()
         self._warm = WarmStarter(self, warm) if warm is not None else None
 
@@ -149,34 +159,59 @@ class NamespacesBackend:
 
     def _run_cold(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
         layers = self.decide(request)
-        if layers.cgroup_host is not None:
-            threading.Thread(
-                target=cgroups.prime_attach, args=(layers.cgroup_host,), daemon=True
-            ).start()
         sandbox = PreparedSandbox(self, request, name=run_id, layers=layers)
         try:
             # -- 2. run directory, 3. cgroup -------------------------------------------------
             spare = self._spare_cgroup if layers.cgroup_host is not None else None
-            cgroup = (
-                spare.take(request.effective_limits, f"{workspace.owner_tag()}.{run_id}")
+            command = self._command(request, sandbox.runtime)
+            taken = (
+                spare.take_ready(
+                    request.effective_limits,
+                    f"{workspace.owner_tag()}.{run_id}",
+                    command=None if layers.use_helper else command,
+                )
                 if spare is not None
                 else None
             )
-            sandbox.create(self._control_files(request), cgroup=cgroup)
+            spawner = taken.spawner if taken is not None else None
+            if layers.cgroup_host is not None and spawner is None:
+                # The sandbox will be moved into its group: start the kernel's wait for that
+                # now (a spawner's group needs no move, and the wait would stall forks).
+                threading.Thread(
+                    target=cgroups.prime_attach, args=(layers.cgroup_host,), daemon=True
+                ).start()
+            try:
+                sandbox.create(self._control_files(request), cgroup=taken.group if taken else None)
+            except BaseException:
+                if spawner is not None:
+                    spawner.discard()
+                raise
 
             # -- 4. argument list ----------------------------------------------------------
-            pipes = Pipes(self.seccomp_program)
+            pipes = spawner.pipes if spawner is not None else Pipes(self.seccomp_program)
+            sandbox.born_in_cgroup = spawner is not None
+            started: list[bool] = []
+
+            def start(argv: list[str], stdin: bytes) -> subprocess.Popen[bytes]:
+                assert spawner is not None
+                proc = spawner.start(argv, stdin)
+                started.append(True)
+                return proc
+
             stop = StopPipe()
             collected: list[tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]] = []
             try:
                 # The boot is pid 1: it reaps every process of the run and reports the
                 # program's status, so bwrap's own reaper would only add a process.
-                argv = sandbox.argv(
-                    self._command(request, sandbox.runtime), pipes.fds(), as_pid_1=True
-                )
+                argv = sandbox.argv(command, pipes.fds(), as_pid_1=True)
 
                 def after_exit(pid: int) -> None:
                     collected.append(collect(sandbox.workspace_view(pid)))
+
+                def on_sandbox_pid(pid: int) -> None:
+                    sandbox.on_sandbox_pid(pid)
+                    if spare is not None:
+                        spare.refill()  # now: the run's own preparation is done
 
                 # -- 5. launch, cancellable ------------------------------------------------
                 with self.runs.register(run_id, stop.set) as cancellation:
@@ -187,13 +222,16 @@ class NamespacesBackend:
                         wall_time_s=request.effective_limits.wall_time_s,
                         stdout_cap=request.effective_limits.stdout_bytes,
                         stderr_cap=request.effective_limits.stderr_bytes,
-                        on_sandbox_pid=sandbox.on_sandbox_pid,
+                        on_sandbox_pid=on_sandbox_pid,
                         on_kill=sandbox.kill_all,
                         after_exit=after_exit,
                         helper=sandbox.helper,
                         stop=stop,
+                        start=start if spawner is not None else None,
                     )
             finally:
+                if spawner is not None and not started:
+                    spawner.discard()  # nothing started: it exits, and is reaped there
                 pipes.close_all()
                 stop.close()
 
@@ -211,14 +249,25 @@ class NamespacesBackend:
                 enforcement=self.enforcement(request, layers),
             )
         finally:
+            if self._spare_cgroup is not None:
+                self._spare_cgroup.refill()  # also when the run failed before its start
             # Every process of the run is dead (the sandbox's pid 1 was reaped) and the exports
             # are read: what is left is host bookkeeping, removed off the result path.
             self._teardown.submit(sandbox.remove)
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _spawner(self) -> Spawner:
+        """A spawner for the next cold python run (most are: a bash run ends the spawner and
+        starts bwrap itself)."""
+        runtime = runtime_for("python")
+        return Spawner(self.bwrap.path, self.seccomp_program, self._command_for("python", runtime))
+
     def _command(self, request: RunRequest, runtime: Runtime) -> list[str]:
-        if request.language == "python":
+        return self._command_for(request.language, runtime)
+
+    def _command_for(self, language: str, runtime: Runtime) -> list[str]:
+        if language == "python":
             return boot_command(runtime.sandbox_python, "python", str(code_path("python")))
         return boot_command(
             runtime.sandbox_python, "exec", runtime.sandbox_interpreter, str(code_path("bash"))

@@ -112,6 +112,10 @@ class Pipes:
             args=self.args,
         )
 
+    def open_fds(self) -> tuple[int, ...]:
+        """The descriptors still open here."""
+        return tuple(self._fds)
+
     def close(self, fd: int) -> None:
         if fd in self._fds:
             self._fds.remove(fd)
@@ -225,18 +229,24 @@ def launch(
     helper: HelperChannel | None = None,
     stop: StopPipe | None = None,
     setup_timeout_s: float = 30.0,
+    start: Callable[[list[str], bytes], subprocess.Popen[bytes]] | None = None,
 ) -> Launched:
     """Run bwrap to completion under the limits. Raises InfraError if it could not be started.
 
     ``after_exit(pid)`` runs once no sandboxed process is alive, while the workspace still exists
     (with a workspace ``helper``, before the helper, whose pid it gets, is released). ``stop``:
     once set, the run is killed as at the wall limit and ends ``stopped_by="cancelled"``.
+    ``start(argv, stdin)``: starts bwrap in place of :func:`spawn` (a spawner made ahead,
+    ``spawner.py``, holding ``pipes``).
     """
-    stdin_fd = _stdin_fd(stdin)
-    try:
-        proc = spawn(argv, pipes=pipes, stdin=stdin_fd, helper=helper)
-    finally:
-        os.close(stdin_fd)
+    if start is not None:
+        proc = start(list(argv), stdin)
+    else:
+        stdin_fd = _stdin_fd(stdin)
+        try:
+            proc = spawn(argv, pipes=pipes, stdin=stdin_fd, helper=helper)
+        finally:
+            os.close(stdin_fd)
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
 

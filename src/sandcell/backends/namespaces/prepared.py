@@ -43,6 +43,7 @@ from sandcell.backends.namespaces.bwrap import (
 from sandcell.backends.namespaces.launcher import HelperChannel, LaunchFds
 from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
 from sandcell.backends.namespaces.runtime_mounts import support_files
+from sandcell.backends.namespaces.spawner import in_cgroup
 from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import IsolationUnavailable
 from sandcell.runtimes import Runtime, common_env, runtime_for
@@ -120,6 +121,9 @@ class PreparedSandbox:
         self._sources = neutral_sources.NeutralSources()
         self._view_mounts: list[str] = []
         """Overlays this supervisor mounted on the host (as root, without the helper)."""
+        self.born_in_cgroup = False
+        """Set when bwrap starts inside :attr:`cgroup` (a spawner made ahead): the sandbox init
+        is then checked to be in it rather than moved there."""
 
     # -- 2. run directory, control files, cgroup ---------------------------------------------
 
@@ -278,7 +282,9 @@ class PreparedSandbox:
 
     def on_sandbox_pid(self, pid: int) -> None:
         """Move the (still blocked) sandbox init into the cgroup and give it the rlimits."""
-        if self.cgroup is not None:
+        if self.cgroup is not None and not (
+            self.born_in_cgroup and in_cgroup(pid, self.cgroup.dirs)
+        ):
             self.cgroup.attach(pid)
         apply_rlimits(pid, self._rlimits)
 
