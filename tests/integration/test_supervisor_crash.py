@@ -7,8 +7,9 @@ the marked child is alive, the supervisor gets SIGKILL (no handler, no ``finally
   ``--die-with-parent``, and as an ordinary user the workspace helper between the supervisor and
   bwrap dies with the supervisor too (its parent-death signal), taking its mount namespace, and so
   the workspace tmpfs, with it;
-* what is left is inert: as root, the run directory, the workspace tmpfs mounted on the host and
-  the run's (empty) cgroups; as an ordinary user, the run directory only;
+* what is left is inert: as root, the run directory, the workspace tmpfs and the neutral view's
+  read-only overlays mounted on the host under it, and the run's (empty) cgroups; as an
+  ordinary user, the run directory only;
 * the next start of sandcell (an :class:`Executor`, or any ``sandcell run``) removes all of it.
 """
 
@@ -164,7 +165,10 @@ def test_root_supervisor_sigkill(
         ],
     )
     assert len(run_dirs) == 1
-    assert mounts == [str(runs / owner / run_dirs[0] / "work")]
+    # The workspace tmpfs and the read-only overlays of the neutral view, all in the run dir.
+    run_dir = runs / owner / run_dirs[0]
+    assert str(run_dir / "work") in mounts
+    assert all(Path(m).is_relative_to(run_dir) for m in mounts), mounts
     assert groups, "expected the run's cgroups to remain until the sweep"
     for g in groups:
         assert (g / "cgroup.procs").read_text().split() == [], f"processes left in {g}"
