@@ -76,6 +76,12 @@ def classify(
     if launched.stopped_by == "cancelled":
         # First: a run cancelled before its program started was still stopped on purpose.
         return Outcome.KILLED, f"cancelled: {cancel_reason or 'no reason given'}"
+    if not launched.started and launched.stopped_by == "wall_time":
+        # A limit shorter than the sandbox's own start: the caller's limit, not the host, ended it.
+        return (
+            Outcome.TIMEOUT,
+            f"wall-time limit of {limits.wall_time_s:g} s reached before the program started",
+        )
     if not launched.started:
         err = launched.stderr.decode(errors="replace").strip()
         if launched.exit_code == BOOT_FAILED_STATUS:
