@@ -17,7 +17,7 @@ host's export checks (the ``collect`` callback, as for a run).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +48,35 @@ class CellRun:
     """The cell's display directory inside the sandbox, if the kernel made one."""
     session_ended: str | None
     """Why the session ended during this cell, or None when it goes on."""
+
+    @classmethod
+    def of(
+        cls,
+        verdict: tuple[Outcome, str, int | None, int | None],
+        *,
+        reply: Mapping[str, object] | None,
+        out: CappedOutput,
+        err: CappedOutput,
+        usage: Usage,
+        session_ended: str | None,
+    ) -> CellRun:
+        """A cell's run from its verdict (:func:`~sandcell.sessions.verdict.classify_cell`:
+        outcome, reason, exit code, signal), the kernel's reply and the captured streams."""
+        outcome, reason, exit_code, sig = verdict
+        out_dir = reply.get("out_dir") if reply is not None else None
+        return cls(
+            outcome=outcome,
+            reason=reason,
+            exit_code=exit_code,
+            signal=sig,
+            stdout=bytes(out.data),
+            stderr=bytes(err.data),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            usage=usage,
+            out_dir=out_dir if isinstance(out_dir, str) else None,
+            session_ended=session_ended,
+        )
 
 
 class CappedOutput:

@@ -446,18 +446,12 @@ class GVisorSessionSandbox:
             )
         if ended_why is not None:
             self.ended = reason
-        out_dir = reply.get("out_dir") if reply is not None else None
-        return CellRun(
-            outcome=outcome,
-            reason=reason,
-            exit_code=code_,
-            signal=sig,
-            stdout=bytes(out.data),
-            stderr=bytes(err.data),
-            stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated,
+        return CellRun.of(
+            (outcome, reason, code_, sig),
+            reply=reply,
+            out=out,
+            err=err,
             usage=usage,
-            out_dir=out_dir if isinstance(out_dir, str) else None,
             session_ended=self.ended,
         )
 
