@@ -14,6 +14,7 @@ import os
 import runpy
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -24,13 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import REPO, UnprivEnv, run_as_user, run_cli
+from tests.conftest import REPO, UnprivEnv, backend_unavailable, run_as_user, run_cli
 
 from sandcell import Executor
 from sandcell.audit import AuditLog
 from sandcell.backends.namespaces import cgroups
 from sandcell.batch import BatchProgress, load_tasks, run_batch
-from sandcell.errors import IsolationUnavailable
+from sandcell.errors import AuditError, IsolationUnavailable
 from sandcell.spec import IsolationMode
 from sandcell.status import EXIT_BATCH_FAILED, EXIT_CONFIG
 
@@ -339,6 +340,71 @@ def test_inputs_no_run_could_take_are_bad_lines(home: Path, tmp_path: Path) -> N
     assert "line 2: field 'inputs'" in p.stderr and "pseudo-filesystem" in p.stderr
     assert "line 3: field 'inputs'" in p.stderr and "FIFO" in p.stderr
     assert not (tmp_path / "tasks.results.jsonl").exists()
+
+
+def test_a_task_no_run_can_take_is_its_own_result(home: Path, tmp_path: Path) -> None:
+    # A FIFO inside an input directory is only found when the task's turn comes; it used to end
+    # the whole batch, naming no line, with the later tasks never run.
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "d" / "p")
+    path = _write_tasks(
+        tmp_path / "tasks.jsonl",
+        [
+            {"id": "a", "code": "print(1)", "expected_stdout": "1"},
+            {"id": "b", "code": "print(2)", "inputs": ["d"]},
+            {"id": "c", "code": "print(3)", "expected_stdout": "3"},
+        ],
+    )
+    results = tmp_path / "tasks.results.jsonl"
+    p = _batch(home, str(path), "--json")
+    assert p.returncode == EXIT_BATCH_FAILED, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["outcomes"] == {"ok": 2, "refused": 1}
+    assert summary["failed_ids"] == ["b"] and summary["complete"]
+    by_id = {line["id"]: line for line in _lines(results)}
+    assert [(by_id[i]["outcome"], by_id[i]["passed"]) for i in "abc"] == [
+        ("ok", True),
+        ("refused", False),
+        ("ok", True),
+    ]
+    assert str(by_id["b"]["reason"]).startswith("task on line 2: "), by_id["b"]
+    assert "FIFO" in str(by_id["b"]["reason"]) and by_id["b"]["run_id"] is None
+    # Every line names the rung it ran on (the refused one, the rung it would have).
+    assert {line["backend"] for line in by_id.values()} == {"namespaces"}
+    # A refused task is not finished: once its input is fixed, a rerun runs it (and only it).
+    (tmp_path / "d" / "p").unlink()
+    p = _batch(home, str(path), "--json")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert (summary["skipped"], summary["ran"], summary["passed"]) == (2, 1, 3)
+    assert [(line["id"], line["outcome"]) for line in _lines(results)][-1] == ("b", "ok")
+
+
+def test_result_lines_name_the_backend_that_ran_them(home: Path, tmp_path: Path) -> None:
+    path = _write_tasks(tmp_path / "tasks.jsonl", [{"id": "a", "code": "print(1)"}])
+    p = _batch(home, str(path), "--backend", "gvisor", "--start", "cold")
+    if p.returncode != 0 and "gvisor is unavailable" in p.stderr:
+        backend_unavailable("gvisor", p.stderr.strip())
+    assert p.returncode == 0, p.stderr
+    [line] = _lines(tmp_path / "tasks.results.jsonl")
+    assert (line["backend"], line["stdout"]) == ("gvisor", "1\n")
+
+
+def test_a_dead_store_still_stops_the_whole_batch(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the in-process executor runs as root; this test run is not root")
+    tasks_path = _write_tasks(
+        tmp_path / "tasks.jsonl", [{"id": str(i), "code": f"print({i})"} for i in range(4)]
+    )
+    results = tmp_path / "r.jsonl"
+    with Executor(home=tmp_path / "home", profile="unchecked") as executor:
+        # The run record store loses its chain head: no run can be recorded, for any task.
+        with sqlite3.connect(tmp_path / "home" / "audit.sqlite3") as db:
+            db.execute("DELETE FROM head")
+        tasks = load_tasks(tasks_path, executor.profile)
+        with pytest.raises(AuditError, match="lost its head row"):
+            run_batch(executor, tasks, results, concurrency=2)
+    assert results.read_text() == ""
 
 
 def test_bad_lines_are_refused_before_anything_runs(home: Path, tmp_path: Path) -> None:

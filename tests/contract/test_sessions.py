@@ -256,7 +256,11 @@ def _cli_cycle(call: Cli, mode_args: list[str]) -> None:
         timed = call(["session", "run", sid, "--timeout", "1", "-c", "while True: pass"])
         assert timed.returncode == 124
         listed = call(["session", "list", "--json"])
-        assert sid in [r["id"] for r in json.loads(listed.stdout)]
+        rows = {r["id"]: r for r in json.loads(listed.stdout)}
+        assert rows[sid]["backend"] == "namespaces", rows
+        table = _text(call(["session", "list"]).stdout).splitlines()
+        assert table[0].split()[:4] == ["ID", "PID", "PROFILE", "BACKEND"], table
+        assert [line.split()[3] for line in table if line.startswith(sid)] == ["namespaces"]
     finally:
         closed = call(["session", "close", sid])
     assert closed.returncode == 0, closed.stderr

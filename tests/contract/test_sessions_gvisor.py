@@ -301,6 +301,8 @@ def _cli_cycle(call: Cli, args: list[str]) -> None:
         timed = call(["session", "run", sid, "--timeout", "1", "-c", "while True: pass"])
         assert timed.returncode == 124
         assert _text(call(["session", "run", sid, "-c", "print(x)"]).stdout) == "20\n"
+        rows = {r["id"]: r for r in json.loads(call(["session", "list", "--json"]).stdout)}
+        assert rows[sid]["backend"] == "gvisor", rows
     finally:
         closed = call(["session", "close", sid])
     assert closed.returncode == 0, closed.stderr

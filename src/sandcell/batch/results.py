@@ -108,9 +108,10 @@ class ResultsFile:
                     "sandcell batch results file (pass another --results file, or --restart)"
                 )
             rec = Recorded.of(line)
-            if rec.outcome == "infra_error":
-                # sandcell failed before the code ran: safe to retry, so resuming runs it again
-                # (the new line, written later, is the one that counts).
+            if rec.outcome in ("infra_error", "refused"):
+                # sandcell failed before the code ran, or no run could take the task's request
+                # (an input since fixed, say): resuming runs it again (the new line, written
+                # later, is the one that counts).
                 recorded.pop(line["id"], None)
             else:
                 recorded[line["id"]] = rec

@@ -2,7 +2,9 @@
 
 Tasks with a line in the results file already are skipped (resume). Each worker takes the next
 task, runs it in a fresh sandbox through :meth:`Executor.run` (policy, limits, record: exactly as
-``sandcell run``), judges it and appends its result line. Setting ``stop`` (the CLI does on
+``sandcell run``), judges it and appends its result line. A task whose request no run can take
+(ConfigError) gets a ``refused`` line and the batch goes on; any other failure belongs to the host
+and stops the batch. Setting ``stop`` (the CLI does on
 SIGINT and SIGTERM) ends the batch: no new task starts, the runs in flight are cancelled
 (:meth:`Executor.cancel_all`), and they are not written as results, so a rerun runs them again.
 Their run records stay in the audit log, as runs killed with the reason "cancelled: the batch
@@ -104,14 +106,18 @@ class BatchSummary:
 ProgressCallback = Callable[[BatchProgress], None]
 
 
-def result_line(task: Task, result: RunResult, secret: str) -> dict[str, object]:
-    """The JSON line recorded for one finished task (``secret``: the run's, see the judge)."""
+def result_line(task: Task, result: RunResult, secret: str, *, backend: str) -> dict[str, object]:
+    """The JSON line recorded for one finished task (``secret``: the run's, see the judge).
+
+    ``backend`` names the rung the batch runs on; a run that reached a sandbox names its own.
+    """
     passed, mismatch = judge(task, result, secret)
     stderr = strip_verdict(result.stderr, secret)
     return {
         "id": task.id,
         "line": task.line,
         "task_sha256": task.sha256,
+        "backend": result.enforcement.backend if result.enforcement else backend,
         "outcome": result.outcome.value,
         "passed": passed,
         "mismatch": mismatch,
@@ -129,6 +135,38 @@ def result_line(task: Task, result: RunResult, secret: str) -> dict[str, object]
         "stderr": stderr[-_TEXT_KEPT:],
         "output_cut": len(result.stdout) > _TEXT_KEPT or len(stderr) > _TEXT_KEPT,
         "artifacts": [artifact_to_dict(a) for a in result.artifacts],
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+    }
+
+
+REFUSED = "refused"
+"""The outcome of a task whose request no run could take (ConfigError): it never ran. Resuming
+runs it again, as it does ``infra_error``, so a fixed input is picked up without --restart."""
+
+
+def refused_line(task: Task, error: ConfigError, backend: str) -> dict[str, object]:
+    """The JSON line recorded for a task refused before any run (no run id, no output)."""
+    return {
+        "id": task.id,
+        "line": task.line,
+        "task_sha256": task.sha256,
+        "backend": backend,
+        "outcome": REFUSED,
+        "passed": False,
+        "mismatch": None,
+        "reason": f"task on line {task.line}: {error}",
+        "run_id": None,
+        "start": None,
+        "start_note": None,
+        "exit_code": None,
+        "signal": None,
+        "wall_ms": None,
+        "cpu_ms": None,
+        "peak_memory_bytes": None,
+        "stdout": "",
+        "stderr": "",
+        "output_cut": False,
+        "artifacts": [],
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
     }
 
@@ -190,17 +228,25 @@ class _Batch:
             # harness, whose verdict carries the secret.
             wrap = functools.partial(sandbox_request, task=task, secret=secret)
             try:
-                result = self.executor.run(checked_request(task), wrap=wrap)
-                if self.stop.is_set():
-                    return  # killed by the interrupt (or finished as it came): run it again
-                line = result_line(task, result, secret)
+                try:
+                    result = self.executor.run(checked_request(task), wrap=wrap)
+                except ConfigError as exc:
+                    # This task's request is at fault (an input the sandbox cannot take, an
+                    # export beyond the profile): its own result, and the batch goes on.
+                    line, mode = refused_line(task, exc, self.executor.backend.name), None
+                else:
+                    if self.stop.is_set():
+                        return  # killed by the interrupt (or finished as it came): run it again
+                    line = result_line(task, result, secret, backend=self.executor.backend.name)
+                    mode = result.start.mode
                 with self.lock:
                     self.results.append(line)
                     verdict = Recorded.of(line)
                     self.verdicts[task.id] = verdict
                     self.passed += verdict.passed
                     self.ran += 1
-                    self.starts[result.start.mode] += 1
+                    if mode is not None:
+                        self.starts[mode] += 1
                     if self.on_progress is not None:
                         self.on_progress(self.progress())
             except BaseException as exc:
@@ -290,4 +336,12 @@ def run_batch(
         )
 
 
-__all__ = ["BatchProgress", "BatchSummary", "ProgressCallback", "result_line", "run_batch"]
+__all__ = [
+    "REFUSED",
+    "BatchProgress",
+    "BatchSummary",
+    "ProgressCallback",
+    "refused_line",
+    "result_line",
+    "run_batch",
+]

@@ -7,6 +7,7 @@ import json
 import sys
 
 from sandcell.audit import AuditLog
+from sandcell.cli.boundary_line import boundary_line
 from sandcell.executor import data_dir
 
 
@@ -59,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
             else:
                 print(json.dumps(entry.record, indent=2, ensure_ascii=False))
                 print(f"# seq {entry.seq}, hash {entry.hash}")
-                print(f"# boundary: {_boundary(entry.record)}")
+                print(f"# boundary: {boundary_line(entry.record)}")
             return 0
         report = log.verify()
         if report.ok:
@@ -68,18 +69,6 @@ def handle(args: argparse.Namespace) -> int:
         for p in report.problems:
             print(f"{p.kind}: seq {p.seq} run {p.run_id}: {p.detail}")
         return 1
-
-
-def _boundary(record: object) -> str:
-    """The pieces of the isolation boundary the run had, on one line: the backend and each
-    versioned part (runsc and its platform, QEMU and its accelerator, the guest kernel's and
-    image's sha256, bubblewrap and the host kernel)."""
-    r = record if isinstance(record, dict) else {}
-    backend = r.get("backend") if isinstance(r.get("backend"), dict) else {}
-    assert isinstance(backend, dict)
-    name = backend.get("name", "unknown")
-    parts = [f"{k} {v}" for k, v in backend.items() if k != "name"]
-    return f"{name}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def _summary(record: object) -> dict[str, object]:

@@ -316,6 +316,7 @@ def _list(args: argparse.Namespace) -> int:
             "id": entry.id,
             "pid": entry.pid,
             "profile": entry.profile,
+            "backend": entry.backend,
             "created_at": entry.created_at,
             "idle_timeout_s": entry.idle_timeout_s,
             "max_lifetime_s": entry.max_lifetime_s,
@@ -334,10 +335,14 @@ def _list(args: argparse.Namespace) -> int:
     if not rows:
         print("no live sessions")
         return 0
-    print(f"{'ID':<18}{'PID':>8}  {'PROFILE':<12}{'CELLS':>6}  CREATED")
+    print(f"{'ID':<18}{'PID':>8}  {'PROFILE':<12}{'BACKEND':<12}{'CELLS':>6}  CREATED")
     for r in rows:
         cells = "?" if r["cells"] is None else str(r["cells"])
-        print(f"{r['id']!s:<18}{r['pid']!s:>8}  {r['profile']!s:<12}{cells:>6}  {r['created_at']}")
+        backend = r["backend"] or "?"
+        print(
+            f"{r['id']!s:<18}{r['pid']!s:>8}  {r['profile']!s:<12}{backend!s:<12}{cells:>6}  "
+            f"{r['created_at']}"
+        )
     return 0
 
 

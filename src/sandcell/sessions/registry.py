@@ -36,6 +36,9 @@ class Entry:
     created_at: str
     idle_timeout_s: float
     max_lifetime_s: float
+    backend: str | None = None
+    """The rung the session runs on; None in an entry written by an older server, which a
+    listing still shows rather than sweeping a live session away as unreadable."""
 
     def alive(self) -> bool:
         return workspace.owner_alive(self.owner)

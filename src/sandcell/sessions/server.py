@@ -126,6 +126,7 @@ def serve(
                         pid=os.getpid(),
                         owner=_owner(),
                         profile=session.profile.name,
+                        backend=session.info().backend,
                         created_at=session.created_at,
                         idle_timeout_s=idle_timeout_s,
                         max_lifetime_s=max_lifetime_s,

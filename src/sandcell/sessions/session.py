@@ -71,6 +71,8 @@ class SessionInfo:
 
     id: str
     profile: str
+    backend: str
+    """The rung the session's sandbox runs on (``namespaces``, ``gvisor``, ``microvm``)."""
     created_at: str
     cells: int
     idle_timeout_s: float
@@ -192,6 +194,7 @@ class Session:
         return SessionInfo(
             id=self.id,
             profile=self.profile.name,
+            backend=self._sandbox.backend.name,
             created_at=self.created_at,
             cells=self.cells,
             idle_timeout_s=self.idle_timeout_s,
