@@ -34,7 +34,7 @@ import pytest
 
 from conftest import UnprivEnv, run_as_user, settle_pools
 from sandcell import Executor, IsolationMode, Limits, RunRequest
-from sandcell.backends.namespaces import workspace
+from sandcell.backends.namespaces import NamespacesBackend, workspace
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
 from sandcell.spec import MiB, Outcome
 
@@ -243,11 +243,16 @@ def test_root_runs_leave_nothing(
 
         one(KINDS[0])  # warm up, so lazily opened descriptors (the audit log) exist before
         settle_pools(request.getfixturevalue("ladder_executors"))
+        assert isinstance(ex.backend, NamespacesBackend)
+        ex.backend.wait_idle()
         fds_before = _run_fds()
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=4) as pool:
             results = list(pool.map(one, schedule))
         elapsed = time.monotonic() - t0
+        # Each run's sandbox is torn down after its result, on a background thread.
+        assert isinstance(ex.backend, NamespacesBackend)
+        ex.backend.wait_idle()
         fds_after = _run_fds()
         audit_count = ex.audit.count()
 

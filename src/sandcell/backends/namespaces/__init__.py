@@ -130,6 +130,11 @@ class NamespacesBackend:
             "arch": self.arch,
         }
 
+    def wait_idle(self) -> None:
+        """Return once every finished run's sandbox is gone (their teardown runs in the
+        background after the result); runs in flight are not waited for."""
+        self._teardown.drain()
+
     def close(self) -> None:
         """A warm template and its pool are ended; returns once every run's sandbox is gone."""
         if self._warm is not None:
