@@ -44,7 +44,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
-from sandcell.backends.microvm import accel, guest_packages, image, jail, layout, machine, qemu
+from sandcell.backends.microvm import (
+    accel,
+    guest_packages,
+    image,
+    jail,
+    layout,
+    machine,
+    qemu,
+    snapshot,
+)
 from sandcell.backends.microvm.drive import Ended, classify, drive
 from sandcell.backends.microvm.pool import WarmVMs
 from sandcell.backends.microvm.vm import VM
@@ -341,17 +350,9 @@ def sweep() -> list[str]:
 
 def _kill_qemus_under(path: Path) -> None:
     """Kill QEMU processes whose command line names a file under ``path``."""
-    needle = str(path).encode() + b"/"
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
-        try:
-            cmdline = (pid_dir / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"qemu-system" in cmdline and needle in cmdline:
-            with contextlib.suppress(OSError):
-                os.kill(int(pid_dir.name), signal.SIGKILL)
+    for pid in snapshot.qemus_naming(path):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     time.sleep(0)
 
 

@@ -240,9 +240,11 @@ def _same_file_path(a: Path, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def in_use(d: Path) -> bool:
-    """Whether a live QEMU (or its jail) names a file of the snapshot directory ``d``."""
-    needle = str(d).encode() + b"/"
+def qemus_naming(path: Path) -> list[int]:
+    """The pids of live QEMU processes (or their jails) whose command line names a file under
+    ``path``."""
+    needle = str(path).encode() + b"/"
+    found: list[int] = []
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
             continue
@@ -251,8 +253,13 @@ def in_use(d: Path) -> bool:
         except OSError:
             continue
         if b"qemu-system" in cmdline and needle in cmdline:
-            return True
-    return False
+            found.append(int(pid_dir.name))
+    return found
+
+
+def in_use(d: Path) -> bool:
+    """Whether a live QEMU (or its jail) names a file of the snapshot directory ``d``."""
+    return bool(qemus_naming(d))
 
 
 def check(snap: Snapshot, guest: machine.Guest, vplan: qemu.VMPlan) -> None:
