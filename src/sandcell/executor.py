@@ -39,6 +39,7 @@ from sandcell.policy.approvals import (
 )
 from sandcell.policy.gate import Admission, admit
 from sandcell.policy.profiles import DEFAULT_PROFILE, Profile, load_profile
+from sandcell.run_sockets import RunSockets
 from sandcell.runtimes import runtime_for
 from sandcell.spec import (
     Artifact,
@@ -67,7 +68,9 @@ if TYPE_CHECKING:
     import pydantic
 
     from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.network.addresses import Resolver
     from sandcell.sessions import Session
+    from sandcell.tools.approval import Approver
 
 ApprovalCallback = Callable[[Ticket], bool]
 """Called with the stored ticket of a run that needs approval; True approves and runs it."""
@@ -121,7 +124,12 @@ class Executor:
         known_secrets: Sequence[str] | None = None,
         home: Path | None = None,
         warm: WarmConfig | None = None,
+        tool_approver: Approver | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
+        """``tool_approver`` answers a governed tool call that needs approval while its run
+        waits (None: nobody can, and such a call is refused); ``resolver`` is the name lookup of
+        the egress proxy (default: the host's)."""
         base = home or data_dir()
         # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
         from_env = os.environ.get("SANDCELL_PROFILE") if profile is None else None
@@ -157,6 +165,8 @@ class Executor:
         self.wheels = WheelCache(base / "wheels")
         self.export_limits = export_limits or ExportLimits()
         self.known_secrets = tuple(host_secrets() if known_secrets is None else known_secrets)
+        self.tool_approver = tool_approver
+        self.resolver = resolver
 
     def backend_for(self, profile: Profile) -> Backend:
         """The backend a run under ``profile`` gets: the rung the caller asked for, else the
@@ -302,6 +312,7 @@ class Executor:
             approved = self.approvals.approve(ticket.id, by=who)
             result = self._execute(
                 backend,
+                prof,
                 wrap(approved.request) if wrap is not None else approved.request,
                 validators,
                 {**policy, "approval": approval_record(approved.ticket)},
@@ -309,7 +320,7 @@ class Executor:
             self.approvals.mark_ran(ticket.id, result.run_id)
             return result
         admitted = wrap(admission.request) if wrap is not None else admission.request
-        return self._execute(backend, admitted, validators, policy)
+        return self._execute(backend, prof, admitted, validators, policy)
 
     def session(
         self,
@@ -396,7 +407,7 @@ class Executor:
         approved = self.approvals.approve(ticket.id, by=by or default_approver(), reason=reason)
         policy = {**admission.policy_record(), "approval": approval_record(approved.ticket)}
         try:
-            result = self._execute(backend, approved.request, validators, policy)
+            result = self._execute(backend, prof, approved.request, validators, policy)
         except SandcellError:
             # Nothing ran: the ticket waits again rather than stay approved and unrunnable.
             self.approvals.reopen(ticket.id)
@@ -423,9 +434,21 @@ class Executor:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def open_sockets(self, profile: Profile, request: RunRequest) -> RunSockets | None:
+        """The ways out of a run (or a session) under ``profile``: its egress proxy and tool
+        gateway, started; None when the profile allows nothing outside. A call needing approval
+        waits at most the run's wall time."""
+        return RunSockets.open(
+            profile,
+            approver=self.tool_approver,
+            approval_timeout_s=request.effective_limits.wall_time_s,
+            resolver=self.resolver,
+        )
+
     def _execute(
         self,
         backend: Backend,
+        profile: Profile,
         request: RunRequest,
         validators: _Validators,
         policy: Mapping[str, object],
@@ -445,10 +468,18 @@ class Executor:
                 return (), ()
             return collect_exports(ws, globs, self.store, self.export_limits)
 
+        sockets = self.open_sockets(profile, request)
         try:
-            br = backend.run(request, run_id=run_id, collect=collect)
+            br = backend.run(
+                request,
+                run_id=run_id,
+                collect=collect,
+                sockets=sockets.sandbox if sockets is not None else None,
+            )
         except InfraError as exc:
             br = _infra_result(str(exc), backend.name)
+        finally:
+            outside = sockets.close() if sockets is not None else None
         if displayed and br.outcome is not Outcome.INFRA_ERROR:
             shown = displayed[0]
             rejected = br.rejected_exports + shown.rejected
@@ -462,6 +493,8 @@ class Executor:
             started_at=started_at,
             inputs=inputs,
             backend=backend,
+            outside=outside,
+            secrets=sockets.secrets if sockets is not None else (),
         )
 
     def finish(
@@ -476,9 +509,16 @@ class Executor:
         inputs: list[dict[str, object]],
         session_id: str | None = None,
         backend: Backend | None = None,
+        outside: Mapping[str, object] | None = None,
+        secrets: Sequence[str] = (),
     ) -> RunResult:
         """What happens after a sandbox ran: validate the declared result, scan for leaks, write
-        the record, return the typed result. Shared by one-shot runs and session cells."""
+        the record, return the typed result. Shared by one-shot runs and session cells.
+
+        ``outside``: what the run's egress proxy and tool gateway saw
+        (:meth:`RunSockets.take_record`); ``secrets``: the gateway's credentials, looked for in
+        every output like the host's own."""
+        known_secrets = (*self.known_secrets, *secrets)
         stdout = br.stdout.decode("utf-8", errors="replace")
         stderr = br.stderr.decode("utf-8", errors="replace")
         outcome, reason = br.outcome, br.reason
@@ -490,12 +530,12 @@ class Executor:
             schema=validators.schema,
             model=validators.model,
             invariants=validators.invariants,
-            known_secrets=self.known_secrets,
+            known_secrets=known_secrets,
         )
         leaks = [_leak_dict(leak) for leak in report.leaks]
         for artifact in br.artifacts:
             data = self.store.path_for(artifact.sha256).read_bytes()
-            found = scan_artifact(data, path=artifact.path, known_secrets=self.known_secrets)
+            found = scan_artifact(data, path=artifact.path, known_secrets=known_secrets)
             leaks += [_leak_dict(leak) for leak in found]
         if validators.declared and outcome is Outcome.OK:
             missing = _missing_result(br, validators.result_file)
@@ -531,7 +571,8 @@ class Executor:
             start=br.start,
             session_id=session_id,
         )
-        self.audit.append(self._record(request, result, br, inputs, backend or self.backend))
+        record = self._record(request, result, br, inputs, backend or self.backend)
+        self.audit.append({**record, **(outside or {})})
         return result
 
     def _result_bytes(self, artifacts: Sequence[Artifact], result_file: str | None) -> bytes | None:

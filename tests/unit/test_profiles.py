@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandcell.errors import ConfigError, IsolationUnavailable
+from sandcell.errors import ConfigError
 from sandcell.policy._profile_sections import DEFAULT_EXPORT_GLOBS
 from sandcell.policy.profiles import (
     DEFAULT_PROFILE,
@@ -30,6 +30,7 @@ from sandcell.policy.profiles import (
     render_list,
     render_matrix,
 )
+from sandcell.run_sockets import needs_sockets
 from sandcell.spec import Limits, MiB
 
 
@@ -70,7 +71,7 @@ def test_each_builtin_loads_and_its_matrix_renders(name: str, profile_dir: Path)
     assert profile.source == f"builtin:{name}"
     assert len(profile.sha256) == 64
     assert profile.description
-    profile.require_enforceable()  # every built-in can run on this sandcell
+    assert not needs_sockets(profile)  # every built-in stays network- and tool-free
     matrix = render_matrix(profile)
     assert f"profile {name} (builtin:{name})" in matrix
     for section in ("filesystem", "network", "limits", "runtime", "checks", "validation"):
@@ -444,14 +445,12 @@ def test_limit_rules_refuse_defaults_above_ceilings() -> None:
         LimitRules(defaults=Limits(wall_time_s=100))
 
 
-def test_allowlist_loads_but_cannot_be_enforced_yet(tmp_path: Path) -> None:
+def test_allowlist_loads_and_gets_run_sockets(tmp_path: Path) -> None:
     text = '[network]\nmode = "allowlist"\nhosts = ["api.example.com", "*.example.org"]\n'
     profile = load_profile(str(write(tmp_path, "net.toml", text)))
     assert profile.network.hosts == ("api.example.com", "*.example.org")
     assert profile.allows_network()
-    with pytest.raises(IsolationUnavailable) as info:
-        profile.require_enforceable()
-    assert info.value.layer == "network allowlist"
+    assert needs_sockets(profile)
     assert "api.example.com" in render_matrix(profile)
 
 
@@ -472,14 +471,13 @@ def test_checks_section(tmp_path: Path) -> None:
     assert "py.process=deny" in render_matrix(profile)
 
 
-def test_tools_load_but_runs_cannot_reach_them_yet(tmp_path: Path) -> None:
+def test_tools_load_and_allow_their_client(tmp_path: Path) -> None:
     text = (
         '[tools.weather]\nkind = "http"\nbase_url = "https://api.example.com/v1"\n'
         'allow = ["GET /forecast/*"]\ncredential_env = "WEATHER_API_KEY"\n'
     )
     profile = load_profile(str(write(tmp_path, "tools.toml", text)))
     assert [t.name for t in profile.tools] == ["weather"]
-    with pytest.raises(IsolationUnavailable) as info:
-        profile.require_enforceable()
-    assert info.value.layer == "tool gateway"
-    assert "weather" in str(info.value)
+    assert needs_sockets(profile)
+    allowed = profile.import_allowlist()
+    assert allowed is not None and "sandcell_tools" in allowed

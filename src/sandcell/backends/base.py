@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sandcell.spec import (
     Artifact,
@@ -17,6 +17,9 @@ from sandcell.spec import (
     StartInfo,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from sandcell.run_sockets import SandboxSockets
 
 Collector = Callable[[Path], tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]]
 """Called with the workspace, while it still exists and no sandbox process is alive, to export."""
@@ -84,7 +87,17 @@ class Backend(Protocol):
 
     name: str
 
-    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult: ...
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None = None,
+    ) -> BackendResult:
+        """Run ``request``; with ``sockets`` (its profile reaches outside), make them reachable
+        inside the sandbox as :mod:`sandcell.run_sockets` says, or raise IsolationUnavailable."""
+        ...
 
     def versions(self) -> Mapping[str, str]:
         """Versions of the pieces that make up the boundary (for the run record)."""

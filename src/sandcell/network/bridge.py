@@ -13,6 +13,7 @@ It imports only the standard library, so it can run under the sandbox's own inte
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import threading
@@ -100,6 +101,14 @@ def main(argv: list[str]) -> int:
     host, _, port = argv[0].rpartition(":")
     bridge = Bridge((host.strip("[]"), int(port)), argv[1])
     print(bridge.port, flush=True)
+    # Ready: from now on it holds none of the streams of whoever started it (a program's output
+    # pipe held open by the bridge would never reach its end), nor its session's signals.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    with contextlib.suppress(OSError):
+        os.setsid()
     bridge.serve()
     return 0
 

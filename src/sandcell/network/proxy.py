@@ -91,6 +91,11 @@ class EgressProxy:
         self.stop()
 
     @property
+    def records(self) -> tuple[ConnectionRecord, ...]:
+        """The attempts recorded so far (a session takes each cell's share while it runs)."""
+        return tuple(self._records)
+
+    @property
     def report(self) -> ProxyReport:
         """The report of a stopped proxy.
 

@@ -153,12 +153,11 @@ class FilesystemRules:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkRules:
-    """What a run may reach. Only ``none`` can be enforced today."""
+    """What a run may reach: nothing, or the allowlisted hosts through its egress proxy."""
 
     mode: NetworkMode = "none"
     """``none`` (absent: the default): no network at all. ``allowlist``: only ``hosts``,
-    through the egress proxy (:mod:`sandcell.network`), which runs are not wired to yet
-    (:meth:`Profile.require_enforceable`)."""
+    through the run's egress proxy (:mod:`sandcell.network`, :mod:`sandcell.run_sockets`)."""
     hosts: tuple[str, ...] = ()
     """``host``, ``host:port[,port]``, ``*.domain`` under a registrable domain, or an IP literal
     (:mod:`sandcell.network.allowlist`). Empty or absent: none. Must be empty when ``mode`` is

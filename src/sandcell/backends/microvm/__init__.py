@@ -61,6 +61,7 @@ from sandcell.backends.namespaces import sweep as namespaces_sweep
 from sandcell.backends.namespaces.runs import RunRegistry
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStats
 from sandcell.errors import InfraError, IsolationUnavailable, SandcellError
+from sandcell.run_sockets import SandboxSockets
 from sandcell.spec import (
     Artifact,
     Enforcement,
@@ -132,7 +133,20 @@ class MicroVMBackend:
     def warm_stats(self) -> WarmStats | None:
         return self._warm.stats() if self._warm is not None else None
 
-    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None = None,
+    ) -> BackendResult:
+        if sockets is not None:
+            raise IsolationUnavailable(
+                "run sockets",
+                "the microvm backend cannot reach the egress proxy or the tool gateway yet",
+                "use a profile without a network allowlist or tools",
+            )
         self._check(request)
         packages = guest_packages.load(request.packages)
         start = StartInfo()

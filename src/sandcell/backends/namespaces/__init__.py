@@ -51,6 +51,7 @@ from sandcell.backends.namespaces.spawner import Spawner
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStarter, WarmStats
 from sandcell.backends.namespaces.warm_teardown import Teardown
 from sandcell.errors import IsolationUnavailable
+from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import Runtime, code_path, runtime_for
 from sandcell.spec import (
     Artifact,
@@ -154,7 +155,20 @@ class NamespacesBackend:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None = None,
+    ) -> BackendResult:
+        if sockets is not None:
+            raise IsolationUnavailable(
+                "run sockets",
+                "the namespaces backend cannot reach the egress proxy or the tool gateway yet",
+                "use a profile without a network allowlist or tools",
+            )
         if self._warm is None:
             return self._run_cold(request, run_id=run_id, collect=collect)
         warm = self._warm.run(request, run_id=run_id, collect=collect)
