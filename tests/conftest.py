@@ -8,6 +8,7 @@ cannot do one of them skips those tests with the reason; CI creates the user so 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import json
@@ -348,6 +349,8 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             inputs: Sequence[Path] = (),
             exports: Sequence[str] = (),
             stdin: bytes = b"",
+            profile: str | None = None,
+            host_env: Mapping[str, str] | None = None,
             **limits: float,
         ) -> dict[str, object]:
             req = RunRequest(
@@ -358,7 +361,8 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
                 stdin=stdin,
                 limits=_limits(limits),
             )
-            return result_to_dict(ex.run(req))
+            with _host_environ(host_env or {}):
+                return result_to_dict(ex.run(req, profile=profile))
 
         return Sandbox(identity="root", run=run_root, home=root_home, start=start, backend=backend)
 
@@ -376,9 +380,13 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
         inputs: Sequence[Path] = (),
         exports: Sequence[str] = (),
         stdin: bytes = b"",
+        profile: str | None = None,
+        host_env: Mapping[str, str] | None = None,
         **limits: float,
     ) -> dict[str, object]:
         args = _cli_args(code, lang=lang, inputs=inputs, exports=exports, limits=limits)
+        if profile is not None:
+            args[args.index("unchecked")] = profile
         if mode is IsolationMode.RLIMITS:
             args.insert(1, "--isolation=rlimits")
         if start != "cold":
@@ -390,7 +398,7 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
             stdin_file.write_bytes(stdin)
             stdin_file.chmod(0o644)
             args += ["--stdin", str(stdin_file)]
-        proc = run_as_user(env, args)
+        proc = run_as_user(env, args, extra_env=host_env)
         if proc.returncode == 78 and b"is unavailable" in proc.stderr and backend != "namespaces":
             backend_unavailable(backend, proc.stderr.decode(errors="replace").strip())
         if proc.returncode == 78 and not proc.stdout:
@@ -406,6 +414,22 @@ def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> 
         return out
 
     return Sandbox(identity="user", run=run_user, home=env.home, start=start, backend=backend)
+
+
+@contextlib.contextmanager
+def _host_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """The executor's process environment with ``values`` set (a tool's credential is read by
+    the host's gateway from there), restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _user_mode(env: UnprivEnv) -> IsolationMode:

@@ -570,9 +570,11 @@ class Executor:
             outputs=br.outputs,
             start=br.start,
             session_id=session_id,
+            network=_mapping(outside, "network"),
+            tools=_mapping(outside, "tools"),
         )
         record = self._record(request, result, br, inputs, backend or self.backend)
-        self.audit.append({**record, **(outside or {})})
+        self.audit.append({**record, "network": result.network, "tools": result.tools})
         return result
 
     def _result_bytes(self, artifacts: Sequence[Artifact], result_file: str | None) -> bytes | None:
@@ -674,6 +676,11 @@ class Executor:
                 "weakened": list(enforcement.weakened),
             },
         }
+
+
+def _mapping(record: Mapping[str, object] | None, key: str) -> Mapping[str, object] | None:
+    value = None if record is None else record.get(key)
+    return value if isinstance(value, Mapping) else None
 
 
 def _validation_record(validation: Mapping[str, object] | None) -> dict[str, object] | None:

@@ -282,6 +282,12 @@ class RunResult:
     start: StartInfo = field(default_factory=StartInfo)
     session_id: str | None = None
     """The session this run was a cell of, if any."""
+    network: Mapping[str, object] | None = None
+    """Every connection the run tried through its egress proxy (None: its profile allows no
+    network): ``connections`` (host, port, address, allowed, reason, bytes, times), totals."""
+    tools: Mapping[str, object] | None = None
+    """Every governed tool call of the run (None: its profile has no tools): ``calls`` (tool,
+    argument and result hashes, decision, approver, sizes, duration)."""
 
     @property
     def ok(self) -> bool:
@@ -323,6 +329,8 @@ def result_to_dict(result: RunResult) -> dict[str, object]:
         "outputs": [output_to_dict(o) for o in result.outputs],
         "start": start_to_dict(result.start),
         "session_id": result.session_id,
+        "network": None if result.network is None else dict(result.network),
+        "tools": None if result.tools is None else dict(result.tools),
     }
 
 

@@ -26,6 +26,7 @@ from sandcell._artifact_store import ArtifactStore
 from sandcell.backends.base import Backend, Collector
 from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError
+from sandcell.run_sockets import SandboxSockets
 from sandcell.spec import Artifact, Enforcement, Outcome, RejectedExport, RunRequest, Usage
 
 Exported = tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]
@@ -154,8 +155,15 @@ class CellSandbox(Protocol):
 SessionOpener = Callable[..., CellSandbox]
 
 
-def open_cell_sandbox(backend: Backend, request: RunRequest, *, session_id: str) -> CellSandbox:
-    """The backend's live sandbox for one session (not started yet).
+def open_cell_sandbox(
+    backend: Backend,
+    request: RunRequest,
+    *,
+    session_id: str,
+    sockets: SandboxSockets | None = None,
+) -> CellSandbox:
+    """The backend's live sandbox for one session (not started yet), reaching ``sockets``
+    (the session's egress proxy and tool gateway) when given.
 
     Raises ConfigError when the backend cannot keep a sandbox alive across cells.
     """
@@ -164,14 +172,14 @@ def open_cell_sandbox(backend: Backend, request: RunRequest, *, session_id: str)
     if isinstance(backend, NamespacesBackend):
         from sandcell.sessions.sandbox import SessionSandbox
 
-        return SessionSandbox(backend, request, session_id=session_id)
+        return SessionSandbox(backend, request, session_id=session_id, sockets=sockets)
     opener: SessionOpener | None = getattr(backend, "session_sandbox", None)
     if opener is None:
         raise ConfigError(
             f"the {backend.name!r} backend cannot keep a sandbox alive across cells, so it "
             "cannot run sessions; start the session on a backend that can (see `sandcell doctor`)"
         )
-    return opener(request, session_id=session_id)
+    return opener(request, session_id=session_id, sockets=sockets)
 
 
 __all__ = ["CappedOutput", "CellRun", "CellSandbox", "Exported", "open_cell_sandbox"]

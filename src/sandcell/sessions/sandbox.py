@@ -58,7 +58,8 @@ from sandcell.backends.namespaces.prepared import (
     boot_command,
 )
 from sandcell.display import DisplayCollection, read_outputs
-from sandcell.errors import InfraError
+from sandcell.errors import InfraError, IsolationUnavailable
+from sandcell.run_sockets import SandboxSockets
 from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
@@ -76,7 +77,21 @@ _READ_CHUNK = 65536
 class SessionSandbox:
     """One live sandbox running a kernel. Not thread-safe: the session serialises its calls."""
 
-    def __init__(self, backend: NamespacesBackend, request: RunRequest, *, session_id: str) -> None:
+    def __init__(
+        self,
+        backend: NamespacesBackend,
+        request: RunRequest,
+        *,
+        session_id: str,
+        sockets: SandboxSockets | None = None,
+    ) -> None:
+        if sockets is not None:
+            raise IsolationUnavailable(
+                "run sockets",
+                "sessions on the namespaces backend cannot reach the egress proxy or the tool "
+                "gateway yet",
+                "use a profile without a network allowlist or tools",
+            )
         self.backend = backend
         self.request = request
         self.session_id = session_id

@@ -152,8 +152,20 @@ class Session:
         self._born = time.monotonic()
         self._last_active = self._born
         self._ended: str | None = None
-        self._sandbox = open_cell_sandbox(backend, self.request, session_id=self.id)
-        self._sandbox.start()
+        # One proxy and one gateway for the whole session; each cell's record gets its share.
+        self._sockets = executor.open_sockets(self.profile, self.request)
+        try:
+            self._sandbox = open_cell_sandbox(
+                backend,
+                self.request,
+                session_id=self.id,
+                sockets=self._sockets.sandbox if self._sockets is not None else None,
+            )
+            self._sandbox.start()
+        except BaseException:
+            if self._sockets is not None:
+                self._sockets.close()
+            raise
         self._watchdog = threading.Thread(
             target=self._watch, name=f"sandcell-session-watchdog-{self.id}", daemon=True
         )
@@ -254,6 +266,8 @@ class Session:
                 inputs=self._inputs_record,
                 session_id=self.id,
                 backend=self._sandbox.backend,
+                outside=self._sockets.take_record() if self._sockets is not None else None,
+                secrets=self._sockets.secrets if self._sockets is not None else (),
             )
             self._last_active = time.monotonic()
             if self._sandbox.ended is not None and self._ended is None:
@@ -331,7 +345,12 @@ class Session:
     def _end(self, reason: str, globs: tuple[str, ...] = ()) -> Exported:
         self._ended = reason
         self._wake.set()
-        return self._sandbox.teardown(globs, self._collector(globs) if globs else None)
+        try:
+            return self._sandbox.teardown(globs, self._collector(globs) if globs else None)
+        finally:
+            if self._sockets is not None:
+                # What a cell's leftover process did after the last cell is not any cell's.
+                self._sockets.close()
 
     def _check_alive(self) -> None:
         if self._ended is not None:

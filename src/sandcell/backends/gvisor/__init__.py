@@ -157,8 +157,17 @@ class GVisorBackend:
         """The pool, as it is now (None without warm starts)."""
         return self._pool.stats() if self._pool is not None else None
 
-    def session_sandbox(self, request: RunRequest, *, session_id: str) -> CellSandbox:
+    def session_sandbox(
+        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+    ) -> CellSandbox:
         """A live sandbox for one session (not started yet; see ``session.py``)."""
+        if sockets is not None:
+            raise IsolationUnavailable(
+                "run sockets",
+                "sessions on the gvisor backend cannot reach the egress proxy or the tool "
+                "gateway yet",
+                "use a profile without a network allowlist or tools",
+            )
         from sandcell.backends.gvisor.session import GVisorSessionSandbox
 
         return GVisorSessionSandbox(self, request, session_id=session_id)

@@ -167,8 +167,17 @@ class MicroVMBackend:
             result = run(vm=vm, start=start)
         return result if note is None else started_cold(result, note)
 
-    def session_sandbox(self, request: RunRequest, *, session_id: str) -> CellSandbox:
+    def session_sandbox(
+        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+    ) -> CellSandbox:
         """One VM kept alive across the cells of a session (see ``session.py``); not started."""
+        if sockets is not None:
+            raise IsolationUnavailable(
+                "run sockets",
+                "sessions on the microvm backend cannot reach the egress proxy or the tool "
+                "gateway yet",
+                "use a profile without a network allowlist or tools",
+            )
         from sandcell.backends.microvm.session import VMSessionSandbox
 
         self._check(request)
