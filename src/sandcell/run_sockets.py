@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.errors import ConfigError, InfraError
+from sandcell.spec import MiB
 
 if TYPE_CHECKING:
     from sandcell.network.addresses import Resolver
@@ -153,12 +154,20 @@ class RunSockets:
             _write_helpers(host_dir)
             if profile.allows_network():
                 from sandcell.network.addresses import system_resolver
+                from sandcell.network.caps import ProxyLimits
                 from sandcell.network.proxy import EgressProxy
 
+                rules = profile.network
                 proxy = EgressProxy(
                     profile=profile.name,
-                    allowlist=profile.network.allowlist,
+                    allowlist=rules.allowlist,
                     socket_path=host_dir / EGRESS_SOCKET,
+                    limits=ProxyLimits(
+                        max_connections=rules.max_connections,
+                        max_concurrent=rules.max_concurrent,
+                        max_bytes_up=rules.max_mb_up * MiB,
+                        max_bytes_down=rules.max_mb_down * MiB,
+                    ),
                     resolver=resolver or system_resolver,
                 )
                 proxy.start()

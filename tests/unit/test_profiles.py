@@ -481,3 +481,17 @@ def test_tools_load_and_allow_their_client(tmp_path: Path) -> None:
     assert needs_sockets(profile)
     allowed = profile.import_allowlist()
     assert allowed is not None and "sandcell_tools" in allowed
+
+
+def test_network_caps_reach_the_proxy_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    text = (
+        '[network]\nmode = "allowlist"\nhosts = ["api.example.com"]\n'
+        "max_connections = 5\nmax_concurrent = 2\nmax_mb_up = 1\nmax_mb_down = 3\n"
+    )
+    profile = load_profile(str(write(tmp_path, "caps.toml", text)))
+    net = profile.network
+    assert (net.max_connections, net.max_concurrent, net.max_mb_up, net.max_mb_down) == (5, 2, 1, 3)
+    assert "5 connections (2 at once), 1 MiB up, 3 MiB down" in render_matrix(profile)
+    bad = text.replace("max_concurrent = 2", "max_concurrent = 0")
+    with pytest.raises(ConfigError, match=r"caps2.toml:5: .*max_concurrent must be an integer"):
+        load_profile(str(write(tmp_path, "caps2.toml", bad)))

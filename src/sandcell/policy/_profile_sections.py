@@ -165,6 +165,14 @@ class NetworkRules:
     allow_addresses: tuple[str, ...] = ()
     """Non-public addresses or networks (``10.20.0.0/16``) that a listed name may resolve to.
     Empty or absent: listed names must resolve to public addresses."""
+    max_connections: int = 1024
+    """Connections a run may open through its proxy, in all; one more is answered 429."""
+    max_concurrent: int = 32
+    """Connections open at once; one more is answered 503."""
+    max_mb_up: int = 64
+    """MiB the run may send through its proxy; reaching it closes the connection."""
+    max_mb_down: int = 512
+    """MiB the run may receive through its proxy; reaching it closes the connection."""
     allowlist: Allowlist = field(init=False, repr=False, compare=False)
     """``hosts`` and ``allow_addresses`` parsed: what the egress proxy checks against."""
 
@@ -173,6 +181,10 @@ class NetworkRules:
             raise SectionError(
                 f"unknown network mode {self.mode!r}; use 'none' or 'allowlist'", "mode"
             )
+        for cap in ("max_connections", "max_concurrent", "max_mb_up", "max_mb_down"):
+            value = getattr(self, cap)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+                raise SectionError(f"{cap} must be an integer from 1 to {1 << 20}", cap)
         if self.mode == "none" and self.hosts:
             raise SectionError(
                 "hosts are listed but mode is 'none'; set mode = 'allowlist'", "hosts"

@@ -250,7 +250,15 @@ class ProfileSummary:
 _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "filesystem": ("max_inputs", "export_globs"),
-        "network": ("mode", "hosts", "allow_addresses"),
+        "network": (
+            "mode",
+            "hosts",
+            "allow_addresses",
+            "max_connections",
+            "max_concurrent",
+            "max_mb_up",
+            "max_mb_down",
+        ),
         "isolation": ("backend", "minimum"),
         "runtime": ("languages", "runtime", "allowed_imports", "allowed_packages"),
         "limits": tuple(LIMIT_KEYS),
@@ -374,6 +382,10 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             mode=doc.string((net, "mode")),
             hosts=doc.strings((net, "hosts")),
             allow_addresses=doc.strings((net, "allow_addresses")),
+            max_connections=doc.integer((net, "max_connections")),
+            max_concurrent=doc.integer((net, "max_concurrent")),
+            max_mb_up=doc.integer((net, "max_mb_up")),
+            max_mb_down=doc.integer((net, "max_mb_down")),
         ),
         isolation=_rules(doc, iso, IsolationRules, backend=backend, minimum=minimum),
         limits=_rules(doc, "limits", LimitRules, defaults=defaults, ceilings=ceilings),
@@ -541,6 +553,18 @@ def render_matrix(profile: Profile) -> str:
         ("network", "mode", net.mode),
         ("network", "hosts", _items([r.show() for r in net.allowlist.rules])),
         ("network", "allow_addresses", _items(net.allow_addresses)),
+        *(
+            [
+                (
+                    "network",
+                    "caps",
+                    f"{net.max_connections} connections ({net.max_concurrent} "
+                    f"at once), {net.max_mb_up} MiB up, {net.max_mb_down} MiB down",
+                ),
+            ]
+            if net.mode == "allowlist"
+            else []
+        ),
         ("isolation", "backend", profile.isolation.backend),
         ("isolation", "minimum", profile.isolation.minimum),
     ]
