@@ -1,0 +1,104 @@
+"""Sessions that reach outside: one egress proxy and one tool gateway for the session's life,
+and each cell's record holds exactly what that cell did. On every rung, as root through the
+in-process executor (the CLI paths of sessions are the same Session object)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from tests.conftest import ladder_executor
+
+from sandcell import Executor, Limits
+from sandcell.policy.profiles import Profile, parse_profile
+from sandcell.spec import MiB
+
+KEY = f"key-{secrets.token_hex(10)}"
+
+
+class _Api(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        ok = self.headers.get("Authorization") == f"Bearer {KEY}" or self.path.startswith("/web")
+        data = json.dumps({"path": self.path, "ok": ok}).encode()
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def _profile(port: int) -> Profile:
+    text = f"""
+approval = "never"
+[network]
+mode = "allowlist"
+hosts = ["127.0.0.1:{port}"]
+allow_addresses = ["127.0.0.1/32"]
+[runtime]
+allowed_imports = ["*"]
+[checks]
+disabled = ["py.network", "py.import"]
+[tools.api]
+kind = "http"
+base_url = "http://127.0.0.1:{port}"
+allow = ["GET /items/*"]
+credential_env = "SESSION_API_KEY"
+"""
+    return parse_profile(text.encode(), name="session-outside", source="session-outside.toml")
+
+
+@pytest.fixture(params=["namespaces", "gvisor", "microvm"])
+def ex(
+    request: pytest.FixtureRequest,
+    ladder_executors: dict[tuple[str, str], Executor],
+    root_home: Path,
+) -> Executor:
+    if request.param == "namespaces":
+        executor: Executor = request.getfixturevalue("executor")
+        return executor
+    return ladder_executor(ladder_executors, root_home, str(request.param), "cold")
+
+
+CELL = """
+import json, urllib.request, sandcell_tools
+with urllib.request.urlopen("http://127.0.0.1:{port}/web/{n}", timeout=20) as r:
+    print("web", r.status)
+print("tool", sandcell_tools.call("api.request", method="GET", path="/items/{n}")["status"])
+"""
+
+
+def test_each_cell_records_its_own_connections_and_calls(
+    ex: Executor, api: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SESSION_API_KEY", KEY)
+    profile = _profile(api)
+    with ex.session(profile=profile, limits=Limits(wall_time_s=30, memory_bytes=256 * MiB)) as s:
+        first = s.run(CELL.format(port=api, n=1))
+        second = s.run(CELL.format(port=api, n=2) + "print(len(dir()))")
+    for n, result in ((1, first), (2, second)):
+        assert result.ok, (result.reason, result.stderr)
+        assert "web 200" in result.stdout and "tool 200" in result.stdout, result.stdout
+        assert result.network is not None and result.tools is not None
+        conns = result.network["connections"]
+        assert isinstance(conns, list) and len(conns) == 1, conns
+        assert conns[0]["allowed"] and conns[0]["port"] == api, conns
+        calls = result.tools["calls"]
+        assert isinstance(calls, list) and len(calls) == 1, calls
+        assert calls[0]["decision"] == "allowed", calls
+        assert KEY not in result.stdout
