@@ -128,8 +128,10 @@ class Executor:
         resolver: Resolver | None = None,
     ) -> None:
         """``tool_approver`` answers a governed tool call that needs approval while its run
-        waits (None: nobody can, and such a call is refused); ``resolver`` is the name lookup of
-        the egress proxy (default: the host's)."""
+        waits (None: the approval queue, where a person decides with ``sandcell approve`` or
+        ``sandcell deny`` before the run's wall time is up; see
+        :mod:`sandcell.tools.queue_approver`); ``resolver`` is the name lookup of the egress
+        proxy (default: the host's)."""
         base = home or data_dir()
         # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
         from_env = os.environ.get("SANDCELL_PROFILE") if profile is None else None
@@ -208,6 +210,15 @@ class Executor:
         """
         return sum(b.cancel_all(reason) for b in list(self._backends.values()))
 
+    def cancel(self, run_id: str, reason: str = "cancelled by the caller") -> bool:
+        """Stop the run ``run_id`` (an id given to :meth:`run`) if it is in flight now; it ends
+        ``killed`` like under :meth:`cancel_all`. False when it is not (yet, or any more)
+        running: a caller that wants it stopped calls again until ``run`` has returned."""
+        from sandcell.backends.namespaces.runs import RunRegistry
+
+        registries = (getattr(b, "runs", None) for b in list(self._backends.values()))
+        return any(r.cancel(run_id, reason) for r in registries if isinstance(r, RunRegistry))
+
     @staticmethod
     def _profile(profile: Profile | str) -> Profile:
         return profile if isinstance(profile, Profile) else load_profile(profile)
@@ -248,6 +259,7 @@ class Executor:
         result_file: str | None = None,
         approve: ApprovalCallback | None = None,
         wrap: Callable[[RunRequest], RunRequest] | None = None,
+        run_id: str | None = None,
     ) -> RunResult:
         """Run one program in a fresh sandbox, if the profile allows it.
 
@@ -258,6 +270,8 @@ class Executor:
         needs approval instead of leaving it waiting in the store. ``wrap`` turns the request
         the profile admitted into the one the sandbox runs (the batch judge puts the program
         under its test harness): the checks judge the caller's code, not the wrapper's.
+        ``run_id`` names the run in the sandbox and its record (default: a fresh one), so that
+        :meth:`cancel` can reach it while it runs; a run that never starts gets its own id.
         """
         prof = self._profile(profile) if profile is not None else self.profile
         backend = self.backend_for(prof)
@@ -316,11 +330,12 @@ class Executor:
                 wrap(approved.request) if wrap is not None else approved.request,
                 validators,
                 {**policy, "approval": approval_record(approved.ticket)},
+                run_id=run_id,
             )
             self.approvals.mark_ran(ticket.id, result.run_id)
             return result
         admitted = wrap(admission.request) if wrap is not None else admission.request
-        return self._execute(backend, prof, admitted, validators, policy)
+        return self._execute(backend, prof, admitted, validators, policy, run_id=run_id)
 
     def session(
         self,
@@ -351,7 +366,12 @@ class Executor:
         )
 
     def run_approved(
-        self, approval_id: str, *, by: str | None = None, reason: str = ""
+        self,
+        approval_id: str,
+        *,
+        by: str | None = None,
+        reason: str = "",
+        run_id: str | None = None,
     ) -> RunResult:
         """Approve a waiting run and run exactly the stored request (its hash is checked).
 
@@ -407,7 +427,9 @@ class Executor:
         approved = self.approvals.approve(ticket.id, by=by or default_approver(), reason=reason)
         policy = {**admission.policy_record(), "approval": approval_record(approved.ticket)}
         try:
-            result = self._execute(backend, prof, approved.request, validators, policy)
+            result = self._execute(
+                backend, prof, approved.request, validators, policy, run_id=run_id
+            )
         except SandcellError:
             # Nothing ran: the ticket waits again rather than stay approved and unrunnable.
             self.approvals.reopen(ticket.id)
@@ -434,15 +456,22 @@ class Executor:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def open_sockets(self, profile: Profile, request: RunRequest) -> RunSockets | None:
+    def open_sockets(
+        self, profile: Profile, request: RunRequest, *, run_id: str | None = None
+    ) -> RunSockets | None:
         """The ways out of a run (or a session) under ``profile``: its egress proxy and tool
         gateway, started; None when the profile allows nothing outside. A call needing approval
-        waits at most the run's wall time."""
-        return RunSockets.open(
+        waits at most the run's wall time, for :attr:`tool_approver` or else the approval queue
+        (its tickets name ``run_id``)."""
+        from sandcell.tools.queue_approver import open_run_sockets
+
+        return open_run_sockets(
             profile,
+            store=self.approvals,
             approver=self.tool_approver,
             approval_timeout_s=request.effective_limits.wall_time_s,
             resolver=self.resolver,
+            run_id=run_id,
         )
 
     def _execute(
@@ -452,10 +481,12 @@ class Executor:
         request: RunRequest,
         validators: _Validators,
         policy: Mapping[str, object],
+        *,
+        run_id: str | None = None,
     ) -> RunResult:
         globs = validate_globs(request.exports)
         inputs = inspect_inputs(request.inputs)
-        run_id = uuid.uuid4().hex
+        run_id = run_id or uuid.uuid4().hex
         started_at = _now()
 
         displayed: list[DisplayCollection] = []
@@ -468,7 +499,7 @@ class Executor:
                 return (), ()
             return collect_exports(ws, globs, self.store, self.export_limits)
 
-        sockets = self.open_sockets(profile, request)
+        sockets = self.open_sockets(profile, request, run_id=run_id)
         try:
             br = backend.run(
                 request,

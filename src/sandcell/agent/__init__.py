@@ -91,9 +91,9 @@ def as_tool(
 
     sandcell_ask.__doc__ = (
         "Answer a question about data by writing and running code in an isolated sandbox (no "
-        "network). Returns the explanation, the computed figures with the run each came from, "
-        "the code that ran and a stop_reason; 'answered' is false when no trustworthy result "
-        "was found."
+        "network beyond what its profile allows). Returns the explanation, the computed "
+        "figures with the run each came from, the code that ran and a stop_reason; 'answered' "
+        "is false when no trustworthy result was found."
     )
     sandcell_ask.__name__ = TOOL_NAME
     sandcell_ask.parameters = TOOL_PARAMETERS  # type: ignore[attr-defined]

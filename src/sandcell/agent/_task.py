@@ -16,6 +16,7 @@ from typing import Any, cast
 from sandcell.agent.budget import Budget, Spending
 from sandcell.agent.paused import ResumeError
 from sandcell.agent.prompt import Protocol
+from sandcell.agent.tool_api import ToolOperation
 from sandcell.agent.transcript import Attempt, Event, EventKind, answer_attempt_dict
 from sandcell.models.base import Message, Role, TokenUsage, ToolCall
 from sandcell.policy.profiles import Profile, load_profile
@@ -55,6 +56,9 @@ class Task:
     """The last program was held for approval and the model was asked to do without it."""
     pending_call: str | None = None
     """The tool call the next message to the model answers (native tool calling)."""
+    operations: tuple[ToolOperation, ...] = ()
+    """The profile's governed tools as listed when the question was asked: the system prompt
+    is written again from them when the conversation switches to plain text."""
 
     def tell(self, text: str) -> None:
         """Say ``text`` to the model: the result of its pending tool call, or a user message."""
@@ -96,6 +100,7 @@ def task_to_state(task: Task, *, model_settings: Mapping[str, object]) -> dict[s
         "last_failure": task.last_failure,
         "held": task.held,
         "pending_call": task.pending_call,
+        "operations": [op.to_dict() for op in task.operations],
         "model_settings": dict(model_settings),
     }
 
@@ -146,6 +151,8 @@ def task_from_state(state: Mapping[str, Any], *, profile: Profile, budget: Budge
             last_failure=str(state["last_failure"]),
             held=bool(state["held"]),
             pending_call=state["pending_call"],
+            # Absent in a conversation stored before tools were listed: none were shown.
+            operations=tuple(ToolOperation.from_dict(op) for op in state.get("operations", ())),
         )
     except ResumeError:
         raise

@@ -9,6 +9,11 @@ server support them, else in the plain-text protocol (:mod:`sandcell.agent.proto
 that rejects tools mid-way switches the question to plain text. A final answer written as prose
 after a successful run is accepted when its numbers trace (:mod:`sandcell.agent._answers`).
 
+Code mode: under a profile with governed tools, the system prompt shows them as a typed Python
+API (:mod:`sandcell.agent.tool_api`, listed once from the host's gateway when the question is
+asked), so the model's programs call the tools and reduce their results in the sandbox, and only
+what a program prints reaches the model.
+
 Recovery is bounded. A failure (a refused or crashed run, a timeout, an invalid result, an
 answer with untraceable numbers, a reply that breaks the protocol) goes back to the model as
 feedback, up to ``max_retries`` times in a row; then one fallback turn asks for the simplest
@@ -47,7 +52,8 @@ from sandcell.agent.budget import Budget, Spending
 from sandcell.agent.paused import PAUSED_FILENAME, PausedStore
 from sandcell.agent.prompt import DEFAULT_SAMPLE_BYTES, system_prompt, task_message
 from sandcell.agent.protocol import CodeBlock, Reply, parse_reply
-from sandcell.agent.tools import NO_TOOL_CALL, TOOLS, as_text, read_tool_calls
+from sandcell.agent.tool_api import list_operations
+from sandcell.agent.tools import NO_TOOL_CALL, as_text, read_tool_calls, tools_for
 from sandcell.agent.transcript import Answer, Attempt, Event, EventKind, Figure, StopReason
 from sandcell.errors import ConfigError, ModelError, ModelRateLimited
 from sandcell.models.base import (
@@ -140,7 +146,8 @@ class Agent:
         ``exports`` are globs of files the runs may hand back (charts, tables); ``schema`` and
         ``invariants`` declare a result every run must print as its last JSON line. Raises
         ConfigError only for a request the profile cannot accept at all (too many inputs, an
-        export it forbids); everything else ends in an :class:`Answer` with a stop reason.
+        export it forbids, a governed tool whose credential is not set on the host); everything
+        else ends in an :class:`Answer` with a stop reason.
         """
         if not question.strip():
             raise ConfigError("the question is empty; ask something")
@@ -158,6 +165,8 @@ class Agent:
             spend=Spending(self.budget),
             messages=[],
             protocol="text" if tool_calling_of(self.model) == "text" else "native",
+            # Listed once, on the host: an MCP server's schemas come from the server itself.
+            operations=list_operations(prof),
         )
         task.messages += [
             Message(role="system", content=self._system_prompt(task)),
@@ -272,7 +281,10 @@ class Agent:
         if task.protocol == "native":
             try:
                 return cast(ToolModel, self.model).complete(
-                    task.messages, max_tokens=max_tokens, temperature=self.temperature, tools=TOOLS
+                    task.messages,
+                    max_tokens=max_tokens,
+                    temperature=self.temperature,
+                    tools=tools_for(task.profile),
                 )
             except ToolsUnsupported as exc:
                 # The server has no tool calling: the same turn again, in plain text.
@@ -304,7 +316,11 @@ class Agent:
 
     def _system_prompt(self, task: Task) -> str:
         return system_prompt(
-            task.profile, limits=task.limits, exports=task.exports, protocol=task.protocol
+            task.profile,
+            limits=task.limits,
+            exports=task.exports,
+            protocol=task.protocol,
+            operations=task.operations,
         )
 
     # -- running a program ------------------------------------------------------------------

@@ -4,6 +4,11 @@ The model sees the question, the inputs' names and sizes, and a small sample of 
 (its first lines, at most ``sample_bytes``), with known secrets and token patterns redacted. It
 never sees more of the data: the data is read by the code, in the sandbox.
 
+Under a profile that reaches outside, the rules say so: the hosts of its network allowlist (the
+program reaches them through the run's proxy), and its governed tools as a small typed Python
+API (:mod:`sandcell.agent.tool_api`) with the instruction to call them from the program and
+print only what the question needs.
+
 Security limitation: the sample does leave the host, to whoever serves the model. Pass
 ``sample_bytes=0`` to send names and sizes only.
 """
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from sandcell.agent.protocol import ANSWER_TAG
+from sandcell.agent.tool_api import ToolOperation, render_api
 from sandcell.policy.profiles import Profile
 from sandcell.spec import InputFile, Limits, MiB
 from sandcell.validation import Redactor
@@ -39,16 +45,31 @@ _PROBE_BYTES = 8192
 
 
 def system_prompt(
-    profile: Profile, *, limits: Limits, exports: Sequence[str], protocol: Protocol = "text"
+    profile: Profile,
+    *,
+    limits: Limits,
+    exports: Sequence[str],
+    protocol: Protocol = "text",
+    operations: Sequence[ToolOperation] = (),
 ) -> str:
-    """The rules of the sandbox and of the reply protocol, for the system message."""
+    """The rules of the sandbox and of the reply protocol, for the system message.
+
+    ``operations``: the profile's governed tools as the gateway lists them
+    (:func:`sandcell.agent.tool_api.list_operations`), shown as a typed API.
+    """
     allowlist = profile.import_allowlist()
+    network = profile.allows_network()
     imports = (
         "any module installed in the runtime"
         if allowlist is None
         else "the Python standard library"
-        + (f" and {', '.join(sorted(allowlist))}" if allowlist else "")
-        + "; nothing else is installed and nothing can be installed"
+        + (
+            f" and {', '.join(sorted(allowlist - {'sandcell_tools'}))}"
+            if allowlist - {"sandcell_tools"}
+            else ""
+        )
+        + "; nothing else is installed"
+        + ("" if network else " and nothing can be installed")
     )
     languages = ", ".join(profile.runtime.languages)
     export_line = (
@@ -95,7 +116,7 @@ You answer questions by writing short programs, running them in a sandbox, readi
 output and explaining it. Never guess or estimate a number: compute it and print it.
 
 The sandbox:
-- No network and no secrets. Every program runs in a fresh sandbox: variables and files do not \
+- {_outside_line(profile)} Every program runs in a fresh sandbox: variables and files do not \
 carry over from one run to the next, so each program must be complete.
 - The working directory is /sandbox (writable, {limits.workspace_bytes // MiB} MiB). Input files \
 are read-only under /inputs/NAME and also linked into the working directory as NAME.
@@ -104,10 +125,53 @@ are read-only under /inputs/NAME and also linked into the working directory as N
 - Each run is limited to {limits.wall_time_s:g} s wall time and \
 {limits.memory_bytes // MiB} MiB of memory; output beyond {limits.stdout_bytes} bytes ends it.
 - A policy checks the code before it runs. Code that starts processes, loads native code, \
-deserialises pickles, reaches for the network or reads outside the working directory and \
-/inputs is refused or held for a person's approval: write plain computations.
-
+deserialises pickles, {"" if network else "reaches for the network "}or reads outside the \
+working directory and /inputs is refused or held for a person's approval: write plain \
+computations.
+{_tools_section(operations, bash=profile.allows_language("bash"))}
 {replies}"""
+
+
+def _outside_line(profile: Profile) -> str:
+    """What the program can reach beyond the sandbox: nothing, or the allowlist's hosts."""
+    if not profile.allows_network():
+        return "No network and no secrets."
+    hosts = ", ".join(rule.show() for rule in profile.network.allowlist.rules)
+    return (
+        f"No secrets. Network only through the run's proxy, and only to these hosts (host:ports): "
+        f"{hosts}. The proxy variables (http_proxy, https_proxy) are set, so urllib, requests, "
+        "httpx, pip and curl use the proxy without anything in the code; another host is "
+        "refused with an HTTP error that names it, and a direct socket reaches nothing. Every "
+        "connection is recorded."
+    )
+
+
+def _tools_section(operations: Sequence[ToolOperation], *, bash: bool) -> str:
+    """The governed tools as a typed API, or nothing when the profile has none."""
+    if not operations:
+        return ""
+    shell = (
+        ' From bash: python3 -m sandcell_tools call NAME --json \'{"arg": "value"}\'.'
+        if bash
+        else ""
+    )
+    return f"""
+Governed tools. The host calls these for the program, with credentials the sandbox never \
+sees, after checking each call against the profile (allowed operations, argument schema, rate \
+and size limits, a person's approval where marked). Call them from Python:
+    import sandcell_tools
+    result = sandcell_tools.call("TOOL.OPERATION", name=value, ...)
+The stubs below are not defined in the sandbox: each shows one operation as the typed function \
+it behaves like, and its last line the call to write. Pass keyword arguments only, and leave \
+out optional ones you do not need.{shell}
+```python
+{render_api(operations)}
+```
+Call tools from the program and filter, join and aggregate their results there: print only the \
+few lines the question needs. Only what the program prints comes back to you; a raw result \
+printed whole wastes the conversation. A refused call raises sandcell_tools.ToolError with the \
+reason; sandcell_tools.list() gives every operation's JSON Schema. Every call is recorded.
+"""
 
 
 def task_message(

@@ -1,7 +1,8 @@
 """Native tool calling: the two tools the model is offered, and how its calls are read.
 
 * ``run_code(code, language)`` runs a program in a fresh sandbox; its result (the run's output,
-  or why it failed) goes back as the call's tool result;
+  or why it failed) goes back as the call's tool result (:func:`tools_for` says what the
+  profile lets the program reach);
 * ``answer(explanation, figures)`` is the final answer, the same JSON the plain-text protocol's
   ```` ```answer ```` block holds.
 
@@ -15,12 +16,24 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from sandcell.agent.protocol import ANSWER_TAG, CodeBlock, Reply, parse_answer
 from sandcell.models.base import Completion, Message, ToolCall, ToolSpec
 from sandcell.spec import Language
 
-__all__ = ["ANSWER", "NO_TOOL_CALL", "RUN_CODE", "TOOLS", "as_text", "read_tool_calls"]
+if TYPE_CHECKING:
+    from sandcell.policy.profiles import Profile
+
+__all__ = [
+    "ANSWER",
+    "NO_TOOL_CALL",
+    "RUN_CODE",
+    "TOOLS",
+    "as_text",
+    "read_tool_calls",
+    "tools_for",
+]
 
 RUN_CODE = ToolSpec(
     name="run_code",
@@ -78,6 +91,23 @@ ANSWER = ToolSpec(
     },
 )
 TOOLS: tuple[ToolSpec, ...] = (RUN_CODE, ANSWER)
+"""The tools under a profile that reaches nothing outside the sandbox."""
+
+
+def tools_for(profile: Profile) -> tuple[ToolSpec, ...]:
+    """The tools offered under ``profile``: ``run_code`` says what its programs may reach."""
+    reach = []
+    if profile.allows_network():
+        reach.append("the network only through a proxy, to the hosts the rules list")
+    if profile.tools:
+        reach.append("the governed tools the rules list, through sandcell_tools.call")
+    if not reach:
+        return TOOLS
+    description = RUN_CODE.description.replace(
+        "(no network;", f"(it may reach {' and '.join(reach)};"
+    )
+    return (replace(RUN_CODE, description=description), ANSWER)
+
 
 NO_TOOL_CALL = (
     "the reply called no tool: call run_code with a program to run, or answer with the final answer"

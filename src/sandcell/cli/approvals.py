@@ -1,4 +1,9 @@
-"""``sandcell approvals list|show``, ``sandcell approve ID`` and ``sandcell deny ID``."""
+"""``sandcell approvals list|show``, ``sandcell approve ID`` and ``sandcell deny ID``.
+
+Two kinds of ticket wait here: runs the policy held for approval (approving one runs it) and
+governed tool calls a running program is waiting on (ids starting with ``t``; approving one lets
+the call go ahead in that run). Both are listed together and decided with the same commands.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +12,41 @@ import json
 from pathlib import Path
 
 from sandcell.cli.options import add_backend_option, check_out_dir
-from sandcell.cli.run import report
+from sandcell.cli.run import report, terminal_approver, terminal_can_answer
+from sandcell.errors import ConfigError
 from sandcell.executor import Executor, data_dir
-from sandcell.policy.approvals import ApprovalStore, render_list, render_ticket
+from sandcell.policy.approvals import (
+    ApprovalStore,
+    Ticket,
+    ToolTicket,
+    default_approver,
+    render_list,
+    render_ticket,
+)
+from sandcell.policy.tool_tickets import (
+    is_tool_ticket_id,
+    render_tool_list_lines,
+    render_tool_ticket,
+)
+from sandcell.validation import neutralise
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    a = sub.add_parser("approvals", help="runs waiting for a person")
+    a = sub.add_parser("approvals", help="runs and tool calls waiting for a person")
     asub = a.add_subparsers(dest="approvals_command", required=True)
-    al = asub.add_parser("list", help="waiting runs (newest first)")
+    al = asub.add_parser("list", help="waiting runs and tool calls (newest first)")
     al.add_argument("--all", action="store_true", help="every status, not only pending")
     al.add_argument("--json", action="store_true")
-    ash = asub.add_parser("show", help="one waiting run: its code, findings and profile")
+    ash = asub.add_parser(
+        "show", help="one waiting run (its code, findings and profile) or tool call"
+    )
     ash.add_argument("id", help="the approval id, or a unique prefix of at least 6 characters")
     ash.add_argument("--json", action="store_true")
 
-    ap = sub.add_parser("approve", help="approve a waiting run, run it and report like `run`")
+    ap = sub.add_parser(
+        "approve",
+        help="approve a waiting run (it runs, reported like `run`) or a waiting tool call",
+    )
     ap.add_argument("id")
     ap.add_argument("--reason", default="", help="why (recorded)")
     ap.add_argument("--out", type=Path, help="copy the run's exported artifacts here")
@@ -30,7 +54,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_backend_option(ap)
     ap.add_argument("--json", action="store_true")
 
-    dn = sub.add_parser("deny", help="deny a waiting run")
+    dn = sub.add_parser("deny", help="deny a waiting run or tool call")
     dn.add_argument("id")
     dn.add_argument("--reason", required=True, help="why (recorded)")
     dn.add_argument("--json", action="store_true")
@@ -40,11 +64,21 @@ def handle_approvals(args: argparse.Namespace) -> int:
     home = args.home or data_dir()
     with ApprovalStore(home / "approvals.sqlite3") as store:
         if args.approvals_command == "list":
-            tickets = store.list(None if args.all else "pending")
+            status = None if args.all else "pending"
+            tickets = store.list(status)
+            calls = store.list_tools(status)
             if args.json:
-                print(json.dumps([_summary(t.to_dict()) for t in tickets], ensure_ascii=False))
+                listed = [_summary(t.to_dict()) for t in tickets] + [c.to_dict() for c in calls]
+                print(json.dumps(_newest_first(listed), ensure_ascii=False))
             else:
-                print(render_list(tickets))
+                print(_render_both(tickets, calls))
+            return 0
+        if is_tool_ticket_id(args.id):
+            call = store.get_tool(args.id)
+            if args.json:
+                print(json.dumps(call.to_dict(), ensure_ascii=False))
+            else:
+                print(render_tool_ticket(call))
             return 0
         ticket = store.get(args.id)
         if args.json:
@@ -54,18 +88,37 @@ def handle_approvals(args: argparse.Namespace) -> int:
         return 0
 
 
+def _newest_first(listed: list[dict[str, object]]) -> list[dict[str, object]]:
+    return sorted(listed, key=lambda d: str(d.get("created_at", "")), reverse=True)
+
+
+def _render_both(tickets: list[Ticket], calls: list[ToolTicket]) -> str:
+    if not calls:
+        return render_list(tickets)
+    run_lines = render_list(tickets).splitlines() if tickets else []
+    # Both kinds' lines start with id then created_at: merged newest first.
+    dated = [(t.created_at, line) for t, line in zip(tickets, run_lines, strict=True)]
+    dated += list(zip((c.created_at for c in calls), render_tool_list_lines(calls), strict=True))
+    return "\n".join(line for _, line in sorted(dated, reverse=True)) + "\n"
+
+
 def _summary(d: dict[str, object]) -> dict[str, object]:
     # The list shows what to decide on; env values stay out of it (`show` has the whole ticket).
     request = d.get("request")
     return {
+        "kind": "run",
         **{k: v for k, v in d.items() if k != "request"},
         "language": request.get("language") if isinstance(request, dict) else None,
     }
 
 
 def handle_approve(args: argparse.Namespace) -> int:
+    if is_tool_ticket_id(args.id):
+        return _decide_tool(args, approve=True)
     check_out_dir(args.out)
-    with Executor(home=args.home, backend=args.backend) as ex:
+    # The approved run's own tool calls that need approval: asked here when a person is.
+    approver = terminal_approver() if terminal_can_answer(stdin_used=False) else None
+    with Executor(home=args.home, backend=args.backend, tool_approver=approver) as ex:
         result = ex.run_approved(args.id, reason=args.reason)
         copied = (
             ex.store.copy_out(result.artifacts, args.out) if args.out and result.artifacts else []
@@ -74,6 +127,8 @@ def handle_approve(args: argparse.Namespace) -> int:
 
 
 def handle_deny(args: argparse.Namespace) -> int:
+    if is_tool_ticket_id(args.id):
+        return _decide_tool(args, approve=False)
     with Executor(home=args.home) as ex:
         result = ex.deny_approval(args.id, reason=args.reason)
     if args.json:
@@ -82,4 +137,25 @@ def handle_deny(args: argparse.Namespace) -> int:
         print(json.dumps(result_to_dict(result), ensure_ascii=False))
     else:
         print(f"denied: {result.reason} (recorded as run {result.run_id})")
+    return 0
+
+
+def _decide_tool(args: argparse.Namespace, *, approve: bool) -> int:
+    """Approve or deny a tool call; the run waiting on it goes on (or gets the refusal)."""
+    if approve and (args.out is not None or args.backend is not None):
+        raise ConfigError(
+            f"{args.id} is a tool call, not a run: --out and --backend do not apply to it"
+        )
+    home = args.home or data_dir()
+    with ApprovalStore(home / "approvals.sqlite3") as store:
+        if approve:
+            call = store.approve_tool(args.id, by=default_approver(), reason=args.reason)
+        else:
+            call = store.deny_tool(args.id, by=default_approver(), reason=args.reason)
+    if args.json:
+        print(json.dumps(call.to_dict(), ensure_ascii=False))
+    else:
+        run = f" of run {call.run_id}" if call.run_id else ""
+        then = "goes ahead" if approve else "is refused"
+        print(neutralise(f"{call.status}: tool call {call.id} ({call.tool}{run}); the call {then}"))
     return 0

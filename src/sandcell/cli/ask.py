@@ -9,6 +9,10 @@ with ``--json``, as one JSON object (the whole transcript). The exit status is t
 is the one the question was asked with (its stored settings; the key is read from the
 environment again) unless ``--model`` names another; a scripted model continues its script where
 the conversation stopped. Budget flags given with ``--resume`` replace the stored budget's values.
+
+Under a profile with governed tools the model is shown them as a typed Python API
+(:mod:`sandcell.agent.tool_api`); a tool call that needs approval waits in the approval queue for
+``sandcell approve ID`` from another terminal, or is asked here with ``--approve-interactive``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from sandcell.agent import Answer, Event
     from sandcell.models.base import Model
     from sandcell.policy.approvals import Ticket
+    from sandcell.tools.approval import Approver
 
 __all__ = ["add_parser", "handle", "render"]
 
@@ -104,7 +109,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     a.add_argument(
         "--approve-interactive",
         action="store_true",
-        help="when a run needs approval, ask on this terminal instead of stopping",
+        help="when a run or a governed tool call needs approval, ask on this terminal instead "
+        "of stopping (a run) or waiting in the approval queue (a tool call)",
     )
     a.add_argument("--json", action="store_true", help="print the whole transcript as JSON")
 
@@ -133,7 +139,12 @@ def handle(args: argparse.Namespace) -> int:
         max_sandbox_s=args.max_sandbox_seconds or defaults.max_sandbox_s,
         reply_tokens=settings.max_tokens or defaults.reply_tokens,
     )
-    with Executor(home=args.home, profile=args.profile, backend=args.backend) as ex:
+    with Executor(
+        home=args.home,
+        profile=args.profile,
+        backend=args.backend,
+        tool_approver=_tool_approver(args),
+    ) as ex:
         agent = Agent(
             ex,
             model,
@@ -170,7 +181,7 @@ def _resume(args: argparse.Namespace) -> int:
         submitted = approvals.get(args.resume).profile.get("backend")
     # The question goes on on the rung it was asked on (the held run was approved for it).
     backend = args.backend or (submitted if isinstance(submitted, str) else None)
-    with Executor(home=args.home, backend=backend) as ex:
+    with Executor(home=args.home, backend=backend, tool_approver=_tool_approver(args)) as ex:
         ticket = ex.approvals.get(args.resume)
         with PausedStore(ex.approvals.path.parent / PAUSED_FILENAME) as store:
             paused = store.get(ticket.id)
@@ -223,6 +234,17 @@ def _check_interactive(args: argparse.Namespace) -> None:
             "--approve-interactive needs a terminal on stdin to ask on; without one, a run that "
             "needs approval stops the agent with its approval id"
         )
+
+
+def _tool_approver(args: argparse.Namespace) -> Approver | None:
+    """With ``--approve-interactive``, a governed tool call that needs approval is asked on this
+    terminal too; else it waits in the approval queue (``sandcell approvals list``, then
+    ``sandcell approve ID`` from another terminal) for at most the run's wall time."""
+    if not args.approve_interactive:
+        return None
+    from sandcell.cli.run import terminal_approver
+
+    return terminal_approver()
 
 
 def _agent_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 
 from sandcell.audit import AuditLog
 from sandcell.cli.boundary_line import boundary_line
+from sandcell.cli.outside_lines import connection_rows, tool_call_rows
 from sandcell.executor import data_dir
 
 
@@ -17,7 +19,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     al = asub.add_parser("list", help="recent runs, newest first")
     al.add_argument("--limit", type=int, default=20)
     al.add_argument("--json", action="store_true")
-    ash = asub.add_parser("show", help="one run's record")
+    ash = asub.add_parser(
+        "show", help="one run's record, then its connection attempts and tool calls, one a line"
+    )
     ash.add_argument("run_id")
     ash.add_argument("--json", action="store_true")
     asub.add_parser("verify", help="check the hash chain for changed, deleted or reordered records")
@@ -58,9 +62,13 @@ def handle(args: argparse.Namespace) -> int:
                     )
                 )
             else:
-                print(json.dumps(entry.record, indent=2, ensure_ascii=False))
+                print(_terminal_json(entry.record))
                 print(f"# seq {entry.seq}, hash {entry.hash}")
                 print(f"# boundary: {boundary_line(entry.record)}")
+                for line in connection_rows(entry.record.get("network")):
+                    print(f"# {line}")
+                for line in tool_call_rows(entry.record.get("tools")):
+                    print(f"# {line}")
             return 0
         report = log.verify()
         if report.ok:
@@ -69,6 +77,19 @@ def handle(args: argparse.Namespace) -> int:
         for p in report.problems:
             print(f"{p.kind}: seq {p.seq} run {p.run_id}: {p.detail}")
         return 1
+
+
+def _terminal_json(record: object) -> str:
+    """The record as indented JSON that cannot drive a terminal: JSON escapes the C0 controls
+    itself, and every other control, format (bidi overrides, zero-width) or separator character
+    from the sandbox becomes a ``\\uXXXX`` escape, so the text is still the same JSON."""
+    text = json.dumps(record, indent=2, ensure_ascii=False)
+    return "".join(
+        json.dumps(ch)[1:-1]
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") and ch != "\n"
+        else ch
+        for ch in text
+    )
 
 
 def _summary(record: object) -> dict[str, object]:

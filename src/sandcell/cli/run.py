@@ -5,15 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import threading
 from pathlib import Path
 
 from sandcell import status
 from sandcell.cli._own_lines import OwnLines
 from sandcell.cli.options import add_backend_option, check_out_dir
+from sandcell.cli.outside_lines import outside_summary
 from sandcell.cli.render import render_outputs
 from sandcell.errors import ConfigError
+from sandcell.policy.approvals import default_approver
 from sandcell.policy.profiles import Profile
+from sandcell.policy.tool_tickets import args_preview
 from sandcell.spec import (
     LANGUAGES,
     IsolationMode,
@@ -23,6 +28,7 @@ from sandcell.spec import (
     input_from_path,
     result_to_dict,
 )
+from sandcell.tools.approval import ApprovalDecision, ApprovalRequest, Approver
 from sandcell.validation import load_schema, neutralise
 
 
@@ -217,7 +223,15 @@ def handle(args: argparse.Namespace) -> int:
     from sandcell.backends.namespaces.warm import WarmConfig
 
     warm = None if args.start == "cold" else WarmConfig(mode=args.start, pool_size=1)
-    with Executor(home=args.home, profile=args.profile, warm=warm, backend=args.backend) as ex:
+    stdin_used = args.file == "-" or args.stdin_file == "-"
+    approver = terminal_approver() if terminal_can_answer(stdin_used=stdin_used) else None
+    with Executor(
+        home=args.home,
+        profile=args.profile,
+        warm=warm,
+        backend=args.backend,
+        tool_approver=approver,
+    ) as ex:
         request = build_request(args, ex.profile)
         result = ex.run(
             request,
@@ -237,6 +251,63 @@ def handle(args: argparse.Namespace) -> int:
             elif args.out is not None and figures:
                 copied += ex.store.copy_out(figures, args.out)
     return report(result, as_json=args.json, copied=copied, out=args.out, rendered=rendered)
+
+
+def terminal_can_answer(*, stdin_used: bool) -> bool:
+    """Whether a person at this terminal can answer a tool call's approval: stdin is a terminal
+    that nothing of the run reads (``stdin_used``: the program text or its stdin come from it),
+    and this process is in the terminal's foreground (reading it from the background would stop
+    the process)."""
+    if stdin_used or not sys.stdin.isatty():
+        return False
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def terminal_approver() -> Approver:
+    """Asks the person at the terminal (on stderr, answered on stdin) about each tool call that
+    needs approval, one at a time; without an answer before the run's wall time the call is
+    refused. Stdin is read unbuffered (``os.read``), so a question left unanswered when the run
+    ends holds no lock the interpreter needs to exit."""
+    lock = threading.Lock()
+    who = f"terminal:{default_approver()}"
+
+    def approve(request: ApprovalRequest) -> ApprovalDecision | None:
+        preview, sha256, size = args_preview(request.args)
+        with lock:
+            sys.stderr.write(
+                neutralise(
+                    f"sandcell: {request.tool} (profile {request.profile}) needs approval; "
+                    f"arguments ({size} bytes, sha256 {sha256[:16]}): {preview}"
+                ).replace("\n", "\\n")
+                + "\nsandcell: approve this call? [y/N] "
+            )
+            sys.stderr.flush()
+            answer = _read_line(sys.stdin.fileno())
+            if not sys.stderr.isatty():
+                # The terminal echoed the answer; a file or pipe did not: end the question.
+                sys.stderr.write("\n")
+        if answer is None:
+            return None
+        return ApprovalDecision(approved=answer.strip().lower() in ("y", "yes"), approver=who)
+
+    return approve
+
+
+def _read_line(fd: int) -> str | None:
+    """One line from ``fd`` (None at end of file)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:
+            return None
+        if not chunk:
+            return data.decode("utf-8", "replace") if data else None
+        data += chunk
+    return data.decode("utf-8", "replace")
 
 
 def report(
@@ -280,6 +351,9 @@ def report(
         say(f"sandcell: not exported: {rej.path}: {rej.reason}")
     for path in copied:
         say(f"sandcell: exported {path}")
+    outside = outside_summary(result.network, result.tools)
+    if outside is not None:
+        say(f"sandcell: outside: {outside} (sandcell audit show {result.run_id})")
     return status.exit_code_for(result)
 
 

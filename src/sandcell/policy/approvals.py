@@ -14,6 +14,11 @@ The whole request is stored, **environment variable values and stdin included**,
 approved run must be the submitted run. The file is 0600 in a 0700 directory; still, pass no secrets
 in ``env`` (give the code a host-side tool instead). The hashes catch a request edited after
 submission; whoever can write the file can rewrite them too, so its permissions are the protection.
+
+The same file keeps *tool tickets* (:mod:`sandcell.policy.tool_tickets`): a governed tool call a
+run is waiting on, decided with :meth:`ApprovalStore.approve_tool` and
+:meth:`ApprovalStore.deny_tool`. The two kinds never mix: each method finds only its own kind and
+names the other when given its id.
 """
 
 from __future__ import annotations
@@ -38,15 +43,34 @@ import platformdirs
 
 from sandcell._sqlite import PrivateStore
 from sandcell.errors import ConfigError
+from sandcell.policy.tool_tickets import (
+    COLUMNS as _TOOL_COLUMNS,
+)
+from sandcell.policy.tool_tickets import (
+    ID_PREFIX as _TOOL_PREFIX,
+)
+from sandcell.policy.tool_tickets import (
+    TOOL_SCHEMA,
+    TOOL_STATUSES,
+    ToolTicket,
+    args_preview,
+    deadline,
+    is_tool_ticket_id,
+    new_tool_ticket_id,
+    now_utc,
+    past,
+)
 from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest
 
 __all__ = [
     "MIN_PREFIX",
     "STATUSES",
+    "TOOL_STATUSES",
     "ApprovalError",
     "ApprovalStore",
     "ApprovedRun",
     "Ticket",
+    "ToolTicket",
     "approval_record",
     "default_approvals_path",
     "default_approver",
@@ -189,6 +213,11 @@ class Ticket:
 # The columns are the Ticket's fields, in order, except the computed ``intact`` and ``declared``.
 _NAMES = tuple(f.name for f in fields(Ticket))[:-2]
 _SELECT = f"SELECT {', '.join(_NAMES)} FROM approvals"  # noqa: S608 (constant column names)
+_TOOL_SELECT = f"SELECT {', '.join(_TOOL_COLUMNS)} FROM tool_approvals"  # noqa: S608 (constants)
+_FIRST_FROM = {
+    table: f"SELECT id FROM {table} WHERE id >= ? ORDER BY id LIMIT 1"  # noqa: S608 (constants)
+    for table in ("approvals", "tool_approvals")
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +269,10 @@ def _required(value: str, what: str) -> str:
     return value.strip()
 
 
+def _add_tool_table(conn: sqlite3.Connection) -> None:
+    conn.execute(TOOL_SCHEMA)
+
+
 # --- the store --------------------------------------------------------------------------------
 
 
@@ -251,7 +284,13 @@ class ApprovalStore(PrivateStore):
 
     def __init__(self, path: Path) -> None:
         """Open (creating file 0600, parents 0700, schema) the store at ``path``."""
-        super().__init__(path, application_id=_APPLICATION_ID, schema=(_SCHEMA,))
+        super().__init__(
+            path,
+            application_id=_APPLICATION_ID,
+            schema=(_SCHEMA, TOOL_SCHEMA),
+            # A store made before tool tickets existed gets their table on first open.
+            check=_add_tool_table,
+        )
 
     def submit(
         self,
@@ -359,6 +398,173 @@ class ApprovalStore(PrivateStore):
             )
             return self._ticket(self._find(conn, ticket.id))
 
+    # --- tool tickets ---------------------------------------------------------------------------
+
+    def submit_tool(
+        self,
+        *,
+        profile: str,
+        tool: str,
+        args: Mapping[str, object],
+        expires_in_s: float,
+        run_id: str | None = None,
+    ) -> ToolTicket:
+        """File a tool call as a pending tool ticket that expires after ``expires_in_s``."""
+        try:
+            preview, sha256, size = args_preview(args)
+        except (TypeError, ValueError) as e:
+            raise ApprovalError(f"the arguments of {tool} are not JSON: {e}") from e
+        now = now_utc()
+        row = (
+            new_tool_ticket_id(),
+            now.isoformat(timespec="microseconds"),
+            deadline(now, expires_in_s),
+            "pending",
+            _required(profile, "the profile"),
+            _required(tool, "the tool"),
+            run_id,
+            preview,
+            sha256,
+            size,
+        )
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT INTO tool_approvals (id, created_at, expires_at, status, profile, tool, "
+                "run_id, args_preview, args_sha256, args_bytes) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            return self._tool_ticket(self._find_tool(conn, row[0]))
+
+    def get_tool(self, id_or_prefix: str) -> ToolTicket:
+        """The tool ticket with this id, or the only one starting with it (≥ MIN_PREFIX chars);
+        a pending one past its deadline is expired first."""
+        with self._txn() as conn:
+            self._expire_overdue(conn)
+            return self._tool_ticket(self._find_tool(conn, id_or_prefix))
+
+    def list_tools(
+        self, status: str | None = "pending", limit: int = 50
+    ) -> builtins.list[ToolTicket]:
+        """Up to ``limit`` tool tickets in ``status`` (any for ``None``), newest first."""
+        if status is not None and status not in TOOL_STATUSES:
+            raise ApprovalError(
+                f"unknown status {status!r}; choose one of {', '.join(TOOL_STATUSES)}"
+            )
+        where = "" if status is None else " WHERE status = ?"
+        with self._txn() as conn:
+            self._expire_overdue(conn)
+            order = " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+            args = (*([status] if status else []), max(limit, 0))
+            rows = conn.execute(_TOOL_SELECT + where + order, args).fetchall()
+            return [self._tool_ticket(r) for r in rows]
+
+    def approve_tool(self, id_or_prefix: str, *, by: str, reason: str = "") -> ToolTicket:
+        """Approve a pending tool ticket (the waiting call then goes ahead)."""
+        by = _required(by, "the approver (by)")
+        return self._decide_tool(id_or_prefix, "approved", by, reason.strip() or None)
+
+    def deny_tool(self, id_or_prefix: str, *, by: str, reason: str) -> ToolTicket:
+        """Deny a pending tool ticket; the reason is required (the record keeps it)."""
+        by = _required(by, "the approver (by)")
+        return self._decide_tool(id_or_prefix, "denied", by, _required(reason, "the reason"))
+
+    def expire_tool(self, id_: str, *, reason: str) -> ToolTicket:
+        """Expire a tool ticket if it is still pending (pending → expired); a decided ticket is
+        returned as it is, so whoever decided first wins."""
+        with self._txn() as conn:
+            ticket = self._tool_ticket(self._find_tool(conn, id_))
+            if ticket.status != "pending":
+                return ticket
+            conn.execute(
+                "UPDATE tool_approvals SET status = 'expired', decided_at = ?, reason = ? "
+                "WHERE id = ? AND status = 'pending'",
+                (now_utc().isoformat(timespec="microseconds"), reason, ticket.id),
+            )
+            return self._tool_ticket(self._find_tool(conn, ticket.id))
+
+    def _decide_tool(
+        self, id_or_prefix: str, status: str, by: str, reason: str | None
+    ) -> ToolTicket:
+        action = "approved" if status == "approved" else "denied"
+        with self._txn() as conn:
+            self._expire_overdue(conn)
+            ticket = self._tool_ticket(self._find_tool(conn, id_or_prefix))
+            if ticket.status != "pending":
+                by_whom = f" by {ticket.decided_by}" if ticket.decided_by else ""
+                when = f" at {ticket.decided_at}" if ticket.decided_at else ""
+                why = f" ({ticket.reason})" if ticket.status == "expired" and ticket.reason else ""
+                raise ApprovalError(
+                    f"tool call approval {ticket.id} is {ticket.status}{by_whom}{when}{why}; "
+                    f"only a pending one can be {action}"
+                )
+            conn.execute(
+                "UPDATE tool_approvals SET status = ?, decided_by = ?, decided_at = ?, reason = ? "
+                "WHERE id = ? AND status = 'pending'",
+                (status, by, now_utc().isoformat(timespec="microseconds"), reason, ticket.id),
+            )
+            return self._tool_ticket(self._find_tool(conn, ticket.id))
+
+    @staticmethod
+    def _expire_overdue(conn: sqlite3.Connection) -> None:
+        """Pending tool tickets past their deadline become expired (their waiter may be gone)."""
+        now = now_utc()
+        rows = conn.execute(
+            "SELECT id, expires_at FROM tool_approvals WHERE status = 'pending'"
+        ).fetchall()
+        for id_, expires_at in rows:
+            if past(str(expires_at), now):
+                conn.execute(
+                    "UPDATE tool_approvals SET status = 'expired', decided_at = ?, reason = ? "
+                    "WHERE id = ? AND status = 'pending'",
+                    (
+                        now.isoformat(timespec="microseconds"),
+                        f"nobody decided before {expires_at}",
+                        id_,
+                    ),
+                )
+
+    def _find_tool(self, conn: sqlite3.Connection, id_or_prefix: str) -> Any:
+        key = id_or_prefix.strip().lower()
+        if not is_tool_ticket_id(key) and self._exists(conn, "approvals", key):
+            raise ApprovalError(
+                f"approval {key!r} is a run waiting for approval, not a tool call; a run is "
+                f"approved with ApprovalStore.approve (sandcell approve {key} runs it)"
+            )
+        row = conn.execute(_TOOL_SELECT + " WHERE id = ?", (key,)).fetchone()
+        if row is not None:
+            return row
+        if len(key) >= MIN_PREFIX and is_tool_ticket_id(key):
+            rows = conn.execute(
+                _TOOL_SELECT + " WHERE id >= ? ORDER BY id LIMIT 6", (key,)
+            ).fetchall()
+            matches = [r for r in rows if str(r[0]).startswith(key)]
+            if len(matches) == 1:
+                return matches[0]
+            if matches:
+                shown = ", ".join(str(r[0]) for r in matches[:5])
+                raise ApprovalError(
+                    f"tool call approval id prefix {key!r} is ambiguous: it matches {shown}; "
+                    "give more characters"
+                )
+        raise ApprovalError(
+            f"no tool call approval {key!r} in {self.path}; tool call ids start with "
+            f"{_TOOL_PREFIX!r}; give the full id or a unique prefix of at least {MIN_PREFIX} "
+            "characters (see `sandcell approvals list`)"
+        )
+
+    @staticmethod
+    def _exists(conn: sqlite3.Connection, table: str, key: str) -> bool:
+        """Whether ``table`` has the id ``key`` (or, from MIN_PREFIX characters, one starting
+        with it): used to name the other kind of ticket when an id is given to the wrong one."""
+        row = conn.execute(_FIRST_FROM[table], (key,)).fetchone()
+        found = "" if row is None else str(row[0])
+        return found == key or (len(key) >= MIN_PREFIX and found.startswith(key))
+
+    def _tool_ticket(self, row: Any) -> ToolTicket:
+        col = dict(zip(_TOOL_COLUMNS, row, strict=True))
+        return ToolTicket(**col)
+
     # --- internals ----------------------------------------------------------------------------
 
     def _find(self, conn: sqlite3.Connection, id_or_prefix: str) -> Any:
@@ -378,6 +584,11 @@ class ApprovalStore(PrivateStore):
                     f"approval id prefix {key!r} is ambiguous: it matches {shown}; give more "
                     "characters"
                 )
+        if is_tool_ticket_id(key) and self._exists(conn, "tool_approvals", key):
+            raise ApprovalError(
+                f"approval {key!r} is a tool call a run is waiting on, not a run; it is decided "
+                f"with ApprovalStore.approve_tool or deny_tool (sandcell approve {key})"
+            )
         raise ApprovalError(
             f"no approval {key!r} in {self.path}; give the full id or a unique prefix of at least "
             f"{MIN_PREFIX} characters (see `sandcell approvals list`)"
