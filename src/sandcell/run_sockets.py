@@ -23,7 +23,7 @@ import contextlib
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -118,12 +118,14 @@ class RunSockets:
         host_dir: Path,
         proxy: EgressProxy | None,
         gateway: ToolGateway | None,
+        before_close: Callable[[RunSockets], None] | None = None,
     ) -> None:
         self.sandbox = SandboxSockets(
             host_dir=host_dir, egress=proxy is not None, tools=gateway is not None
         )
         self._proxy = proxy
         self._gateway = gateway
+        self._before_close = before_close
         self._lock = threading.Lock()
         self._taken_connections = 0
         self._taken_calls = 0
@@ -138,8 +140,12 @@ class RunSockets:
         approval_timeout_s: float,
         resolver: Resolver | None = None,
         environ: Mapping[str, str] | None = None,
+        before_close: Callable[[RunSockets], None] | None = None,
     ) -> RunSockets | None:
         """Start what ``profile`` allows (None when it allows nothing outside).
+
+        ``before_close`` is called first thing in :meth:`close`, while the gateway still
+        serves (the approval queue answers the calls still waiting there).
 
         Raises:
             ConfigError: a tool's credential is not set on the host.
@@ -190,7 +196,12 @@ class RunSockets:
                         server.stop()
             shutil.rmtree(host_dir, ignore_errors=True)
             raise
-        return cls(host_dir=host_dir, proxy=proxy, gateway=gateway)
+        return cls(host_dir=host_dir, proxy=proxy, gateway=gateway, before_close=before_close)
+
+    @property
+    def tool_calls(self) -> int:
+        """Gateway requests recorded so far."""
+        return len(self._gateway.records) if self._gateway is not None else 0
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -226,6 +237,8 @@ class RunSockets:
                 return {"network": None, "tools": None}
             self._closed = True
         try:
+            if self._before_close is not None:
+                self._before_close(self)
             proxy_report = self._proxy.stop() if self._proxy is not None else None
             gateway_report = self._gateway.stop() if self._gateway is not None else None
         finally:
@@ -266,7 +279,8 @@ def _write_helpers(host_dir: Path) -> None:
         target = host_dir / name
         shutil.copyfile(source, target)
         target.chmod(0o444)
-    (host_dir / "lib").chmod(0o555)
+    # The directory stays writable by its owner (the sandbox sees it read-only): an ordinary
+    # user could not remove a 0555 directory's files when the run ends.
 
 
 __all__ = [

@@ -15,7 +15,7 @@ import pytest
 from sandcell.errors import ConfigError
 from sandcell.policy.approvals import ApprovalStore
 from sandcell.policy.tool_tickets import ToolTicket
-from sandcell.tools.approval import ApprovalRequest, ask
+from sandcell.tools.approval import ApprovalRequest, NoApproval, Outcome, ask
 from sandcell.tools.queue_approver import RUN_ENDED, QueueApprover, ticket_lifetime
 
 REQUEST = ApprovalRequest(
@@ -99,18 +99,23 @@ def test_nobody_deciding_expires_the_ticket_before_the_gateway_gives_up(
 def test_closing_expires_waiting_tickets_and_wakes_their_calls(store: ApprovalStore) -> None:
     approver = QueueApprover(store, timeout_s=300, poll_s=0.05)
     answers: list[object] = []
-    waiter = threading.Thread(target=lambda: answers.append(approver(REQUEST)))
+    waiter = threading.Thread(target=lambda: answers.append(ask(approver, REQUEST, 300)))
     waiter.start()
     while not store.list_tools():
         time.sleep(0.02)
     approver.close()  # the run ended while the call waited
     waiter.join(30)
     assert not waiter.is_alive()
-    assert answers == [None]
     (ticket,) = store.list_tools(None)
     assert (ticket.status, ticket.reason) == ("expired", RUN_ENDED)
+    (outcome,) = answers
+    assert isinstance(outcome, Outcome) and outcome.decision is None
+    assert outcome.reason == (
+        f"tickets.create_ticket: approval {ticket.id} expired: {RUN_ENDED}; refused"
+    )
     # After close, nothing more is filed.
-    assert approver(REQUEST) is None
+    with pytest.raises(NoApproval, match=RUN_ENDED):
+        approver(REQUEST)
     assert len(store.list_tools(None)) == 1
 
 

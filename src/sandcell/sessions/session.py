@@ -153,7 +153,7 @@ class Session:
         self._last_active = self._born
         self._ended: str | None = None
         # One proxy and one gateway for the whole session; each cell's record gets its share.
-        self._sockets = executor.open_sockets(self.profile, self.request)
+        self._sockets = executor.open_sockets(self.profile, self.request, run_id=self.id)
         try:
             self._sandbox = open_cell_sandbox(
                 backend,

@@ -31,7 +31,12 @@ class ApprovalDecision:
 
 
 Approver = Callable[[ApprovalRequest], ApprovalDecision | None]
-"""Returns a decision, or None when nobody can approve (no person at a terminal)."""
+"""Returns a decision, or None when nobody can approve (no person at a terminal); raises
+:class:`NoApproval` to refuse with a reason of its own."""
+
+
+class NoApproval(Exception):
+    """Nobody approved, for the reason in the message (the call record carries it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +63,8 @@ def ask(approver: Approver | None, request: ApprovalRequest, timeout_s: float) -
     if not box:
         return Outcome(decision=None, reason=f"no approval within {timeout_s:g} s; refused")
     answer = box[0]
+    if isinstance(answer, NoApproval):
+        return Outcome(decision=None, reason=f"{request.tool}: {answer}; refused")
     if isinstance(answer, BaseException):
         return Outcome(
             decision=None, reason=f"the approver failed ({type(answer).__name__}); refused"

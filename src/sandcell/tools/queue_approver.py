@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from sandcell.errors import ConfigError, InfraError
+from sandcell.errors import ConfigError
 from sandcell.policy.tool_tickets import ToolTicket
 from sandcell.run_sockets import RunSockets
-from sandcell.tools.approval import ApprovalDecision, ApprovalRequest, Approver
+from sandcell.tools.approval import ApprovalDecision, ApprovalRequest, Approver, NoApproval
 from sandcell.tools.records import digest
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class QueueApprover:
         """File ``request`` and wait for the decision: an :class:`ApprovalDecision`, or None
         when the ticket expired (nobody decided in time, or the run ended)."""
         if self._closed.is_set():
-            return None
+            raise NoApproval(RUN_ENDED)
         lifetime = ticket_lifetime(self.timeout_s)
         ticket = self.store.submit_tool(
             profile=request.profile,
@@ -136,7 +136,7 @@ class QueueApprover:
                 # decision landed in the last poll (an upstream call now would be a consequence
                 # nobody asked for any more).
                 self.store.expire_tool(ticket.id, reason=RUN_ENDED)
-                return None
+                raise NoApproval(f"approval {ticket.id} expired: {RUN_ENDED}")
 
     def _after_expiry(self) -> None:
         """Nobody decided: the gateway is about to give up on its own (ticket_lifetime left it a
@@ -160,22 +160,19 @@ def _decision(ticket: ToolTicket, request: ApprovalRequest) -> ApprovalDecision 
     )
 
 
-class _QueuedRunSockets(RunSockets):
-    """Run sockets whose closing also settles the approval queue's tickets."""
+def _settle(queue: QueueApprover) -> Callable[[RunSockets], None]:
+    """What closing the run's sockets does first: a call still waiting is answered (its ticket
+    expires), and the gateway records it as refused before its report is taken; otherwise the
+    record would miss it."""
 
-    queue: QueueApprover | None = None
+    def settle(sockets: RunSockets) -> None:
+        before = sockets.tool_calls
+        woken = queue.close()
+        until = time.monotonic() + _RECORD_WAIT_S
+        while sockets.tool_calls < before + woken and time.monotonic() < until:
+            time.sleep(0.01)
 
-    def close(self) -> dict[str, object]:
-        gateway = self._gateway
-        if self.queue is not None and gateway is not None:
-            # First: a call still waiting is answered, and the gateway records it as refused,
-            # before the gateway's report is taken; otherwise the record would miss it.
-            before = len(gateway.records)
-            woken = self.queue.close()
-            until = time.monotonic() + _RECORD_WAIT_S
-            while len(gateway.records) < before + woken and time.monotonic() < until:
-                time.sleep(0.01)
-        return super().close()
+    return settle
 
 
 def open_run_sockets(
@@ -204,17 +201,11 @@ def open_run_sockets(
             environ=environ,
         )
     queue = QueueApprover(store, timeout_s=approval_timeout_s, run_id=run_id)
-    sockets = _QueuedRunSockets.open(
+    return RunSockets.open(
         profile,
         approver=queue,
         approval_timeout_s=approval_timeout_s,
         resolver=resolver,
         environ=environ,
+        before_close=_settle(queue),
     )
-    if sockets is None:
-        return None
-    if not isinstance(sockets, _QueuedRunSockets):
-        sockets.close()
-        raise InfraError("the run sockets could not take the approval queue; nothing ran")
-    sockets.queue = queue
-    return sockets
