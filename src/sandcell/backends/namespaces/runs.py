@@ -80,6 +80,18 @@ class RunRegistry:
             raise error
         return count
 
+    def cancel(self, run_id: str, reason: str) -> bool:
+        """Cancel one run if it is in flight; False when it is not registered (now)."""
+        with self._lock:
+            found = self._runs.get(run_id)
+            if found is None:
+                return False
+            kill, cancellation = found
+            if cancellation.reason is None:
+                cancellation.reason = reason
+            kill()
+        return True
+
     def in_flight(self) -> tuple[str, ...]:
         """The ids of the runs registered now."""
         with self._lock:

@@ -1,0 +1,98 @@
+"""``sandcell serve``: the long-running service (see docs/service.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from sandcell.cli.options import add_backend_option
+from sandcell.errors import ConfigError
+from sandcell.home import data_dir
+
+DEFAULT_PORT = 8790
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser(
+        "serve",
+        help="run the HTTP service for tenants (loopback and a local socket by default)",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    s.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any)"
+    )
+    s.add_argument(
+        "--socket",
+        type=Path,
+        help="the local Unix socket (default: service.sock in the sandcell home)",
+    )
+    s.add_argument("--no-socket", action="store_true", help="listen on TCP only")
+    s.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host that is not loopback (put TLS in front of it)",
+    )
+    s.add_argument(
+        "--start",
+        choices=("pool", "template", "cold"),
+        default="pool",
+        help="how Python runs on the namespaces backend start (default: pool, warm sandboxes "
+        "forked ahead)",
+    )
+    s.add_argument("--pool-size", type=int, default=4, help="warm sandboxes kept ready (pool)")
+    s.add_argument(
+        "--workers", type=int, default=16, help="runs at once; more wait in the queue (16)"
+    )
+    s.add_argument(
+        "--max-body-mb", type=float, default=8.0, help="largest request body, MiB (default 8)"
+    )
+    add_backend_option(s)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from sandcell.service.server import bind_tcp, bind_unix, is_loopback
+
+    if not is_loopback(args.host) and not args.allow_remote:
+        raise ConfigError(
+            f"--host {args.host} is not a loopback address: the service would be reachable from "
+            "other machines. Pass --allow-remote to mean it (and put TLS in front of it)"
+        )
+    if args.workers < 1 or args.pool_size < 1 or args.max_body_mb <= 0:
+        raise ConfigError("--workers, --pool-size and --max-body-mb must be positive")
+    try:
+        from sandcell.service.app import create_app, default_socket, make_service
+        from sandcell.service.core import ServiceConfig
+        from sandcell.service.server import run_server
+    except ImportError as exc:
+        raise ConfigError(
+            f"the service needs its extra ({exc.name} is missing): pip install 'sandcell[service]'"
+        ) from None
+    home: Path = args.home or data_dir()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = ServiceConfig(
+        home=home, workers=args.workers, max_body_bytes=int(args.max_body_mb * 1024 * 1024)
+    )
+    sockets = [bind_tcp(args.host, args.port)]
+    socket_path = None if args.no_socket else (args.socket or default_socket(home))
+    try:
+        if socket_path is not None:
+            sockets.append(bind_unix(socket_path))
+        service = make_service(
+            config,
+            backend=getattr(args, "backend", None),
+            start=args.start,
+            pool_size=args.pool_size,
+        )
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    host, port = sockets[0].getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    where = f"http://{shown}:{port}" + (f" and unix:{socket_path}" if socket_path else "")
+    print(f"sandcell: serving on {where} (home {home})", flush=True)
+    run_server(create_app(service), sockets)
+    print("sandcell: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,238 @@
+"""``/v1/sessions``: one sandbox kept alive across cells, its files, its end."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import time
+from pathlib import PurePosixPath
+
+from fastapi import APIRouter, Request, Response
+
+from sandcell.service.api_runs import _PROBLEMS
+from sandcell.service.core import LiveSession, Service
+from sandcell.service.deps import CurrentTenant, ServiceDep
+from sandcell.service.models import (
+    CellBody,
+    ResultBody,
+    SessionBody,
+    SessionCloseBody,
+    SessionEndBody,
+    SessionFilesBody,
+    SessionInfoBody,
+)
+from sandcell.service.problems import ServiceProblem
+from sandcell.service.tenants import Tenant
+from sandcell.sessions import Session
+from sandcell.spec import RunResult, artifact_to_dict, result_to_dict
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+def _info(session: Session) -> SessionInfoBody:
+    i = session.info()
+    return SessionInfoBody(
+        id=i.id,
+        profile=i.profile,
+        backend=i.backend,
+        created_at=i.created_at,
+        cells=i.cells,
+        idle_timeout_s=i.idle_timeout_s,
+        max_lifetime_s=i.max_lifetime_s,
+        ended=i.ended,
+    )
+
+
+@router.post("", response_model=SessionInfoBody, status_code=201, responses=_PROBLEMS)
+async def create_session(
+    body: SessionBody, service: ServiceDep, tenant: CurrentTenant
+) -> SessionInfoBody:
+    """Start a session under one of the tenant's profiles; ``files`` are its inputs."""
+    profile = service.profile_for(tenant, body.profile)
+    limits = profile.limits_for(body.limits.model_dump() if body.limits is not None else None)
+    service.admit(tenant, sandbox=True)
+    folder = None
+    try:
+        folder, inputs = service.write_inputs(f"session-{time.time_ns()}", body.files)
+        session = await service.in_thread(
+            lambda: service.executor.session(
+                profile=profile,
+                limits=limits,
+                inputs=inputs,
+                idle_timeout_s=body.idle_timeout_s,
+                max_lifetime_s=body.max_lifetime_s,
+            ),
+            session=True,
+        )
+    except BaseException:
+        service.quotas.release(tenant.name)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    service.add_session(LiveSession(tenant=tenant.name, session=session, inputs_dir=folder))
+    return _info(session)
+
+
+def _live(service: Service, tenant: Tenant, session_id: str) -> LiveSession:
+    service.reap_sessions()
+    return service.session_for(tenant, session_id)
+
+
+@router.get("", response_model=list[SessionInfoBody], responses=_PROBLEMS)
+async def list_sessions(service: ServiceDep, tenant: CurrentTenant) -> list[SessionInfoBody]:
+    """The tenant's live sessions."""
+    service.reap_sessions()
+    return [_info(live.session) for live in service.live_sessions(tenant)]
+
+
+@router.get("/{session_id}", response_model=SessionInfoBody, responses=_PROBLEMS)
+async def get_session(
+    session_id: str, service: ServiceDep, tenant: CurrentTenant
+) -> SessionInfoBody:
+    return _info(_live(service, tenant, session_id).session)
+
+
+async def _cell(
+    service: Service,
+    tenant: Tenant,
+    live: LiveSession,
+    code: str,
+    *,
+    timeout_s: float | None = None,
+    exports: tuple[str, ...] = (),
+    generated: bool = False,
+) -> RunResult:
+    if not generated:  # the service's own cells (uploads) are bounded by the body limit
+        service.check_code(code)
+    service.admit(tenant, sandbox=False)
+    began = time.monotonic()
+    result: RunResult = await service.in_thread(
+        lambda: live.session.run(code, timeout_s=timeout_s, exports=exports), session=True
+    )
+    service.own_result(tenant.name, result)
+    service.metrics.finished(result.outcome.value, time.monotonic() - began)
+    if live.session.ended is not None:
+        service.end_session(live)
+    return result
+
+
+@router.post("/{session_id}/cells", response_model=ResultBody, responses=_PROBLEMS)
+async def run_cell(
+    session_id: str, body: CellBody, service: ServiceDep, tenant: CurrentTenant
+) -> ResultBody:
+    """Run one cell; variables and files persist to the next. The result is a run too."""
+    live = _live(service, tenant, session_id)
+    result = await _cell(
+        service, tenant, live, body.code, timeout_s=body.timeout_s, exports=tuple(body.exports)
+    )
+    return ResultBody.model_validate(result_to_dict(result))
+
+
+@router.get("/{session_id}/files", response_model=SessionFilesBody, responses=_PROBLEMS)
+async def list_files(
+    session_id: str, service: ServiceDep, tenant: CurrentTenant
+) -> SessionFilesBody:
+    live = _live(service, tenant, session_id)
+    files: list[str] = await service.in_thread(live.session.files, session=True)
+    return SessionFilesBody(files=files)
+
+
+def _relative(path: str) -> str:
+    p = PurePosixPath(path)
+    if not path or p.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
+        raise ServiceProblem(
+            400, f"file path {path!r}: give a path relative to the workspace, without '..'"
+        )
+    return str(p)
+
+
+@router.get(
+    "/{session_id}/files/{path:path}",
+    responses={200: {"content": {"application/octet-stream": {}}}, **_PROBLEMS},
+)
+async def download_file(
+    session_id: str, path: str, service: ServiceDep, tenant: CurrentTenant
+) -> Response:
+    """A workspace file's bytes, exported by a cell (so the profile's export rules and the
+    export checks apply, and the export is recorded)."""
+    live = _live(service, tenant, session_id)
+    wanted = _relative(path)
+    result = await _cell(
+        service, tenant, live, "pass", exports=(_glob_escape(wanted),), generated=True
+    )
+    for artifact in result.artifacts:
+        if artifact.path == wanted:
+            data = service.executor.store.path_for(artifact.sha256).read_bytes()
+            return Response(
+                data,
+                media_type=artifact.media_type or "application/octet-stream",
+                headers={"X-Sandcell-Sha256": artifact.sha256, "X-Sandcell-Run-Id": result.run_id},
+            )
+    why = next((r.reason for r in result.rejected_exports if r.path == wanted), None)
+    if why is not None:
+        raise ServiceProblem(403, f"{wanted!r} was not exported: {why}")
+    if result.outcome.value != "ok":
+        raise ServiceProblem(409, f"the export did not run: {result.reason}")
+    raise ServiceProblem(404, f"no file {wanted!r} in session {session_id!r}")
+
+
+def _glob_escape(path: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+
+
+@router.put("/{session_id}/files/{path:path}", response_model=ResultBody, responses=_PROBLEMS)
+async def upload_file(
+    session_id: str, path: str, request: Request, service: ServiceDep, tenant: CurrentTenant
+) -> ResultBody:
+    """Write the request body to a workspace file, by a cell that writes it (so the upload is
+    recorded as a run of the session, and a sandbox limit on files applies)."""
+    live = _live(service, tenant, session_id)
+    wanted = _relative(path)
+    data = await request.body()
+    code = (
+        "import base64 as _b, pathlib as _p\n"
+        f"_f = _p.Path({wanted!r})\n"
+        "_f.parent.mkdir(parents=True, exist_ok=True)\n"
+        f"_f.write_bytes(_b.b64decode({base64.b64encode(data).decode()!r}))\n"
+        "del _b, _p, _f\n"
+    )
+    result = await _cell(service, tenant, live, code, generated=True)
+    if result.outcome.value != "ok":
+        raise ServiceProblem(
+            409, f"the upload did not complete: {result.reason or result.stderr[-500:]}"
+        )
+    return ResultBody.model_validate(result_to_dict(result))
+
+
+async def _close(service: Service, live: LiveSession, exports: tuple[str, ...]) -> SessionEndBody:
+    try:
+        end = await service.in_thread(lambda: live.session.close(exports=exports), session=True)
+    finally:
+        if live.session.ended is not None:
+            service.end_session(live)
+    artifacts = [(a.sha256, a.size) for a in end.artifacts]
+    service.tenants.own_artifacts(live.tenant, artifacts)
+    return SessionEndBody(
+        id=live.session.id,
+        reason=end.reason,
+        artifacts=[artifact_to_dict(a) for a in end.artifacts],
+        rejected_exports=[{"path": r.path, "reason": r.reason} for r in end.rejected_exports],
+    )
+
+
+@router.post("/{session_id}/close", response_model=SessionEndBody, responses=_PROBLEMS)
+async def close_session(
+    session_id: str, body: SessionCloseBody, service: ServiceDep, tenant: CurrentTenant
+) -> SessionEndBody:
+    """End the session, exporting the workspace files matching ``exports`` first."""
+    return await _close(service, _live(service, tenant, session_id), tuple(body.exports))
+
+
+@router.delete("/{session_id}", response_model=SessionEndBody, responses=_PROBLEMS)
+async def delete_session(
+    session_id: str, service: ServiceDep, tenant: CurrentTenant
+) -> SessionEndBody:
+    """End the session; nothing is exported."""
+    return await _close(service, _live(service, tenant, session_id), ())

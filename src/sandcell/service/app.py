@@ -1,0 +1,78 @@
+"""The ASGI application: FastAPI over one :class:`~sandcell.service.core.Service`.
+
+:func:`create_app` is the factory every later surface mounts onto (``/mcp``, ``/ui``): it takes a
+ready service, so tests and embedders choose its executor, and ``sandcell serve`` builds one
+with :func:`make_service`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
+
+from fastapi import FastAPI
+
+from sandcell.service import api_ops, api_records, api_runs, api_sessions
+from sandcell.service.core import Service, ServiceConfig
+from sandcell.service.problems import BodyLimit, install_handlers
+
+__all__ = ["API_VERSION", "StartMode", "create_app", "make_service"]
+
+log = logging.getLogger("sandcell.service")
+API_VERSION = "1"
+StartMode = Literal["pool", "template", "cold"]
+
+
+def make_service(
+    config: ServiceConfig,
+    *,
+    backend: str | None = None,
+    start: StartMode = "cold",
+    pool_size: int = 4,
+) -> Service:
+    """A service with its one executor on ``config.home`` (``backend``: the rung every run
+    must get, else each profile's own; ``start``: how namespaces runs of Python start)."""
+    from sandcell.executor import Executor
+
+    warm = None
+    if start != "cold":
+        from sandcell.backends.namespaces.warm import WarmConfig
+
+        warm = WarmConfig(mode=start, pool_size=pool_size)
+    executor = Executor(home=config.home, backend=backend, warm=warm)
+    return Service(config, executor)
+
+
+def create_app(service: Service) -> FastAPI:
+    """The application serving ``service``; leaving its lifespan drains the runs in flight,
+    ends the sessions and closes the executor."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await service.drain()
+            service.close()
+
+    app = FastAPI(
+        title="sandcell",
+        version=API_VERSION,
+        summary="Run untrusted code in disposable sandboxes under a policy, with a record of "
+        "every run.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    install_handlers(app)
+    for module in (api_runs, api_sessions, api_records, api_ops):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, max_bytes=service.config.max_body_bytes)
+    return app
+
+
+def default_socket(home: Path) -> Path:
+    """The service's local socket in the sandcell home."""
+    return home / "service.sock"

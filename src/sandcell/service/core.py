@@ -1,0 +1,480 @@
+"""The service's state: one executor, the stores, the runs in flight, the live sessions.
+
+Every endpoint is a thin layer over :class:`Service`, and :class:`Service` over the one
+:class:`~sandcell.executor.Executor`: a run over HTTP is admitted, run, validated and recorded by
+exactly the code an in-process run goes through. The executor blocks, so its calls run on
+worker threads, at most ``workers`` at once; the rest wait in the queue the metrics show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from sandcell.errors import SandcellError
+from sandcell.executor import Executor
+from sandcell.policy.profiles import Profile, default_profile_dir, load_profile
+from sandcell.service.metrics import Metrics
+from sandcell.service.models import RunStatusName
+from sandcell.service.problems import ServiceProblem
+from sandcell.service.quotas import Quotas
+from sandcell.service.tenants import Tenant, TenantStore
+from sandcell.sessions import Session
+from sandcell.spec import InputFile, RunRequest, RunResult, result_to_dict
+
+__all__ = ["RunState", "Service", "ServiceConfig"]
+
+log = logging.getLogger("sandcell.service")
+_INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CANCEL_POLL_S = 0.05
+_KEPT_RUNS = 10_000
+"""Runs whose state (events, result) stays in memory; older ones answer from their record."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceConfig:
+    """How the service is set up (``sandcell serve`` options)."""
+
+    home: Path
+    workers: int = 16
+    """Executor calls at once (runs, cells, session starts); more wait in the queue."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_code_bytes: int = 512 * 1024
+    drain_timeout_s: float = 300.0
+    """How long a graceful stop waits for runs in flight."""
+
+
+@dataclass(slots=True, kw_only=True)
+class RunState:
+    """One run the service accepted, from queued to finished (kept in memory; the record is
+    the durable part)."""
+
+    id: str
+    tenant: str
+    status: RunStatusName = "queued"
+    result: dict[str, object] | None = None
+    cancel_requested: bool = False
+    error: Exception | None = None
+    """What the executor raised instead of returning a result (a request it refused)."""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+
+    async def emit(self, kind: str, data: dict[str, object]) -> None:
+        async with self.changed:
+            self.events.append((kind, data))
+            self.changed.notify_all()
+
+
+@dataclass(slots=True, kw_only=True)
+class LiveSession:
+    tenant: str
+    session: Session
+    inputs_dir: Path | None
+    released: bool = False
+
+
+def _decode_files(files: Mapping[str, str]) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for name, encoded in files.items():
+        if not _INPUT_NAME.match(name):
+            raise ServiceProblem(
+                400,
+                f"files: {name!r} is not a usable file name (letters, digits, '.', '_', '-'; "
+                "no directories)",
+            )
+        try:
+            out[name] = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ServiceProblem(400, f"files.{name}: not valid base64") from None
+    return out
+
+
+class Service:
+    """Holds the executor and the stores; runs requests for tenants."""
+
+    def __init__(self, config: ServiceConfig, executor: Executor) -> None:
+        self.config = config
+        self.executor = executor
+        self.tenants = TenantStore.in_home(config.home)
+        self.quotas = Quotas(self.tenants)
+        self.metrics = Metrics()
+        self.runs: dict[str, RunState] = {}
+        self.sessions: dict[str, LiveSession] = {}
+        self._sessions_lock = threading.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = anyio.CapacityLimiter(config.workers)
+        self._threads = anyio.CapacityLimiter(config.workers)
+        self._session_threads = anyio.CapacityLimiter(max(4, config.workers))
+        self.queued = 0
+        self.draining = False
+        self._profiles_used: set[str] = set()
+        self._profiles = _ProfileCache()
+        self.inputs_root = config.home / "service" / "inputs"
+
+    # -- profiles and inputs -----------------------------------------------------------------
+
+    def profile_for(self, tenant: Tenant, name: str | None) -> Profile:
+        """The profile a request names (default: the tenant's first), if the tenant may use
+        it."""
+        chosen = name or tenant.profiles[0]
+        if chosen not in tenant.profiles:
+            raise ServiceProblem(
+                403,
+                f"profile {chosen!r} is not one of tenant {tenant.name!r}'s profiles "
+                f"({', '.join(tenant.profiles)})",
+            )
+        profile = self._profiles.load(chosen)
+        self._profiles_used.add(profile.name)
+        return profile
+
+    def check_backend(self, profile: Profile, requested: str | None) -> None:
+        if requested is None:
+            return
+        from sandcell.backends.registry import check_name
+
+        wanted = check_name(requested)
+        serving = self.executor.backend_for(profile).name
+        if wanted != serving:
+            raise ServiceProblem(
+                400,
+                f"this service runs profile {profile.name!r} on backend {serving!r}, not "
+                f"{wanted!r}; leave backend out, or ask for a profile that runs there",
+            )
+
+    def write_inputs(
+        self, key: str, files: Mapping[str, str]
+    ) -> tuple[Path | None, tuple[InputFile, ...]]:
+        decoded = _decode_files(files)
+        if not decoded:
+            return None, ()
+        folder = self.inputs_root / key
+        folder.mkdir(mode=0o700, parents=True)
+        inputs = []
+        for name, data in decoded.items():
+            path = folder / name
+            path.write_bytes(data)
+            inputs.append(InputFile(host_path=path, name=name))
+        return folder, tuple(inputs)
+
+    def drop_inputs(self, request: RunRequest) -> None:
+        """Remove the uploaded input files of a request that has been decided (they were kept
+        while it waited for approval)."""
+        root = self.inputs_root.resolve()
+        for item in request.inputs:
+            folder = item.host_path.parent
+            if folder.resolve().parent == root:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def check_code(self, code: str) -> None:
+        size = len(code.encode("utf-8", errors="surrogatepass"))
+        if size > self.config.max_code_bytes:
+            raise ServiceProblem(
+                413,
+                f"code: {size} bytes, over the service's limit of {self.config.max_code_bytes}; "
+                "send a shorter program (data belongs in files)",
+            )
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    def admit(self, tenant: Tenant, *, sandbox: bool) -> None:
+        """Take the quota for one start (see :meth:`Quotas.start`), after giving back the slots
+        of sessions that ended on their own; 429 over a quota."""
+        if sandbox:
+            self.reap_sessions()
+        self.quotas.start(tenant, sandbox=sandbox)
+
+    def new_run(self, tenant: Tenant) -> RunState:
+        # Mapped to the tenant in the store when it ends (one write per run, see own_result);
+        # until then the state in memory answers for it.
+        state = RunState(id=uuid.uuid4().hex, tenant=tenant.name)
+        if len(self.runs) >= _KEPT_RUNS:
+            # The oldest finished runs go first; their status is then read from their record.
+            for old in [k for k, v in self.runs.items() if v.done.is_set()][: _KEPT_RUNS // 10]:
+                del self.runs[old]
+        self.runs[state.id] = state
+        return state
+
+    def start(
+        self,
+        state: RunState,
+        call: Callable[[str], RunResult],
+        *,
+        cleanup: Callable[[RunResult | None], None] | None = None,
+    ) -> asyncio.Task[None]:
+        """Run ``call(run_id)`` for ``state`` in the background (the quota slot already taken);
+        the task is kept until it ends so that a graceful stop can wait for it."""
+        task = asyncio.get_running_loop().create_task(self._drive(state, call, cleanup))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _drive(
+        self,
+        state: RunState,
+        call: Callable[[str], RunResult],
+        cleanup: Callable[[RunResult | None], None] | None,
+    ) -> None:
+        began = time.monotonic()
+        result: RunResult | None = None
+        try:
+            await state.emit("status", {"id": state.id, "status": "queued"})
+            self.queued += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.queued -= 1
+            try:
+                state.status = "running"
+                await state.emit("status", {"id": state.id, "status": "running"})
+                if state.cancel_requested:
+                    self._keep_cancelling(state)
+                result = await anyio.to_thread.run_sync(call, state.id, limiter=self._threads)
+            finally:
+                self._slots.release()
+            state.result = result_to_dict(result)
+            self.metrics.finished(result.outcome.value, time.monotonic() - began)
+            try:
+                self.own_result(state.tenant, result, state.id)
+            except SandcellError as exc:
+                # The run happened and is recorded; only the tenant's view of it is missing.
+                log.error(
+                    "run %s of tenant %s: cannot map it to its tenant: %s",
+                    state.id,
+                    state.tenant,
+                    exc,
+                )
+        except Exception as exc:
+            # The executor raises only for a request it cannot accept at all, or a store that
+            # failed; the client of an asynchronous run learns it from the run's status.
+            if not isinstance(exc, SandcellError):
+                log.error("run %s of tenant %s failed", state.id, state.tenant, exc_info=exc)
+            state.error = exc
+            with contextlib.suppress(Exception):
+                self.tenants.own(state.tenant, "run", [state.id])
+            state.result = _failure(state.id, exc)
+            self.metrics.finished("error", time.monotonic() - began)
+        finally:
+            self.quotas.release(state.tenant)
+            if cleanup is not None:
+                with contextlib.suppress(Exception):
+                    cleanup(result)
+            state.status = "finished"
+            await state.emit(
+                "result", {"id": state.id, "status": "finished", "result": state.result}
+            )
+            state.done.set()
+
+    def own_result(self, tenant: str, result: RunResult, run_id: str | None = None) -> None:
+        """Map what the run made to its tenant: its record(s), its approval, its artifacts."""
+        approval = (result.policy or {}).get("approval")
+        found = None
+        if isinstance(approval, Mapping):
+            found = approval.get("id") or approval.get("approval_id")
+        artifacts = [(a.sha256, a.size) for a in result.artifacts]
+        artifacts += [(a.sha256, a.size) for o in result.outputs for a in o.artifacts]
+        cpu_ms = result.usage.cpu_ms if result.usage.cpu_ms is not None else result.usage.wall_ms
+        self.tenants.record_run(
+            tenant,
+            # A run that did not start (denied, waiting) has a record id of its own.
+            runs=[result.run_id] if run_id in (None, result.run_id) else [run_id, result.run_id],
+            approvals=[found] if isinstance(found, str) else [],
+            artifacts=artifacts,
+            cpu_ms=cpu_ms,
+        )
+
+    def cancel(self, state: RunState) -> None:
+        """Ask for the run to stop; it ends ``killed`` (and is recorded) once its sandbox is
+        reached. A run still queued is stopped as soon as it starts."""
+        if state.done.is_set() or state.cancel_requested:
+            return
+        state.cancel_requested = True
+        if state.status == "running":
+            self._keep_cancelling(state)
+
+    def _keep_cancelling(self, state: RunState) -> None:
+        async def loop() -> None:
+            # The run registers its sandbox a moment after it starts: ask until it has ended.
+            while not state.done.is_set():
+                self.executor.cancel(state.id, "cancelled through the service")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.done.wait(), _CANCEL_POLL_S)
+
+        task = asyncio.get_running_loop().create_task(loop())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def state_for(self, tenant: Tenant, run_id: str) -> RunState | None:
+        state = self.runs.get(run_id)
+        if state is None or state.tenant != tenant.name:
+            return None
+        return state
+
+    async def in_thread(self, fn: Callable[[], Any], *, session: bool = False) -> Any:
+        limiter = self._session_threads if session else self._threads
+        return await anyio.to_thread.run_sync(fn, limiter=limiter)
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def add_session(self, live: LiveSession) -> None:
+        with self._sessions_lock:
+            self.sessions[live.session.id] = live
+        self.tenants.own(live.tenant, "session", [live.session.id])
+
+    def live_sessions(self, tenant: Tenant) -> list[LiveSession]:
+        with self._sessions_lock:
+            return [live for live in self.sessions.values() if live.tenant == tenant.name]
+
+    def session_for(self, tenant: Tenant, session_id: str) -> LiveSession:
+        with self._sessions_lock:
+            live = self.sessions.get(session_id)
+        if live is None or live.tenant != tenant.name:
+            raise ServiceProblem(404, f"no session {session_id!r}")
+        return live
+
+    def end_session(self, live: LiveSession) -> None:
+        """Forget a session that has ended, and give back its quota slot (once)."""
+        with self._sessions_lock:
+            self.sessions.pop(live.session.id, None)
+            released, live.released = live.released, True
+        if not released:
+            self.quotas.release(live.tenant)
+        if live.inputs_dir is not None:
+            shutil.rmtree(live.inputs_dir, ignore_errors=True)
+
+    def reap_sessions(self) -> None:
+        """Give back the slots of sessions that ended on their own (idle, lifetime)."""
+        with self._sessions_lock:
+            ended = [live for live in self.sessions.values() if live.session.ended is not None]
+        for live in ended:
+            self.end_session(live)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        return sum(1 for s in self.runs.values() if not s.done.is_set())
+
+    async def drain(self) -> None:
+        """Wait for the runs in flight (a graceful stop), then end the sessions."""
+        self.draining = True
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            log.info("waiting for %d runs in flight", len(pending))
+            _, still = await asyncio.wait(pending, timeout=self.config.drain_timeout_s)
+            if still:
+                log.warning(
+                    "%d runs still running after %.0f s: cancelling them",
+                    len(still),
+                    self.config.drain_timeout_s,
+                )
+                self.executor.cancel_all("the service is stopping")
+                await asyncio.wait(still, timeout=30)
+        with self._sessions_lock:
+            live = list(self.sessions.values())
+        for item in live:
+            with contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(item.session.close)
+            self.end_session(item)
+
+    def close(self) -> None:
+        self.executor.close()
+        self.tenants.close()
+
+    def gauges(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        self.reap_sessions()
+        pools: list[tuple[dict[str, str], float]] = []
+        for name in sorted(self._profiles_used):
+            with contextlib.suppress(Exception):
+                backend = self.executor.backend_for(load_profile(name))
+                stats = getattr(backend, "warm_stats", lambda: None)()
+                pool = getattr(stats, "pool", None)
+                ready = getattr(pool, "ready", None)
+                if isinstance(ready, int):
+                    pools.append(({"backend": backend.name, "profile": name}, float(ready)))
+        return {
+            "sandcell_runs_in_flight": [({}, float(self.in_flight()))],
+            "sandcell_queue_length": [({}, float(self.queued))],
+            "sandcell_sessions": [({}, float(len(self.sessions)))],
+            "sandcell_pool_ready": pools,
+        }
+
+
+class _ProfileCache:
+    """Profiles by name, loaded once: parsing one costs milliseconds on every run's path. A
+    user profile is loaded again when its file changes (size or mtime), or when a file named
+    like a built-in appears, so the service never runs an edited profile under its old
+    content (the record names the content's hash either way)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._found: dict[str, tuple[Profile, tuple[int, int] | None]] = {}
+
+    @staticmethod
+    def _signature(profile: Profile) -> tuple[int, int] | None:
+        source = profile.source
+        path = (
+            default_profile_dir() / f"{profile.name}.toml"
+            if source.startswith("builtin:")
+            else Path(source)
+        )
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return (st.st_size, st.st_mtime_ns)
+
+    def load(self, name: str) -> Profile:
+        with self._lock:
+            found = self._found.get(name)
+        if found is not None and self._signature(found[0]) == found[1]:
+            return found[0]
+        profile = load_profile(name)
+        with self._lock:
+            self._found[name] = (profile, self._signature(profile))
+        return profile
+
+
+def _failure(run_id: str, exc: Exception) -> dict[str, object]:
+    """The status body of a run the executor refused with an error after it was accepted."""
+    from sandcell.errors import ConfigError
+
+    reason = str(exc) if isinstance(exc, ConfigError) else "the service failed to run it"
+    return {
+        "run_id": run_id,
+        "outcome": "error",
+        "reason": reason,
+        "exit_code": None,
+        "signal": None,
+        "stdout": "",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "usage": {"wall_ms": 0.0, "cpu_ms": None, "peak_memory_bytes": None},
+        "artifacts": [],
+        "rejected_exports": [],
+        "enforcement": None,
+        "started_at": "",
+        "policy": None,
+        "validation": None,
+        "leaks": [],
+        "outputs": [],
+        "start": {"mode": "cold", "template": None, "preloaded": [], "wait_ms": None},
+        "session_id": None,
+        "network": None,
+        "tools": None,
+    }

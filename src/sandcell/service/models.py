@@ -1,0 +1,234 @@
+"""The service's request and response bodies: pydantic at the edge, nothing else here.
+
+Every request model forbids unknown fields, so a misspelt option is a 422 naming the field
+rather than an option silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RunStatusName = Literal["queued", "running", "finished"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LimitsBody(_Request):
+    """Limits asked for; each at most the profile's ceiling (a higher one is a 400)."""
+
+    wall_time_s: float | None = Field(default=None, gt=0)
+    cpu_time_s: int | None = Field(default=None, gt=0)
+    memory_bytes: int | None = Field(default=None, gt=0)
+    max_pids: int | None = Field(default=None, gt=0)
+    max_open_files: int | None = Field(default=None, gt=0)
+    max_file_bytes: int | None = Field(default=None, gt=0)
+    workspace_bytes: int | None = Field(default=None, gt=0)
+    workspace_inodes: int | None = Field(default=None, gt=0)
+    tmp_bytes: int | None = Field(default=None, gt=0)
+    stdout_bytes: int | None = Field(default=None, gt=0)
+    stderr_bytes: int | None = Field(default=None, gt=0)
+
+
+class RunBody(_Request):
+    """One program to run in a fresh sandbox."""
+
+    code: str
+    language: Literal["python", "bash"] = "python"
+    profile: str | None = Field(
+        default=None, description="one of the tenant's profiles (default: its first)"
+    )
+    backend: str | None = Field(
+        default=None,
+        description="the rung the run must get (namespaces, gvisor, microvm); a run the service "
+        "would put elsewhere is refused, never moved",
+    )
+    stdin: str = ""
+    env: dict[str, str] = Field(default_factory=dict)
+    exports: list[str] = Field(default_factory=list)
+    limits: LimitsBody | None = None
+    display: bool = False
+    result_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    invariants: list[str] = Field(default_factory=list)
+    result_file: str | None = None
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="input files, name → base64 content, shown read-only under /inputs",
+    )
+    wait: bool = Field(
+        default=True,
+        description="true: answer with the result; false: answer 202 at once with the run's id",
+    )
+
+
+class ResultBody(BaseModel):
+    """A run's result, as ``sandcell run --json`` prints it."""
+
+    run_id: str
+    outcome: str
+    reason: str
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    usage: dict[str, Any]
+    artifacts: list[dict[str, Any]]
+    rejected_exports: list[dict[str, Any]]
+    enforcement: dict[str, Any] | None
+    started_at: str
+    policy: dict[str, Any] | None
+    validation: dict[str, Any] | None
+    leaks: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    start: dict[str, Any]
+    session_id: str | None
+    network: dict[str, Any] | None
+    tools: dict[str, Any] | None
+
+
+class RunStatusBody(BaseModel):
+    """Where a run stands; ``result`` once it has finished."""
+
+    id: str
+    status: RunStatusName
+    cancel_requested: bool = False
+    result: ResultBody | None = None
+    record_only: bool = Field(
+        default=False,
+        description="true when the run finished before the service last started: the fields "
+        "come from its run record",
+    )
+
+
+class CancelBody(BaseModel):
+    id: str
+    status: RunStatusName
+    cancel_requested: bool
+
+
+class SessionBody(_Request):
+    profile: str | None = None
+    limits: LimitsBody | None = None
+    idle_timeout_s: float | None = Field(default=None, gt=0)
+    max_lifetime_s: float | None = Field(default=None, gt=0)
+    files: dict[str, str] = Field(
+        default_factory=dict, description="input files, name → base64 content"
+    )
+
+
+class SessionInfoBody(BaseModel):
+    id: str
+    profile: str
+    backend: str
+    created_at: str
+    cells: int
+    idle_timeout_s: float
+    max_lifetime_s: float
+    ended: str | None
+
+
+class CellBody(_Request):
+    code: str
+    timeout_s: float | None = Field(default=None, gt=0)
+    exports: list[str] = Field(default_factory=list)
+
+
+class SessionFilesBody(BaseModel):
+    files: list[str]
+
+
+class SessionCloseBody(_Request):
+    exports: list[str] = Field(default_factory=list)
+
+
+class SessionEndBody(BaseModel):
+    id: str
+    reason: str
+    artifacts: list[dict[str, Any]]
+    rejected_exports: list[dict[str, Any]]
+
+
+class ApprovalBody(BaseModel):
+    id: str
+    created_at: str
+    status: str
+    code: str
+    language: str
+    profile: dict[str, Any]
+    findings: list[dict[str, Any]]
+    reason_for_approval: str
+    decided_by: str | None
+    decided_at: str | None
+    decision_reason: str | None
+    run_id: str | None
+    intact: bool
+
+
+class DecisionBody(_Request):
+    reason: str = ""
+
+
+class AuditSummaryBody(BaseModel):
+    run_id: str
+    started_at: str | None
+    language: str | None
+    outcome: str | None
+    wall_ms: float | None
+    session_id: str | None
+
+
+class AuditEntryBody(BaseModel):
+    seq: int
+    hash: str
+    prev_hash: str
+    record: dict[str, Any]
+
+
+class VerifyBody(BaseModel):
+    ok: bool = Field(description="the whole chain is intact (every tenant's records)")
+    records: int = Field(description="how many records are the caller's")
+    problems: list[dict[str, Any]] = Field(description="problems in the caller's records")
+    other_problems: int = Field(description="problems in records that are not the caller's")
+
+
+class ProfileBody(BaseModel):
+    name: str
+    source: str
+    description: str
+    approval: str | None
+    problem: str | None
+
+
+class TenantBody(BaseModel):
+    name: str
+    profiles: list[str]
+    max_concurrent: int
+    runs_per_minute: int
+    cpu_seconds_per_day: int
+    max_stored_bytes: int
+    created_at: str
+    in_flight: int
+    cpu_seconds_today: float
+    stored_bytes: int
+
+
+class HealthBody(BaseModel):
+    status: Literal["ok", "draining"]
+    version: str
+    runs_in_flight: int
+    sessions: int
+
+
+class Problem(BaseModel):
+    """An error, as RFC 9457 ``application/problem+json``."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, Any]] | None = None

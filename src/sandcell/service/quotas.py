@@ -1,0 +1,103 @@
+"""Per-tenant quotas: sandboxes at once, runs per minute, CPU seconds per day, stored bytes.
+
+Sandboxes at once and the rate window live in memory (a restart forgives a minute's runs and
+ends every session anyway); CPU per day and stored bytes live in the service store. Over a
+quota, :meth:`Quotas.acquire` raises a 429 problem with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import threading
+import time
+from collections import deque
+
+from sandcell.service.problems import ServiceProblem
+from sandcell.service.tenants import Tenant, TenantStore
+
+__all__ = ["Quotas"]
+
+_WINDOW_S = 60.0
+
+
+def _seconds_to_midnight_utc() -> int:
+    now = dt.datetime.now(dt.UTC)
+    midnight = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1, math.ceil((midnight - now).total_seconds()))
+
+
+def _too_many(detail: str, retry_after: int) -> ServiceProblem:
+    return ServiceProblem(429, detail, headers={"Retry-After": str(max(1, retry_after))})
+
+
+class Quotas:
+    """The quota checks of every run, cell and session start."""
+
+    def __init__(self, store: TenantStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._holding: dict[str, int] = {}
+        self._starts: dict[str, deque[float]] = {}
+
+    def holding(self, tenant: str) -> int:
+        """Sandboxes the tenant holds now (runs in flight and live sessions)."""
+        with self._lock:
+            return self._holding.get(tenant, 0)
+
+    def start(self, tenant: Tenant, *, sandbox: bool) -> None:
+        """Admit one run (``sandbox``: it takes a sandbox of its own, as a run or a session
+        does; a session cell runs in its session's) or raise 429. Every admitted ``sandbox``
+        start is paired with one :meth:`release`."""
+        self._check_stored(tenant)
+        self._check_cpu(tenant)
+        now = time.monotonic()
+        with self._lock:
+            holding = self._holding.get(tenant.name, 0)
+            if sandbox and holding >= tenant.max_concurrent:
+                raise _too_many(
+                    f"tenant {tenant.name!r} holds {holding} sandboxes, its limit "
+                    f"(max_concurrent {tenant.max_concurrent}); wait for one to finish or close "
+                    "a session",
+                    1,
+                )
+            starts = self._starts.setdefault(tenant.name, deque())
+            while starts and starts[0] <= now - _WINDOW_S:
+                starts.popleft()
+            if len(starts) >= tenant.runs_per_minute:
+                wait = math.ceil(starts[0] + _WINDOW_S - now)
+                raise _too_many(
+                    f"tenant {tenant.name!r} started {len(starts)} runs in the last minute, its "
+                    f"limit (runs_per_minute {tenant.runs_per_minute}); retry in {wait} s",
+                    wait,
+                )
+            starts.append(now)
+            if sandbox:
+                self._holding[tenant.name] = holding + 1
+
+    def release(self, tenant: str) -> None:
+        with self._lock:
+            left = self._holding.get(tenant, 0) - 1
+            if left > 0:
+                self._holding[tenant] = left
+            else:
+                self._holding.pop(tenant, None)
+
+    def _check_cpu(self, tenant: Tenant) -> None:
+        used_s = self._store.cpu_ms_today(tenant.name) / 1000.0
+        if used_s >= tenant.cpu_seconds_per_day:
+            raise _too_many(
+                f"tenant {tenant.name!r} used {used_s:.1f} CPU seconds today (UTC), its limit "
+                f"(cpu_seconds_per_day {tenant.cpu_seconds_per_day})",
+                _seconds_to_midnight_utc(),
+            )
+
+    def _check_stored(self, tenant: Tenant) -> None:
+        stored = self._store.stored_bytes(tenant.name)
+        if stored >= tenant.max_stored_bytes:
+            raise _too_many(
+                f"tenant {tenant.name!r} keeps {stored} bytes of artifacts, its limit "
+                f"(max_stored_bytes {tenant.max_stored_bytes}); delete some with "
+                "DELETE /v1/artifacts/{sha256}",
+                3600,
+            )

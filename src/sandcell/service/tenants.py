@@ -1,0 +1,387 @@
+"""The service's tenants and what each owns, in one private SQLite file in the sandcell home.
+
+A tenant is a name, the SHA-256 of its API key, the profiles it may run under and its quotas.
+Everything a tenant creates through the service (runs, run records, sessions, approvals,
+artifacts) is mapped to it here, in the service's own table: the executor's stores know nothing
+of tenants, and the service answers 404 for anything not mapped to the caller.
+
+Keys are 32 random bytes (urlsafe base64, prefixed ``sc_``), shown once when made. Only their
+SHA-256 is stored: a slow password hash protects low-entropy secrets against guessing, but a
+256-bit random key cannot be guessed, so a fast hash is as safe and keeps authentication cheap
+on every request.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sandcell._sqlite import PrivateStore
+from sandcell.errors import ConfigError
+
+__all__ = [
+    "KEY_PREFIX",
+    "OwnedKind",
+    "Tenant",
+    "TenantError",
+    "TenantStore",
+    "hash_key",
+    "new_key",
+]
+
+KEY_PREFIX = "sc_"
+SERVICE_DB = "service.sqlite3"
+_APPLICATION_ID = 0x53435356  # "SCSV"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+OwnedKind = Literal["run", "session", "approval", "artifact"]
+
+_SCHEMA = (
+    """CREATE TABLE tenants (
+        name TEXT PRIMARY KEY,
+        key_sha256 TEXT NOT NULL UNIQUE,
+        profiles TEXT NOT NULL,
+        max_concurrent INTEGER NOT NULL,
+        runs_per_minute INTEGER NOT NULL,
+        cpu_seconds_per_day INTEGER NOT NULL,
+        max_stored_bytes INTEGER NOT NULL,
+        created_at TEXT NOT NULL
+    )""",
+    # One row per (kind, id, tenant): an artifact is content-addressed, so two tenants that
+    # produce the same bytes both own it; every other id is fresh and has one owner.
+    """CREATE TABLE owned (
+        kind TEXT NOT NULL,
+        id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        size INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (kind, id, tenant)
+    )""",
+    "CREATE INDEX owned_by_tenant ON owned (tenant, kind, created_at)",
+    """CREATE TABLE cpu_usage (
+        tenant TEXT NOT NULL,
+        day TEXT NOT NULL,
+        cpu_ms REAL NOT NULL,
+        PRIMARY KEY (tenant, day)
+    )""",
+)
+
+
+class TenantError(ConfigError):
+    """A tenant that does not exist, a bad name or quota, or a service store that cannot be
+    used."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tenant:
+    """One tenant of the service: who it is, what it may run, how much."""
+
+    name: str
+    profiles: tuple[str, ...]
+    """The profiles its runs and sessions may use; the first is its default."""
+    max_concurrent: int
+    """Sandboxes (runs in flight and live sessions) it may hold at once."""
+    runs_per_minute: int
+    """Runs and session cells it may start in any 60 seconds."""
+    cpu_seconds_per_day: int
+    """CPU seconds its runs may use per UTC day."""
+    max_stored_bytes: int
+    """Bytes of artifacts it may keep in the store."""
+    created_at: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "profiles": list(self.profiles),
+            "max_concurrent": self.max_concurrent,
+            "runs_per_minute": self.runs_per_minute,
+            "cpu_seconds_per_day": self.cpu_seconds_per_day,
+            "max_stored_bytes": self.max_stored_bytes,
+            "created_at": self.created_at,
+        }
+
+
+def new_key() -> str:
+    """A fresh API key: ``sc_`` and 32 random bytes, urlsafe base64."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """What is stored of a key (see the module for why SHA-256 is enough)."""
+    return hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+
+
+def today() -> str:
+    """The UTC day CPU quotas are counted in."""
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+_COLUMNS = (
+    "name, profiles, max_concurrent, runs_per_minute, cpu_seconds_per_day, max_stored_bytes, "
+    "created_at"
+)
+
+
+def _tenant(row: Sequence[object]) -> Tenant:
+    name, profiles, conc, rpm, cpu, stored, created = row
+    return Tenant(
+        name=str(name),
+        profiles=tuple(str(p) for p in json.loads(str(profiles))),
+        max_concurrent=int(str(conc)),
+        runs_per_minute=int(str(rpm)),
+        cpu_seconds_per_day=int(str(cpu)),
+        max_stored_bytes=int(str(stored)),
+        created_at=str(created),
+    )
+
+
+def _positive(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TenantError(f"{what} must be a positive whole number, got {value!r}")
+    return value
+
+
+class TenantStore(PrivateStore):
+    """Tenants, their hashed keys, what they own and their CPU use, in ``service.sqlite3``."""
+
+    _error = TenantError
+    _what = "service store"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            path,
+            application_id=_APPLICATION_ID,
+            schema=_SCHEMA,
+            advice="point $SANDCELL_HOME (or --home) at another directory",
+        )
+
+    @classmethod
+    def in_home(cls, home: Path) -> TenantStore:
+        return cls(home / SERVICE_DB)
+
+    # -- tenants ---------------------------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        *,
+        profiles: Sequence[str],
+        max_concurrent: int,
+        runs_per_minute: int,
+        cpu_seconds_per_day: int,
+        max_stored_bytes: int,
+    ) -> tuple[Tenant, str]:
+        """Add a tenant; returns it and its API key (the only time the key exists in clear)."""
+        if not _NAME.match(name):
+            raise TenantError(
+                f"tenant name {name!r}: use 1-63 lower-case letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        if not profiles:
+            raise TenantError("give the tenant at least one profile (--profile NAME)")
+        tenant = Tenant(
+            name=name,
+            profiles=tuple(dict.fromkeys(profiles)),
+            max_concurrent=_positive(max_concurrent, "max_concurrent"),
+            runs_per_minute=_positive(runs_per_minute, "runs_per_minute"),
+            cpu_seconds_per_day=_positive(cpu_seconds_per_day, "cpu_seconds_per_day"),
+            max_stored_bytes=_positive(max_stored_bytes, "max_stored_bytes"),
+            created_at=_now(),
+        )
+        key = new_key()
+        with self._txn() as conn:
+            if conn.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchone():
+                raise TenantError(
+                    f"tenant {name!r} exists; remove it first, or rotate its key with "
+                    f"`sandcell tenants rotate-key {name}`"
+                )
+            conn.execute(
+                f"INSERT INTO tenants ({_COLUMNS}, key_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                (
+                    tenant.name,
+                    json.dumps(list(tenant.profiles)),
+                    tenant.max_concurrent,
+                    tenant.runs_per_minute,
+                    tenant.cpu_seconds_per_day,
+                    tenant.max_stored_bytes,
+                    tenant.created_at,
+                    hash_key(key),
+                ),
+            )
+        return tenant, key
+
+    def get(self, name: str) -> Tenant:
+        with self._txn(write=False) as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM tenants WHERE name = ?",  # noqa: S608
+                (name,),
+            ).fetchone()
+        if row is None:
+            raise TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
+        return _tenant(row)
+
+    def list(self) -> builtins.list[Tenant]:
+        with self._txn(write=False) as conn:
+            rows = conn.execute(f"SELECT {_COLUMNS} FROM tenants ORDER BY name").fetchall()  # noqa: S608
+        return [_tenant(r) for r in rows]
+
+    def remove(self, name: str) -> None:
+        """Remove a tenant, its key and its mappings. The run records and artifacts stay in
+        their stores (the audit chain is never cut), but no tenant reaches them through the
+        service any more: a later tenant of the same name starts with nothing."""
+        with self._txn() as conn:
+            if conn.execute("DELETE FROM tenants WHERE name = ?", (name,)).rowcount == 0:
+                raise TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
+            conn.execute("DELETE FROM owned WHERE tenant = ?", (name,))
+            conn.execute("DELETE FROM cpu_usage WHERE tenant = ?", (name,))
+
+    def rotate_key(self, name: str) -> str:
+        """A new key for ``name``; the old one stops working at once."""
+        key = new_key()
+        with self._txn() as conn:
+            cur = conn.execute(
+                "UPDATE tenants SET key_sha256 = ? WHERE name = ?", (hash_key(key), name)
+            )
+            if cur.rowcount == 0:
+                raise TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
+        return key
+
+    def authenticate(self, key: str) -> Tenant | None:
+        """The tenant whose key this is, or None.
+
+        The row is found by the key's hash (an index lookup whose timing depends only on a
+        SHA-256 the caller cannot steer towards a stored one), then the hashes are compared in
+        constant time all the same.
+        """
+        digest = hash_key(key)
+        with self._txn(write=False) as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS}, key_sha256 FROM tenants WHERE key_sha256 = ?",  # noqa: S608
+                (digest,),
+            ).fetchone()
+        if row is None or not hmac.compare_digest(str(row[-1]), digest):
+            return None
+        return _tenant(row[:-1])
+
+    # -- ownership -------------------------------------------------------------------------------
+
+    def own(self, tenant: str, kind: OwnedKind, ids: Iterable[str], *, size: int = 0) -> None:
+        rows = [(kind, i, tenant, size, _now()) for i in ids]
+        if not rows:
+            return
+        with self._txn() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO owned (kind, id, tenant, size, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def own_artifacts(self, tenant: str, artifacts: Iterable[tuple[str, int]]) -> None:
+        now = _now()
+        rows = [("artifact", sha, tenant, size, now) for sha, size in artifacts]
+        if rows:
+            with self._txn() as conn:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO owned (kind, id, tenant, size, created_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+
+    def disown(self, tenant: str, kind: OwnedKind, id_: str) -> bool:
+        """Unmap one thing from the tenant (an artifact it no longer wants counted)."""
+        with self._txn() as conn:
+            cur = conn.execute(
+                "DELETE FROM owned WHERE kind = ? AND id = ? AND tenant = ?", (kind, id_, tenant)
+            )
+        return cur.rowcount > 0
+
+    def owns(self, tenant: str, kind: OwnedKind, id_: str) -> bool:
+        with self._txn(write=False) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM owned WHERE kind = ? AND id = ? AND tenant = ?",
+                (kind, id_, tenant),
+            ).fetchone()
+        return row is not None
+
+    def owned(
+        self, tenant: str, kind: OwnedKind, *, limit: int, offset: int = 0
+    ) -> builtins.list[str]:
+        """Ids of ``kind`` the tenant owns, newest first."""
+        with self._txn(write=False) as conn:
+            rows = conn.execute(
+                "SELECT id FROM owned WHERE tenant = ? AND kind = ? "
+                "ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?",
+                (tenant, kind, limit, offset),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def all_owned(self, tenant: str, kind: OwnedKind) -> set[str]:
+        with self._txn(write=False) as conn:
+            rows = conn.execute(
+                "SELECT id FROM owned WHERE tenant = ? AND kind = ?", (tenant, kind)
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def stored_bytes(self, tenant: str) -> int:
+        with self._txn(write=False) as conn:
+            row = conn.execute(
+                "SELECT coalesce(sum(size), 0) FROM owned WHERE tenant = ? AND kind = 'artifact'",
+                (tenant,),
+            ).fetchone()
+        return int(row[0])
+
+    def record_run(
+        self,
+        tenant: str,
+        *,
+        runs: Iterable[str],
+        approvals: Iterable[str],
+        artifacts: Iterable[tuple[str, int]],
+        cpu_ms: float,
+    ) -> None:
+        """Map what one run made to its tenant and count its CPU, in one transaction (it is
+        on the path of every run)."""
+        now = _now()
+        rows = [("run", i, tenant, 0, now) for i in runs]
+        rows += [("approval", i, tenant, 0, now) for i in approvals]
+        rows += [("artifact", sha, tenant, size, now) for sha, size in artifacts]
+        with self._txn() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO owned (kind, id, tenant, size, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            conn.execute(
+                "INSERT INTO cpu_usage (tenant, day, cpu_ms) VALUES (?, ?, ?) "
+                "ON CONFLICT (tenant, day) DO UPDATE SET cpu_ms = cpu_ms + excluded.cpu_ms",
+                (tenant, today(), max(0.0, cpu_ms)),
+            )
+
+    # -- CPU ---------------------------------------------------------------------------------------
+
+    def add_cpu(self, tenant: str, cpu_ms: float) -> None:
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT INTO cpu_usage (tenant, day, cpu_ms) VALUES (?, ?, ?) "
+                "ON CONFLICT (tenant, day) DO UPDATE SET cpu_ms = cpu_ms + excluded.cpu_ms",
+                (tenant, today(), max(0.0, cpu_ms)),
+            )
+
+    def cpu_ms_today(self, tenant: str) -> float:
+        with self._txn(write=False) as conn:
+            row = conn.execute(
+                "SELECT cpu_ms FROM cpu_usage WHERE tenant = ? AND day = ?", (tenant, today())
+            ).fetchone()
+        return 0.0 if row is None else float(row[0])

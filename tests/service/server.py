@@ -1,0 +1,100 @@
+"""Start and stop a real ``sandcell serve`` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx2
+
+from sandcell.service.tenants import TenantStore
+
+REPO = Path(__file__).resolve().parents[2]
+_SERVING = re.compile(r"serving on http://127\.0\.0\.1:(\d+)")
+
+
+@dataclass
+class ServiceProcess:
+    """One ``sandcell serve`` process on ``home``; its log is in ``home/serve.log``."""
+
+    home: Path
+    args: Sequence[str] = ()
+    proc: subprocess.Popen[str] | None = None
+    port: int = 0
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def socket(self) -> Path:
+        return self.home / "service.sock"
+
+    def start(self, timeout: float = 60.0) -> ServiceProcess:
+        env = {**os.environ, "SANDCELL_HOME": str(self.home), "PYTHONUNBUFFERED": "1"}
+        env.pop("SANDCELL_BACKEND", None)
+        with (self.home / "serve.log").open("a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandcell", "serve", "--port", "0", *self.args],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        found = _SERVING.search(line)
+        if found is None:
+            self.proc.wait(10)
+            raise AssertionError(
+                f"the service did not start: {line!r}\n{(self.home / 'serve.log').read_text()}"
+            )
+        self.port = int(found.group(1))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx2.get(f"{self.url}/healthz", timeout=5).status_code == 200:
+                    return self
+            except httpx2.TransportError:
+                time.sleep(0.1)
+        raise AssertionError("the service never answered /healthz")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120.0) -> int:
+        """Stop it with ``sig``; its exit status (uvicorn ends a graceful stop by re-raising
+        the signal it caught, so a clean SIGTERM stop is -SIGTERM)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
+    def client(self, key: str | None, **kwargs: object) -> httpx2.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx2.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+
+def add_tenant(
+    home: Path, name: str, *, profiles: Sequence[str] = ("strict",), **quotas: int
+) -> str:
+    """A tenant in the service store of ``home`` (what ``sandcell tenants add`` does); its key."""
+    values = {
+        "max_concurrent": 4,
+        "runs_per_minute": 600,
+        "cpu_seconds_per_day": 3600,
+        "max_stored_bytes": 64 * 1024 * 1024,
+        **quotas,
+    }
+    with TenantStore.in_home(home) as store:
+        _, key = store.add(name, profiles=profiles, **values)
+    return key
