@@ -18,11 +18,14 @@ from sandcell.cli import (
     audit,
     batch,
     doctor,
+    mcp,
     packages,
     policy,
     pool,
     run,
+    serve,
     session,
+    tenants,
     tools,
     vm,
 )
@@ -44,6 +47,9 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pool": pool.handle,
     "vm": vm.handle,
     "tools": tools.handle,
+    "mcp": mcp.handle,
+    "serve": serve.handle,
+    "tenants": tenants.handle,
 }
 
 
@@ -59,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $SANDCELL_HOME or the user data directory)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (run, doctor, audit, batch, ask, session, pool, vm, tools):
+    for module in (run, doctor, audit, batch, ask, session, pool, vm, tools, mcp, serve, tenants):
         module.add_parser(sub)
     policy.add_parsers(sub)
     approvals.add_parsers(sub)
