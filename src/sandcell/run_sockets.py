@@ -159,7 +159,7 @@ class RunSockets:
         try:
             _write_helpers(host_dir)
             if profile.allows_network():
-                from sandcell.network.addresses import system_resolver
+                from sandcell.network.addresses import HostsResolver, system_resolver
                 from sandcell.network.caps import ProxyLimits
                 from sandcell.network.proxy import EgressProxy
 
@@ -174,7 +174,12 @@ class RunSockets:
                         max_bytes_up=rules.max_mb_up * MiB,
                         max_bytes_down=rules.max_mb_down * MiB,
                     ),
-                    resolver=resolver or system_resolver,
+                    resolver=resolver
+                    or (
+                        HostsResolver(rules.static_hosts, system_resolver)
+                        if rules.static_hosts
+                        else system_resolver
+                    ),
                 )
                 proxy.start()
             if profile.tools:

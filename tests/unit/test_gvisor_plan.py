@@ -15,7 +15,9 @@ from sandcell.backends.gvisor.plan import (
     mount_points,
     plan_rlimits,
     pool_rlimits,
+    socket_link,
 )
+from sandcell.backends.gvisor.runsc import Runsc
 from sandcell.spec import IsolationMode, Limits
 
 
@@ -177,3 +179,51 @@ def test_synthetic_files_are_bound_after_the_mounts_they_sit_in() -> None:
 def test_config_is_json_with_the_command() -> None:
     text = json.dumps(build_config(_plan()))
     assert json.loads(text)["process"]["args"][-2] == "/sandcell/agent.pyc"
+
+
+def test_a_run_without_ways_out_has_no_socket_directory() -> None:
+    plan = _plan()
+    config = build_config(plan)
+    assert not [m for m in config["mounts"] if m["destination"].startswith("/run")]
+    assert not [p for p in mount_points(plan) if p.startswith("/run")]
+    assert socket_link(plan) is None
+
+
+def test_the_socket_directory_is_bound_read_only_at_run_sandcell() -> None:
+    plan = _plan(sockets_dir=Path("/runs/r/ways/view"))
+    m = _mount(build_config(plan), "/run/sandcell")
+    assert m["source"] == "/runs/r/ways/view"
+    assert "ro" in m["options"] and "rw" not in m["options"]
+    assert {"nosuid", "nodev"} <= set(m["options"])
+    assert "/run/sandcell" in mount_points(plan) and socket_link(plan) is None
+
+
+def test_a_pooled_sandbox_binds_its_view_aside_and_links_run_into_it() -> None:
+    plan = _plan(sockets_dir=Path("/runs/r/ways/view"), sockets_later=True)
+    config = build_config(plan)
+    m = _mount(config, "/.sandcell")
+    assert m["source"] == "/runs/r/ways/view" and "ro" in m["options"]
+    assert not [m for m in config["mounts"] if m["destination"].startswith("/run")]
+    # Relative, inside the root: /run leads nowhere until a run that reaches outside makes
+    # run/sandcell in the view.
+    assert socket_link(plan) == ("/run", ".sandcell/run")
+    assert "/.sandcell" in mount_points(plan)
+    assert not [p for p in mount_points(plan) if p.startswith("/run")]
+
+
+def test_runsc_allows_connecting_to_host_sockets_only_when_asked() -> None:
+    rs = Runsc(
+        path="/usr/bin/runsc",
+        version_text="runsc version x",
+        release="x",
+        platform="ptrace",
+        rootless=False,
+        state_dir=Path("/state"),
+        host_uds=True,
+    )
+    plain = rs.argv("run", "c")
+    assert not [a for a in plain if "uds" in a] and "--network=none" in plain
+    asked = rs.argv("run", "c", host_uds=True)
+    # Connect only: never "create" or "all", which would let the sandbox bind host sockets.
+    assert [a for a in asked if "uds" in a] == ["--host-uds=open"]
+    assert "--network=none" in asked and asked[-2:] == ["run", "c"]

@@ -495,3 +495,27 @@ def test_network_caps_reach_the_proxy_and_bad_ones_are_refused(tmp_path: Path) -
     bad = text.replace("max_concurrent = 2", "max_concurrent = 0")
     with pytest.raises(ConfigError, match=r"caps2.toml:5: .*max_concurrent must be an integer"):
         load_profile(str(write(tmp_path, "caps2.toml", bad)))
+
+
+def test_network_resolve_entries_are_the_proxys_own_hosts(tmp_path: Path) -> None:
+    import ipaddress
+
+    text = (
+        '[network]\nmode = "allowlist"\nhosts = ["mirror.corp.example"]\n'
+        'resolve = ["Mirror.Corp.Example=10.1.2.3, 10.1.2.4"]\nallow_addresses = ["10.1.0.0/16"]\n'
+    )
+    profile = load_profile(str(write(tmp_path, "res.toml", text)))
+    assert dict(profile.network.static_hosts) == {
+        "mirror.corp.example": (ipaddress.ip_address("10.1.2.3"), ipaddress.ip_address("10.1.2.4"))
+    }
+    for bad, why in (
+        ('resolve = ["mirror.corp.example"]', "give it as name=address"),
+        ('resolve = ["mirror.corp.example=not-an-ip"]', "is not a list of IP addresses"),
+        ('resolve = ["localhost=127.0.0.1"]', "'localhost' is not a host"),
+    ):
+        wrong = text.replace('resolve = ["Mirror.Corp.Example=10.1.2.3, 10.1.2.4"]', bad)
+        with pytest.raises(ConfigError, match=why):
+            load_profile(str(write(tmp_path, "bad.toml", wrong)))
+    off = '[network]\nmode = "none"\nresolve = ["a.example.com=10.0.0.1"]\n'
+    with pytest.raises(ConfigError, match="resolve entries are listed but mode is 'none'"):
+        load_profile(str(write(tmp_path, "off.toml", off)))

@@ -214,3 +214,17 @@ class MapResolver:
         count = self.calls.get(name, 0)
         self.calls[name] = count + 1
         return rounds[min(count, len(rounds) - 1)]
+
+
+class HostsResolver:
+    """A profile's own host entries (``[network] resolve``) first, then ``fallback``: like a
+    hosts file for the proxy alone. Its answers are checked like any other (a listed name that
+    resolves to loopback is still refused unless ``allow_addresses`` covers it)."""
+
+    def __init__(self, table: Mapping[str, Sequence[IPAddress]], fallback: Resolver) -> None:
+        self._table = {name: tuple(addresses) for name, addresses in table.items()}
+        self._fallback = fallback
+
+    def __call__(self, name: str, port: int) -> Sequence[IPAddress]:
+        found = self._table.get(name)
+        return found if found is not None else self._fallback(name, port)

@@ -10,6 +10,7 @@ value with :class:`SectionError`, naming the field (and the list item) so that t
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -23,8 +24,10 @@ from sandcell.backends.registry import LADDER, rank
 from sandcell.errors import ConfigError
 from sandcell.network.allowlist import (
     Allowlist,
+    IPAddress,
     IPNetwork,
     host_problem,
+    normalise_host,
     parse_network,
     parse_rule,
 )
@@ -165,6 +168,10 @@ class NetworkRules:
     allow_addresses: tuple[str, ...] = ()
     """Non-public addresses or networks (``10.20.0.0/16``) that a listed name may resolve to.
     Empty or absent: listed names must resolve to public addresses."""
+    resolve: tuple[str, ...] = ()
+    """The proxy's own host entries, ``name=address[,address]``: a name listed here is not
+    looked up (an internal mirror without public DNS). The addresses are checked like any
+    answer: a non-public one needs ``allow_addresses``."""
     max_connections: int = 1024
     """Connections a run may open through its proxy, in all; one more is answered 429."""
     max_concurrent: int = 32
@@ -175,6 +182,8 @@ class NetworkRules:
     """MiB the run may receive through its proxy; reaching it closes the connection."""
     allowlist: Allowlist = field(init=False, repr=False, compare=False)
     """``hosts`` and ``allow_addresses`` parsed: what the egress proxy checks against."""
+    static_hosts: Mapping[str, tuple[IPAddress, ...]] = field(init=False, repr=False, compare=False)
+    """``resolve`` parsed: normalised name -> its addresses."""
 
     def __post_init__(self) -> None:
         if self.mode not in get_args(NetworkMode):
@@ -189,6 +198,22 @@ class NetworkRules:
             raise SectionError(
                 "hosts are listed but mode is 'none'; set mode = 'allowlist'", "hosts"
             )
+        if self.mode == "none" and self.resolve:
+            raise SectionError(
+                "resolve entries are listed but mode is 'none'; set mode = 'allowlist'", "resolve"
+            )
+        static: dict[str, tuple[IPAddress, ...]] = {}
+        for entry in self.resolve:
+            name, sep, addresses = entry.partition("=")
+            problem = host_problem(name.strip()) if sep else "give it as name=address[,address]"
+            try:
+                parsed = tuple(ipaddress.ip_address(a.strip()) for a in addresses.split(","))
+            except ValueError:
+                problem = problem or f"{addresses!r} is not a list of IP addresses"
+            if problem or not sep:
+                raise SectionError(f"resolve entry {entry!r}: {problem}", "resolve", entry)
+            static[str(normalise_host(name.strip()))] = parsed
+        object.__setattr__(self, "static_hosts", MappingProxyType(static))
         if self.mode == "none" and self.allow_addresses:
             raise SectionError(
                 "allow_addresses are listed but mode is 'none'; set mode = 'allowlist'",

@@ -254,6 +254,7 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "mode",
             "hosts",
             "allow_addresses",
+            "resolve",
             "max_connections",
             "max_concurrent",
             "max_mb_up",
@@ -382,6 +383,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             mode=doc.string((net, "mode")),
             hosts=doc.strings((net, "hosts")),
             allow_addresses=doc.strings((net, "allow_addresses")),
+            resolve=doc.strings((net, "resolve")),
             max_connections=doc.integer((net, "max_connections")),
             max_concurrent=doc.integer((net, "max_concurrent")),
             max_mb_up=doc.integer((net, "max_mb_up")),
@@ -553,6 +555,7 @@ def render_matrix(profile: Profile) -> str:
         ("network", "mode", net.mode),
         ("network", "hosts", _items([r.show() for r in net.allowlist.rules])),
         ("network", "allow_addresses", _items(net.allow_addresses)),
+        *([("network", "resolve", _items(net.resolve))] if net.resolve else []),
         *(
             [
                 (

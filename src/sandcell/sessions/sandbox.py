@@ -4,7 +4,10 @@ Built like a cold run, by :class:`~sandcell.backends.namespaces.prepared.Prepare
 layers decided and failed closed, a run directory with a size-capped workspace tmpfs (or the
 rootless workspace helper), the session's cgroup, the bwrap argument list with seccomp, the
 sandbox init moved into the cgroup and given its rlimits before it starts anything, then the
-boot applying Landlock and starting the kernel (``_kernel.py``) instead of a program.
+boot applying Landlock and starting the kernel (``_kernel.py``) instead of a program. A session
+whose profile reaches outside gets its ways out (``sockets``) for its whole life, shown as for a
+cold run (``backends/namespaces/outside.py``): the boot starts the egress bridge before the
+kernel, and the kernel gets the tool client's directory on its path.
 
 The kernel's standard input is one end of a socket pair: the cell channel. Its stdout and stderr
 are pipes the host reads while a cell runs; what arrives between a cell's start and its reply is
@@ -41,7 +44,7 @@ from pathlib import Path
 
 from sandcell._artifact_store import ArtifactStore
 from sandcell.backends.base import Collector
-from sandcell.backends.namespaces import NamespacesBackend, cgroups, landlock
+from sandcell.backends.namespaces import NamespacesBackend, cgroups, landlock, outside
 from sandcell.backends.namespaces.launcher import (
     HelperChannel,
     Pipes,
@@ -58,7 +61,7 @@ from sandcell.backends.namespaces.prepared import (
     boot_command,
 )
 from sandcell.display import DisplayCollection, read_outputs
-from sandcell.errors import InfraError, IsolationUnavailable
+from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
@@ -85,19 +88,17 @@ class SessionSandbox:
         session_id: str,
         sockets: SandboxSockets | None = None,
     ) -> None:
-        if sockets is not None:
-            raise IsolationUnavailable(
-                "run sockets",
-                "sessions on the namespaces backend cannot reach the egress proxy or the tool "
-                "gateway yet",
-                "use a profile without a network allowlist or tools",
-            )
         self.backend = backend
+        self.sockets = sockets
         self.request = request
         self.session_id = session_id
         self.limits = request.effective_limits
         self.layers = backend.decide(request)
-        self.prepared = PreparedSandbox(backend, request, name=session_id, layers=self.layers)
+        # The session's ways out are bound, in the kernel's environment and plan, and its
+        # egress bridge started by the boot before the kernel, as for a cold run.
+        self.prepared = PreparedSandbox(
+            backend, request, name=session_id, layers=self.layers, sockets=sockets
+        )
         self.run_dir = self.prepared.run_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.sandbox_pid: int | None = None
@@ -166,6 +167,9 @@ class SessionSandbox:
         kernel = [python, "-I", f"{CONTROL_DIR}/{_CONTROL_KERNEL}"]
         for pkg in self.request.packages:
             kernel += ["--path", f"/packages/{pkg.name}"]
+        # The boot execs the kernel: its sys.path additions would not reach it.
+        for path in outside.python_paths(self.sockets):
+            kernel += ["--path", path]
         if self.display:
             kernel += ["--display", f"{CONTROL_DIR}/{CONTROL_DISPLAY}"]
         return boot_command(python, "exec", *kernel)
@@ -487,7 +491,7 @@ class SessionSandbox:
         return read_outputs(self.sandbox_path(out_dir), store)
 
     def enforcement(self) -> Enforcement:
-        base = self.backend.enforcement(self.request, self.layers)
+        base = self.backend.enforcement(self.request, self.layers, self.sockets)
         layers = {
             **base.layers,
             "session": "one sandbox for the whole session; per cell: wall time (SIGINT, then "

@@ -19,6 +19,14 @@ agent waiting, the preload imported) and used once (:mod:`.pool`). A session kee
 alive across cells, the namespaces backend's kernel in it (:meth:`GVisorBackend.session_sandbox`,
 :mod:`.session`).
 
+A run whose profile reaches outside (a network allowlist, tools) is given its socket directory
+(``sandcell.run_sockets``): hard links to the run's sockets and client files in a private
+directory of the run, bound read-only at ``/run/sandcell`` (a pooled sandbox, started before
+any profile is known, binds an empty one and is filled as a run takes it, ``pool.py``), runsc's
+connect-only host socket setting (``--host-uds=open``), the proxy variables in the program's
+environment, and the egress bridge, started by the agent in the sandbox's own loopback before
+the program. The sandbox still has no network device.
+
 Inside the sentry the program also gets the namespaces backend's seccomp filter (installed by
 the agent, applied by gVisor), so the calls that policy refuses are refused the same way here,
 even those the sentry would emulate (ptrace, io_uring, user namespaces, netlink). The agent stays
@@ -60,7 +68,7 @@ from sandcell.backends.namespaces.observe import observed
 from sandcell.backends.namespaces.runs import RunRegistry
 from sandcell.backends.namespaces.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
-from sandcell.run_sockets import SandboxSockets
+from sandcell.run_sockets import SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 from sandcell.spec import (
     Artifact,
     Enforcement,
@@ -161,16 +169,9 @@ class GVisorBackend:
         self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
     ) -> CellSandbox:
         """A live sandbox for one session (not started yet; see ``session.py``)."""
-        if sockets is not None:
-            raise IsolationUnavailable(
-                "run sockets",
-                "sessions on the gvisor backend cannot reach the egress proxy or the tool "
-                "gateway yet",
-                "use a profile without a network allowlist or tools",
-            )
         from sandcell.backends.gvisor.session import GVisorSessionSandbox
 
-        return GVisorSessionSandbox(self, request, session_id=session_id)
+        return GVisorSessionSandbox(self, request, session_id=session_id, sockets=sockets)
 
     def new_name(self, run_id: str) -> str:
         """A container name for a run: unique in this supervisor, readable in ``runsc list``."""
@@ -186,28 +187,33 @@ class GVisorBackend:
         collect: Collector,
         sockets: SandboxSockets | None = None,
     ) -> BackendResult:
-        if sockets is not None:
-            raise IsolationUnavailable(
-                "run sockets",
-                "the gvisor backend cannot reach the egress proxy or the tool gateway yet",
-                "use a profile without a network allowlist or tools",
-            )
         if self._pool is None:
-            return self._run_cold(request, run_id=run_id, collect=collect)
-        warm = self._pool.run(request, run_id=run_id, collect=collect)
+            return self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets)
+        warm = self._pool.run(request, run_id=run_id, collect=collect, sockets=sockets)
         if isinstance(warm, BackendResult):
             return warm
-        return started_cold(self._run_cold(request, run_id=run_id, collect=collect), warm)
+        cold = self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets)
+        return started_cold(cold, warm)
 
-    def _run_cold(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
+    def _run_cold(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None,
+    ) -> BackendResult:
         host = self.decide(request)
-        sb = GSandbox(host, name=self.new_name(run_id), fixed=fixed_for(request, host))
+        fixed = fixed_for(request, host, sockets)
+        sb = GSandbox(host, name=self.new_name(run_id), fixed=fixed)
         try:
             sb.create()
+            if sockets is not None:
+                sb.attach_sockets(sockets)
             t0 = time.monotonic()
             sb.spawn()
-            sb.deliver(request)
-            return self.finish(sb, request, run_id=run_id, collect=collect, t0=t0)
+            sb.deliver(request, sockets)
+            return self.finish(sb, request, run_id=run_id, collect=collect, t0=t0, sockets=sockets)
         finally:
             sb.destroy()
 
@@ -221,6 +227,7 @@ class GVisorBackend:
         t0: float,
         start: StartInfo | None = None,
         cpu_baseline_ms: float = 0.0,
+        sockets: SandboxSockets | None = None,
     ) -> BackendResult:
         """Supervise a sandbox whose request was sent, then observe and export (the caller
         destroys the sandbox). ``cpu_baseline_ms``: CPU time the sandbox had used before the
@@ -256,13 +263,22 @@ class GVisorBackend:
             cancel_reason=cancellation.reason,
             artifacts=collected[0],
             rejected=collected[1],
-            enforcement=self.enforcement(request, sb.host),
+            enforcement=self.enforcement(request, sb.host, sockets, pooled=start is not None),
             start=start,
         )
         return _cpu_outcome(result, launched, request)
 
-    def enforcement(self, request: RunRequest, host: Host) -> Enforcement:
-        """The enforcement report of a sandbox on ``host`` (what is active, what is weaker)."""
+    def enforcement(
+        self,
+        request: RunRequest,
+        host: Host,
+        sockets: SandboxSockets | None = None,
+        *,
+        pooled: bool = False,
+    ) -> Enforcement:
+        """The enforcement report of a sandbox on ``host`` (what is active, what is weaker);
+        ``sockets``: the run's ways out; ``pooled``: a pooled sandbox (its socket view is
+        there, empty without ways out)."""
         limits = request.effective_limits
         rootless = host.runsc.rootless
         uid = host.sandbox_uid
@@ -274,7 +290,16 @@ class GVisorBackend:
             "no_new_privs"
             + (" (rootless runsc: the invoking user on the host)" if rootless else ""),
             "namespaces": "pid, ipc, uts, mount of the sentry",
-            "network": "none (--network=none: loopback only)",
+            "network": "none (--network=none: loopback only)"
+            + (
+                f"; host Unix sockets: connect only (--host-uds={runsc.HOST_UDS}), to the run's "
+                f"own under {SANDBOX_DIR} (read-only)"
+                if sockets is not None
+                else "; host Unix sockets: connect only, and the pooled sandbox's socket view "
+                "is empty (no /run)"
+                if pooled and host.runsc.host_uds
+                else ""
+            ),
             "filesystem": f"read-only root, runtime read-only, private /tmp "
             f"({limits.tmp_bytes} bytes), {SANDBOX_WORKDIR}, inputs read-only; through the gofer",
             "rlimits": "open files, file size, processes, core"
@@ -291,6 +316,18 @@ class GVisorBackend:
             "seccomp": self._seccomp_policy.describe()
             + "; applied by gVisor to the program, installed by the agent before it starts",
         }
+        if sockets is not None:
+            ll["run_sockets"] = (
+                f"{sockets.describe()}: the run's socket directory bound read-only at "
+                f"{SANDBOX_DIR} (sandcell_tools importable from {SANDBOX_LIB}), reached through "
+                "the gofer"
+                + (
+                    "; the bridge runs in the sandbox, forked by the agent under the program's "
+                    "uid, rlimits and seccomp filter, and ends with it"
+                    if sockets.egress
+                    else ""
+                )
+            )
         weakened: list[str] = []
         if host.cgroup_host is not None:
             ll["cgroups"] = (

@@ -11,17 +11,22 @@ this process closes its own copy, so end-of-file on the channel means the progra
 in order:
 
 1. write the ready marker on stderr (a pooled sandbox waits here until a run takes it);
-2. read the request from stdin: one JSON line (``env``, ``rlimits``, ``argv``), then the
-   program's standard input up to end-of-file, which is moved into a memfd that becomes fd 0;
-3. fork. The child replaces its environment with the request's, lowers every rlimit to the
+2. read the request from stdin: one JSON line (``env``, ``rlimits``, ``argv``, and ``bridge``
+   for a run that reaches outside), then the program's standard input up to end-of-file, which
+   is moved into a memfd that becomes fd 0;
+3. with ``bridge``, start the egress bridge (the loopback proxy port, forwarding to the run's
+   proxy socket) under the program's rlimits and seccomp filter, with none of the agent's
+   descriptors but its stderr, and wait for the port it prints once it listens;
+4. fork. The child replaces its environment with the request's, lowers every rlimit to the
    request's value (soft and hard), sets no_new_privs and installs the seccomp filter the host
    wrote (``seccomp.bpf``: the namespaces backend's compiled policy), writes the started marker
    on stderr (everything after it is the program's) and hands over to the boot (``boot.pyc``,
    loaded as a module, with ``argv`` as its command line), which runs the program;
-4. the parent, pid 1 of the sandbox, not dumpable and outside the filter, waits for the child,
-   kills every process left (``kill(-1)``), reaps them, and only then writes the child's raw
-   wait status as the exit trailer on stderr: nothing of the program is alive to forge it, and
-   the host tells an exit status of 137 from a death by SIGKILL (runsc reports both as 137).
+5. the parent, pid 1 of the sandbox, not dumpable and outside the filter, waits for the child,
+   kills every process left (``kill(-1)``: the bridge too), reaps them, and only then writes
+   the child's raw wait status as the exit trailer on stderr: nothing of the program is alive
+   to forge it, and the host tells an exit status of 137 from a death by SIGKILL (runsc
+   reports both as 137).
 
 A malformed request exits 125 with a ``sandcell-agent:`` line on stderr, before the started marker.
 
@@ -42,10 +47,13 @@ READY = b"\x00sandcell-gvisor-ready\n"
 STARTED = b"\x00sandcell-gvisor-started\n"
 EXIT = b"\x00sandcell-gvisor-exit "
 """The exit trailer: ``EXIT``, the program's raw wait status in decimal, a newline."""
+BRIDGE_NAME = b"sandcell-bridge"
+"""The egress bridge's process name (``/proc/PID/comm``) inside the sandbox."""
 _FAILED = 125
 _BOOT = "/sandcell/boot.pyc"
 _SECCOMP = "/sandcell/seccomp.bpf"
 _PR_SET_DUMPABLE = 4
+_PR_SET_NAME = 15
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _PR_SET_NO_NEW_PRIVS = 38
@@ -109,6 +117,65 @@ def _install_seccomp(ctypes: Any, libc: Any) -> None:
         _fail(f"seccomp: {os.strerror(ctypes.get_errno())}")
 
 
+def _start_bridge(argv: list[str], rlimits: Any, stdin_fd: int | None, deps: Any) -> None:
+    """Start the egress bridge (``argv``: ``PYTHON -I SCRIPT ARGS...``) and wait until it
+    listens (see the module); it is ended with every other process once the program is gone.
+    The script runs in a forked child of this interpreter, as ``python -I`` would run it: a
+    fresh interpreter costs some 0.2 s under the ptrace platform."""
+    if len(argv) < 3 or argv[1] != "-I":
+        _fail(f"malformed bridge command {argv!r}")
+    ctypes, libc, resource = deps
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        # stdin is the program's (or a session's channel): the bridge holds none of it.
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(w, 1)
+        for fd in (null, w, r, stdin_fd):
+            if fd is not None and fd > 2:
+                os.close(fd)
+        # Its own name (``comm``): its command line is the agent's, being a fork of it.
+        libc.prctl(_PR_SET_NAME, BRIDGE_NAME, 0, 0, 0)
+        _limit(resource, rlimits)
+        _install_seccomp(ctypes, libc)
+        os._exit(_run_script(argv[2], argv[3:]))
+    os.close(w)
+    said = b""
+    while b"\n" not in said:
+        chunk = os.read(r, 64)
+        if not chunk:
+            break
+        said += chunk
+    os.close(r)
+    if not said.strip().isdigit():
+        _fail(f"the egress bridge did not start (it said {said[:200]!r})")
+
+
+def _run_script(path: str, args: list[str]) -> int:
+    """Run the standalone script ``path`` as ``__main__`` with ``args``; its exit status."""
+    try:
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+        sys.argv = [path, *args]
+        scope = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+        exec(code, scope)  # noqa: S102 - sandcell's own bridge, read-only in the sandbox
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:
+        os.write(2, f"sandcell-agent: egress bridge: {exc!r}\n".encode("utf-8", "backslashreplace"))
+        return _FAILED
+    return 0
+
+
+def _limit(resource: Any, rlimits: Any) -> None:
+    try:
+        for name, value in rlimits:
+            resource.setrlimit(getattr(resource, name), (value, value))
+    except (AttributeError, ValueError, OSError) as exc:
+        _fail(f"rlimit: {exc}")
+
+
 def _supervise(child: int) -> NoReturn:
     """pid 1's duty: wait for the program, end everything else, then report (see the module)."""
     status = 0
@@ -155,14 +222,18 @@ def main(argv: list[str]) -> None:
     try:
         request = boot._parse_json(line.decode("utf-8"))
         env, rlimits, boot_argv = request["env"], request["rlimits"], request["argv"]
+        bridge = request.get("bridge")
         if not (
             isinstance(env, dict)
             and all(type(k) is str and type(v) is str for k, v in env.items())
             and all(type(a) is str for a in boot_argv)
+            and (bridge is None or (bridge and all(type(a) is str for a in bridge)))
         ):
-            raise ValueError("env and argv must be strings")
+            raise ValueError("env, argv and bridge must be strings")
     except Exception as exc:
         _fail(f"malformed request: {exc}")
+    if bridge is not None:
+        _start_bridge(bridge, rlimits, stdin_fd, (ctypes, libc, resource))
     if stdin_fd is not None:
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
@@ -176,11 +247,7 @@ def main(argv: list[str]) -> None:
         _supervise(child)
     os.environ.clear()
     os.environ.update(env)
-    try:
-        for name, value in rlimits:
-            resource.setrlimit(getattr(resource, name), (value, value))
-    except (AttributeError, ValueError, OSError) as exc:
-        _fail(f"rlimit: {exc}")
+    _limit(resource, rlimits)
     _install_seccomp(ctypes, libc)
     os.write(2, STARTED)
     # The boot sees the command line it would have had as the container's process.

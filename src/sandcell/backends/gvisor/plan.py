@@ -10,7 +10,9 @@ read-only under ``/inputs``, packages under ``/packages``, the workspace at ``/s
 private ``/tmp`` (gVisor's own tmpfs, sized). The program runs as uid 1000 with no capabilities
 and no_new_privs, in fresh pid, network, ipc, uts and mount namespaces of the sentry. The limits
 that gVisor enforces inside (open files, file size, processes, address space, core) are
-``process.rlimits``; memory, pids and CPU time are the host's (``sandbox.py``).
+``process.rlimits``; memory, pids and CPU time are the host's (``sandbox.py``). A run that
+reaches outside also sees its socket directory read-only at ``/run/sandcell`` (runsc then
+allows connecting to, never creating, host Unix sockets: ``runsc.Runsc.argv``).
 """
 
 from __future__ import annotations
@@ -28,11 +30,17 @@ from sandcell.backends.namespaces.bwrap import (
     SANDBOX_WORKDIR,
 )
 from sandcell.backends.namespaces.prepared import CONTROL_DIR
+from sandcell.run_sockets import SANDBOX_DIR
 from sandcell.spec import IsolationMode, Limits
 
 OCI_VERSION = "1.0.2"
 ETC_NAMES = ("passwd", "group", "hosts", "nsswitch.conf")
 """Synthetic ``/etc`` files bound read-only (the namespaces backend's, same content)."""
+POOL_SOCKETS_PARENT = "/.sandcell"
+"""Where a pooled sandbox sees its socket view, empty until a run that reaches outside takes it."""
+POOL_SOCKETS_NAME = "run/sandcell"
+"""The directory such a run makes in that view; ``/run`` links to its parent, so that a pooled
+sandbox that serves no such run has no ``/run`` at all, like a cold one."""
 # The hard ceilings of a sandbox created before its request is known (a pooled one): the
 # program's own limits are lowered to the request's by the agent before the code runs, and an
 # unprivileged process can lower a limit but never raise one.
@@ -77,6 +85,13 @@ class BundlePlan:
     tmp_bytes: int
     uid: int = SANDBOX_UID
     """The program's uid inside the sentry (rootless: 0, see ``sandbox.Host.sandbox_uid``)."""
+    sockets_dir: Path | None = None
+    """Host directory shown read-only at ``/run/sandcell``: the run's ways out (its egress and
+    tool sockets and their client files; see ``sandbox.GSandbox.attach_sockets``)."""
+    sockets_later: bool = False
+    """A pooled sandbox: ``sockets_dir`` is shown at :data:`POOL_SOCKETS_PARENT` instead, and
+    ``/run`` is a link into it that leads nowhere until a run that reaches outside takes the
+    sandbox and makes :data:`POOL_SOCKETS_NAME` there."""
 
 
 def plan_rlimits(limits: Limits, mode: IsolationMode) -> tuple[Rlimit, ...]:
@@ -117,7 +132,23 @@ def mount_points(plan: BundlePlan) -> tuple[str, ...]:
         points.append("/inputs")
     if plan.packages:
         points.append(PACKAGES_DIR)
+    if plan.sockets_dir is not None:
+        points.append(socket_mount_point(plan))
     return tuple(dict.fromkeys(points))
+
+
+def socket_mount_point(plan: BundlePlan) -> str:
+    """Where ``plan.sockets_dir`` is bound in the sandbox."""
+    return POOL_SOCKETS_PARENT if plan.sockets_later else SANDBOX_DIR
+
+
+def socket_link(plan: BundlePlan) -> tuple[str, str] | None:
+    """(link in the root, its relative target) of a pooled sandbox's ``/run``, else None."""
+    if plan.sockets_dir is None or not plan.sockets_later:
+        return None
+    run = Path(SANDBOX_DIR).parent
+    target = Path(POOL_SOCKETS_PARENT.lstrip("/"), POOL_SOCKETS_NAME).parent
+    return str(run), str(target)
 
 
 def _bind(source: Path | str, destination: str, *, writable: bool = False) -> dict[str, Any]:
@@ -163,6 +194,8 @@ def build_config(plan: BundlePlan) -> dict[str, Any]:
     # uses stays visible.
     mounts += [_bind(host, dest) for host, dest in plan.mounts]
     mounts += [_bind(host_file, dest) for host_file, dest in plan.files]
+    if plan.sockets_dir is not None:
+        mounts.append(_bind(plan.sockets_dir, socket_mount_point(plan)))
     no_caps: list[str] = []
     return {
         "ociVersion": OCI_VERSION,
@@ -203,10 +236,14 @@ def build_config(plan: BundlePlan) -> dict[str, Any]:
 __all__ = [
     "ETC_NAMES",
     "POOL_CEILINGS",
+    "POOL_SOCKETS_NAME",
+    "POOL_SOCKETS_PARENT",
     "BundlePlan",
     "Rlimit",
     "build_config",
     "mount_points",
     "plan_rlimits",
     "pool_rlimits",
+    "socket_link",
+    "socket_mount_point",
 ]

@@ -10,6 +10,13 @@ are fixed when runsc starts), another ``/tmp`` size, another isolation mode than
 an rlimit above the pool's ceilings, a workspace size other than the default for an ordinary
 user (the helper sized it), or no pooled sandbox within ``take_timeout_s``.
 
+A run that reaches outside (an egress allowlist, tools) is served too: every pooled sandbox is
+started with an empty socket view bound at ``/.sandcell`` (``/run`` a link to its ``run``,
+which leads nowhere: a run that does not reach outside has no ``/run``, as in a cold sandbox)
+and runsc's connect-only host socket setting; taking it, such a run makes ``run/sandcell`` in
+the view with links to its sockets and client files (``GSandbox.attach_sockets``), and the
+agent starts the egress bridge before the program.
+
 The CPU time the agent spent on its preload is not charged to the program: the cgroup's usage
 at take time is the baseline of the CPU-time limit and of the reported usage.
 
@@ -35,6 +42,7 @@ from sandcell.backends.gvisor.plan import POOL_CEILINGS, plan_rlimits
 from sandcell.backends.gvisor.sandbox import GSandbox, Host, fixed_for_pool
 from sandcell.backends.namespaces.warm import WarmConfig
 from sandcell.errors import SandcellError
+from sandcell.run_sockets import SandboxSockets
 from sandcell.spec import IsolationMode, Limits, RunRequest, StartInfo
 
 _READ_CHUNK = 65536
@@ -88,10 +96,12 @@ class GVisorPool:
 
     # -- taking ----------------------------------------------------------------------------
 
-    def mismatch(self, request: RunRequest) -> str | None:
+    def mismatch(self, request: RunRequest, sockets: SandboxSockets | None = None) -> str | None:
         """Why a pooled sandbox cannot serve ``request`` (None when it can)."""
         limits = request.effective_limits
         default = Limits()
+        if sockets is not None and not self.host.runsc.host_uds:
+            return "this runsc cannot connect to host sockets (no --host-uds)"
         if request.mode is not self.mode:
             return f"the pool runs in the {self.mode.value} isolation mode"
         if request.inputs or request.packages:
@@ -110,9 +120,17 @@ class GVisorPool:
                 return f"{r.name} above the pool's ceiling"
         return None
 
-    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult | str:
-        """Run ``request`` in a pooled sandbox, or say why it cannot (the caller starts cold)."""
-        why = self.mismatch(request)
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None = None,
+    ) -> BackendResult | str:
+        """Run ``request`` in a pooled sandbox, or say why it cannot (the caller starts cold).
+        ``sockets``: the run's ways out, shown in the sandbox's socket view as it is taken."""
+        why = self.mismatch(request, sockets)
         if why is not None:
             return why
         t_wait = time.monotonic()
@@ -128,7 +146,9 @@ class GVisorPool:
                 else proctree.tree_cpu_ms(sb.proc.pid)
             )
             try:
-                sb.deliver(request)
+                if sockets is not None:
+                    sb.attach_sockets(sockets)
+                sb.deliver(request, sockets)
             except (OSError, SandcellError) as exc:
                 return f"the pooled sandbox could not take the request: {exc}"
             t0 = time.monotonic()
@@ -143,6 +163,7 @@ class GVisorPool:
                 t0=t0,
                 start=start,
                 cpu_baseline_ms=baseline or 0.0,
+                sockets=sockets,
             )
         finally:
             sb.destroy()

@@ -26,6 +26,9 @@ from sandcell.errors import IsolationUnavailable
 PLATFORM = "ptrace"
 """The only platform that works on this kind of host: KVM hangs at boot in a para-virtualised
 VM without VT-x, and systrap does not exist in the 2022 releases."""
+HOST_UDS = "open"
+"""runsc's narrowest host Unix socket setting that allows connecting (``create`` would let the
+sandbox bind sockets on the host, ``all`` both)."""
 _SEARCH = ("/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc")
 STATE_DIRNAME = ".gvisor-state"
 
@@ -40,12 +43,20 @@ class Runsc:
     platform: str
     rootless: bool
     state_dir: Path
+    host_uds: bool = False
+    """Whether this runsc has ``--host-uds`` (a run that reaches outside needs it)."""
 
-    def argv(self, *args: str) -> list[str]:
+    def argv(self, *args: str, host_uds: bool = False) -> list[str]:
         """The command line of one runsc call: every sandbox has no network, and its cgroup is
-        the host's (made and joined before runsc starts), so runsc's own cgroup code is off."""
+        the host's (made and joined before runsc starts), so runsc's own cgroup code is off.
+
+        ``host_uds``: the sandbox may connect to host Unix sockets in its mounts (its run's
+        socket directory, the only mount that holds any), never create one: without it the
+        sentry refuses every connect to a socket file the gofer serves."""
         base = [self.path, "--root", str(self.state_dir), "--network=none"]
         base += [f"--platform={self.platform}", "--ignore-cgroups"]
+        if host_uds:
+            base.append(f"--host-uds={HOST_UDS}")
         if self.rootless:
             base.append("--rootless")
         return [*base, *args]
@@ -106,9 +117,21 @@ def find_runsc() -> Runsc:
         platform=os.environ.get("SANDCELL_RUNSC_PLATFORM", PLATFORM),
         rootless=os.geteuid() != 0,
         state_dir=state_dir(),
+        host_uds=_has_flag(path, "host-uds"),
     )
     _start_check(runsc)
     return runsc
+
+
+def _has_flag(path: str, name: str) -> bool:
+    """Whether ``runsc flags`` lists the global flag ``name``."""
+    try:
+        out = subprocess.run(
+            [path, "flags"], capture_output=True, text=True, timeout=20, check=False, env={}
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return re.search(rf"^\s*-{re.escape(name)}\b", out.stdout + out.stderr, re.M) is not None
 
 
 def write_bare_bundle(
@@ -254,6 +277,7 @@ def versions(runsc: Runsc) -> dict[str, str]:
 
 
 __all__ = [
+    "HOST_UDS",
     "PLATFORM",
     "STATE_DIRNAME",
     "Runsc",

@@ -6,7 +6,9 @@ run takes it):
 1. :meth:`GSandbox.create`: the run directory (the namespaces backend's layout and sweep), a
    size-capped tmpfs workspace (as root on the host; an ordinary user's in the workspace helper's
    own mount namespace), the read-only control directory (agent, boot, display module), an empty
-   read-only root of mount points, ``config.json`` (:mod:`.plan`), and the run's cgroup;
+   read-only root of mount points, ``config.json`` (:mod:`.plan`), and the run's cgroup; a
+   run that reaches outside (and every pooled sandbox) also gets its socket view, filled by
+   :meth:`GSandbox.attach_sockets` before the start (cold) or when a run takes it (pooled);
 2. :meth:`GSandbox.spawn`: ``runsc run`` with pipes for stdio and an empty environment. As root
    a one-line shell moves itself into the cgroup and execs runsc, so runsc, its gofer and the
    sentry are all inside before anything starts; an ordinary user's runsc runs in the helper;
@@ -31,10 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -45,7 +49,7 @@ from pathlib import Path
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor import proctree, runsc
 from sandcell.backends.namespaces import cgroups, landlock, neutral_sources, workspace
-from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_UID
+from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_GID, SANDBOX_UID
 from sandcell.backends.namespaces.launcher import HelperChannel, reap
 from sandcell.backends.namespaces.prepared import (
     CONTROL_DIR,
@@ -56,6 +60,14 @@ from sandcell.backends.namespaces.prepared import (
 )
 from sandcell.backends.namespaces.runtime_mounts import support_files
 from sandcell.errors import InfraError, IsolationUnavailable
+from sandcell.run_sockets import (
+    BRIDGE_FILE,
+    EGRESS_SOCKET,
+    SANDBOX_LIB,
+    TOOLS_FILE,
+    TOOLS_SOCKET,
+    SandboxSockets,
+)
 from sandcell.runtimes import Runtime, code_path, common_env, python_runtime, runtime_for
 from sandcell.spec import InputFile, Limits, RunRequest
 
@@ -113,12 +125,19 @@ class Fixed:
     memory_bytes: int | None
     """The cgroup's memory limit (None without a cgroup)."""
     max_pids: int
+    sockets: bool = False
+    """The sandbox shows its socket view at ``/run/sandcell`` and may connect to the host Unix
+    sockets there (see :meth:`GSandbox.attach_sockets`)."""
+    sockets_later: bool = False
+    """The view is filled when a run takes the sandbox (a pooled one; see ``plan.py``)."""
 
 
-def fixed_for(request: RunRequest, host: Host) -> Fixed:
-    """A cold sandbox made for exactly ``request``."""
+def fixed_for(request: RunRequest, host: Host, sockets: SandboxSockets | None = None) -> Fixed:
+    """A cold sandbox made for exactly ``request`` (and its ways out, if any)."""
     limits = request.effective_limits
     rt = runtime_for(request.language)
+    if sockets is not None:
+        _refuse_other_sockets([i.host_path for i in request.inputs] + list(request.packages))
     return Fixed(
         inputs=request.inputs,
         packages=request.packages,
@@ -129,11 +148,14 @@ def fixed_for(request: RunRequest, host: Host) -> Fixed:
         env={**common_env(), **rt.sandbox_env, **request.env},
         memory_bytes=limits.memory_bytes if host.cgroup_host is not None else None,
         max_pids=limits.max_pids,
+        sockets=sockets is not None,
     )
 
 
 def fixed_for_pool(host: Host) -> Fixed:
-    """A pooled sandbox: default sizes, rlimit ceilings the agent lowers per request."""
+    """A pooled sandbox: default sizes, rlimit ceilings the agent lowers per request, and an
+    empty socket view that a run reaching outside fills when it takes the sandbox (where this
+    runsc can connect to host sockets at all)."""
     limits = Limits()
     py = python_runtime()
     return Fixed(
@@ -144,11 +166,36 @@ def fixed_for_pool(host: Host) -> Fixed:
         env={**common_env(), **py.sandbox_env},
         memory_bytes=limits.memory_bytes if host.cgroup_host is not None else None,
         max_pids=limits.max_pids,
+        sockets=host.runsc.host_uds,
+        sockets_later=True,
     )
 
 
-def request_line(request: RunRequest, host: Host) -> bytes:
-    """The JSON line the agent reads: environment, rlimits, and the boot's command line."""
+def _refuse_other_sockets(paths: list[Path]) -> None:
+    """Fail closed when an input or package holds a host Unix socket: a sandbox that may
+    connect to host sockets must see none but its run's own."""
+    found: list[Path] = []
+    for top in paths:
+        found.append(top)
+        for dirpath, dirs, names in os.walk(top):
+            found += [Path(dirpath, name) for name in (*dirs, *names)]
+    for path in found:
+        try:
+            is_socket = stat.S_ISSOCK(path.lstat().st_mode)
+        except OSError:
+            continue
+        if is_socket:
+            raise IsolationUnavailable(
+                "run sockets",
+                f"{path} is a Unix socket inside an input or package; the gVisor sandbox of a "
+                "run that reaches outside may connect to every host socket it sees",
+                "remove the socket from the input or package directory",
+            )
+
+
+def request_line(request: RunRequest, host: Host, sockets: SandboxSockets | None = None) -> bytes:
+    """The JSON line the agent reads: environment, rlimits, the boot's command line, and the
+    egress bridge to start first (if any)."""
     rt = runtime_for(request.language)
     limits = request.effective_limits
     boot = [f"{CONTROL_DIR}/{CONTROL_BOOT}", f"{CONTROL_DIR}/{CONTROL_PLAN}"]
@@ -156,12 +203,25 @@ def request_line(request: RunRequest, host: Host) -> bytes:
         argv = [*boot, "python", str(code_path("python"))]
     else:
         argv = [*boot, "exec", rt.sandbox_interpreter, str(code_path("bash"))]
-    doc = {
-        "env": {**common_env(), **rt.sandbox_env, **request.env},
+    doc: dict[str, object] = {
+        "env": {**common_env(), **rt.sandbox_env, **request.env, **sockets_env(sockets)},
         "rlimits": [[r.name, r.value] for r in bundle_plan.plan_rlimits(limits, request.mode)],
         "argv": argv,
     }
+    bridge = bridge_argv(sockets)
+    if bridge is not None:
+        doc["bridge"] = bridge
     return json.dumps(doc).encode() + b"\n"
+
+
+def sockets_env(sockets: SandboxSockets | None) -> dict[str, str]:
+    """The program's environment additions for its ways out (none without)."""
+    return sockets.env() if sockets is not None else {}
+
+
+def bridge_argv(sockets: SandboxSockets | None) -> list[str] | None:
+    """The egress bridge's command line inside the sandbox (None without egress)."""
+    return sockets.bridge_argv(python_runtime().sandbox_python) if sockets is not None else None
 
 
 class GSandbox:
@@ -177,6 +237,11 @@ class GSandbox:
         self.work = self.run_dir / "work"
         self.control = self.run_dir / "control"
         self.rootfs = self.run_dir / "rootfs"
+        self.ways = self.run_dir / "ways"
+        """0700 on the host: nobody but the supervisor's user reaches the sockets through it."""
+        self.ways_view = self.ways / "view"
+        """Bound read-only at ``/run/sandcell`` (a pooled sandbox's: at its parent, see
+        ``plan.py``): links to the run's sockets and client files."""
         self.cgroup: cgroups.RunCgroup | None = None
         self.mounted = False
         self.helper: HelperChannel | None = None
@@ -206,6 +271,19 @@ class GSandbox:
         self.work.mkdir(parents=True, mode=0o700)
         self.control.mkdir(mode=0o755)
         self.run_dir.chmod(0o755)
+        if f.sockets:
+            if not self.host.runsc.host_uds:
+                raise IsolationUnavailable(
+                    "run sockets",
+                    f"runsc {self.host.runsc.release} has no --host-uds flag: the sandbox "
+                    "cannot connect to the run's egress proxy or tool gateway",
+                    "install a newer gVisor (runsc with --host-uds), or use a profile without "
+                    "a network allowlist or tools",
+                )
+            self.ways.mkdir(mode=0o700)
+            self.ways_view.mkdir()
+            # Inside the sentry the sandbox's uid must read it (the host's umask may not allow).
+            self.ways_view.chmod(0o755)
         if not self.host.runsc.rootless:
             try:
                 workspace.mount_tmpfs(
@@ -253,6 +331,8 @@ class GSandbox:
             rlimits=f.rlimits,
             tmp_bytes=f.tmp_bytes,
             uid=self.host.sandbox_uid,
+            sockets_dir=self.ways_view if f.sockets else None,
+            sockets_later=f.sockets_later,
         )
         self._make_rootfs(plan, py)
         host = self.host.cgroup_host
@@ -296,7 +376,45 @@ class GSandbox:
             (self.rootfs / "etc" / name).touch()
         for link, target in py.symlinks:
             os.symlink(target, self.rootfs / link.lstrip("/"))
+        socket_link = bundle_plan.socket_link(plan)
+        if socket_link is not None:
+            os.symlink(socket_link[1], self.rootfs / socket_link[0].lstrip("/"))
         (self.run_dir / "config.json").write_text(json.dumps(bundle_plan.build_config(plan)))
+
+    def attach_sockets(self, sockets: SandboxSockets) -> None:
+        """Show the run's ways out in the socket view: hard links to its sockets and client
+        files (a link, unlike a bind mount, also reaches a pooled sandbox that is already
+        running, and an ordinary user can make it). As root the sockets are handed to the
+        sandbox's uid, which connects to them inside the sentry; on the host they stay behind
+        two 0700 directories of root's. Raises IsolationUnavailable when the links cannot be
+        made (the runs directory on another filesystem than the sockets)."""
+        if not self.fixed.sockets:
+            raise InfraError("this sandbox was created without a socket view")
+        present = [EGRESS_SOCKET] if sockets.egress else []
+        present += [TOOLS_SOCKET] if sockets.tools else []
+        view = self.ways_view
+        try:
+            if self.fixed.sockets_later:
+                for part in Path(bundle_plan.POOL_SOCKETS_NAME).parts:
+                    view = view / part
+                    view.mkdir()
+                    view.chmod(0o755)
+            (view / "lib").mkdir()
+            (view / "lib").chmod(0o755)
+            for name in (BRIDGE_FILE, TOOLS_FILE, *present):
+                os.link(sockets.host_dir / name, view / name)
+            if not self.host.runsc.rootless:
+                for name in present:
+                    os.chown(view / name, SANDBOX_UID, SANDBOX_GID)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                raise IsolationUnavailable(
+                    "run sockets",
+                    f"the runs directory {self.host.root} is on another filesystem than the "
+                    f"run's sockets ({sockets.host_dir}), so the sandbox cannot be shown them",
+                    "point SANDCELL_RUNS at a directory on the same filesystem as /tmp",
+                ) from exc
+            raise InfraError(f"could not show the run's sockets to the sandbox: {exc}") from exc
 
     def _write_control(self, name: str, data: bytes) -> None:
         path = self.control / name
@@ -308,7 +426,9 @@ class GSandbox:
     def spawn(self, stdin: int | None = None) -> None:
         """Start ``runsc run`` (see the module). Raises InfraError if it cannot be started.
         ``stdin``: a descriptor for the agent's stdin (a session's channel) instead of a pipe."""
-        argv = self.host.runsc.argv("run", "--bundle", str(self.run_dir), self.container_id)
+        argv = self.host.runsc.argv(
+            "run", "--bundle", str(self.run_dir), self.container_id, host_uds=self.fixed.sockets
+        )
         if SETPRIV is not None:
             # runsc dies with the thread that started it (its sandbox is --attached to it, and
             # dies with it in turn): a supervisor killed by SIGKILL leaves no sandbox running
@@ -352,15 +472,17 @@ class GSandbox:
 
     # -- 4. the request --------------------------------------------------------------------
 
-    def deliver(self, request: RunRequest) -> None:
+    def deliver(self, request: RunRequest, sockets: SandboxSockets | None = None) -> None:
         """Write the program and its boot plan, size the cgroup and workspace for ``request``,
-        and send the request (then the program's stdin) to the agent."""
+        and send the request (then the program's stdin) to the agent. ``sockets``: the run's
+        ways out, already attached (the agent starts the egress bridge before the program)."""
         limits = request.effective_limits
         self._write_control(code_path(request.language).name, request.code.encode("utf-8"))
         plan_text = landlock.boot_plan_json(
             plan=None,
             input_links=[(i.name, f"/inputs/{i.name}") for i in request.inputs],
-            python_paths=[f"{PACKAGES_DIR}/{p.name}" for p in request.packages],
+            python_paths=[f"{PACKAGES_DIR}/{p.name}" for p in request.packages]
+            + ([SANDBOX_LIB] if sockets is not None else []),
             display=(DISPLAY_DIR, f"{CONTROL_DIR}/{CONTROL_DISPLAY}")
             if displays(request)
             else None,
@@ -378,7 +500,7 @@ class GSandbox:
                 self.work, size_bytes=limits.workspace_bytes, inodes=limits.workspace_inodes
             )
         assert self.proc is not None and self.proc.stdin is not None
-        data = request_line(request, self.host) + request.stdin
+        data = request_line(request, self.host, sockets) + request.stdin
         stdin = self.proc.stdin
         threading.Thread(target=_feed, args=(stdin, data), daemon=True).start()
 

@@ -8,7 +8,10 @@ channel (:mod:`sandcell.sessions.channel`); it reads its request line from it, f
 the rlimits and the seccomp filter in the child and hands over to the boot, which starts the
 namespaces backend's kernel (``_kernel.py``) in place of a program. The agent stays as pid 1:
 when the kernel ends, it ends every other process and writes the kernel's wait status as its
-exit trailer on stderr, so the host tells how the kernel died.
+exit trailer on stderr, so the host tells how the kernel died. A session that reaches outside
+(an egress allowlist, tools) has its socket directory read-only at ``/run/sandcell`` for its
+whole life; the agent starts the egress bridge before the kernel, and the kernel puts the
+directory's ``lib`` on every cell's ``sys.path``.
 
 The kernel's stdout and stderr are the container's: pipes the host reads while a cell runs;
 what arrives between a cell's start and its reply is that cell's output. A cell's wall time is
@@ -63,7 +66,7 @@ from sandcell.backends.base import Collector
 from sandcell.backends.gvisor import cpu_reader
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
-from sandcell.backends.gvisor.sandbox import GSandbox, fixed_for
+from sandcell.backends.gvisor.sandbox import GSandbox, bridge_argv, fixed_for, sockets_env
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, decode
 from sandcell.backends.namespaces import landlock
 from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_WORKDIR
@@ -75,6 +78,7 @@ from sandcell.backends.namespaces.prepared import (
 )
 from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs
 from sandcell.errors import InfraError
+from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import common_env, python_runtime
 from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
@@ -103,14 +107,24 @@ class GVisorSessionSandbox:
     """One live gVisor sandbox running a kernel (see the module). Not thread-safe: the session
     serialises its calls."""
 
-    def __init__(self, backend: GVisorBackend, request: RunRequest, *, session_id: str) -> None:
+    def __init__(
+        self,
+        backend: GVisorBackend,
+        request: RunRequest,
+        *,
+        session_id: str,
+        sockets: SandboxSockets | None = None,
+    ) -> None:
         self.backend = backend
         self.request = request
         self.session_id = session_id
+        self.sockets = sockets
         self.limits = request.effective_limits
         self.host = backend.decide(request)
         self.sb = GSandbox(
-            self.host, name=backend.new_name(f"s-{session_id}"), fixed=fixed_for(request, self.host)
+            self.host,
+            name=backend.new_name(f"s-{session_id}"),
+            fixed=fixed_for(request, self.host, sockets),
         )
         self.run_dir = self.sb.run_dir
         self.ended: str | None = None
@@ -151,6 +165,8 @@ class GVisorSessionSandbox:
             self.sb.create(
                 channel=True, control={_CONTROL_KERNEL: kernel, CONTROL_PLAN: plan.encode()}
             )
+            if self.sockets is not None:
+                self.sb.attach_sockets(self.sockets)
             host_end, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock = host_end
             started: queue.Queue[BaseException | None] = queue.Queue()
@@ -200,15 +216,22 @@ class GVisorSessionSandbox:
         kernel = [py.sandbox_python, "-I", f"{CONTROL_DIR}/{_CONTROL_KERNEL}"]
         for pkg in self.request.packages:
             kernel += ["--path", f"{PACKAGES_DIR}/{pkg.name}"]
+        if self.sockets is not None:
+            kernel += ["--path", SANDBOX_LIB]
         kernel += ["--display", f"{CONTROL_DIR}/{CONTROL_DISPLAY}", "--outputs", OUTPUTS_DIR]
         boot = [f"{CONTROL_DIR}/{CONTROL_BOOT}", f"{CONTROL_DIR}/{CONTROL_PLAN}", "exec"]
-        doc = {
-            "env": {**common_env(), **py.sandbox_env, **self.request.env},
+        doc: dict[str, object] = {
+            "env": {**common_env(), **py.sandbox_env, **self.request.env}
+            | sockets_env(self.sockets),
             "rlimits": [
                 [r.name, r.value] for r in bundle_plan.plan_rlimits(self.limits, self.request.mode)
             ],
             "argv": [*boot, *kernel],
         }
+        bridge = bridge_argv(self.sockets)
+        if bridge is not None:
+            # Started by the agent before the kernel, ended with it.
+            doc["bridge"] = bridge
         return json.dumps(doc).encode() + b"\n"
 
     def _await_hello(self) -> None:
@@ -502,7 +525,7 @@ class GVisorSessionSandbox:
             os.close(ws_fd)
 
     def enforcement(self) -> Enforcement:
-        base = self.backend.enforcement(self.request, self.host)
+        base = self.backend.enforcement(self.request, self.host, self.sockets)
         layers = {
             **base.layers,
             "session": "one gVisor sandbox for the whole session; per cell: wall time (SIGINT "

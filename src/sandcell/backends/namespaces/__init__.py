@@ -16,8 +16,11 @@
    waits for it).
 
 Steps 2 to 5 are :class:`~sandcell.backends.namespaces.prepared.PreparedSandbox`'s, which
-sessions use as well. Each cold run is registered in :attr:`NamespacesBackend.runs` while it
-runs, so that :meth:`NamespacesBackend.cancel_all` can stop it as the wall limit would.
+sessions use as well. A run whose profile reaches outside comes with ``sockets`` (its egress
+proxy and tool gateway, ``run_sockets``): every start mode shows them to the program the same
+way, and the boot starts the egress bridge before the program (``outside.py``). Each cold run
+is registered in :attr:`NamespacesBackend.runs` while it runs, so that
+:meth:`NamespacesBackend.cancel_all` can stop it as the wall limit would.
 
 Security limitations: the kernel is shared with the host, so a kernel bug reachable through the
 allowed syscalls is an escape; the seccomp allowlist narrows that surface. Host paths of the
@@ -34,7 +37,7 @@ import threading
 from collections.abc import Mapping
 
 from sandcell.backends.base import BackendResult, Collector, started_cold
-from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
+from sandcell.backends.namespaces import cgroups, landlock, outside, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, find_bwrap
 from sandcell.backends.namespaces.launcher import Pipes, StopPipe, launch
 from sandcell.backends.namespaces.observe import observed
@@ -163,22 +166,25 @@ class NamespacesBackend:
         collect: Collector,
         sockets: SandboxSockets | None = None,
     ) -> BackendResult:
-        if sockets is not None:
-            raise IsolationUnavailable(
-                "run sockets",
-                "the namespaces backend cannot reach the egress proxy or the tool gateway yet",
-                "use a profile without a network allowlist or tools",
-            )
         if self._warm is None:
-            return self._run_cold(request, run_id=run_id, collect=collect)
-        warm = self._warm.run(request, run_id=run_id, collect=collect)
+            return self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets)
+        warm = self._warm.run(request, run_id=run_id, collect=collect, sockets=sockets)
         if isinstance(warm, BackendResult):
             return warm
-        return started_cold(self._run_cold(request, run_id=run_id, collect=collect), warm)
+        return started_cold(
+            self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets), warm
+        )
 
-    def _run_cold(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult:
+    def _run_cold(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None = None,
+    ) -> BackendResult:
         layers = self.decide(request)
-        sandbox = PreparedSandbox(self, request, name=run_id, layers=layers)
+        sandbox = PreparedSandbox(self, request, name=run_id, layers=layers, sockets=sockets)
         try:
             # -- 2. run directory, 3. cgroup -------------------------------------------------
             spare = self._spare_cgroup if layers.cgroup_host is not None else None
@@ -265,7 +271,7 @@ class NamespacesBackend:
                 cancel_reason=cancellation.reason,
                 artifacts=artifacts,
                 rejected=rejected,
-                enforcement=self.enforcement(request, layers),
+                enforcement=self.enforcement(request, layers, sockets),
             )
         finally:
             if self._spare_cgroup is not None:
@@ -302,8 +308,11 @@ class NamespacesBackend:
             files[CONTROL_DISPLAY] = self._display_code
         return files
 
-    def enforcement(self, request: RunRequest, layers: Layers) -> Enforcement:
-        """The enforcement report of a sandbox with ``layers`` (what is active, what is weaker)."""
+    def enforcement(
+        self, request: RunRequest, layers: Layers, sockets: SandboxSockets | None = None
+    ) -> Enforcement:
+        """The enforcement report of a sandbox with ``layers`` (what is active, what is weaker),
+        reaching ``sockets`` (the run's egress proxy and tool gateway) when given."""
         ll: dict[str, str] = {
             "user_namespace": f"uid {os.geteuid()} mapped to sandbox uid 1000, no capabilities",
             "pid_namespace": "yes",
@@ -330,6 +339,11 @@ class NamespacesBackend:
             ll["landlock"] = f"ABI {layers.landlock_abi}"
         elif request.landlock is False:
             weakened.append("landlock: disabled by request")
+        ll.update(
+            outside.layers(
+                sockets, landlock_abi=layers.landlock_abi, cgroup=layers.cgroup_host is not None
+            )
+        )
         return Enforcement(
             backend=self.name, layers=ll, mode=request.mode, weakened=tuple(weakened)
         )

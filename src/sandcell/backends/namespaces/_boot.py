@@ -5,7 +5,9 @@ Usage (inside the sandbox)::
     python -I /sandcell/boot.py /sandcell/plan.json python /sandcell/main.py [ARGS...]
     python -I /sandcell/boot.py /sandcell/plan.json exec /bin/bash /sandcell/main.sh [ARGS...]
 
-Steps: read the plan; close every inherited descriptor above 2 but the status one; fork. The
+Steps: read the plan; close every inherited descriptor above 2 but the status one; start the
+egress bridge when the plan names one (``_start_bridge``: a child that listens on loopback and
+forwards to the run's proxy socket) and wait until it listens; fork. The
 parent stays outside the program, trusted and idle, and reports the child's raw wait status on
 the status descriptor, then exits as the child did. The child sets no_new_privs, applies the
 Landlock ruleset the host compiled (see ``landlock.py``), creates the input links, writes one
@@ -46,6 +48,7 @@ _SYS_CREATE_RULESET = 444
 _SYS_ADD_RULE = 445
 _SYS_RESTRICT_SELF = 446
 _RULE_PATH_BENEATH = 1
+_RULE_NET_PORT = 2
 _PR_SET_NO_NEW_PRIVS = 38
 _S_IFMT = 0o170000
 _S_IFDIR = 0o040000
@@ -89,9 +92,16 @@ def _parse_json(text: str) -> Any:
 
 def _load_plan(
     path: str,
-) -> tuple[dict[str, Any] | None, int | None, list[list[str]], list[str], dict[str, str] | None]:
+) -> tuple[
+    dict[str, Any] | None,
+    int | None,
+    list[list[str]],
+    list[str],
+    dict[str, str] | None,
+    list[str] | None,
+]:
     """(landlock section or None, status fd or None, input links, extra python paths, display
-    section or None), checked for shape."""
+    section or None, bridge command or None), checked for shape."""
     with open(path, encoding="utf-8") as f:
         doc = _parse_json(f.read())
     if not isinstance(doc, dict) or doc.get("format") != 1:
@@ -101,6 +111,11 @@ def _load_plan(
     links = doc.get("input_links") or []
     python_paths = doc.get("python_paths") or []
     display = doc.get("display")
+    bridge = doc.get("bridge")
+    if bridge is not None and not (
+        isinstance(bridge, list) and bridge and all(type(a) is str for a in bridge)
+    ):
+        raise ValueError(f"malformed bridge {bridge!r}")
     if display is not None and not (
         isinstance(display, dict) and all(type(display.get(k)) is str for k in ("dir", "module"))
     ):
@@ -116,12 +131,15 @@ def _load_plan(
         for rule in ruleset.get("rules", ()):
             if not (len(rule) == 2 and type(rule[0]) is str and type(rule[1]) is int):
                 raise ValueError(f"malformed landlock rule {rule!r}")
+        for rule in ruleset.get("net_rules", ()):
+            if not (len(rule) == 2 and type(rule[0]) is int and type(rule[1]) is int):
+                raise ValueError(f"malformed landlock net rule {rule!r}")
     if status_fd is not None and (type(status_fd) is not int or status_fd < 3):
         raise ValueError(f"malformed status_fd {status_fd!r}")
     for link in links:
         if not (len(link) == 2 and type(link[0]) is str and type(link[1]) is str):
             raise ValueError(f"malformed input link {link!r}")
-    return landlock, status_fd, links, python_paths, display
+    return landlock, status_fd, links, python_paths, display, bridge
 
 
 def _close_inherited(keep: int | None) -> None:
@@ -251,6 +269,18 @@ def _apply_landlock(landlock: dict[str, Any]) -> None:
                     )
             finally:
                 os.close(fd)
+        for port, rights in ruleset.get("net_rules", ()):
+            # struct landlock_net_port_attr: __u64 allowed_access, __u64 port.
+            check(
+                syscall(
+                    c.c_long(_SYS_ADD_RULE),
+                    c.c_int(ruleset_fd),
+                    c.c_int(_RULE_NET_PORT),
+                    _u64(rights, port),
+                    c.c_uint32(0),
+                ),
+                f"landlock_add_rule(tcp port {port})",
+            )
         check(
             syscall(c.c_long(_SYS_RESTRICT_SELF), c.c_int(ruleset_fd), c.c_uint32(0)),
             "landlock_restrict_self",
@@ -420,6 +450,55 @@ def _restrict(landlock: dict[str, Any] | None) -> None:
         os.write(2, warning.encode("utf-8", "backslashreplace"))
 
 
+def _start_bridge(argv: list[str], status_fd: int | None) -> None:
+    """Run the script ``argv[0]`` with ``argv[1:]`` (the egress bridge) in a child, as
+    ``python -I SCRIPT ARGS`` would, and return once it printed its one line (the port it
+    listens on), or fail the boot. The child is forked here, before the program and outside
+    its Landlock domain (whose signal scope then keeps the program from stopping it); as a
+    child of the sandbox's pid 1 it dies with the sandbox, and it carries the run's rlimits and
+    cgroup. An interpreter of its own would cost some 20 ms per run; the boot is one already."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = _BOOT_FAILED
+        try:
+            os.close(read_end)
+            if status_fd is not None:
+                os.close(status_fd)
+            # Its line goes to the boot, never into the program's output.
+            os.dup2(write_end, 1)
+            os.close(write_end)
+            with open(argv[0], "rb") as f:
+                source = f.read()
+            sys.argv = list(argv)
+            ns: dict[str, Any] = {"__name__": "__main__", "__file__": argv[0]}
+            ns["__builtins__"] = sys.modules["builtins"]
+            exec(compile(source, argv[0], "exec", dont_inherit=True), ns)  # noqa: S102
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:
+            message = f"sandcell-boot: egress bridge: {exc}\n"
+            try:  # noqa: SIM105
+                os.write(2, message.encode("utf-8", "backslashreplace"))
+            except OSError:
+                pass
+        os._exit(status)
+    os.close(write_end)
+    line = b""
+    while not line.endswith(b"\n"):
+        try:
+            chunk = os.read(read_end, 64)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        line += chunk
+    os.close(read_end)
+    if not line.strip().isdigit():
+        _fail(f"the egress bridge did not start (it said {line!r})")
+
+
 def _make_links(links: list[list[str]]) -> None:
     for link, link_target in links:
         try:
@@ -433,7 +512,7 @@ def _main(argv: list[str]) -> None:
         _fail("usage: boot.py PLAN (python SCRIPT | exec PROGRAM) [ARGS...]")
     plan_path, mode, target = argv[1], argv[2], argv[3:]
     try:
-        landlock, status_fd, links, python_paths, display_plan = _load_plan(plan_path)
+        landlock, status_fd, links, python_paths, display_plan, bridge = _load_plan(plan_path)
     except Exception as exc:
         _fail(f"cannot read the plan {plan_path}: {exc}")
     display: tuple[Any, str] | None = None
@@ -447,6 +526,8 @@ def _main(argv: list[str]) -> None:
     # Packages from the wheel cache: after the runtime's own site-packages, so they add modules
     # but never shadow the runtime's.
     sys.path.extend(python_paths)
+    if bridge is not None:
+        _start_bridge(bridge, status_fd)
     if status_fd is None:
         _restrict(landlock)
         _make_links(links)

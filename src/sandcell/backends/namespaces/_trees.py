@@ -13,7 +13,8 @@ directory: mountinfo then shows the run ``/`` (or ``/<file name>``) and layers n
 cloned as it is, and shows.
 
 As root the supervisor clones the trees itself. An ordinary user may not clone host mounts, so
-this module also runs as a helper (``python -I -S _trees.py SOCK_FD SCRATCH EMPTY PATH...``)
+this module also runs as a helper
+(``python -I -S _trees.py SOCK_FD SCRATCH EMPTY PATH... [--plain PATH...]``)
 that makes a user and mount namespace of its own (a copy of the host's, mapping only its uid),
 clones the paths there and sends the descriptors back; the helper sees the files exactly as the
 user does.
@@ -44,6 +45,8 @@ MS_NODEV = 0x4
 MNT_DETACH = 2
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+PLAIN = "--plain"
+"""On the helper's command line: the paths after it are cloned plainly (``open_trees``)."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -90,15 +93,21 @@ def _neutral_clone(path: str, target: str, empty: str) -> int:
         os.rmdir(target)
 
 
-def open_trees(paths: list[str], scratch: str, empty: str) -> list[int]:
+def open_trees(
+    paths: list[str], scratch: str, empty: str, plain: tuple[str, ...] | list[str] = ()
+) -> list[int]:
     """A detached, read-only-sourced copy of each path (close-on-exec descriptors), cloned
     through an overlay mounted for the moment on a directory made under ``scratch``. ``empty``:
     an empty directory that outlives the runs (the overlay's second layer: the clone reads it
-    for as long as the run lives, and a removed layer would show every directory empty)."""
+    for as long as the run lives, and a removed layer would show every directory empty).
+    ``plain``: directories cloned as they are, after ``paths`` (a run's socket directory: a
+    Unix socket reached through an overlay refuses connections)."""
     fds: list[int] = []
     try:
         for i, path in enumerate(paths):
             fds.append(_neutral_clone(path, os.path.join(scratch, str(i)), empty))
+        for path in plain:
+            fds.append(_clone(path))
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -123,7 +132,10 @@ def main(argv: list[str]) -> int:
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        fds = open_trees(argv[3:], argv[1], argv[2])
+        paths = argv[3:]
+        # PATH... [--plain PATH...]
+        cut = paths.index(PLAIN) if PLAIN in paths else len(paths)
+        fds = open_trees(paths[:cut], argv[1], argv[2], paths[cut + 1 :])
     except OSError as exc:
         sock.sendall(f"E{exc}".encode())
         return 1

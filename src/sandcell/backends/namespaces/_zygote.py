@@ -32,7 +32,11 @@ A child isolates itself as if it were a fresh sandbox before it reads a byte of 
    G says ``P`` to the host and waits too.
 3. The request arrives: limits (tmpfs sizes are remounted), environment, the program and its
    descriptors (stdin, stdout, stderr, status), input trees cloned by the host (``open_tree``)
-   and moved in read-only under ``/inputs``.
+   and moved in read-only under ``/inputs``, and for a run that reaches outside its socket
+   directory, moved in read-only at ``/sandcell/run/sandcell`` (the template's ``/run`` is a
+   symlink to ``/sandcell/run``). With egress, G then starts the bridge: a child of its own
+   with the run's rlimits, no capabilities, the full seccomp filter, not dumpable, that listens
+   on 127.0.0.1:3128 before the program starts.
 4. G forks P (an armed G has forked it already: it sets P's rlimits with ``prlimit``, drops its
    own capabilities and installs the full filter on itself, and only then hands P the
    environment and stdio) and supervises it like the boot's parent does (trusted, idle,

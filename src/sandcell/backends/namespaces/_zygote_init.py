@@ -12,6 +12,8 @@ import os
 import signal
 import socket
 import struct
+import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -178,7 +180,39 @@ def _prepare() -> None:
     _loopback_up()
 
 
-def _apply_request(req: dict[str, Any], input_fds: list[int]) -> None:
+# run_sockets.SANDBOX_DIR as reached through the template's /run symlink (template.py).
+_SOCKETS_DIR = "/sandcell/run/sandcell"
+
+
+def _move_tree(tree: int, path: str) -> None:
+    """Move a detached mount tree the host cloned (``_trees.py``) onto ``path``, read-only."""
+    _check(
+        _libc.syscall(
+            ctypes.c_long(SYS_MOVE_MOUNT),
+            ctypes.c_int(tree),
+            b"",
+            ctypes.c_int(AT_FDCWD),
+            path.encode(),
+            ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
+        ),
+        f"move_mount {path}",
+    )
+    attr = struct.pack("=QQQQ", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
+    _check(
+        _libc.syscall(
+            ctypes.c_long(SYS_MOUNT_SETATTR),
+            ctypes.c_int(AT_FDCWD),
+            path.encode(),
+            ctypes.c_uint(AT_RECURSIVE),
+            attr,
+            ctypes.c_size_t(len(attr)),
+        ),
+        f"mount_setattr {path}",
+    )
+    os.close(tree)
+
+
+def _apply_request(req: dict[str, Any], trees: list[int]) -> None:
     limits = req["limits"]
     # /tmp and /dev/shm share the private-/tmp size (each), and both have an inode cap: without
     # one a tmpfs takes half the host's memory, which only a cgroup would bound.
@@ -200,45 +234,93 @@ def _apply_request(req: dict[str, Any], input_fds: list[int]) -> None:
             data = data[os.write(fd, data) :]
     finally:
         os.close(fd)
+    if req.get("sockets"):
+        # The run's egress proxy and tool gateway (``outside.py``): /run/sandcell through the
+        # template's /run symlink, inside this tmpfs, whose root holds the program's read-only
+        # Landlock rule (a pooled program's, applied before this request, included).
+        os.makedirs(_SOCKETS_DIR, 0o755)
+        _move_tree(trees[-1], _SOCKETS_DIR)
     _read_only("/sandcell", MS_NOSUID | MS_NODEV)
     names = req["inputs"]
-    if names:
-        for name, tree in zip(names, input_fds, strict=True):
-            if "/" in name or name in ("", ".", ".."):
-                raise ValueError(f"bad input name {name!r}")
-            path = f"/inputs/{name}"
-            if req["input_dirs"].get(name):
-                os.mkdir(path, 0o755)
-            else:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o444))
-            _check(
-                _libc.syscall(
-                    ctypes.c_long(SYS_MOVE_MOUNT),
-                    ctypes.c_int(tree),
-                    b"",
-                    ctypes.c_int(AT_FDCWD),
-                    path.encode(),
-                    ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
-                ),
-                f"move_mount {path}",
-            )
-            attr = struct.pack(
-                "=QQQQ", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0
-            )
-            _check(
-                _libc.syscall(
-                    ctypes.c_long(SYS_MOUNT_SETATTR),
-                    ctypes.c_int(AT_FDCWD),
-                    path.encode(),
-                    ctypes.c_uint(AT_RECURSIVE),
-                    attr,
-                    ctypes.c_size_t(len(attr)),
-                ),
-                f"mount_setattr {path}",
-            )
-            os.close(tree)
-            os.symlink(path, f"/sandbox/{name}")
+    if len(trees) != len(names) + (1 if req.get("sockets") else 0):
+        raise ValueError(f"{len(trees)} mount trees for {len(names)} inputs")
+    for name, tree in zip(names, trees, strict=False):
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"bad input name {name!r}")
+        path = f"/inputs/{name}"
+        if req["input_dirs"].get(name):
+            os.mkdir(path, 0o755)
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o444))
+        _move_tree(tree, path)
+        os.symlink(path, f"/sandbox/{name}")
     _read_only("/inputs", MS_NOSUID | MS_NODEV)
+
+
+def _start_bridge(req: dict[str, Any], seccomp_program: bytes) -> None:
+    """The egress bridge (``req["bridge"]``: its script and arguments), in a child of pid 1 that
+    holds what the program will hold (the run's rlimits, no capabilities, the full seccomp
+    filter, not dumpable) and none of pid 1's descriptors; returns once it listens (the one line
+    it prints). It runs in this interpreter, a copy of the template's: an interpreter of its
+    own would cost some 20 ms per run. Outside the program's Landlock domain, whose signal
+    scope keeps the program from stopping it; in the run's pid namespace and cgroup, so it
+    ends with the run."""
+    bridge = req.get("bridge")
+    if not bridge:
+        return
+    import select
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = _FAILED
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
+            # Its line goes to pid 1, never into the program's output.
+            os.dup2(write_end, 1)
+            _close_all_but(set())
+            import resource
+
+            for name, soft, hard, relative in req["rlimits"]:
+                base = 0
+                if relative:  # the template's own mappings are not the run's to count
+                    with open("/proc/self/statm") as f:
+                        base = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+                resource.setrlimit(getattr(resource, name), (soft + base, hard + base))
+            _drop_capabilities()
+            _install_seccomp(seccomp_program)
+            with open(bridge[0], "rb") as f:
+                source = f.read()
+            sys.argv = list(bridge)
+            ns: dict[str, Any] = {"__name__": "__main__", "__file__": bridge[0]}
+            ns["__builtins__"] = sys.modules["builtins"]
+            exec(compile(source, bridge[0], "exec", dont_inherit=True), ns)  # noqa: S102
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:
+            try:  # noqa: SIM105
+                os.write(2, f"sandcell-zygote: egress bridge: {exc}\n".encode())
+            except OSError:
+                pass
+        os._exit(status)
+    os.close(write_end)
+    line = b""
+    try:
+        deadline = time.monotonic() + 30
+        while not line.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([read_end], [], [], remaining)[0]:
+                break
+            chunk = os.read(read_end, 64)
+            if not chunk:
+                break
+            line += chunk
+    finally:
+        os.close(read_end)
+    if not line.strip().isdigit():
+        raise OSError(f"the egress bridge did not start (it said {line!r})")
 
 
 def _init(sock: socket.socket, seccomp_program: bytes, boot: dict[str, Any]) -> dict[str, Any]:
@@ -263,6 +345,7 @@ def _init(sock: socket.socket, seccomp_program: bytes, boot: dict[str, Any]) -> 
         os.close(fd)
     try:
         _apply_request(req, fds[4:])
+        _start_bridge(req, seccomp_program)
     except Exception as exc:
         _report(status, _FAILED << 8, 0.0, 0)
         _fail(f"request: {exc}")
@@ -341,6 +424,7 @@ def _armed(
         os.close(fd)
     try:
         _apply_request(req, fds[4:])
+        _start_bridge(req, seccomp_program)
         _limit(program, req["rlimits"])
         # Nothing privileged is left to do: pid 1 drops what the program holds before the
         # program gets its first byte of the request.
@@ -351,6 +435,7 @@ def _armed(
             "script": req["script"],
             "display": req.get("display"),
             "quiesce": bool(req.get("quiesce")),
+            "python_paths": req.get("python_paths") or [],
         }
         _send(g_end, json.dumps(doc).encode(), [0, 1, 2, status])
         g_end.close()

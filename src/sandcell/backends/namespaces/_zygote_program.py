@@ -153,6 +153,8 @@ def _run_program(req: dict[str, Any], boot: dict[str, Any]) -> NoReturn:
     """
     script = f"/sandcell/{req['script']}"
     sys.argv = [script]
+    # The run's socket library (sandcell_tools), after the runtime's own paths, as cold.
+    sys.path.extend(req.get("python_paths") or ())
     status = 0
     interrupted = False
     display = req.get("display")

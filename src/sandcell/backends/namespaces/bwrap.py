@@ -3,8 +3,8 @@
 The argument list is the filesystem and namespace half of the security argument, so it is built by
 one pure function, :func:`build_argv`, and unit-tested without privileges. Order matters in bwrap
 (later mounts cover earlier ones), and the order below is: private ``/tmp``, ``/proc``, ``/dev``,
-the workspace, the run's read-only control directory, inputs, synthetic ``/etc``, and the runtime
-read-only last.
+the workspace, the run's read-only control directory, inputs, packages, the run's socket
+directory, synthetic ``/etc``, and the runtime read-only last.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from sandcell.errors import IsolationUnavailable
+from sandcell.run_sockets import SANDBOX_DIR
 
 MIN_VERSION = (0, 9, 0)
 SANDBOX_UID = 1000
@@ -29,6 +30,8 @@ SANDBOX_WORKDIR = "/sandbox"
 PACKAGES_DIR = "/packages"
 """Where packages from the wheel cache appear, read-only, one directory each."""
 """The writable working directory inside the sandbox (a name hosts rarely use, see build_argv)."""
+SOCKETS_DIR = SANDBOX_DIR
+"""Where a run's socket directory appears (``run_sockets.SANDBOX_DIR``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +132,8 @@ class BwrapPlan:
     """(host path, name): bound read-only at ``/inputs/<name>``."""
     packages: Sequence[Path] = ()
     """Host directories of cache packages: bound read-only at ``/packages/<name>``."""
+    sockets_dir: Path | None = None
+    """The run's socket directory (``run_sockets``): bound read-only at ``/run/sandcell``."""
     env: Mapping[str, str]
     tmp_bytes: int
     seccomp_fd: int | None
@@ -168,6 +173,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         a += ["--ro-bind", str(host_path), f"/inputs/{name}"]
     for pkg in plan.packages:
         a += ["--ro-bind", str(pkg), f"{PACKAGES_DIR}/{pkg.name}"]
+    if plan.sockets_dir is not None:
+        a += ["--ro-bind", str(plan.sockets_dir), SOCKETS_DIR]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):
         a += ["--ro-bind", str(plan.etc_dir / name), f"/etc/{name}"]
     # The runtime last: a venv that lives under a path the sandbox also uses (a virtualenv in

@@ -243,6 +243,9 @@ class LandlockPlan:
     deny_tcp: bool = True
     scope_signals: bool = True
     scope_abstract_unix: bool = True
+    connect_tcp_ports: tuple[int, ...] = ()
+    """TCP ports the program may still connect to where TCP is denied (ABI >= 4): the egress
+    bridge's, which only the bridge can listen on (binding stays denied)."""
     required: bool = True
     """When True the boot refuses to start the program if any step fails (exit status 125);
     when False it warns on stderr and runs the program without Landlock."""
@@ -254,6 +257,13 @@ class LandlockPlan:
         _check_paths("read_only", self.read_only)
         _check_paths("read_write", self.read_write)
         _check_paths("list_dirs", self.list_dirs)
+        if not isinstance(self.connect_tcp_ports, tuple) or not all(
+            type(p) is int and 0 < p < 65536 for p in self.connect_tcp_ports
+        ):
+            raise ConfigError(
+                f"landlock plan: connect_tcp_ports must be a tuple of ports, got "
+                f"{self.connect_tcp_ports!r}"
+            )
 
     @property
     def handled_fs(self) -> int:
@@ -282,18 +292,29 @@ class LandlockPlan:
                 merged[p] = merged.get(p, 0) | (rights & handled)
         return tuple(merged.items())
 
+    @property
+    def net_rules(self) -> tuple[tuple[int, int], ...]:
+        """(port, allowed rights) of the TCP ports still reachable where TCP is handled."""
+        if not self.handled_net & ACCESS_NET_CONNECT_TCP:
+            return ()
+        return tuple((p, ACCESS_NET_CONNECT_TCP) for p in dict.fromkeys(self.connect_tcp_ports))
+
     def ruleset(self) -> dict[str, Any]:
-        """The compiled form the boot consumes: masks and (path, rights) rules."""
-        return {
+        """The compiled form the boot consumes: masks, (path, rights) rules and, when some TCP
+        port stays reachable, (port, rights) rules."""
+        compiled: dict[str, Any] = {
             "handled_fs": self.handled_fs,
             "handled_net": self.handled_net,
             "scoped": self.scoped,
             "file_rights": ACCESS_FILE & self.handled_fs,
             "rules": [[p, r] for p, r in self.rules],
         }
+        if self.net_rules:
+            compiled["net_rules"] = [[p, r] for p, r in self.net_rules]
+        return compiled
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "abi": self.abi,
             "required": self.required,
             "read_exec": list(self.read_exec),
@@ -303,8 +324,11 @@ class LandlockPlan:
             "deny_tcp": self.deny_tcp,
             "scope_signals": self.scope_signals,
             "scope_abstract_unix": self.scope_abstract_unix,
-            "ruleset": self.ruleset(),
         }
+        if self.connect_tcp_ports:
+            doc["connect_tcp_ports"] = list(self.connect_tcp_ports)
+        doc["ruleset"] = self.ruleset()
+        return doc
 
     def to_json(self) -> str:
         """A complete ``plan.json`` for the boot that applies only this plan."""
@@ -322,6 +346,7 @@ class LandlockPlan:
                 deny_tcp=bool(data["deny_tcp"]),
                 scope_signals=bool(data["scope_signals"]),
                 scope_abstract_unix=bool(data["scope_abstract_unix"]),
+                connect_tcp_ports=tuple(data.get("connect_tcp_ports", ())),
                 required=bool(data["required"]),
             )
         except (KeyError, TypeError) as exc:
@@ -361,18 +386,22 @@ def build_plan(
     control_dir: str = SANDBOX_DIR,
     etc_files: Sequence[str] = ETC_FILES,
     required: bool = True,
+    extra_read_only: Sequence[str] = (),
+    connect_tcp_ports: Sequence[int] = (),
 ) -> LandlockPlan:
     """The plan for one sandbox: runtime read+execute, inputs and control read-only, work and tmp
     writable, plus the few device files and ``/etc`` files programs expect. Paths missing inside
-    the sandbox are skipped by the boot."""
+    the sandbox are skipped by the boot. ``extra_read_only`` (the run's socket directory) is
+    readable too; ``connect_tcp_ports`` stay reachable where TCP is denied."""
     read_only = [*([input_dir] if input_dir else []), control_dir, "/proc", *DEV_READ_ONLY]
-    read_only += etc_files
+    read_only += [*etc_files, *extra_read_only]
     return LandlockPlan(
         read_exec=_unique(runtime_paths),
         read_only=_unique(read_only),
         read_write=_unique([work_dir, tmp_dir, *DEV_READ_WRITE]),
         list_dirs=("/",),
         abi=abi,
+        connect_tcp_ports=tuple(dict.fromkeys(connect_tcp_ports)),
         required=required,
     )
 
@@ -380,7 +409,10 @@ def build_plan(
 def describe(plan: LandlockPlan) -> str:
     """One line for the enforcement report."""
     parts = [f"landlock ABI {plan.abi}: fs restricted to {len(plan.rules)} paths"]
-    if plan.handled_net:
+    if plan.handled_net and plan.net_rules:
+        ports = ", ".join(str(p) for p, _ in plan.net_rules)
+        parts.append(f"tcp denied but connect to port {ports}")
+    elif plan.handled_net:
         parts.append("tcp denied")
     elif plan.deny_tcp:
         parts.append(f"tcp not restricted (needs ABI 4, kernel has {plan.abi})")
@@ -408,6 +440,7 @@ def boot_plan_json(
     input_links: Sequence[tuple[str, str]] = (),
     python_paths: Sequence[str] = (),
     display: tuple[str, str] | None = None,
+    bridge: Sequence[str] | None = None,
 ) -> str:
     """The ``plan.json`` the boot reads.
 
@@ -415,7 +448,9 @@ def boot_plan_json(
     one byte to, then closes, right before the program starts (every other inherited descriptor
     above 2 is closed). ``input_links``: (link, target) symlinks the boot creates, a relative link
     being relative to the working directory. ``display``: (output directory, compiled display
-    module) inside the sandbox, to run a python program as a notebook cell.
+    module) inside the sandbox, to run a python program as a notebook cell. ``bridge``: a
+    standalone script and its arguments (the egress bridge, ``run_sockets``) that the boot runs
+    in a child of its own before the program, waiting for the line it prints once it listens.
     """
     if status_fd is not None and (isinstance(status_fd, bool) or status_fd < 3):
         raise ConfigError(f"boot plan: status_fd must be a descriptor above 2, got {status_fd!r}")
@@ -427,6 +462,10 @@ def boot_plan_json(
         "python_paths": list(python_paths),
         "display": None if display is None else {"dir": display[0], "module": display[1]},
     }
+    if bridge is not None:
+        if not bridge or not all(isinstance(a, str) for a in bridge):
+            raise ConfigError(f"boot plan: bridge must be a script and its arguments: {bridge!r}")
+        doc["bridge"] = list(bridge)
     return json.dumps(doc, indent=1) + "\n"
 
 

@@ -11,7 +11,9 @@ Both a one-shot cold run (:meth:`NamespacesBackend.run`) and a session's long-li
    argument list for the launch descriptors, wrapped in the workspace helper where one is needed;
    every read-only host source is bound from a read-only overlay of it (``neutral_sources``:
    mounted here as root, by the helper in its namespace otherwise), so that the sandbox's
-   mountinfo names no host path;
+   mountinfo names no host path; a run that reaches outside (``sockets``) gets its socket
+   directory bound, its environment, ``sys.path`` and Landlock port rule, and its egress bridge
+   in the boot plan (``outside.py``);
 4. once bwrap reports the sandbox init, :meth:`~PreparedSandbox.on_sandbox_pid` moves it into the
    cgroup and sets its rlimits, before it starts anything;
 5. :meth:`~PreparedSandbox.remove` ends what is left: cgroup, mount, directory.
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell.backends.namespaces import cgroups, landlock, neutral_sources, workspace
+from sandcell.backends.namespaces import cgroups, landlock, neutral_sources, outside, workspace
 from sandcell.backends.namespaces.bwrap import (
     PACKAGES_DIR,
     SANDBOX_WORKDIR,
@@ -46,6 +48,7 @@ from sandcell.backends.namespaces.runtime_mounts import support_files
 from sandcell.backends.namespaces.spawner import in_cgroup
 from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import IsolationUnavailable
+from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import Runtime, common_env, runtime_for
 from sandcell.spec import RunRequest
 
@@ -99,10 +102,18 @@ class PreparedSandbox:
     """
 
     def __init__(
-        self, backend: NamespacesBackend, request: RunRequest, *, name: str, layers: Layers
+        self,
+        backend: NamespacesBackend,
+        request: RunRequest,
+        *,
+        name: str,
+        layers: Layers,
+        sockets: SandboxSockets | None = None,
     ) -> None:
         self.backend = backend
         self.request = request
+        self.sockets = sockets
+        """The run's ways out (``outside.py``): bound, in the environment and the plan."""
         self.layers = layers
         self.limits = request.effective_limits
         self.runtime: Runtime = runtime_for(request.language)
@@ -194,7 +205,11 @@ class PreparedSandbox:
                 etc_dir=Path(src.of(etc_dir)),
                 inputs=[(Path(src.of(i.host_path)), i.name) for i in request.inputs],
                 packages=[Path(src.of(p)) for p in request.packages],
-                env={**common_env(), **runtime.sandbox_env, **request.env},
+                # Bound as it is: a socket behind an overlay refuses connections.
+                sockets_dir=self.sockets.host_dir if self.sockets is not None else None,
+                env=outside.program_env(
+                    {**common_env(), **runtime.sandbox_env}, self.sockets, request.env
+                ),
                 tmp_bytes=self.limits.tmp_bytes,
                 seccomp_fd=fds.seccomp,
                 info_fd=fds.info_w,
@@ -256,6 +271,7 @@ class PreparedSandbox:
         request, runtime = self.request, self.runtime
         lplan = None
         if self.layers.landlock_abi is not None:
+            readable, ports = outside.landlock_extras(self.sockets)
             lplan = landlock.build_plan(
                 runtime_paths=[
                     *runtime.sandbox_paths,
@@ -264,15 +280,21 @@ class PreparedSandbox:
                 input_dir="/inputs" if request.inputs else None,
                 work_dir=SANDBOX_WORKDIR,
                 abi=self.layers.landlock_abi,
+                extra_read_only=readable,
+                connect_tcp_ports=ports,
             )
         plan_text = landlock.boot_plan_json(
             plan=lplan,
             status_fd=status_fd,
             input_links=[(i.name, f"/inputs/{i.name}") for i in request.inputs],
-            python_paths=[f"{PACKAGES_DIR}/{p.name}" for p in request.packages],
+            python_paths=[
+                *(f"{PACKAGES_DIR}/{p.name}" for p in request.packages),
+                *outside.python_paths(self.sockets),
+            ],
             display=(DISPLAY_DIR, f"{CONTROL_DIR}/{CONTROL_DISPLAY}")
             if displays(request)
             else None,
+            bridge=outside.bridge_script(self.sockets),
         )
         path = self.control / CONTROL_PLAN
         path.write_text(plan_text)

@@ -6,7 +6,9 @@ Two things differ, both so that each child can make its own sandbox: the seccomp
 looser setup variant (:func:`seccomp.build_setup_policy`: unshare and mount stay allowed, the
 run's full filter goes on in the child), and nested user namespaces are not disabled. ``/dev`` is
 a read-only tmpfs with the usual device nodes (no ``/dev/pts``), since bwrap's ``--dev`` covers
-parts of ``/proc`` in a way that would keep the children from mounting their own.
+parts of ``/proc`` in a way that would keep the children from mounting their own. ``/run`` is a
+symlink into each child's own ``/sandcell`` tmpfs, where a run that reaches outside gets its
+socket directory (``outside.py``); it leads nowhere in a run without one.
 
 :meth:`Template.fork` returns a :class:`WarmChild`: a socket to a child that has isolated itself
 (its namespaces, ``/proc``, tmpfs mounts) and waits for its request, and the host pids of its
@@ -58,6 +60,9 @@ _MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
 ZYGOTE_PARTS = ("base", "program", "init")
 """The zygote's other parts (``_zygote_<part>.py``), loaded by ``_zygote.py`` in this order."""
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+RUN_LINK_TARGET = "/sandcell/run"
+"""Where the template's ``/run`` symlink points: a directory a warm run with sockets makes in
+its ``/sandcell`` tmpfs (``_zygote_init._apply_request``)."""
 # Every BLAS and OpenMP pool single-threaded: the template must have exactly one thread when it
 # forks, and a pool started lazily in a run would be that run's own.
 THREAD_ENV: Mapping[str, str] = {
@@ -210,6 +215,10 @@ def build_template_argv(spec: TemplateSpec) -> list[str]:
     a += ["--symlink", "/proc/self/fd", "/dev/fd", "--dir", "/dev/shm", "--remount-ro", "/dev"]
     # Mount points of the children's own mounts.
     a += ["--dir", "/sandbox", "--dir", "/inputs"]
+    # A run's socket directory (run_sockets.SANDBOX_DIR, /run/sandcell) is moved into the run's
+    # own /sandcell tmpfs: /run leads there, and leads nowhere (ENOENT) in a run without one,
+    # as a cold run has no /run. The read-only root cannot get a /run per run.
+    a += ["--symlink", RUN_LINK_TARGET, "/run"]
     src = spec.sources
     a += ["--ro-bind", src.of(spec.control_dir), "/sandcell"]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):

@@ -23,6 +23,10 @@ read from the frozen sandbox (``_zygote.py`` step 6, ``warm_drive.py``): the exp
 from a workspace where nothing of the run can move, and the exit itself is part of the
 teardown. Runs are registered with the backend's run registry, so ``cancel_all`` stops them.
 
+A run that reaches outside (``sockets``) starts warm too: its socket directory travels with
+the request as one more detached mount tree, and pid 1 starts the egress bridge before it hands
+over to the program (``outside.py``, ``_zygote_init.py``).
+
 The request a child is sent and its input trees: ``warm_request.py``; the run itself (output
 under the limits, status, exports), with measured timings and where a pooled run's time goes:
 ``warm_drive.py``. Refilling costs three forks of the template image per sandbox (template ->
@@ -73,6 +77,7 @@ from sandcell.backends.namespaces.warm_limits import PoolLimits
 from sandcell.backends.namespaces.warm_request import LandlockPlans, input_trees, request_doc
 from sandcell.backends.namespaces.warm_teardown import Teardown, destroyer
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
+from sandcell.run_sockets import PROXY_PORT, SandboxSockets
 from sandcell.runtimes import common_env, runtime_for
 from sandcell.spec import RunRequest, StartInfo
 
@@ -197,7 +202,9 @@ class WarmStarter:
                 cgroup = cgroups.RunCgroup(self._cgroup_host, name, freezer=True)
                 cgroup.create(self._pool_limits.settings(self._cgroup_host, memory_bytes, max_pids))
                 cgroup.attach(child.init_pid)
-            arm = {"arm": {"landlock": self._landlock_plans.for_abi(self._landlock_abi)}}
+            # Before the run's profile is known: the bridge's port reachable (warm_request.py).
+            plan = self._landlock_plans.for_abi(self._landlock_abi, egress=True)
+            arm = {"arm": {"landlock": plan}}
             send_message(child.sock, json.dumps(arm).encode())
             msg, _ = recv_message(child.sock, time.monotonic() + self.config.start_timeout_s)
             if msg != b"P":
@@ -288,8 +295,16 @@ class WarmStarter:
             return "runs with packages from the wheel cache start cold"
         return None
 
-    def run(self, request: RunRequest, *, run_id: str, collect: Collector) -> BackendResult | str:
-        """The run's result, or why it must start cold instead (nothing ran then)."""
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        run_id: str,
+        collect: Collector,
+        sockets: SandboxSockets | None = None,
+    ) -> BackendResult | str:
+        """The run's result, or why it must start cold instead (nothing ran then). ``sockets``:
+        the run's ways out, moved into its sandbox as a mount tree (``outside.py``)."""
         reason = self.unservable(request)
         if reason is not None:
             self._fallbacks += 1
@@ -298,10 +313,16 @@ class WarmStarter:
         try:
             scratch = self.backend.root / workspace.owner_tag()
             scratch.mkdir(mode=0o700, exist_ok=True)
-            trees = input_trees(request, scratch, self.backend.root / "etc" / ".empty")
+            trees = input_trees(
+                request,
+                scratch,
+                self.backend.root / "etc" / ".empty",
+                plain=[sockets.host_dir] if sockets is not None else [],
+            )
         except (OSError, InfraError) as exc:
             self._fallbacks += 1
-            return f"inputs could not be prepared for a warm start: {exc}"
+            what = "inputs or sockets" if sockets is not None else "inputs"
+            return f"{what} could not be prepared for a warm start: {exc}"
         try:
             t0 = time.monotonic()
             # A pooled child is prepared for the common layers; a run that asks for others
@@ -335,6 +356,7 @@ class WarmStarter:
                 start=start,
                 run_id=run_id,
                 collect=collect,
+                sockets=sockets,
             )
         finally:
             for fd in trees:
@@ -351,8 +373,8 @@ class WarmStarter:
         start: StartInfo,
         run_id: str,
         collect: Collector,
+        sockets: SandboxSockets | None,
     ) -> BackendResult:
-
         limits = request.effective_limits
         armed = child.armed
         cgroup: cgroups.RunCgroup | None = None
@@ -385,7 +407,11 @@ class WarmStarter:
             doc = request_doc(
                 request,
                 env=self._env,
-                landlock_plan=self._landlock_plans.for_abi(layers.landlock_abi),
+                # Used by a child forked now; a pooled one was restricted when it was armed.
+                landlock_plan=self._landlock_plans.for_abi(
+                    layers.landlock_abi, egress=sockets is not None
+                ),
+                sockets=sockets,
             )
             quiesce = _quiescer(cgroup) if cgroup is not None and cgroup.can_freeze else None
             if quiesce is not None:
@@ -415,7 +441,7 @@ class WarmStarter:
                 cancel_reason=cancellation.reason,
                 artifacts=artifacts,
                 rejected=rejected,
-                enforcement=self._enforcement(request, layers, start),
+                enforcement=self._enforcement(request, layers, start, sockets),
                 start=start,
             )
         finally:
@@ -424,8 +450,10 @@ class WarmStarter:
             if pool is not None:
                 pool.run_finished()
 
-    def _enforcement(self, request: RunRequest, layers: Any, start: StartInfo) -> Any:
-        cold = self.backend.enforcement(request, layers)
+    def _enforcement(
+        self, request: RunRequest, layers: Any, start: StartInfo, sockets: SandboxSockets | None
+    ) -> Any:
+        cold = self.backend.enforcement(request, layers, sockets)
         ll = dict(cold.layers)
         ll.pop("bubblewrap", None)
         ll["user_namespace"] = (
@@ -442,6 +470,11 @@ class WarmStarter:
             f"{self.backend.bwrap.version_text}) that never ran untrusted code, then isolated as "
             "a fresh sandbox; full seccomp filter installed in the run's process"
         )
+        if start.mode == "pool" and layers.landlock_abi is not None and layers.landlock_abi >= 4:
+            ll["warm_start"] += (
+                f"; restricted before its profile was known, so TCP connect to port {PROXY_PORT} "
+                "stays allowed, where only an egress bridge can listen"
+            )
         if request.mode.value == "rlimits":
             ll["rlimits"] += " (address space counted above the template's mappings)"
         return replace(cold, layers=ll)

@@ -13,14 +13,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sandcell.backends.namespaces import _trees, landlock
+from sandcell.backends.namespaces import _trees, landlock, outside
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
 from sandcell.backends.namespaces.rlimits import plan_rlimits
 from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import InfraError
+from sandcell.run_sockets import PROXY_PORT, SandboxSockets
 from sandcell.runtimes import Runtime
 from sandcell.spec import RunRequest
 
@@ -32,18 +34,24 @@ _TREE_HELPER = Path(_trees.__file__)
 
 
 class LandlockPlans:
-    """The program's Landlock rules, the same for every run (``/inputs`` is always readable: it
-    is empty, or the run's inputs mounted read-only), so a pooled child applies them before its
-    request exists. Built once per ABI."""
+    """The program's Landlock rules, the same for every run but for the egress bridge's port
+    (``/inputs`` is always readable: it is empty, or the run's inputs mounted read-only; so is
+    ``/sandcell``, which holds the run's socket directory when it has one), so a pooled child
+    applies them before its request exists. Built once per ABI and ``egress`` (the bridge's
+    port reachable: runs with sockets, see ``outside.py``).
+
+    A pooled child is prepared with the bridge's port reachable, since its run's profile is not
+    known yet: without a bridge nothing listens there, and nothing in the sandbox can (Landlock
+    denies the program every TCP bind; pid 1 listens on nothing)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._plans: dict[int, dict[str, Any]] = {}
+        self._plans: dict[tuple[int, bool], dict[str, Any]] = {}
 
-    def for_abi(self, abi: int | None) -> dict[str, Any] | None:
+    def for_abi(self, abi: int | None, *, egress: bool = False) -> dict[str, Any] | None:
         if abi is None:
             return None
-        plan = self._plans.get(abi)
+        plan = self._plans.get((abi, egress))
         if plan is None:
             runtime = self._runtime
             plan = landlock.build_plan(
@@ -51,21 +59,30 @@ class LandlockPlans:
                 input_dir=_INPUTS,
                 work_dir=SANDBOX_WORKDIR,
                 abi=abi,
+                connect_tcp_ports=(PROXY_PORT,) if egress else (),
             ).to_dict()
-            self._plans[abi] = plan
+            self._plans[(abi, egress)] = plan
         return plan
 
 
 def request_doc(
-    request: RunRequest, *, env: dict[str, str], landlock_plan: dict[str, Any] | None
+    request: RunRequest,
+    *,
+    env: dict[str, str],
+    landlock_plan: dict[str, Any] | None,
+    sockets: SandboxSockets | None = None,
 ) -> dict[str, Any]:
-    """The request pid 1 of the warm sandbox acts on."""
+    """The request pid 1 of the warm sandbox acts on. With ``sockets``, the last descriptor
+    sent with it is the socket directory's mount tree (``input_trees``' ``plain``)."""
     limits = request.effective_limits
     return {
         "script": "main.py",
         "code": request.code,
         "display": _DISPLAY_DIR if request.display else None,
-        "env": {**env, **request.env},
+        "env": outside.program_env(env, sockets, request.env),
+        "sockets": sockets is not None,
+        "bridge": outside.bridge_script(sockets),
+        "python_paths": outside.python_paths(sockets),
         "limits": {
             "tmp_bytes": limits.tmp_bytes,
             "workspace_bytes": limits.workspace_bytes,
@@ -81,28 +98,32 @@ def request_doc(
     }
 
 
-def input_trees(request: RunRequest, scratch: Path, empty: Path) -> list[int]:
-    """Descriptors of detached mount trees of the run's inputs, in order (the caller closes
-    them): cloned here as root, else by the ``_trees.py`` helper in a namespace of its own.
-    ``scratch``: a directory of this supervisor's, where the clones' mount points are made;
+def input_trees(
+    request: RunRequest, scratch: Path, empty: Path, *, plain: Sequence[Path] = ()
+) -> list[int]:
+    """Descriptors of detached mount trees of the run's inputs, in order, then of the ``plain``
+    directories (the run's socket directory, cloned as it is: see ``outside.py``); the caller
+    closes them. Cloned here as root, else by the ``_trees.py`` helper in a namespace of its
+    own. ``scratch``: a directory of this supervisor's, where the clones' mount points are made;
     ``empty``: the empty directory their overlays stack the inputs on (made if missing; it must
     outlive the runs)."""
     paths = [str(i.host_path) for i in request.inputs]
-    if not paths:
+    plain_paths = [str(p) for p in plain]
+    if not paths and not plain_paths:
         return []
     with contextlib.suppress(FileExistsError):
         empty.mkdir(mode=0o555)
     work = tempfile.mkdtemp(dir=scratch, prefix="trees-")
     try:
-        return _input_trees(paths, work, str(empty))
+        return _input_trees(paths, work, str(empty), plain_paths)
     finally:
         with contextlib.suppress(OSError):
             os.rmdir(work)
 
 
-def _input_trees(paths: list[str], scratch: str, empty: str) -> list[int]:
+def _input_trees(paths: list[str], scratch: str, empty: str, plain: list[str]) -> list[int]:
     if os.geteuid() == 0:
-        return _trees.open_trees(paths, scratch, empty)
+        return _trees.open_trees(paths, scratch, empty, plain)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with parent:
         try:
@@ -116,6 +137,7 @@ def _input_trees(paths: list[str], scratch: str, empty: str) -> list[int]:
                     scratch,
                     empty,
                     *paths,
+                    *([_trees.PLAIN, *plain] if plain else []),
                 ],
                 pass_fds=(child.fileno(),),
                 capture_output=True,
@@ -125,8 +147,8 @@ def _input_trees(paths: list[str], scratch: str, empty: str) -> list[int]:
             )
         finally:
             child.close()
-        msg, fds, _, _ = socket.recv_fds(parent, 4096, len(paths))
-    if proc.returncode != 0 or msg != b"K" or len(fds) != len(paths):
+        msg, fds, _, _ = socket.recv_fds(parent, 4096, len(paths) + len(plain))
+    if proc.returncode != 0 or msg != b"K" or len(fds) != len(paths) + len(plain):
         for fd in fds:
             os.close(fd)
         raise InfraError(
