@@ -198,8 +198,15 @@ class ToolGateway:
         if self._report is not None:
             return self._report
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            server = self._server
+            stopper = threading.Thread(target=server.shutdown, daemon=True)
+            stopper.start()
+            # Wake the serving loop now rather than at its next poll (this is on every run's
+            # result path): a shut-down listener is readable and its accept fails at once.
+            with contextlib.suppress(OSError):
+                server.socket.shutdown(socket.SHUT_RDWR)
+            stopper.join()
+            server.server_close()
             if self.socket_path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     self.socket_path.unlink()
