@@ -334,6 +334,122 @@ def result_to_dict(result: RunResult) -> dict[str, object]:
     }
 
 
+def result_from_dict(data: Mapping[str, object]) -> RunResult:
+    """The result a :func:`result_to_dict` form describes (an HTTP body, a ``--json`` line):
+    ``result_from_dict(result_to_dict(r)) == r`` for a result as the executor returns it (a
+    validated pydantic value comes back as its JSON form). A form that does not fit raises
+    ConfigError naming the field."""
+    try:
+        usage = _section(data, "usage")
+        e = data.get("enforcement")
+        enforcement = None
+        if e is not None:
+            e = _as_mapping(e, "enforcement")
+            enforcement = Enforcement(
+                backend=str(e["backend"]),
+                layers={str(k): str(v) for k, v in _as_mapping(e["layers"], "layers").items()},
+                mode=IsolationMode(e["mode"]),
+                weakened=tuple(str(w) for w in _as_list(e.get("weakened", []), "weakened")),
+            )
+        start = _section(data, "start")
+        return RunResult(
+            run_id=str(data["run_id"]),
+            outcome=Outcome(data["outcome"]),
+            reason=str(data.get("reason", "")),
+            exit_code=_opt_int(data.get("exit_code")),
+            signal=_opt_int(data.get("signal")),
+            stdout=str(data.get("stdout", "")),
+            stderr=str(data.get("stderr", "")),
+            stdout_truncated=bool(data.get("stdout_truncated", False)),
+            stderr_truncated=bool(data.get("stderr_truncated", False)),
+            usage=Usage(
+                wall_ms=float(usage.get("wall_ms") or 0.0),  # type: ignore[arg-type]
+                cpu_ms=_opt_float(usage.get("cpu_ms")),
+                peak_memory_bytes=_opt_int(usage.get("peak_memory_bytes")),
+            ),
+            artifacts=_artifacts(data.get("artifacts", [])),
+            rejected_exports=tuple(
+                RejectedExport(path=str(r["path"]), reason=str(r["reason"]))
+                for r in (
+                    _as_mapping(x, "rejected_exports") for x in _list(data, "rejected_exports")
+                )
+            ),
+            enforcement=enforcement,
+            started_at=str(data.get("started_at", "")),
+            policy=_opt_mapping(data.get("policy"), "policy"),
+            validation=_opt_mapping(data.get("validation"), "validation"),
+            leaks=tuple(_as_mapping(x, "leaks") for x in _list(data, "leaks")),
+            outputs=tuple(
+                DisplayOutput(
+                    kind=o["kind"],  # type: ignore[arg-type]
+                    data={
+                        str(k): str(v) for k, v in _as_mapping(o.get("data", {}), "data").items()
+                    },
+                    artifacts=_artifacts(o.get("artifacts", [])),
+                )
+                for o in (_as_mapping(x, "outputs") for x in _list(data, "outputs"))
+            ),
+            start=StartInfo(
+                mode=start.get("mode", "cold"),  # type: ignore[arg-type]
+                template=None if start.get("template") is None else str(start.get("template")),
+                preloaded=tuple(str(m) for m in _as_list(start.get("preloaded", []), "preloaded")),
+                wait_ms=float(start.get("wait_ms") or 0.0),  # type: ignore[arg-type]
+            ),
+            session_id=None if data.get("session_id") is None else str(data.get("session_id")),
+            network=_opt_mapping(data.get("network"), "network"),
+            tools=_opt_mapping(data.get("tools"), "tools"),
+        )
+    except KeyError as exc:
+        raise ConfigError(f"a run result without its {exc.args[0]!r} field") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"a run result that does not fit its form: {exc}") from None
+
+
+def _as_mapping(value: object, what: str) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"a run result whose {what!r} is not an object")
+    return value
+
+
+def _as_list(value: object, what: str) -> list[object]:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"a run result whose {what!r} is not a list")
+    return list(value)
+
+
+def _list(data: Mapping[str, object], key: str) -> list[object]:
+    return _as_list(data.get(key, []), key)
+
+
+def _section(data: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = data.get(key)
+    return {} if value is None else _as_mapping(value, key)
+
+
+def _opt_mapping(value: object, what: str) -> Mapping[str, object] | None:
+    return None if value is None else dict(_as_mapping(value, what))
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _artifacts(value: object) -> tuple[Artifact, ...]:
+    return tuple(
+        Artifact(
+            path=str(a["path"]),
+            sha256=str(a["sha256"]),
+            size=int(a["size"]),  # type: ignore[call-overload]
+            media_type=str(a["media_type"]),
+        )
+        for a in (_as_mapping(x, "artifacts") for x in _as_list(value, "artifacts"))
+    )
+
+
 def artifact_to_dict(a: Artifact) -> dict[str, object]:
     return {"path": a.path, "sha256": a.sha256, "size": a.size, "media_type": a.media_type}
 

@@ -40,6 +40,7 @@ from sandcell.mcp.inputs import MAX_INLINE_BYTES, InputItem, StagedInputs, stage
 from sandcell.mcp.sessions import McpSessions
 from sandcell.policy.approvals import Ticket
 from sandcell.policy.profiles import Profile, list_profiles, load_profile
+from sandcell.sessions import Session
 from sandcell.spec import Artifact, IsolationMode, Language, Outcome, RunRequest, RunResult
 
 log = logging.getLogger("sandcell.mcp")
@@ -98,6 +99,11 @@ class McpSettings:
     what is about to happen (``run``, ``session`` for opening one, ``cell``), on the worker
     thread, around each call that runs code: the service's quotas. An exception from entering
     it refuses the call, its message (or ``detail``) becoming the tool error."""
+    made: Callable[[str | None, RunResult | Session], None] | None = None
+    """Called with the tenant and what a call made (each result: runs, cells, decided
+    approvals; each session opened), on the worker thread, inside ``admit``'s context where
+    there is one: the service maps results to the tenant (records, artifacts, CPU used) and
+    holds a session's sandbox slot until the session ends."""
     artifacts: Literal["store", "own"] = "store"
     """``store``: any artifact of the data directory (one local user: stdio); ``own``: only
     those of runs this server made for the same principal (a shared service)."""
@@ -302,7 +308,10 @@ class SandcellTools:
             why = (answer.reason if answer is not None else "") or (
                 "declined in the MCP client" if action == "decline" else "denied"
             )
-            result = await _thread(self.executor.deny_approval, ticket.id, reason=why, by=by)
+            # Recording a refusal starts nothing: no quota to admit, only a result to map.
+            result = await self._admitted(
+                None, self.executor.deny_approval, ticket.id, reason=why, by=by
+            )
         # Decided: the stored request will not be run again, so its inline inputs can go (a
         # refusal above leaves the approval pending, and they stay for `sandcell approve`).
         with self._lock:
@@ -510,10 +519,14 @@ class SandcellTools:
             return self.executor.profile
         return load_profile(chosen)
 
-    async def _admitted(self, what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """``fn`` on a worker thread, inside the ``admit`` hook where there is one."""
-        guard = self.settings.admit
-        if guard is None:
+    async def _admitted(
+        self, what: str | None, fn: Callable[..., _T], *args: Any, **kwargs: Any
+    ) -> _T:
+        """``fn`` on a worker thread, inside the ``admit`` hook where there is one (``what``
+        None: none), what it made handed to the ``made`` hook."""
+        guard = self.settings.admit if what is not None else None
+        made = self.settings.made
+        if guard is None and made is None:
             return await _thread(fn, *args, **kwargs)
         token = get_access_token()
         tenant = token.client_id if token is not None else None
@@ -521,7 +534,8 @@ class SandcellTools:
         def guarded() -> _T:
             with contextlib.ExitStack() as stack:
                 try:
-                    stack.enter_context(guard(tenant, what))
+                    if guard is not None and what is not None:
+                        stack.enter_context(guard(tenant, what))
                 except SandcellError:
                     raise
                 except Exception as exc:
@@ -529,7 +543,10 @@ class SandcellTools:
                     # error, not an internal failure.
                     detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
                     raise ConfigError(f"refused: {detail}") from None
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+                if made is not None and isinstance(out, RunResult | Session):
+                    made(tenant, out)
+                return out
 
         return await _thread(guarded)
 

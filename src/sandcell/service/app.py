@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
 from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from sandcell.service import api_ops, api_records, api_runs, api_sessions
 from sandcell.service.core import Service, ServiceConfig
+from sandcell.service.mcp_mount import MCP_PATH
 from sandcell.service.problems import BodyLimit, install_handlers
 
 __all__ = ["API_VERSION", "StartMode", "create_app", "make_service"]
@@ -46,17 +49,25 @@ def make_service(
     return Service(config, executor)
 
 
-def create_app(service: Service) -> FastAPI:
+def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
     """The application serving ``service``; leaving its lifespan drains the runs in flight,
-    ends the sessions and closes the executor."""
+    ends the sessions and closes the executor. ``mcp``: serve the MCP server at ``/mcp``
+    for the same tenants (when the MCP SDK is installed)."""
+    mcp_app = _mcp_app(service) if mcp else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await service.drain()
-            service.close()
+        async with AsyncExitStack() as stack:
+            try:
+                if mcp_app is not None:
+                    # Starlette runs only the outer app's lifespan, not a routed app's: the
+                    # MCP SDK's session manager starts (and stops) here.
+                    await stack.enter_async_context(mcp_app.router.lifespan_context(mcp_app))
+                yield
+            finally:
+                await stack.aclose()  # MCP first: its sessions end, its calls stop coming
+                await service.drain()
+                service.close()
 
     app = FastAPI(
         title="sandcell",
@@ -70,7 +81,27 @@ def create_app(service: Service) -> FastAPI:
     for module in (api_runs, api_sessions, api_records, api_ops):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=service.config.max_body_bytes)
+    from sandcell.service.ui import mount_ui
+
+    mount_ui(app, service)  # /ui: the approval pages
+    if mcp_app is not None:
+        # The MCP app as the ASGI endpoint of exactly /mcp, not a mount: it keeps its own path
+        # (a mount at /mcp would answer /mcp/mcp) and its own authentication, and every other
+        # path still gets the service's problem+json 404 and 405.
+        app.router.routes.append(Route(MCP_PATH, endpoint=mcp_app, include_in_schema=False))
     return app
+
+
+def _mcp_app(service: Service) -> Starlette | None:
+    from sandcell.service.mcp_mount import mcp_app
+
+    try:
+        return mcp_app(service)
+    except ImportError as exc:
+        if not (exc.name or "").startswith(("mcp", "mcp_types")):
+            raise
+        log.warning("no MCP at /mcp: the MCP SDK is missing; pip install 'sandcell[tools]'")
+        return None
 
 
 def default_socket(home: Path) -> Path:

@@ -87,6 +87,10 @@ class LiveSession:
     session: Session
     inputs_dir: Path | None
     released: bool = False
+    surface: str = "http"
+    """Where it was opened: ``http`` (``/v1/sessions``) or ``mcp`` (an MCP client's, held
+    here only for the tenant's quota and the graceful stop; MCP ties it to its connection, so
+    the HTTP endpoints neither list nor drive it)."""
 
 
 def _decode_files(files: Mapping[str, str]) -> dict[str, bytes]:
@@ -338,12 +342,16 @@ class Service:
 
     def live_sessions(self, tenant: Tenant) -> list[LiveSession]:
         with self._sessions_lock:
-            return [live for live in self.sessions.values() if live.tenant == tenant.name]
+            return [
+                live
+                for live in self.sessions.values()
+                if live.tenant == tenant.name and live.surface == "http"
+            ]
 
     def session_for(self, tenant: Tenant, session_id: str) -> LiveSession:
         with self._sessions_lock:
             live = self.sessions.get(session_id)
-        if live is None or live.tenant != tenant.name:
+        if live is None or live.tenant != tenant.name or live.surface != "http":
             raise ServiceProblem(404, f"no session {session_id!r}")
         return live
 

@@ -1,0 +1,301 @@
+"""The asyncio client: :class:`AsyncClient` and the sessions it opens (the same operations
+as :class:`~sandcell.client.Client`, awaited, without threads)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx2
+
+from sandcell.client import ops
+from sandcell.client.errors import ServiceError, ServiceUnavailable
+from sandcell.client.sync import refusal, timeouts, unreachable
+from sandcell.client.wire import (
+    Approval,
+    Endpoint,
+    as_request,
+    endpoint_from_env,
+    run_body,
+    session_body,
+    session_end_from_dict,
+    session_info_from_dict,
+    status_result,
+)
+from sandcell.errors import ConfigError
+from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest, RunResult
+
+if TYPE_CHECKING:
+    from sandcell.audit import AuditEntry
+    from sandcell.sessions.session import SessionEnd, SessionInfo
+
+__all__ = ["AsyncClient", "AsyncRemoteSession"]
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """:class:`~sandcell.client.Client` for asyncio: ``await client.run(...)`` (as
+    :meth:`sandcell.Executor.run_async`), ``async with client.session() as s``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        socket: str | Path | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if (url is None) == (socket is None):
+            raise ConfigError("give the service's url or its socket (one of them)")
+        endpoint = (
+            Endpoint(url.rstrip("/"), api_key)
+            if url is not None
+            else Endpoint("http://localhost", api_key, Path(socket))  # type: ignore[arg-type]
+        )
+        self._setup(endpoint, timeout)
+
+    @classmethod
+    def from_env(cls, *, home: Path | None = None, timeout: float | None = None) -> AsyncClient:
+        """As :meth:`Client.from_env <sandcell.client.Client.from_env>`."""
+        client = cls.__new__(cls)
+        client._setup(endpoint_from_env(home=home), timeout)
+        return client
+
+    def _setup(self, endpoint: Endpoint, timeout: float | None) -> None:
+        self.endpoint = endpoint
+        transport = (
+            httpx2.AsyncHTTPTransport(uds=str(endpoint.socket))
+            if endpoint.socket is not None
+            else None
+        )
+        headers = {"User-Agent": "sandcell-client"}
+        if endpoint.api_key:
+            headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        self._http = httpx2.AsyncClient(
+            base_url=endpoint.base_url,
+            headers=headers,
+            timeout=timeouts(timeout),
+            transport=transport,
+        )
+
+    async def _do(self, call: ops.Call[T]) -> T:
+        try:
+            response = await self._http.request(
+                call.method,
+                call.path,
+                json=call.body,
+                content=call.content,
+                params=dict(call.params) or None,
+            )
+        except httpx2.HTTPError as exc:
+            raise unreachable(self.endpoint, call, exc) from None
+        if response.status_code >= 400:
+            return refusal(
+                self.endpoint, call, response.status_code, response.content, response.headers
+            )
+        return call.read(response.content)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        request: RunRequest | str,
+        *,
+        language: Language = "python",
+        profile: str | None = None,
+        backend: str | None = None,
+        schema: Mapping[str, object] | None = None,
+        model: object = None,
+        invariants: Sequence[object] = (),
+        result_file: str | None = None,
+        approve: object = None,
+    ) -> RunResult:
+        """As :meth:`Client.run <sandcell.client.Client.run>`; cancelling the task cancels
+        the run on the service."""
+        body = run_body(
+            as_request(request, language),
+            profile=profile,
+            backend=backend,
+            schema=schema,
+            model=model,
+            invariants=invariants,
+            result_file=result_file,
+            approve=approve,
+            wait=True,
+        )
+        return await self._do(ops.run(body))
+
+    async def run_async(self, request: RunRequest | str, **kwargs: Any) -> RunResult:
+        """The same as :meth:`run`: the name :meth:`sandcell.Executor.run_async` has."""
+        return await self.run(request, **kwargs)
+
+    async def submit(
+        self,
+        request: RunRequest | str,
+        *,
+        language: Language = "python",
+        profile: str | None = None,
+        backend: str | None = None,
+        schema: Mapping[str, object] | None = None,
+        invariants: Sequence[object] = (),
+        result_file: str | None = None,
+    ) -> str:
+        body = run_body(
+            as_request(request, language),
+            profile=profile,
+            backend=backend,
+            schema=schema,
+            model=None,
+            invariants=invariants,
+            result_file=result_file,
+            approve=None,
+            wait=False,
+        )
+        return await self._do(ops.submit(body))
+
+    async def wait(self, run_id: str) -> RunResult:
+        call = ops.Call("GET", ops.events_path(run_id), lambda b: b)
+        pending: dict[str, str] = {}
+        try:
+            async with self._http.stream("GET", call.path) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    refusal(
+                        self.endpoint,
+                        call,
+                        response.status_code,
+                        response.content,
+                        response.headers,
+                    )
+                async for line in response.aiter_lines():
+                    found = ops.read_events([line], pending)
+                    if found is not None:
+                        return status_result(found)
+        except httpx2.HTTPError as exc:
+            raise unreachable(self.endpoint, call, exc) from None
+        raise ServiceUnavailable(
+            f"the service ended the event stream of run {run_id} before its result; ask again "
+            "with wait(run_id)"
+        )
+
+    async def cancel(self, run_id: str) -> bool:
+        return await self._do(ops.cancel(run_id))
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def session(
+        self,
+        *,
+        profile: str | None = None,
+        limits: Limits | None = None,
+        inputs: Sequence[InputFile] = (),
+        mode: IsolationMode = IsolationMode.STRICT,
+        landlock: bool | None = None,
+        idle_timeout_s: float | None = None,
+        max_lifetime_s: float | None = None,
+    ) -> AsyncRemoteSession:
+        """Open a session: ``async with await client.session() as s``."""
+        body = session_body(
+            profile=profile,
+            limits=limits,
+            inputs=inputs,
+            mode=mode,
+            landlock=landlock,
+            idle_timeout_s=idle_timeout_s,
+            max_lifetime_s=max_lifetime_s,
+        )
+        return AsyncRemoteSession(self, await self._do(ops.session_open(body)))
+
+    # -- records -------------------------------------------------------------------------------
+
+    async def artifact(self, sha256: str) -> bytes:
+        return await self._do(ops.artifact(sha256))
+
+    async def approvals(self, status: str = "pending", *, limit: int = 50) -> list[Approval]:
+        return await self._do(ops.approvals(status, limit))
+
+    async def approval(self, approval_id: str) -> Approval:
+        return await self._do(ops.approval(approval_id))
+
+    async def approve(self, approval_id: str, *, reason: str = "") -> RunResult:
+        return await self._do(ops.approve(approval_id, reason))
+
+    async def deny(self, approval_id: str, *, reason: str) -> RunResult:
+        return await self._do(ops.deny(approval_id, reason))
+
+    async def audit(self, run_id: str) -> AuditEntry:
+        return await self._do(ops.audit(run_id))
+
+    async def profiles(self) -> list[dict[str, Any]]:
+        return await self._do(ops.profiles())
+
+
+class AsyncRemoteSession:
+    """A session on the service for asyncio callers; its methods are awaited."""
+
+    def __init__(self, client: AsyncClient, opened: Mapping[str, Any]) -> None:
+        self._client = client
+        self.id = str(opened["id"])
+        self._ended: str | None = None
+
+    @property
+    def ended(self) -> str | None:
+        return self._ended
+
+    async def info(self) -> SessionInfo:
+        return session_info_from_dict(await self._client._do(ops.session_info(self.id)))
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, exports: Sequence[str] = ()
+    ) -> RunResult:
+        return await self._client._do(ops.cell(self.id, code, timeout_s, tuple(exports)))
+
+    async def files(self) -> list[str]:
+        return await self._client._do(ops.session_files(self.id))
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._client._do(ops.read_file(self.id, path))
+
+    async def write_file(self, path: str, data: bytes) -> RunResult:
+        return await self._client._do(ops.write_file(self.id, path, data))
+
+    async def close(self, *, exports: Sequence[str] = ()) -> SessionEnd:
+        call = ops.session_close(self.id, tuple(exports))
+        try:
+            ended = session_end_from_dict(await self._client._do(call))
+        except ServiceError as exc:
+            if exc.status != 404 or exports:
+                raise
+            from sandcell.sessions.session import SessionEnd
+
+            ended = SessionEnd(artifacts=(), rejected_exports=(), reason=self._ended or "ended")
+        self._ended = self._ended or ended.reason
+        return ended
+
+    async def __aenter__(self) -> AsyncRemoteSession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

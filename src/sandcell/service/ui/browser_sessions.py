@@ -1,0 +1,133 @@
+"""Browser sessions of the approval pages: a random id in a cookie, everything else here.
+
+A browser cannot send ``Authorization: Bearer`` on a link or a form, so ``/ui`` trades the
+tenant's API key, once, at the login form, for a session. The cookie carries only the session's
+random id (32 bytes); the key itself is never stored, in the cookie or here. The server keeps,
+per session, the tenant it belongs to and its CSRF token. A session exists before login too
+(``tenant`` None), so that the login form carries a token like every other form; logging in
+replaces it with a new id, so an id planted in a browser before login never becomes a logged-in
+one.
+
+Sessions live in memory: a restart of the service logs every browser out, which costs a login
+and keeps no bearer secret on disk. They end after :data:`IDLE_S` without a request, after
+:data:`LIFETIME_S` in any case, at logout, and when their tenant is removed (checked on every
+request, see :mod:`sandcell.service.ui.pages`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+__all__ = ["IDLE_S", "LIFETIME_S", "BrowserSession", "BrowserSessions"]
+
+IDLE_S = 3600.0
+"""A session with no request for this long has ended."""
+LIFETIME_S = 12 * 3600.0
+"""No session outlives this, however busy."""
+MAX_SESSIONS = 10_000
+"""Sessions kept at once; past it the least recently used go first (anonymous ones are cheap to
+make, so a flood of login-page loads must not grow memory without bound)."""
+
+
+def _key(session_id: str) -> str:
+    # Looked up by a hash of the id: the dict's comparisons then leak nothing about live ids.
+    return hashlib.sha256(session_id.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrowserSession:
+    """One browser's session: whose it is (None before login) and its form token."""
+
+    id: str
+    tenant: str | None
+    csrf: str
+    created: float
+    last_seen: float
+
+    def token_matches(self, token: str) -> bool:
+        """Whether a form's token is this session's (compared in constant time)."""
+        return hmac.compare_digest(self.csrf.encode(), token.encode("utf-8", "surrogatepass"))
+
+
+class BrowserSessions:
+    """The live browser sessions of one service process."""
+
+    def __init__(
+        self,
+        *,
+        idle_s: float = IDLE_S,
+        lifetime_s: float = LIFETIME_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._idle_s = idle_s
+        self._lifetime_s = lifetime_s
+        self._lock = threading.Lock()
+        self._by_key: dict[str, BrowserSession] = {}
+
+    def new(self, tenant: str | None) -> BrowserSession:
+        now = self._clock()
+        session = BrowserSession(
+            id=secrets.token_urlsafe(32),
+            tenant=tenant,
+            csrf=secrets.token_urlsafe(32),
+            created=now,
+            last_seen=now,
+        )
+        with self._lock:
+            if len(self._by_key) >= MAX_SESSIONS:
+                self._evict(now)
+            self._by_key[_key(session.id)] = session
+        return session
+
+    def get(self, session_id: str | None) -> BrowserSession | None:
+        """The live session with this id (its idle clock restarted), or None."""
+        if not session_id:
+            return None
+        now = self._clock()
+        key = _key(session_id)
+        with self._lock:
+            session = self._by_key.get(key)
+            if session is None:
+                return None
+            if self._expired(session, now):
+                del self._by_key[key]
+                return None
+            session = replace(session, last_seen=now)
+            self._by_key[key] = session
+            return session
+
+    def end(self, session_id: str) -> None:
+        with self._lock:
+            self._by_key.pop(_key(session_id), None)
+
+    def end_tenant(self, tenant: str) -> int:
+        """End every session of ``tenant``; how many there were."""
+        with self._lock:
+            keys = [k for k, s in self._by_key.items() if s.tenant == tenant]
+            for k in keys:
+                del self._by_key[k]
+        return len(keys)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_key)
+
+    def _expired(self, session: BrowserSession, now: float) -> bool:
+        return now - session.last_seen > self._idle_s or now - session.created > self._lifetime_s
+
+    def _evict(self, now: float) -> None:
+        """Drop the expired sessions, then the least recently used tenth (caller holds the
+        lock)."""
+        for k in [k for k, s in self._by_key.items() if self._expired(s, now)]:
+            del self._by_key[k]
+        if len(self._by_key) >= MAX_SESSIONS:
+            oldest = sorted(self._by_key, key=lambda k: self._by_key[k].last_seen)
+            for k in oldest[: max(1, MAX_SESSIONS // 10)]:
+                del self._by_key[k]
