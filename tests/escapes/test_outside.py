@@ -541,7 +541,7 @@ for pid in os.listdir("/proc"):
                 pass
 # The runtime (the interpreter's prefix, its packages) is the host's read-only install: the
 # gateway never writes there, and walking it through a user-space kernel takes most of a minute.
-skip = {{"/proc", "/sys", "/dev", "/usr", "/lib", "/lib64", "/bin", "/sbin", sys.prefix,
+skip = {{"/proc", "/sys", "/dev", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/opt", sys.prefix,
         sys.base_prefix}}
 files = 0
 for root, dirs, names in os.walk("/"):

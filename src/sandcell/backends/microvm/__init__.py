@@ -8,7 +8,10 @@
    ``template`` restores at call time, ``pool`` takes one restored ahead, each used once);
 3. drive the run over the agent channel (``drive.py``): job, fresh entropy, inputs, packages,
    stdin in;
-   output, exit report, exported files out; wall time and output caps enforced from here;
+   output, exit report, exported files out; wall time and output caps enforced from here; with
+   run sockets (an allowlist or tools), the agent serves ``/run/sandcell`` in the guest and the
+   loopback bridge, and each connection travels over the same channel to the host's socket
+   (``relay.py``: a relay thread owns the channel from the program's start);
 4. kill QEMU, hand the received files to ``collect`` (the host's export checks); reaping QEMU
    and removing every file of the VM happen after the result is returned (a background thread
    that :meth:`MicroVMBackend.close` waits for), as does restoring the pool's next clone.
@@ -61,7 +64,7 @@ from sandcell.backends.namespaces import sweep as namespaces_sweep
 from sandcell.backends.namespaces.runs import RunRegistry
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStats
 from sandcell.errors import InfraError, IsolationUnavailable, SandcellError
-from sandcell.run_sockets import SandboxSockets
+from sandcell.run_sockets import SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 from sandcell.spec import (
     Artifact,
     Enforcement,
@@ -141,18 +144,19 @@ class MicroVMBackend:
         collect: Collector,
         sockets: SandboxSockets | None = None,
     ) -> BackendResult:
-        if sockets is not None:
-            raise IsolationUnavailable(
-                "run sockets",
-                "the microvm backend cannot reach the egress proxy or the tool gateway yet",
-                "use a profile without a network allowlist or tools",
-            )
         self._check(request)
         packages = guest_packages.load(request.packages)
         start = StartInfo()
         vm: VM | None = None
         note: str | None = None
-        run = partial(self._run, request, run_id=run_id, collect=collect, packages=packages)
+        run = partial(
+            self._run,
+            request,
+            run_id=run_id,
+            collect=collect,
+            packages=packages,
+            sockets=sockets,
+        )
         if self._warm is None:
             return run(vm=vm, start=start)
         with self._warm.refill_held():
@@ -171,17 +175,12 @@ class MicroVMBackend:
         self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
     ) -> CellSandbox:
         """One VM kept alive across the cells of a session (see ``session.py``); not started."""
-        if sockets is not None:
-            raise IsolationUnavailable(
-                "run sockets",
-                "sessions on the microvm backend cannot reach the egress proxy or the tool "
-                "gateway yet",
-                "use a profile without a network allowlist or tools",
-            )
         from sandcell.backends.microvm.session import VMSessionSandbox
 
         self._check(request)
-        return VMSessionSandbox(self, request, session_id=session_id, warm=self._warm)
+        return VMSessionSandbox(
+            self, request, session_id=session_id, warm=self._warm, sockets=sockets
+        )
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -202,6 +201,7 @@ class MicroVMBackend:
         vm: VM | None,
         start: StartInfo,
         packages: guest_packages.GuestPackages,
+        sockets: SandboxSockets | None,
     ) -> BackendResult:
         stop = threading.Event()
         # A cold VM gets the RAM its packages' tmpfs takes on top (a pooled one had room).
@@ -215,9 +215,13 @@ class MicroVMBackend:
             except InfraError as exc:
                 if cancellation.cancelled:
                     return self._not_run(
-                        request, Outcome.KILLED, f"cancelled: {cancellation.reason}", memory_mib
+                        request,
+                        Outcome.KILLED,
+                        f"cancelled: {cancellation.reason}",
+                        memory_mib,
+                        sockets,
                     )
-                return self._not_run(request, Outcome.INFRA_ERROR, str(exc), memory_mib)
+                return self._not_run(request, Outcome.INFRA_ERROR, str(exc), memory_mib, sockets)
             assert vm.chan is not None
             try:
                 sink = vm.run_dir / "export"
@@ -232,6 +236,7 @@ class MicroVMBackend:
                     export_budget=lim.workspace_bytes + (64 << 20),
                     max_entries=MAX_EXPORT_ENTRIES,
                     packages=packages,
+                    sockets=sockets,
                 )
                 console = vm.console() if ended.failure else ""
                 vm.kill(reap=False)
@@ -268,7 +273,7 @@ class MicroVMBackend:
             usage=_usage(ended),
             artifacts=artifacts,
             rejected_exports=rejected,
-            enforcement=self.enforcement(request, memory_mib),
+            enforcement=self.enforcement(request, memory_mib, sockets),
             reason=reason,
             start=start,
         )
@@ -290,11 +295,19 @@ class MicroVMBackend:
         thread.start()
 
     def _not_run(
-        self, request: RunRequest, outcome: Outcome, reason: str, memory_mib: int
+        self,
+        request: RunRequest,
+        outcome: Outcome,
+        reason: str,
+        memory_mib: int,
+        sockets: SandboxSockets | None,
     ) -> BackendResult:
-        return BackendResult.not_run(outcome, reason, self.enforcement(request, memory_mib))
+        enforcement = self.enforcement(request, memory_mib, sockets)
+        return BackendResult.not_run(outcome, reason, enforcement)
 
-    def enforcement(self, request: RunRequest, memory_mib: int) -> Enforcement:
+    def enforcement(
+        self, request: RunRequest, memory_mib: int, sockets: SandboxSockets | None = None
+    ) -> Enforcement:
         lim = request.effective_limits
         m = self.guest.files.manifest
         layers = {
@@ -316,6 +329,19 @@ class MicroVMBackend:
             layers["packages"] = (
                 f"{len(request.packages)} from the wheel cache, verified against its lock on the "
                 f"host, sent in and held read-only under {guest_packages.PACKAGES_DIR} (root's)"
+            )
+        if sockets is not None:
+            layers["run_sockets"] = (
+                f"{sockets.describe()}: the guest agent serves {SANDBOX_DIR} (root's; "
+                f"sandcell_tools importable from {SANDBOX_LIB}) and carries each connection over "
+                "the agent channel to the host's socket (credit flow control, every frame "
+                "checked on the host); still no network device, the guest's loopback up"
+                + (
+                    "; the bridge runs in the guest, forked by the agent under the program's "
+                    "uid, cgroup and rlimits, and ends with it"
+                    if sockets.egress
+                    else ""
+                )
             )
         return Enforcement(backend=self.name, layers=layers, mode=request.mode)
 

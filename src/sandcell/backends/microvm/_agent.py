@@ -28,6 +28,13 @@ cell's display directory) as a run's exports; ``X`` reports the kernel's end. Th
 acknowledges the session job with ``q`` at once, so that a host can tell an agent without
 sessions (which ignores the job) from a slow guest.
 
+A job with ``sockets`` (a run or a session whose profile has an allowlist or tools) gets
+/run/sandcell before its inputs: the client and bridge sources in ``lib/``, ``egress.sock`` and
+``tools.sock`` served by :class:`Forwarder` (each connection a program makes travels over the
+port as ``R`` frames to the host's relay, ``relay.py``, under its credit flow control), the
+loopback interface up, and, for egress, the bridge on 127.0.0.1:3128 in the program's cgroup as
+its user; then an ``R`` ready frame.
+
 Everything the program can touch is treated as hostile here too: the walk never follows a link,
 and sizes are capped. The host re-checks everything.
 """
@@ -216,6 +223,9 @@ def boot() -> tuple[int, socket.socket]:
     # (set here, before the snapshot: no run pays for it).
     mount("proc", "/proc", "proc", MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     os.makedirs("/dev/shm", mode=0o755, exist_ok=True)
+    # What the loopback bridge needs beyond the agent's own imports, loaded before a snapshot:
+    # a run's bridge, forked from here, then starts without importing it.
+    __import__("threading")
     # The runner starts in the program's cgroup, so that what it imports before the job (the
     # preload) is charged to the program, as the namespaces backend's template memory is not.
     sock_agent, sock_runner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -292,6 +302,51 @@ def warm_kernel_paths(runner_pid: int) -> None:
     reap()
     for fd in fds:
         os.close(fd)
+    # A run with sockets compiles the bridge (see start_bridge) and brings the loopback up:
+    # the compiler's and the network stack's code, translated now, is hundreds of milliseconds
+    # less under TCG (the flags are only read here).
+    compile(WARM_MODULE, "<warm>", "exec", dont_inherit=True)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sh22x", b"lo", 0))
+
+
+WARM_MODULE = """
+from __future__ import annotations
+import contextlib, os, socket, sys, threading
+_CHUNK = 64 * 1024
+class Bridge:
+    \"\"\"Doc.\"\"\"
+    def __init__(self, listen: tuple[str, int], target: str) -> None:
+        family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._thread: threading.Thread | None = None
+        self.port: int = self._listener.getsockname()[1]
+    def serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._forward, args=(client,), daemon=True).start()
+def _copy(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(_CHUNK):
+            sink.sendall(data)
+    except OSError:
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        return
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or ":" not in argv[0] or not argv[0].rpartition(":")[2].isdigit():
+        print("usage", file=sys.stderr)
+        return 2
+    host, _, port = argv[0].rpartition(":")
+    print(f"{port} {[p for p in argv if p]}", flush=True)
+    return 0
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
 
 
 def tmpfs(target: str, size: int, inodes: int, mode: int, uid: int = 0) -> None:
@@ -404,8 +459,13 @@ def cgroup_stats(cpu_before: float | None) -> dict[str, Any]:
     return out
 
 
-def run_program(
-    port: Port, runner_pid: int, runner_sock: socket.socket, job: Job, stdin: bytes
+def run_program(  # noqa: PLR0917 - the agent keeps to plain functions (see module)
+    port: Port,
+    runner_pid: int,
+    runner_sock: socket.socket,
+    job: Job,
+    stdin: bytes,
+    fwd: Forwarder | None = None,
 ) -> int:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -428,7 +488,12 @@ def run_program(
     while open_fds or status is None:
         wfds = [in_w] if in_w >= 0 else []
         rfds = [*open_fds, port.fd, *([exited] if status is None else [])]
+        if fwd is not None and status is None:
+            rfds += fwd.rfds()
+            wfds += fwd.wfds()
         r, w, _ = select.select(rfds, wfds, [], 1.0)
+        if fwd is not None and status is None:
+            fwd.ready(r, w)
         if in_w in w:
             try:
                 n = os.write(in_w, pending_in[: 1 << 16])
@@ -442,9 +507,13 @@ def run_program(
             if fd == exited:
                 continue
             if fd == port.fd:
-                for kind, _ in port.frames(0):
+                for kind, payload in port.frames(0):
                     if kind == b"K":
                         kill_cgroup()
+                    elif kind == b"R" and fwd is not None:
+                        fwd.on_host(payload)
+                continue
+            if fd not in caps:
                 continue
             data = os.read(fd, 1 << 16)
             if not data:
@@ -597,6 +666,287 @@ def send_exports(
         os.close(root)
 
 
+# -- the run's sockets ----------------------------------------------------------------------
+
+SOCKETS_DIR = "/run/sandcell"
+GUEST_PYTHON = "/usr/bin/python3"
+RELAY_ID = struct.Struct(">I")
+RELAY_WINDOW = 256 << 10
+RELAY_CHUNK = 64 << 10
+RELAY_GRANT_AT = RELAY_WINDOW // 4
+RELAY_MAX_CONNECTIONS = 128
+BRIDGE_TIMEOUT_S = 60.0
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+
+
+class Conn:
+    __slots__ = ("eof_sent", "host_shut", "may_send", "out", "shut_done", "sock", "to_grant")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.out = bytearray()
+        self.may_send = RELAY_WINDOW
+        self.to_grant = 0
+        self.eof_sent = False
+        self.host_shut = False
+        self.shut_done = False
+
+
+class Forwarder:
+    """The guest half of the run's sockets (the host's is ``relay.py``): listens on
+    /run/sandcell/egress.sock and tools.sock, and carries each connection a program makes over
+    the port as ``R`` frames, with the host's credit-based flow control. A loopback bridge
+    (the host's ``sandcell_bridge.py``) serves 127.0.0.1:PORT for HTTP clients."""
+
+    def __init__(self, port: Port) -> None:
+        self.port = port
+        self.listeners: dict[int, tuple[socket.socket, bytes]] = {}
+        self.conns: dict[int, Conn] = {}
+        self.fds: dict[int, int] = {}
+        self.next_id = 1
+
+    def setup(self, spec: Job, lim: Job) -> None:
+        os.makedirs(SOCKETS_DIR, mode=0o755, exist_ok=True)
+        lib = SOCKETS_DIR + "/lib"
+        os.mkdir(lib, 0o755)
+        for name, text in spec["lib"].items():
+            if "/" in name or not name.endswith(".py"):
+                raise ValueError(f"bad library file name {name!r}")
+            fd = os.open(f"{lib}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        os.chmod(lib, 0o555)  # noqa: S103 - the program reads the library, root owns it
+        served = (("egress.sock", b"e", spec["egress"]), ("tools.sock", b"t", spec["tools"]))
+        for name, target, wanted in served:
+            if not wanted:
+                continue
+            path = f"{SOCKETS_DIR}/{name}"
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            sock.bind(path)
+            # Connecting needs write permission on the socket: the program's uid is not root's.
+            os.chmod(path, 0o666)  # noqa: S103
+            sock.listen(128)
+            sock.setblocking(False)
+            self.listeners[sock.fileno()] = (sock, target)
+        report: dict[str, Any] = {}
+        # Up in every run with sockets, as the namespaces backend's loopback is: a program
+        # then meets a refused connection on 127.0.0.1 instead of an unreachable network.
+        loopback_up()
+        if spec["egress"]:
+            report["bridge_port"] = start_bridge(spec, lim)
+        self.port.send(b"R", b"r" + RELAY_ID.pack(0) + json.dumps(report).encode())
+
+    def rfds(self) -> list[int]:
+        fds = list(self.listeners)
+        for c in self.conns.values():
+            if c.may_send > 0 and not c.eof_sent:
+                fds.append(c.sock.fileno())
+        return fds
+
+    def wfds(self) -> list[int]:
+        return [c.sock.fileno() for c in self.conns.values() if c.out]
+
+    def send(self, op: bytes, cid: int, data: bytes = b"") -> None:
+        self.port.send(b"R", op + RELAY_ID.pack(cid) + data)
+
+    def ready(self, r: list[int], w: list[int]) -> None:
+        for fd in r:
+            if fd in self.listeners:
+                self.accept(*self.listeners[fd])
+        for fd in w:
+            cid = self.fds.get(fd)
+            if cid is not None:
+                self.write(cid)
+        for fd in r:
+            cid = self.fds.get(fd)
+            if cid is not None:
+                self.read(cid)
+
+    def accept(self, listener: socket.socket, target: bytes) -> None:
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        if len(self.conns) >= RELAY_MAX_CONNECTIONS:
+            sock.close()
+            return
+        sock.setblocking(False)
+        cid = self.next_id
+        self.next_id += 1
+        self.conns[cid] = Conn(sock)
+        self.fds[sock.fileno()] = cid
+        self.send(b"o", cid, target)
+
+    def read(self, cid: int) -> None:
+        c = self.conns.get(cid)
+        if c is None or c.eof_sent or c.may_send <= 0:
+            return
+        try:
+            data = c.sock.recv(min(c.may_send, RELAY_CHUNK))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.abort(cid)
+            return
+        if data:
+            c.may_send -= len(data)
+            self.send(b"d", cid, data)
+            return
+        c.eof_sent = True
+        self.send(b"h", cid)
+        self.maybe_done(cid, c)
+
+    def write(self, cid: int) -> None:
+        c = self.conns.get(cid)
+        if c is None:
+            return
+        if c.out:
+            try:
+                n = c.sock.send(c.out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.abort(cid)
+                return
+            del c.out[:n]
+            c.to_grant += n
+            if c.to_grant >= RELAY_GRANT_AT:
+                self.send(b"w", cid, RELAY_ID.pack(c.to_grant))
+                c.to_grant = 0
+        self.maybe_shut(cid, c)
+
+    def maybe_shut(self, cid: int, c: Conn) -> None:
+        if c.host_shut and not c.out and not c.shut_done:
+            c.shut_done = True
+            with contextlib.suppress(OSError):
+                c.sock.shutdown(socket.SHUT_WR)
+        self.maybe_done(cid, c)
+
+    def maybe_done(self, cid: int, c: Conn) -> None:
+        if c.shut_done and c.eof_sent:
+            self.drop(cid)
+
+    def abort(self, cid: int) -> None:
+        self.drop(cid)
+        self.send(b"c", cid)
+
+    def drop(self, cid: int) -> None:
+        c = self.conns.pop(cid, None)
+        if c is not None:
+            self.fds.pop(c.sock.fileno(), None)
+            c.sock.close()
+
+    def on_host(self, payload: bytes) -> None:
+        if len(payload) < 5:
+            return
+        op = payload[:1]
+        (cid,) = RELAY_ID.unpack_from(payload, 1)
+        c = self.conns.get(cid)
+        if c is None:
+            return
+        data = payload[5:]
+        if op == b"d":
+            c.out += data
+            self.write(cid)
+        elif op == b"h":
+            c.host_shut = True
+            self.maybe_shut(cid, c)
+        elif op == b"c":
+            self.drop(cid)
+        elif op == b"w" and len(data) == 4:
+            c.may_send += RELAY_ID.unpack(data)[0]
+
+
+def loopback_up() -> None:
+    """The guest's loopback interface (its only one): the bridge listens on it."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sh22x", b"lo", 0))
+        flags = struct.unpack_from("16sh", ifr)[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
+    finally:
+        s.close()
+
+
+def start_bridge(spec: Job, lim: Job) -> int:
+    """Start the bridge as the program's user in the program's cgroup (its limits, and it dies
+    with the program's processes); returns the port it printed once listening.
+
+    The host's command is ``GUEST_PYTHON -I BRIDGE ARGS``: this interpreter, which runs it in a
+    forked child instead of starting anew (seconds under TCG). The child holds none of the
+    agent's descriptors, and having changed its credentials without an exec it is not
+    dumpable: the program, of the same uid, cannot read its memory."""
+    import resource
+
+    argv = spec["bridge_argv"]
+    script = argv[2]
+    if argv[:2] != [GUEST_PYTHON, "-I"] or not script.startswith(SOCKETS_DIR + "/lib/"):
+        raise ValueError(f"unexpected bridge command {argv!r}")
+    with open(script, encoding="utf-8") as f:
+        code = compile(f.read(), script, "exec", dont_inherit=True)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 127
+        try:
+            os.close(r)
+            write_file(PROG_CG + "/cgroup.procs", str(os.getpid()))
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            # The port, the runner's socket, the listeners: the agent's, not the bridge's.
+            os.closerange(3, 1 << 16)
+            os.chdir("/")
+            os.setgroups([])
+            os.setresgid(GID, GID, GID)
+            os.setresuid(UID, UID, UID)
+            for res, value in (
+                (resource.RLIMIT_CPU, int(lim["cpu_time_s"])),
+                (resource.RLIMIT_NOFILE, int(lim["max_open_files"])),
+                (resource.RLIMIT_NPROC, int(lim["max_pids"])),
+                (resource.RLIMIT_FSIZE, 0),
+                (resource.RLIMIT_CORE, 0),
+            ):
+                resource.setrlimit(res, (value, value))
+            import sys
+
+            sys.argv = argv[2:]
+            os.environ.clear()
+            os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            ns = {"__name__": "__main__", "__file__": script, "__builtins__": __builtins__}
+            exec(code, ns)  # noqa: S102 - the host's bridge, as its command line would run it
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.write(2, f"{type(exc).__name__}: {exc}\n".encode())
+        finally:
+            os._exit(status)
+    os.close(w)
+    out = b""
+    deadline = time.monotonic() + BRIDGE_TIMEOUT_S
+    try:
+        while b"\n" not in out:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                raise RuntimeError("the loopback bridge did not start in time")
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            out += chunk[: 1 << 14]
+    finally:
+        os.close(r)
+    line = out.partition(b"\n")[0].strip()
+    if not line.isdigit():
+        tail = out.decode(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"the loopback bridge failed: {' | '.join(tail)[:400]}")
+    return int(line)
+
+
 # -- sessions -----------------------------------------------------------------------------
 
 SESSION_DIR = "/run/sandcell"
@@ -657,6 +1007,7 @@ def session_main(
     are relayed until the host destroys the VM."""
     # At once: the host tells an agent that knows sessions from one that ignores the job.
     port.send(b"q")
+    fwd = None
     port.early = frames
     job["code"] = SESSION_BOOT
     job["code_path"] = "/sandcell/boot.py"
@@ -665,6 +1016,9 @@ def session_main(
         set_identity(job)
         prepare_cgroup(job["limits"])
         write_session_files(job)
+        if job.get("sockets"):
+            fwd = Forwarder(port)
+            fwd.setup(job["sockets"], job["limits"])
         receive_inputs(port, job)
     except Exception as exc:
         port.send(b"W", json.dumps({"message": f"guest session setup failed: {exc}"}).encode())
@@ -680,16 +1034,25 @@ def session_main(
     os.close(out_w)
     os.close(err_w)
     runner_sock.close()
-    KernelRelay(port, runner_pid, ctl, out_r, err_r, lim=job["limits"]).serve()
+    KernelRelay(port, runner_pid, ctl, out_r, err_r, lim=job["limits"], fwd=fwd).serve()
 
 
 class KernelRelay:
     """Between the host and the session's kernel (see :func:`session_main`)."""
 
     def __init__(
-        self, port: Port, pid: int, ctl: socket.socket, out_r: int, err_r: int, *, lim: Job
+        self,
+        port: Port,
+        pid: int,
+        ctl: socket.socket,
+        out_r: int,
+        err_r: int,
+        *,
+        lim: Job,
+        fwd: Forwarder | None = None,
     ) -> None:
         self.port = port
+        self.fwd = fwd
         self.pid = pid
         self.ctl: socket.socket | None = ctl
         ctl.setblocking(False)
@@ -713,8 +1076,13 @@ class KernelRelay:
             if self.status is None:
                 rfds.append(exited)
             wfds = [self.ctl.fileno()] if self.ctl is not None and self.to_kernel else []
+            if self.fwd is not None and self.status is None:
+                rfds += self.fwd.rfds()
+                wfds += self.fwd.wfds()
             r, w, _ = select.select(rfds, wfds, [], 1.0)
-            if w:
+            if self.fwd is not None and self.status is None:
+                self.fwd.ready(r, w)
+            if self.ctl is not None and self.ctl.fileno() in w:
                 self.flush_to_kernel()
             if self.ctl is not None and self.ctl.fileno() in r:
                 self.from_kernel()
@@ -787,6 +1155,8 @@ class KernelRelay:
                     os.kill(self.pid, signal.SIGINT)
         elif kind == b"K":
             kill_cgroup()
+        elif kind == b"R" and self.fwd is not None:
+            self.fwd.on_host(payload)
         elif kind == b"T":
             list_workspace(self.port)
             self.port.send(b"Z")
@@ -904,16 +1274,20 @@ def main() -> None:
                 session_main(port, runner_pid, runner_sock, json.loads(payload), frames)
     # Frames that came with the job (inputs, stdin, go) are handled next, in order.
     port.early = frames
+    fwd = None
     try:
         reseed(bytes.fromhex(job["entropy"]))
         set_identity(job)
         prepare_cgroup(job["limits"])
+        if job.get("sockets"):
+            fwd = Forwarder(port)
+            fwd.setup(job["sockets"], job["limits"])
         stdin = receive_inputs(port, job)
     except Exception as exc:
         port.send(b"W", json.dumps({"message": f"guest setup failed: {exc}"}).encode())
         raise
     cpu_before = cpu_usage_ms()
-    status = run_program(port, runner_pid, runner_sock, job, stdin)
+    status = run_program(port, runner_pid, runner_sock, job, stdin, fwd)
     report = cgroup_stats(cpu_before)
     report["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     report["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None

@@ -18,6 +18,10 @@ import select
 import socket
 import struct
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandcell.backends.microvm.relay import Pump
 
 MAX_FRAME = 1 << 20
 HEADER = struct.Struct(">cI")
@@ -94,6 +98,8 @@ class Channel:
         self.reader = FrameReader()
         self.pending: list[tuple[bytes, bytes]] = []
         self.closed = False
+        self.pump: Pump | None = None
+        """Set while a relay thread owns the socket (a run with sockets, ``relay.py``)."""
 
     def greet(self, deadline: float, *, interval_s: float = 0.02) -> None:
         """Greet the agent until it answers, without starting the frames: the agent is then
@@ -165,6 +171,9 @@ class Channel:
         return data
 
     def send_raw(self, data: bytes) -> None:
+        if self.pump is not None:
+            self.pump.send(data)
+            return
         view = memoryview(data)
         while view:
             try:
@@ -181,6 +190,8 @@ class Channel:
 
     def recv(self, deadline: float) -> tuple[bytes, bytes]:
         """The next frame; ChannelTimeout at the deadline."""
+        if self.pump is not None:
+            return self.pump.recv(deadline)
         while not self.pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -191,6 +202,8 @@ class Channel:
         return self.pending.pop(0)
 
     def close(self) -> None:
+        if self.pump is not None:
+            self.pump.stop()
         self.sock.close()
 
 

@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandcell.backends.microvm import channel
+from sandcell.backends.microvm import channel, relay
 from sandcell.backends.microvm.guest_packages import NONE, PACKAGES_DIR, GuestPackages
 from sandcell.backends.microvm.transfer import FileSink, TransferError, input_frames, input_items
+from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import code_path, common_env, runtime_for
 from sandcell.spec import Outcome, RunRequest
 
@@ -57,20 +58,37 @@ class Ended:
     """Paths the host re-created as stand-ins (links, special and oversized files)."""
 
 
+NO_RELAY = (
+    "the guest agent did not serve the run's sockets (its image was built before they "
+    "existed): rebuild it: sandcell vm build"
+)
+
+
 def job_doc(
-    request: RunRequest, *, run_id: str, export_budget: int, packages: GuestPackages = NONE
+    request: RunRequest,
+    *,
+    run_id: str,
+    export_budget: int,
+    packages: GuestPackages = NONE,
+    sockets: SandboxSockets | None = None,
 ) -> dict[str, object]:
-    """The job the agent receives (the program, its environment and limits, fresh entropy)."""
+    """The job the agent receives (the program, its environment and limits, fresh entropy;
+    with ``sockets``, what the agent serves at ``/run/sandcell``: ``relay.py``)."""
     runtime = runtime_for(request.language)
     lim = request.effective_limits
     items = input_items(request.inputs)
+    python_paths = [f"{PACKAGES_DIR}/{n}" for n in packages.names]
+    env = {**common_env(), **runtime.sandbox_env, **request.env}
+    if sockets is not None:
+        env.update(sockets.env())
+        python_paths.append(SANDBOX_LIB)
     return {
         "code": request.code,
         "code_path": str(code_path(request.language)),
         "language": request.language,
         # The guest has the runtime at the namespaces backend's neutral paths (``image.py``).
         "interpreter": runtime.sandbox_interpreter,
-        "env": {**common_env(), **runtime.sandbox_env, **request.env},
+        "env": env,
         "limits": {
             "cpu_time_s": lim.cpu_time_s,
             "memory_bytes": lim.memory_bytes,
@@ -88,13 +106,14 @@ def job_doc(
         # Created in a tmpfs at /packages, read-only to the program, appended to its sys.path.
         "packages": list(packages.names),
         "packages_bytes": packages.guest_bytes if packages.names else 0,
-        "python_paths": [f"{PACKAGES_DIR}/{n}" for n in packages.names],
+        "python_paths": python_paths,
         "exports": list(request.exports),
         "display": request.display and request.language == "python",
         "export_budget": export_budget,
         "entropy": os.urandom(64).hex(),
         "time_ns": time.time_ns(),
         "hostname": f"sandcell-{run_id[:8]}",
+        "sockets": relay.guest_spec(sockets) if sockets is not None else None,
     }
 
 
@@ -109,15 +128,21 @@ def drive(
     export_budget: int,
     max_entries: int,
     packages: GuestPackages = NONE,
+    sockets: SandboxSockets | None = None,
 ) -> Ended:
     """Run ``request`` through the agent on ``chan``; files go into ``sink_dir`` (created here).
 
     ``stop`` is set by a cancellation; ``alive`` is a callable telling whether QEMU still runs.
+    With ``sockets``, a relay thread owns the channel from ``G`` on (``relay.py``); it stops
+    with the channel.
     """
     ended = Ended()
     lim = request.effective_limits
     caps = {channel.STDOUT: lim.stdout_bytes, channel.STDERR: lim.stderr_bytes}
-    job = job_doc(request, run_id=run_id, export_budget=export_budget, packages=packages)
+    job = job_doc(
+        request, run_id=run_id, export_budget=export_budget, packages=packages, sockets=sockets
+    )
+    pump: relay.Pump | None = None
     t0 = time.monotonic()
     try:
         chan.send(channel.JOB, json.dumps(job).encode())
@@ -133,6 +158,9 @@ def drive(
         for frame in channel.chunks(channel.STDIN, request.stdin):
             chan.send_raw(frame)
         chan.send(channel.GO)
+        if sockets is not None:
+            pump = relay.Pump(chan, sockets)
+            pump.start()
     except channel.ChannelError as exc:
         ended.failure = f"the job could not be sent: {exc}"
         return ended
@@ -182,6 +210,9 @@ def drive(
                     if not ended.reported:
                         tell_stop("stdout" if kind == channel.STDOUT else "stderr")
             elif kind == channel.EXIT:
+                if pump is not None and pump.ready is None:
+                    ended.failure = NO_RELAY
+                    break
                 _exit_report(ended, payload)
                 ended.wall_ms = (time.monotonic() - t0) * 1000
             elif kind == channel.FILE and ended.reported:

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING
 
 from sandcell._artifact_store import ArtifactStore
 from sandcell.backends.base import Collector
-from sandcell.backends.microvm import channel, guest_packages, layout, machine, snapshot
-from sandcell.backends.microvm.drive import job_doc
+from sandcell.backends.microvm import channel, guest_packages, layout, machine, relay, snapshot
+from sandcell.backends.microvm.drive import NO_RELAY, job_doc
 from sandcell.backends.microvm.pool import SNAPSHOT_MEMORY_BYTES, WarmVMs
 from sandcell.backends.microvm.transfer import (
     FileSink,
@@ -64,6 +64,7 @@ from sandcell.backends.namespaces.cgroups import CgroupUsage
 from sandcell.backends.namespaces.warm import WarmConfig
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
+from sandcell.run_sockets import SandboxSockets
 from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
@@ -121,8 +122,11 @@ class VMSessionSandbox:
         *,
         session_id: str,
         warm: WarmVMs | None,
+        sockets: SandboxSockets | None = None,
     ) -> None:
         self.backend = backend
+        self.sockets = sockets
+        self._relay: relay.Pump | None = None
         self.warm = warm
         self.request = request
         self.session_id = session_id
@@ -246,7 +250,11 @@ class VMSessionSandbox:
         lim = self.limits
         request = replace(self.request, code="", exports=(), display=False, stdin=b"")
         job = job_doc(
-            request, run_id=self.session_id, export_budget=self._budget(), packages=self.packages
+            request,
+            run_id=self.session_id,
+            export_budget=self._budget(),
+            packages=self.packages,
+            sockets=self.sockets,
         )
         job["kernel_source"] = _KERNEL_SOURCE.read_text(encoding="utf-8")
         job["display_source"] = _DISPLAY_SOURCE.read_text(encoding="utf-8")
@@ -257,6 +265,10 @@ class VMSessionSandbox:
             for frame in self.packages.frames():
                 vm.chan.send_raw(frame)
             vm.chan.send(channel.GO)
+            if self.sockets is not None:
+                # From here a relay thread owns the channel (``relay.py``); it stops with it.
+                self._relay = relay.Pump(vm.chan, self.sockets)
+                self._relay.start()
         except channel.ChannelError as exc:
             raise InfraError(f"the session job could not be sent to the guest: {exc}") from None
         out, err = CappedOutput(lim.stdout_bytes), CappedOutput(lim.stderr_bytes)
@@ -273,6 +285,8 @@ class VMSessionSandbox:
             if msg is not None:
                 if msg.get("op") != "hello":
                     raise InfraError(f"the session kernel said {str(msg)[:200]!r} instead of hello")
+                if self._relay is not None and self._relay.ready is None:
+                    raise InfraError(NO_RELAY)
                 # The usage the first cell's CPU time counts from.
                 self._await_stats()
                 return
@@ -597,7 +611,7 @@ class VMSessionSandbox:
             _remove(got.root)
 
     def enforcement(self) -> Enforcement:
-        base = self.backend.enforcement(self.request, self.memory_mib)
+        base = self.backend.enforcement(self.request, self.memory_mib, self.sockets)
         started = (
             f"a {self.start_info.mode} start from snapshot {self.start_info.template}"
             if self.start_info.mode != "cold"
