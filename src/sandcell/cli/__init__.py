@@ -7,53 +7,62 @@ exit status (see :mod:`sandcell.status`). Nothing here decides anything about is
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
-from sandcell import status
-from sandcell.cli import (
-    approvals,
-    ask,
-    audit,
-    batch,
-    doctor,
-    mcp,
-    packages,
-    policy,
-    pool,
-    run,
-    serve,
-    session,
-    tenants,
-    tools,
-    vm,
-)
-from sandcell.errors import AuditError, SandcellError
-
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run.handle,
-    "doctor": doctor.handle,
-    "audit": audit.handle,
-    "check": policy.handle_check,
-    "policy": policy.handle_policy,
-    "approvals": approvals.handle_approvals,
-    "approve": approvals.handle_approve,
-    "deny": approvals.handle_deny,
-    "packages": packages.handle,
-    "batch": batch.handle,
-    "ask": ask.handle,
-    "session": session.handle,
-    "pool": pool.handle,
-    "vm": vm.handle,
-    "tools": tools.handle,
-    "mcp": mcp.handle,
-    "serve": serve.handle,
-    "tenants": tenants.handle,
+# command -> (module under sandcell.cli, its handler). A module is imported only when its command
+# is the one asked for: every module pulls in part of sandcell (the executor, the validation
+# stack, the service), and a command line call should pay only for its own.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "handle"),
+    "doctor": ("doctor", "handle"),
+    "audit": ("audit", "handle"),
+    "check": ("policy", "handle_check"),
+    "policy": ("policy", "handle_policy"),
+    "approvals": ("approvals", "handle_approvals"),
+    "approve": ("approvals", "handle_approve"),
+    "deny": ("approvals", "handle_deny"),
+    "packages": ("packages", "handle"),
+    "batch": ("batch", "handle"),
+    "ask": ("ask", "handle"),
+    "session": ("session", "handle"),
+    "pool": ("pool", "handle"),
+    "vm": ("vm", "handle"),
+    "tools": ("tools", "handle"),
+    "mcp": ("mcp", "handle"),
+    "serve": ("serve", "handle"),
+    "tenants": ("tenants", "handle"),
 }
+# The order of the commands in --help; modules that add several commands at once.
+_MODULES = (
+    "run",
+    "doctor",
+    "audit",
+    "batch",
+    "ask",
+    "session",
+    "pool",
+    "vm",
+    "tools",
+    "mcp",
+    "serve",
+    "tenants",
+    "policy",
+    "approvals",
+    "packages",
+)
+_SEVERAL = {"policy", "approvals", "packages"}
 
 
-def _parser() -> argparse.ArgumentParser:
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"sandcell.cli.{name}")
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that module's commands (what one call needs)."""
     p = argparse.ArgumentParser(
         prog="sandcell",
         description="Run untrusted code in a disposable sandbox with hard limits and a record.",
@@ -65,19 +74,42 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $SANDCELL_HOME or the user data directory)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (run, doctor, audit, batch, ask, session, pool, vm, tools, mcp, serve, tenants):
-        module.add_parser(sub)
-    policy.add_parsers(sub)
-    approvals.add_parsers(sub)
-    packages.add_parsers(sub)
+    for name in _MODULES if only is None else (only,):
+        module = _module(name)
+        if name in _SEVERAL:
+            module.add_parsers(sub)
+        else:
+            module.add_parser(sub)
     return p
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command word of ``argv`` when it is a known one (after ``--home DIR``), else None."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--home":
+            i += 2
+            continue
+        if arg.startswith("--home="):
+            i += 1
+            continue
+        return arg if arg in _COMMANDS else None
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sandcell``; returns the exit status."""
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_of(argv)
+    args = _parser(None if command is None else _COMMANDS[command][0]).parse_args(argv)
+    from sandcell import status
+    from sandcell.errors import AuditError, SandcellError
+
+    module_name, handler_name = _COMMANDS[args.command]
+    handler: Callable[[argparse.Namespace], int] = getattr(_module(module_name), handler_name)
     try:
-        return _COMMANDS[args.command](args)
+        return handler(args)
     except AuditError as exc:
         print(f"sandcell: audit: {exc}", file=sys.stderr)
         return status.EXIT_CONFIG

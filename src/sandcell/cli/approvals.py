@@ -10,25 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandcell.cli.options import add_backend_option, check_out_dir
+from sandcell.cli.remote import add_service_option, find_service
 from sandcell.cli.run import report, terminal_approver, terminal_can_answer
 from sandcell.errors import ConfigError
-from sandcell.executor import Executor, data_dir
-from sandcell.policy.approvals import (
-    ApprovalStore,
-    Ticket,
-    ToolTicket,
-    default_approver,
-    render_list,
-    render_ticket,
-)
-from sandcell.policy.tool_tickets import (
-    is_tool_ticket_id,
-    render_tool_list_lines,
-    render_tool_ticket,
-)
-from sandcell.validation import neutralise
+from sandcell.home import data_dir
+
+if TYPE_CHECKING:
+    from sandcell.policy.approvals import Ticket, ToolTicket
+
+# The stores, the executor and the renderers are imported where they are used: through a
+# service none of them is needed.
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,11 +31,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     al = asub.add_parser("list", help="waiting runs and tool calls (newest first)")
     al.add_argument("--all", action="store_true", help="every status, not only pending")
     al.add_argument("--json", action="store_true")
+    add_service_option(al)
     ash = asub.add_parser(
         "show", help="one waiting run (its code, findings and profile) or tool call"
     )
     ash.add_argument("id", help="the approval id, or a unique prefix of at least 6 characters")
     ash.add_argument("--json", action="store_true")
+    add_service_option(ash)
 
     ap = sub.add_parser(
         "approve",
@@ -53,14 +49,24 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     # The run happens on the rung it was submitted for; naming another one is refused.
     add_backend_option(ap)
     ap.add_argument("--json", action="store_true")
+    add_service_option(ap)
 
     dn = sub.add_parser("deny", help="deny a waiting run or tool call")
     dn.add_argument("id")
     dn.add_argument("--reason", required=True, help="why (recorded)")
     dn.add_argument("--json", action="store_true")
+    add_service_option(dn)
 
 
 def handle_approvals(args: argparse.Namespace) -> int:
+    target = find_service(args)
+    if target is not None:
+        from sandcell.cli.remote_records import approvals_remote
+
+        return approvals_remote(args, target)
+    from sandcell.policy.approvals import ApprovalStore, render_ticket
+    from sandcell.policy.tool_tickets import is_tool_ticket_id, render_tool_ticket
+
     home = args.home or data_dir()
     with ApprovalStore(home / "approvals.sqlite3") as store:
         if args.approvals_command == "list":
@@ -93,6 +99,9 @@ def _newest_first(listed: list[dict[str, object]]) -> list[dict[str, object]]:
 
 
 def _render_both(tickets: list[Ticket], calls: list[ToolTicket]) -> str:
+    from sandcell.policy.approvals import render_list
+    from sandcell.policy.tool_tickets import render_tool_list_lines
+
     if not calls:
         return render_list(tickets)
     run_lines = render_list(tickets).splitlines() if tickets else []
@@ -113,6 +122,15 @@ def _summary(d: dict[str, object]) -> dict[str, object]:
 
 
 def handle_approve(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)
+    target = find_service(args)
+    if target is not None:
+        from sandcell.cli.remote_records import approve_remote
+
+        return approve_remote(args, target)
+    from sandcell.executor import Executor
+    from sandcell.policy.tool_tickets import is_tool_ticket_id
+
     if is_tool_ticket_id(args.id):
         return _decide_tool(args, approve=True)
     check_out_dir(args.out)
@@ -127,6 +145,14 @@ def handle_approve(args: argparse.Namespace) -> int:
 
 
 def handle_deny(args: argparse.Namespace) -> int:
+    target = find_service(args)
+    if target is not None:
+        from sandcell.cli.remote_records import deny_remote
+
+        return deny_remote(args, target)
+    from sandcell.executor import Executor
+    from sandcell.policy.tool_tickets import is_tool_ticket_id
+
     if is_tool_ticket_id(args.id):
         return _decide_tool(args, approve=False)
     with Executor(home=args.home) as ex:
@@ -146,6 +172,9 @@ def _decide_tool(args: argparse.Namespace, *, approve: bool) -> int:
         raise ConfigError(
             f"{args.id} is a tool call, not a run: --out and --backend do not apply to it"
         )
+    from sandcell.policy.approvals import ApprovalStore, default_approver
+    from sandcell.validation import neutralise
+
     home = args.home or data_dir()
     with ApprovalStore(home / "approvals.sqlite3") as store:
         if approve:

@@ -6,11 +6,10 @@ import argparse
 import json
 import sys
 import unicodedata
+from collections.abc import Mapping
+from typing import Any
 
-from sandcell.audit import AuditLog
-from sandcell.cli.boundary_line import boundary_line
-from sandcell.cli.outside_lines import connection_rows, tool_call_rows
-from sandcell.executor import data_dir
+from sandcell.cli.remote import add_service_option, find_service
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,15 +18,28 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     al = asub.add_parser("list", help="recent runs, newest first")
     al.add_argument("--limit", type=int, default=20)
     al.add_argument("--json", action="store_true")
+    add_service_option(al)
     ash = asub.add_parser(
         "show", help="one run's record, then its connection attempts and tool calls, one a line"
     )
     ash.add_argument("run_id")
     ash.add_argument("--json", action="store_true")
-    asub.add_parser("verify", help="check the hash chain for changed, deleted or reordered records")
+    add_service_option(ash)
+    av = asub.add_parser(
+        "verify", help="check the hash chain for changed, deleted or reordered records"
+    )
+    add_service_option(av)
 
 
 def handle(args: argparse.Namespace) -> int:
+    target = find_service(args)
+    if target is not None:
+        from sandcell.cli.remote_records import audit_remote
+
+        return audit_remote(args, target)
+    from sandcell.audit import AuditLog
+    from sandcell.home import data_dir
+
     home = args.home or data_dir()
     with AuditLog(home / "audit.sqlite3") as log:
         if args.audit_command == "list":
@@ -49,26 +61,13 @@ def handle(args: argparse.Namespace) -> int:
                     f"sandcell: no run {args.run_id!r} in {home / 'audit.sqlite3'}", file=sys.stderr
                 )
                 return 1
-            if args.json:
-                print(
-                    json.dumps(
-                        {
-                            "seq": entry.seq,
-                            "hash": entry.hash,
-                            "prev_hash": entry.prev_hash,
-                            "record": entry.record,
-                        },
-                        ensure_ascii=False,
-                    )
-                )
-            else:
-                print(_terminal_json(entry.record))
-                print(f"# seq {entry.seq}, hash {entry.hash}")
-                print(f"# boundary: {boundary_line(entry.record)}")
-                for line in connection_rows(entry.record.get("network")):
-                    print(f"# {line}")
-                for line in tool_call_rows(entry.record.get("tools")):
-                    print(f"# {line}")
+            print_entry(
+                seq=entry.seq,
+                hash_=entry.hash,
+                prev_hash=entry.prev_hash,
+                record=entry.record,
+                as_json=args.json,
+            )
             return 0
         report = log.verify()
         if report.ok:
@@ -77,6 +76,26 @@ def handle(args: argparse.Namespace) -> int:
         for p in report.problems:
             print(f"{p.kind}: seq {p.seq} run {p.run_id}: {p.detail}")
         return 1
+
+
+def print_entry(
+    *, seq: int, hash_: str, prev_hash: str, record: Mapping[str, Any], as_json: bool
+) -> None:
+    """Print one record as ``audit show`` does (shared with the service's answer)."""
+    from sandcell.cli.boundary_line import boundary_line
+    from sandcell.cli.outside_lines import connection_rows, tool_call_rows
+
+    if as_json:
+        body = {"seq": seq, "hash": hash_, "prev_hash": prev_hash, "record": record}
+        print(json.dumps(body, ensure_ascii=False))
+        return
+    print(_terminal_json(record))
+    print(f"# seq {seq}, hash {hash_}")
+    print(f"# boundary: {boundary_line(record)}")
+    for line in connection_rows(record.get("network")):
+        print(f"# {line}")
+    for line in tool_call_rows(record.get("tools")):
+        print(f"# {line}")
 
 
 def _terminal_json(record: object) -> str:

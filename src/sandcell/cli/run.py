@@ -7,29 +7,22 @@ import json
 import math
 import os
 import sys
-import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandcell import status
 from sandcell.cli._own_lines import OwnLines
 from sandcell.cli.options import add_backend_option, check_out_dir
-from sandcell.cli.outside_lines import outside_summary
-from sandcell.cli.render import render_outputs
+from sandcell.cli.remote import add_service_option, find_service
 from sandcell.errors import ConfigError
-from sandcell.policy.approvals import default_approver
-from sandcell.policy.profiles import Profile
-from sandcell.policy.tool_tickets import args_preview
-from sandcell.spec import (
-    LANGUAGES,
-    IsolationMode,
-    MiB,
-    RunRequest,
-    RunResult,
-    input_from_path,
-    result_to_dict,
-)
-from sandcell.tools.approval import ApprovalDecision, ApprovalRequest, Approver
-from sandcell.validation import load_schema, neutralise
+from sandcell.spec import LANGUAGES, IsolationMode, MiB, RunRequest, RunResult, input_from_path
+
+if TYPE_CHECKING:
+    from sandcell.policy.profiles import Profile
+    from sandcell.tools.approval import Approver
+
+# The executor, the validation stack and the renderers are imported where they are used: a run
+# through the service never needs them, and `sandcell run` should start fast either way.
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,7 +88,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r.add_argument(
         "--start",
         choices=("cold", "template", "pool"),
-        default="cold",
+        default=None,
         help="how a python run's sandbox starts: cold (default), forked from a template with "
         "numpy and pandas imported, or taken from a warm pool of such sandboxes; the record "
         "says which (and why a run started cold anyway)",
@@ -120,6 +113,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "last JSON line of stdout)",
     )
     r.add_argument("--json", action="store_true", help="print one JSON object with the result")
+    add_service_option(r)
 
 
 def read_code(args: argparse.Namespace) -> str:
@@ -175,36 +169,48 @@ def requested_limits(args: argparse.Namespace) -> dict[str, float | None]:
     }
 
 
-def build_request(args: argparse.Namespace, profile: Profile) -> RunRequest:
-    code = read_code(args)
-    if args.display and args.lang != "python":
-        raise ConfigError("--display works for python programs only; drop it or use --lang python")
-    # Refused here, not clamped, when above the profile's ceiling.
-    limits = profile.limits_for(requested_limits(args))
+def parse_env(args: argparse.Namespace) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise ConfigError(f"--env {item!r} must look like NAME=VALUE")
         env[name] = value
-    stdin = b""
+    return env
+
+
+def read_stdin(args: argparse.Namespace) -> bytes:
+    """What ``--stdin`` gives the program (nothing without it)."""
     if args.stdin_file == "-":
         if args.file == "-":
             raise ConfigError("stdin already carries the program; use --stdin FILE for its input")
-        stdin = sys.stdin.buffer.read()
-    elif args.stdin_file:
+        return sys.stdin.buffer.read()
+    if args.stdin_file:
         try:
-            stdin = Path(args.stdin_file).read_bytes()
+            return Path(args.stdin_file).read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read --stdin file {args.stdin_file!r}: {exc}") from None
+    return b""
+
+
+def check_display(args: argparse.Namespace) -> None:
+    if args.display and args.lang != "python":
+        raise ConfigError("--display works for python programs only; drop it or use --lang python")
+
+
+def build_request(args: argparse.Namespace, profile: Profile) -> RunRequest:
+    code = read_code(args)
+    check_display(args)
+    # Refused here, not clamped, when above the profile's ceiling.
+    limits = profile.limits_for(requested_limits(args))
     return RunRequest(
         code=code,
         language=args.lang,
         inputs=tuple(input_from_path(p) for p in args.input),
         exports=tuple(args.export),
         limits=limits,
-        stdin=stdin,
-        env=env,
+        stdin=read_stdin(args),
+        env=parse_env(args),
         mode=IsolationMode(args.isolation),
         landlock=False if args.no_landlock else None,
         display=args.display,
@@ -212,17 +218,28 @@ def build_request(args: argparse.Namespace, profile: Profile) -> RunRequest:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from sandcell.executor import Executor
-
     if args.out is not None and not args.export and not args.display:
         raise ConfigError(
             "--out needs at least one --export GLOB (or --display) to say what to copy out"
         )
     check_out_dir(args.out)
-    schema = load_schema(Path(args.schema)) if args.schema else None
-    from sandcell.backends.namespaces.warm import WarmConfig
+    target = find_service(args)
+    if target is not None:
+        from sandcell.cli.remote_run import run_remote
 
-    warm = None if args.start == "cold" else WarmConfig(mode=args.start, pool_size=1)
+        return run_remote(args, target)
+    from sandcell.executor import Executor
+
+    schema = None
+    if args.schema:
+        from sandcell.validation import load_schema
+
+        schema = load_schema(Path(args.schema))
+    warm = None
+    if args.start not in (None, "cold"):
+        from sandcell.backends.namespaces.warm import WarmConfig
+
+        warm = WarmConfig(mode=args.start, pool_size=1)
     stdin_used = args.file == "-" or args.stdin_file == "-"
     approver = terminal_approver() if terminal_can_answer(stdin_used=stdin_used) else None
     with Executor(
@@ -246,6 +263,8 @@ def handle(args: argparse.Namespace) -> int:
         if args.display and result.outputs:
             figures = [a for o in result.outputs for a in o.artifacts]
             if not args.json:
+                from sandcell.cli.render import render_outputs
+
                 out = args.out or Path("sandcell-outputs") / result.run_id
                 rendered = render_outputs(result.outputs, ex.store, out)
             elif args.out is not None and figures:
@@ -271,6 +290,13 @@ def terminal_approver() -> Approver:
     needs approval, one at a time; without an answer before the run's wall time the call is
     refused. Stdin is read unbuffered (``os.read``), so a question left unanswered when the run
     ends holds no lock the interpreter needs to exit."""
+    import threading
+
+    from sandcell.policy.approvals import default_approver
+    from sandcell.policy.tool_tickets import args_preview
+    from sandcell.tools.approval import ApprovalDecision, ApprovalRequest
+    from sandcell.validation import neutralise
+
     lock = threading.Lock()
     who = f"terminal:{default_approver()}"
 
@@ -321,14 +347,16 @@ def report(
     """Print a result as ``run`` does (shared with ``approve``) and return the exit status.
     ``rendered``: the outputs as :func:`render_outputs` shows them, printed after stdout."""
     if as_json:
+        from sandcell.spec import result_to_dict
+
         body = result_to_dict(result)
         if out is not None:
             body["copied_to"] = [str(p) for p in copied]
         print(json.dumps(body, ensure_ascii=False))
         return status.exit_code_for(result)
     # Escape and control sequences reach a terminal defanged; a pipe gets the bytes as they were.
-    out_text = neutralise(result.stdout) if sys.stdout.isatty() else result.stdout
-    err_text = neutralise(result.stderr) if sys.stderr.isatty() else result.stderr
+    out_text = _defanged(result.stdout) if sys.stdout.isatty() else result.stdout
+    err_text = _defanged(result.stderr) if sys.stderr.isatty() else result.stderr
     sys.stdout.write(out_text)
     if rendered:
         sys.stdout.write(("\n" if out_text and not out_text.endswith("\n") else "") + rendered)
@@ -351,10 +379,20 @@ def report(
         say(f"sandcell: not exported: {rej.path}: {rej.reason}")
     for path in copied:
         say(f"sandcell: exported {path}")
-    outside = outside_summary(result.network, result.tools)
+    outside = None
+    if result.network is not None or result.tools is not None:
+        from sandcell.cli.outside_lines import outside_summary
+
+        outside = outside_summary(result.network, result.tools)
     if outside is not None:
         say(f"sandcell: outside: {outside} (sandcell audit show {result.run_id})")
     return status.exit_code_for(result)
 
 
 _POLICY_OUTCOMES = ("denied", "awaiting_approval")
+
+
+def _defanged(text: str) -> str:
+    from sandcell.validation import neutralise
+
+    return neutralise(text)

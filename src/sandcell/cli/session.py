@@ -19,6 +19,7 @@ from sandcell import status
 from sandcell.artifacts import ArtifactStore
 from sandcell.cli._own_lines import OwnLines
 from sandcell.cli.options import add_backend_option
+from sandcell.cli.remote import add_service_option, find_service
 from sandcell.cli.render import render_outputs
 from sandcell.cli.run import read_code
 from sandcell.errors import ConfigError, InfraError
@@ -51,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     start = ss.add_parser("start", help="start a session in the background; prints its id")
     _session_options(start)
     start.add_argument("--json", action="store_true", help="print a JSON object")
+    add_service_option(start)
 
     serve = ss.add_parser("serve")
     _session_options(serve)
@@ -71,9 +73,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="save figures (and exported files) here (default ./sandcell-outputs/RUN_ID)",
     )
     run.add_argument("--json", action="store_true", help="print one JSON object with the result")
+    add_service_option(run)
 
     ls = ss.add_parser("list", help="list the live sessions")
     ls.add_argument("--json", action="store_true", help="print a JSON array")
+    add_service_option(ls)
 
     close = ss.add_parser("close", help="end a session and remove its sandbox")
     close.add_argument("id")
@@ -82,6 +86,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     close.add_argument("--out", type=Path, help="copy exported files into this directory")
     close.add_argument("--json", action="store_true", help="print a JSON object")
+    add_service_option(close)
 
 
 def _session_options(p: argparse.ArgumentParser) -> None:
@@ -150,6 +155,12 @@ def _common_argv(args: argparse.Namespace) -> list[str]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.session_command != "serve":
+        target = find_service(args)
+        if target is not None:
+            from sandcell.cli.remote_session import handle_remote
+
+            return handle_remote(args, target)
     match args.session_command:
         case "start":
             return _start(args)
@@ -242,12 +253,17 @@ def _run(args: argparse.Namespace) -> int:
     reply = _checked(server.request(home, registry.check_id(args.id), message, timeout_s=None))
     result = reply["result"]
     assert isinstance(result, dict)
+    return print_cell(args, result, ArtifactStore(home / "artifacts"))
+
+
+def print_cell(args: argparse.Namespace, result: dict[str, object], store: ArtifactStore) -> int:
+    """Print a cell's result as ``session run`` does (figures and ``--out`` copies come from
+    ``store``); the exit status."""
     exit_code = status.exit_code_for(_as_result(result))
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
         return exit_code
     stdout, stderr = str(result.get("stdout", "")), str(result.get("stderr", ""))
-    store = ArtifactStore(home / "artifacts")
     outputs = _outputs_of(result)
     run_id = str(result.get("run_id"))
     rendered = render_outputs(outputs, store, args.out or Path("sandcell-outputs") / run_id)
@@ -309,6 +325,11 @@ def _as_result(d: dict[str, object]) -> RunResult:
 
 def _list(args: argparse.Namespace) -> int:
     home = _home(args)
+    rows = _local_rows(home)
+    return print_list(args, rows)
+
+
+def _local_rows(home: Path) -> list[dict[str, object]]:
     registry.sweep(home)
     rows: list[dict[str, object]] = []
     for entry in registry.entries(home):
@@ -329,18 +350,26 @@ def _list(args: argparse.Namespace) -> int:
         except (SessionEnded, InfraError):
             row["cells"] = None  # busy running a cell, or just ending: listed as it registered
         rows.append(row)
+    return rows
+
+
+def print_list(args: argparse.Namespace, rows: list[dict[str, object]]) -> int:
+    """Print the live sessions as ``session list`` does."""
     if args.json:
         print(json.dumps(rows))
         return 0
     if not rows:
         print("no live sessions")
         return 0
-    print(f"{'ID':<18}{'PID':>8}  {'PROFILE':<12}{'BACKEND':<12}{'CELLS':>6}  CREATED")
+    # A service's session ids are longer than this machine's, and it has no pid to show.
+    width = max(18, *(len(str(r["id"])) + 2 for r in rows))
+    print(f"{'ID':<{width}}{'PID':>8}  {'PROFILE':<12}{'BACKEND':<12}{'CELLS':>6}  CREATED")
     for r in rows:
         cells = "?" if r["cells"] is None else str(r["cells"])
         backend = r["backend"] or "?"
+        pid = "-" if r["pid"] is None else str(r["pid"])
         print(
-            f"{r['id']!s:<18}{r['pid']!s:>8}  {r['profile']!s:<12}{backend!s:<12}{cells:>6}  "
+            f"{r['id']!s:<{width}}{pid:>8}  {r['profile']!s:<12}{backend!s:<12}{cells:>6}  "
             f"{r['created_at']}"
         )
     return 0
@@ -363,6 +392,11 @@ def _close(args: argparse.Namespace) -> int:
     if args.out is not None and isinstance(artifacts, list) and artifacts:
         store = ArtifactStore(home / "artifacts")
         copied = store.copy_out([Artifact(**a) for a in artifacts], args.out)
+    return print_close(args, reply, copied)
+
+
+def print_close(args: argparse.Namespace, reply: dict[str, object], copied: list[Path]) -> int:
+    """Print the end of a session as ``session close`` does."""
     if args.json:
         print(json.dumps({**reply, "copied_to": [str(p) for p in copied]}))
         return 0

@@ -1,0 +1,172 @@
+"""The command line's own start: ``sandcell run -c pass`` with and without a service, against
+``python3 -c pass``, all measured in this run.
+
+    .venv/bin/python bench/bench_cli.py [--rounds N] [--importtime]
+
+Runs as root (the namespaces backend as root). Starts ``sandcell serve --start pool`` over a
+fresh home (its local socket in the home) with a tenant whose key the CLI gets in
+``SANDCELL_API_KEY``, then, in interleaved rounds:
+
+* ``python3 -c pass`` (this interpreter): the baseline;
+* ``sandcell run -c pass`` with the service up: the CLI sends the run over the socket
+  (target: at most 2x the baseline);
+* ``sandcell run -c pass --no-service``: the run in this process, a cold sandbox (target: at
+  most 150 ms).
+
+Every call must print nothing and exit 0, and the service must have the runs it was sent. With
+``--importtime`` it also prints the slowest imports of each CLI path (``python -X importtime``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SANDCELL = [sys.executable, "-m", "sandcell"]
+_SCRIPT = Path(sys.executable).parent / "sandcell"
+# What a person types: the installed console script (no runpy), where there is one.
+COMMAND = [str(_SCRIPT)] if _SCRIPT.is_file() else SANDCELL
+
+
+def _start(home: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "SANDCELL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    log = (home / "serve.log").open("a")
+    proc = subprocess.Popen(
+        [*SANDCELL, "serve", "--port", "0", "--start", "pool", "--pool-size", "2"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+    )  # fmt: skip
+    log.close()
+    assert proc.stdout is not None
+    found = re.search(r"http://127\.0\.0\.1:(\d+)", proc.stdout.readline())
+    if found is None:
+        proc.kill()
+        raise SystemExit(f"the service did not start; see {home / 'serve.log'}")
+    url = f"http://127.0.0.1:{found.group(1)}/healthz"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the service never answered")
+
+
+def _timed(argv: Sequence[str], env: dict[str, str]) -> float:
+    began = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    elapsed = (time.perf_counter() - began) * 1000
+    if done.returncode != 0 or done.stdout or done.stderr:
+        raise SystemExit(f"{argv} failed ({done.returncode}): {done.stdout}{done.stderr}")
+    return elapsed
+
+
+def _slowest_imports(argv: Sequence[str], env: dict[str, str], n: int = 8) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv[1:]],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    rows = []
+    total = 0
+    for line in done.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[1].strip().isdigit():
+            rows.append((int(parts[1]), parts[2].strip()))
+            if not parts[2].startswith("  "):  # a top-level import: nested ones are in it
+                total += int(parts[1])
+    top = [f"{us / 1000:7.1f} ms  {name}" for us, name in sorted(rows, reverse=True)[:n]]
+    return [f"all imports {total / 1000:.1f} ms", *top]
+
+
+def _service_runs(home: Path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(home / "service.sqlite3") as db:
+        (count,) = db.execute("SELECT count(*) FROM owned WHERE kind = 'run'").fetchone()
+    return int(count)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--importtime", action="store_true")
+    opts = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root (the namespaces backend as root)")
+    with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
+        home = Path(tmp)
+        os.chmod(home, 0o700)
+        proc = _start(home)
+        try:
+            key = subprocess.run(
+                [*SANDCELL, "tenants", "add", "bench", "--profile", "strict"],
+                env={**os.environ, "SANDCELL_HOME": str(home)},
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+            base_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDCELL_")}
+            # Bytecode cached, as in an installation: compiling the sources on every call
+            # (PYTHONDONTWRITEBYTECODE, or a tree whose .pyc files are stale) is not the CLI's
+            # cost. The warm-up calls fill this cache.
+            base_env.pop("PYTHONDONTWRITEBYTECODE", None)
+            base_env["PYTHONPYCACHEPREFIX"] = str(home / "pycache")
+            env = {**base_env, "SANDCELL_HOME": str(home)}
+            served = {**env, "SANDCELL_API_KEY": key}
+            cases = {
+                "python3 -c pass": ([sys.executable, "-c", "pass"], base_env),
+                "sandcell run -c pass, service up": ([*COMMAND, "run", "-c", "pass"], served),
+                "sandcell run -c pass, in-process": (
+                    [*COMMAND, "run", "-c", "pass", "--no-service"],
+                    env,
+                ),
+            }
+            for argv, case_env in cases.values():  # warm the page cache and the pool
+                _timed(argv, case_env)
+            before = _service_runs(home)
+            samples: dict[str, list[float]] = {name: [] for name in cases}
+            for _ in range(opts.rounds):
+                for name, (argv, case_env) in cases.items():
+                    samples[name].append(_timed(argv, case_env))
+            sent = _service_runs(home) - before
+            if sent != opts.rounds:
+                raise SystemExit(f"the service has {sent} runs of the {opts.rounds} it was sent")
+            medians = {name: statistics.median(xs) for name, xs in samples.items()}
+            base = medians["python3 -c pass"]
+            with open("/proc/loadavg") as f:
+                load = f.read().split()[0]
+            print(f"{opts.rounds} interleaved rounds, load average {load}")
+            for name, ms in medians.items():
+                print(f"  {name:<36} median {ms:7.1f} ms  ({ms / base:4.1f}x python3 -c pass)")
+            up = medians["sandcell run -c pass, service up"]
+            local = medians["sandcell run -c pass, in-process"]
+            print(f"service up: {up / base:.2f}x python3 -c pass (target: at most 2x)")
+            print(f"in-process: {local:.0f} ms (target: at most 150 ms), {local / base:.1f}x")
+            if opts.importtime:
+                for name, (argv, case_env) in cases.items():
+                    if "run" in argv:
+                        print(f"slowest imports, {name}:")
+                        command = [*SANDCELL, *argv[argv.index("run") :]]
+                        for row in _slowest_imports(command, case_env):
+                            print(f"  {row}")
+            print(json.dumps({"baseline_ms": base, "service_ms": up, "in_process_ms": local}))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    main()
