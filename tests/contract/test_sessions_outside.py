@@ -4,15 +4,13 @@ in-process executor (the CLI paths of sessions are the same Session object)."""
 
 from __future__ import annotations
 
-import json
 import secrets
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from tests.conftest import ladder_executor
+from tests.integration.loopback_http import JsonHandler, serving
 
 from sandcell import Executor, Limits
 from sandcell.policy.profiles import Profile, parse_profile
@@ -21,26 +19,16 @@ from sandcell.spec import MiB
 KEY = f"key-{secrets.token_hex(10)}"
 
 
-class _Api(BaseHTTPRequestHandler):
+class _Api(JsonHandler):
     def do_GET(self) -> None:
         ok = self.headers.get("Authorization") == f"Bearer {KEY}" or self.path.startswith("/web")
-        data = json.dumps({"path": self.path, "ok": ok}).encode()
-        self.send_response(200 if ok else 401)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json({"path": self.path, "ok": ok}, 200 if ok else 401)
 
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with serving(_Api) as port:
+        yield port
 
 
 def _profile(port: int) -> Profile:

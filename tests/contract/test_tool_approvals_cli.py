@@ -18,14 +18,13 @@ import select
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
+from tests.integration.loopback_http import JsonHandler, serving
 
 from sandcell.audit import AuditLog
 from sandcell.policy.approvals import ApprovalStore
@@ -33,33 +32,18 @@ from sandcell.policy.approvals import ApprovalStore
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="real sandboxed runs need root here")
 
 
-class _Api(BaseHTTPRequestHandler):
+class _Api(JsonHandler):
     def do_GET(self) -> None:
-        self._send({"path": self.path})
+        self.send_json({"path": self.path})
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        self._send({"created": body.get("title")})
-
-    def _send(self, value: object) -> None:
-        data = json.dumps(value).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json({"created": self.json_body().get("title")})
 
 
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with serving(_Api) as bound:
+        yield bound
 
 
 @pytest.fixture

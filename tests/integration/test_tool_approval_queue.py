@@ -13,10 +13,10 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.integration.loopback_http import JsonHandler, serving
 
 from sandcell import Executor, Limits, RunRequest, RunResult
 from sandcell.policy.approvals import ApprovalError, ApprovalStore
@@ -25,30 +25,19 @@ from sandcell.policy.tool_tickets import ToolTicket
 from sandcell.tools.queue_approver import RUN_ENDED
 
 
-class _Api(BaseHTTPRequestHandler):
+class _Api(JsonHandler):
     created: list[str] = []  # noqa: RUF012 - one server per module
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        self.created.append(str(body.get("title")))
-        data = json.dumps({"id": len(self.created), "title": body.get("title")}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        title = self.json_body().get("title")
+        self.created.append(str(title))
+        self.send_json({"id": len(self.created), "title": title})
 
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with serving(_Api) as port:
+        yield port
 
 
 def _profile(port: int) -> Profile:
