@@ -4,13 +4,16 @@ scoping (another tenant's approval, run, figure or file is 404)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx2
 import pytest
-from tests.service.server import ServiceProcess, add_tenant
+from tests.service.server import REPO, ServiceProcess, add_tenant
 
 from sandcell.policy.approvals import ApprovalStore
 from sandcell.service.tenants import TenantStore
@@ -415,3 +418,40 @@ def test_a_removed_tenant_is_logged_out(service: ServiceProcess, home: Path) -> 
         assert answer.status_code == 303 and answer.headers["location"] == "/ui/login"
     finally:
         browser.close()
+
+
+def test_rotating_the_key_logs_the_browser_out(service: ServiceProcess, home: Path) -> None:
+    old_key = add_tenant(home, "rotor", profiles=("supervised",))
+    old, new = Browser(service), Browser(service)
+    try:
+        token = old.login(old_key)
+        assert old.get("/ui/").status_code == 200
+        rotated = subprocess.run(
+            [sys.executable, "-m", "sandcell", "tenants", "rotate-key", "rotor"],
+            cwd=REPO,
+            env={**os.environ, "SANDCELL_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        new_key = rotated.stdout.strip()
+        assert new_key.startswith("sc_") and new_key != old_key
+        # The session opened with the old key has ended: a form of it (the token is still that
+        # session's) and then every page send the browser to the login.
+        for answer in (
+            old.post("/ui/approvals/a-ticket/deny", {"csrf": token, "reason": "stale"}),
+            old.get("/ui/"),
+            old.get("/ui/runs"),
+        ):
+            assert answer.status_code == 303 and answer.headers["location"] == "/ui/login"
+        form = old.get("/ui/login")
+        again = old.post("/ui/login", {"csrf": _csrf(form.text), "key": old_key})
+        assert again.status_code == 401
+        # The new key opens a session that lasts.
+        new.login(new_key)
+        page = new.get("/ui/")
+        assert page.status_code == 200 and "rotor" in page.text
+    finally:
+        old.close()
+        new.close()

@@ -75,15 +75,21 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
         summary="Run untrusted code in disposable sandboxes under a policy, with a record of "
         "every run.",
         lifespan=lifespan,
+        # Swagger UI and ReDoc load their scripts from a CDN (blank offline); /docs is a
+        # server-rendered page of the same document instead (docs_page).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = service
     install_handlers(app)
     for module in (api_runs, api_sessions, api_records, api_ops):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=service.config.max_body_bytes)
+    from sandcell.service.docs_page import docs_route
     from sandcell.service.ui import mount_ui
 
     mount_ui(app, service)  # /ui: the approval pages
+    app.router.routes.append(docs_route(app))
     if mcp_app is not None:
         # The MCP app as the ASGI endpoint of exactly /mcp, not a mount: it keeps its own path
         # (a mount at /mcp would answer /mcp/mcp) and its own authentication, and every other

@@ -232,6 +232,19 @@ class TenantStore(PrivateStore):
             raise TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
         return _tenant(row)
 
+    def get_with_key(self, name: str, key_sha256: str) -> Tenant | None:
+        """The tenant ``name`` while ``key_sha256`` is still the hash of its key; None once the
+        key is rotated or the tenant removed. What a browser session of ``/ui`` is checked
+        against on every request: it lasts no longer than the key it was opened with."""
+        with self._txn(write=False) as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS}, key_sha256 FROM tenants WHERE name = ?",  # noqa: S608
+                (name,),
+            ).fetchone()
+        if row is None or not hmac.compare_digest(str(row[-1]), key_sha256):
+            return None
+        return _tenant(row[:-1])
+
     def list(self) -> builtins.list[Tenant]:
         with self._txn(write=False) as conn:
             rows = conn.execute(f"SELECT {_COLUMNS} FROM tenants ORDER BY name").fetchall()  # noqa: S608

@@ -3,15 +3,16 @@
 A browser cannot send ``Authorization: Bearer`` on a link or a form, so ``/ui`` trades the
 tenant's API key, once, at the login form, for a session. The cookie carries only the session's
 random id (32 bytes); the key itself is never stored, in the cookie or here. The server keeps,
-per session, the tenant it belongs to and its CSRF token. A session exists before login too
-(``tenant`` None), so that the login form carries a token like every other form; logging in
-replaces it with a new id, so an id planted in a browser before login never becomes a logged-in
-one.
+per session, the tenant it belongs to, the SHA-256 of the key it logged in with (what the
+service store keeps too: it authenticates nothing, and lets the pages end the session when the
+key is rotated) and its CSRF token. A session exists before login too (``tenant`` None), so
+that the login form carries a token like every other form; logging in replaces it with a new
+id, so an id planted in a browser before login never becomes a logged-in one.
 
 Sessions live in memory: a restart of the service logs every browser out, which costs a login
 and keeps no bearer secret on disk. They end after :data:`IDLE_S` without a request, after
-:data:`LIFETIME_S` in any case, at logout, and when their tenant is removed (checked on every
-request, see :mod:`sandcell.service.ui.pages`).
+:data:`LIFETIME_S` in any case, at logout, and when their tenant is removed or its key rotated
+(checked on every request, see :mod:`sandcell.service.ui.pages`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class BrowserSession:
     csrf: str
     created: float
     last_seen: float
+    key_sha256: str = ""
+    """The hash of the key the session logged in with; empty before login (and a session
+    without one is refused by the pages: a tenant's session that cannot be checked has ended)."""
 
     def token_matches(self, token: str) -> bool:
         """Whether a form's token is this session's (compared in constant time)."""
@@ -71,7 +75,9 @@ class BrowserSessions:
         self._lock = threading.Lock()
         self._by_key: dict[str, BrowserSession] = {}
 
-    def new(self, tenant: str | None) -> BrowserSession:
+    def new(self, tenant: str | None, *, key_sha256: str = "") -> BrowserSession:
+        """A session: anonymous (``tenant`` None, for the login form), or the tenant's that
+        logged in with the key of hash ``key_sha256``."""
         now = self._clock()
         session = BrowserSession(
             id=secrets.token_urlsafe(32),
@@ -79,6 +85,7 @@ class BrowserSessions:
             csrf=secrets.token_urlsafe(32),
             created=now,
             last_seen=now,
+            key_sha256=key_sha256,
         )
         with self._lock:
             if len(self._by_key) >= MAX_SESSIONS:

@@ -27,7 +27,7 @@ from sandcell.policy.approvals import STATUSES, ApprovalError, Ticket
 from sandcell.policy.tool_tickets import ToolTicket, is_tool_ticket_id
 from sandcell.service.core import RunState, Service
 from sandcell.service.problems import ServiceProblem
-from sandcell.service.tenants import Tenant, TenantError
+from sandcell.service.tenants import Tenant, hash_key
 from sandcell.service.ui.browser_sessions import BrowserSession, BrowserSessions
 from sandcell.service.ui.guard import (
     COOKIE,
@@ -119,12 +119,12 @@ class _Ui:
     def _tenant_of(self, session: BrowserSession | None) -> Tenant:
         if session is None or session.tenant is None:
             raise _LoginRequired
-        try:
-            return self.service.tenants.get(session.tenant)
-        except TenantError:
-            # Removed since login: its sessions end with it.
-            self.sessions.end_tenant(session.tenant)
-            raise _LoginRequired from None
+        tenant = self.service.tenants.get_with_key(session.tenant, session.key_sha256)
+        if tenant is None:
+            # Removed, or its key rotated, since login: the session ends with the key.
+            self.sessions.end(session.id)
+            raise _LoginRequired
+        return tenant
 
     def _logged_in(self, request: Request) -> tuple[BrowserSession, Tenant]:
         session = self._session(request)
@@ -244,7 +244,7 @@ class _Ui:
         # A new id at login: whatever id the browser had before never becomes a logged-in one.
         self.sessions.end(session.id)
         response = _see_other("/")
-        set_cookie(response, request, self.sessions.new(tenant.name))
+        set_cookie(response, request, self.sessions.new(tenant.name, key_sha256=hash_key(key)))
         return response
 
     async def logout(self, request: Request) -> Response:
