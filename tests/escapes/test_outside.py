@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import secrets
 import socket
-import sys
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -23,10 +22,10 @@ from typing import Any
 
 import pytest
 from tests.integration.egress_servers import Servers, servers
+from tests.integration.loopback_http import serving_mcp
 
 from .conftest import END, Attack, Listener
 
-SERVER = Path(__file__).resolve().parents[1] / "mcp_ticket_server.py"
 API_KEY = f"wx-{secrets.token_hex(12)}"
 TICKETS_TOKEN = f"tk-{secrets.token_hex(12)}"
 HOST_ENV = {"WEATHER_API_KEY": API_KEY, "TICKETS_TOKEN": TICKETS_TOKEN}
@@ -125,7 +124,9 @@ def outside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outside]:
     api = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
     threading.Thread(target=api.serve_forever, daemon=True).start()
     decoy, decoy2 = _listener("127.0.0.1"), _listener("127.0.0.2")
-    with servers(folder) as web:
+    # The MCP upstream over streamable HTTP, started once: a stdio server would be started per
+    # run (the gateway's own tests cover stdio).
+    with servers(folder) as web, serving_mcp(TICKETS_TOKEN) as mcp_url:
         web.ca_file.chmod(0o644)
         plain, tls = web.plain.port, web.tls.port
         allow = '\nallow_addresses = ["127.0.0.1/32"]\n'
@@ -146,7 +147,7 @@ max_result_bytes = 100000
 
 [tools.tickets]
 kind = "mcp"
-command = ["{sys.executable}", "{SERVER}", "stdio"]
+url = "{mcp_url}"
 allow = ["search_tickets", "create_ticket", "echo_secret"]
 credential_env = "TICKETS_TOKEN"
 approval = {{ create_ticket = "always" }}

@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.integration.loopback_http import serving_mcp
 
 from sandcell.policy.profiles import parse_profile
 from sandcell.tools import sandcell_tools
@@ -92,28 +93,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def mcp_url() -> Iterator[str]:
-    port = _free_port()
-    env = {**os.environ, "TICKETS_TOKEN": TICKETS_TOKEN}
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "http", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("the MCP test server over streamable HTTP did not start")
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with serving_mcp(TICKETS_TOKEN) as url:
+        yield url
 
 
 def _profile(api: str, mcp_url: str, **extra: str) -> tuple[ToolDefinition, ...]:
