@@ -76,16 +76,26 @@ class _Client:
     def __init__(self, url: str, key: str) -> None:
         host, port = url.removeprefix("http://").split(":")
         self._conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        self._connect()
+        self._headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def _connect(self) -> None:
+        self._conn.close()
         self._conn.connect()
         assert self._conn.sock is not None
         self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
     def run(self, code: str) -> tuple[int, dict[str, Any]]:
-        self._conn.request(
-            "POST", "/v1/runs", body=json.dumps({"code": code}), headers=self._headers
-        )
-        answer = self._conn.getresponse()
+        body = json.dumps({"code": code})
+        try:
+            self._conn.request("POST", "/v1/runs", body=body, headers=self._headers)
+            answer = self._conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closes a connection idle for 5 s (uvicorn's keep-alive), which a
+            # pause on a loaded host can reach: connect again, once.
+            self._connect()
+            self._conn.request("POST", "/v1/runs", body=body, headers=self._headers)
+            answer = self._conn.getresponse()
         return answer.status, json.loads(answer.read())
 
     def close(self) -> None:

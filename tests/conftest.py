@@ -163,6 +163,9 @@ class UnprivEnv:
     home: Path
     runs: Path
     mode: IsolationMode = IsolationMode.STRICT
+    pycache: Path | None = None
+    """The user's own bytecode cache (``PYTHONPYCACHEPREFIX``): it may not write the checkout's
+    ``__pycache__``, so without one every ``sandcell`` it starts compiles sandcell again."""
 
 
 @pytest.fixture(scope="session")
@@ -194,13 +197,34 @@ def unpriv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UnprivEnv]:
         python, src = str(stage / "venv" / "bin" / "python"), stage / "src"
     home = stage / "home"
     runs = stage / "runs"
-    for d in (home, runs):
+    pycache = stage / "pycache"
+    for d in (home, runs, pycache):
         d.mkdir()
         shutil.chown(d, UNPRIV_USER, UNPRIV_USER)
         d.chmod(0o700)
-    env = UnprivEnv(user=UNPRIV_USER, python=python, pythonpath=str(src), home=home, runs=runs)
+    env = UnprivEnv(
+        user=UNPRIV_USER, python=python, pythonpath=str(src), home=home, runs=runs, pycache=pycache
+    )
     yield UnprivEnv(**{**env.__dict__, "mode": _user_mode(env)})
     shutil.rmtree(stage, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_bytecode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where ``PYTHONDONTWRITEBYTECODE`` is set, every sandcell program the suite starts as root
+    (the CLI, services, session servers: hundreds of them) would compile all of sandcell again
+    from source. For the session they share one bytecode cache outside the checkout instead
+    (``PYTHONPYCACHEPREFIX``): still nothing is written in the tree, and the same code runs."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        yield
+        return
+    saved = os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTHONPYCACHEPREFIX", None)
+        os.environ["PYTHONDONTWRITEBYTECODE"] = saved
 
 
 def run_as_user(
@@ -212,12 +236,14 @@ def run_as_user(
     extra_env: Mapping[str, str] | None = None,
     pass_fds: Sequence[int] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    """``sandcell ARGS`` as the unprivileged user, with a clean environment (plus ``extra_env``
-    and ``pass_fds``, for tests that check those do not reach the sandbox)."""
+    """``sandcell ARGS`` as the unprivileged user, with a clean environment (plus the user's
+    bytecode cache, and ``extra_env`` and ``pass_fds``, for tests that check those do not reach
+    the sandbox)."""
     cmd = [
         "runuser", "-u", env.user, "--", "env", "-i",
         "PATH=/usr/bin:/bin", f"HOME={env.home}", f"PYTHONPATH={env.pythonpath}",
         f"SANDCELL_HOME={env.home}", f"SANDCELL_RUNS={env.runs}",
+        *([f"PYTHONPYCACHEPREFIX={env.pycache}"] if env.pycache is not None else []),
         *(f"{k}={v}" for k, v in (extra_env or {}).items()),
         env.python, "-m", "sandcell", *args,
     ]  # fmt: skip

@@ -7,9 +7,9 @@ export and a record of every run.
 42
 """
 
-import importlib
-from typing import TYPE_CHECKING
-
+# Not `from typing import TYPE_CHECKING`: `import sandcell` is the first step of every command
+# line call (sandcell._entry), and typing costs more to import than a run through the service.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandcell.artifacts import ArtifactStore, ExportLimits
     from sandcell.audit import AuditLog
@@ -75,6 +75,8 @@ def __getattr__(name: str) -> object:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'sandcell' has no attribute {name!r}")
+    import importlib
+
     value = getattr(importlib.import_module(where), name)
     globals()[name] = value
     return value

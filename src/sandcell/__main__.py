@@ -1,5 +1,5 @@
-"""``python -m sandcell``: the command line."""
+"""``python -m sandcell``: the command line, through the first step the installed one takes."""
 
-from sandcell.cli import entry
+from sandcell._entry import entry
 
 entry()

@@ -8,6 +8,7 @@ is denied with a ``py.package`` finding placed on the import line.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,10 @@ def resolve_packages(
     requires; anything else is a ``deny`` finding. ``code``, when given, places the findings
     on the import lines; ``local`` names modules the run brings itself (its own input files).
     """
+    if not set(code_imports) - sys.stdlib_module_names - set(local):
+        # Nothing but the standard library: no need to read the runtime's package metadata,
+        # which costs a command line run more than the run itself.
+        return Resolution(paths=(), packages=(), findings=())
     allowed = {normalize_name(p) for p in allowed_packages}
     known = runtime_imports() | set(local)
     if set(code_imports) <= known:

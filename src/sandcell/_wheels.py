@@ -32,7 +32,6 @@ import re
 import stat
 import zipfile
 from collections.abc import Iterable, Sequence
-from email.parser import HeaderParser
 from pathlib import Path
 
 from sandcell.errors import ConfigError
@@ -130,6 +129,10 @@ def dist_imports(dist_info: Path) -> set[str]:
 
 def read_metadata(dist_info: Path) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """Name, version, unconditional requirements and marker-gated ones, from METADATA."""
+    # Imported here: the email package costs every command line run a few milliseconds, and
+    # metadata is read only when a run imports something outside the standard library.
+    from email.parser import HeaderParser
+
     text = (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace")
     msg = HeaderParser().parsestr(text)
     required: list[str] = []

@@ -38,9 +38,6 @@ import os
 import re
 import shutil
 import stat
-
-# Entity declarations are refused before parsing (_check_image): no XML bombs, no externals.
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -356,6 +353,10 @@ def _check_image(media_type: str, blob: bytes, name: str) -> None:
     # Entity declarations are how XML bombs and external entities start; an SVG needs none.
     if "<!ENTITY" in text.upper():
         raise _Refused(f"{name} declares XML entities")
+    # Imported here: only a run that shows an SVG needs an XML parser, and the executor that
+    # imports this module is on the path of every command line run.
+    import xml.etree.ElementTree as ET
+
     try:
         # Entity declarations were refused above: no XML bomb, no external entity to resolve.
         root = ET.fromstring(text)  # noqa: S314

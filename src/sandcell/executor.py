@@ -39,6 +39,12 @@ from sandcell.policy.approvals import (
 )
 from sandcell.policy.gate import Admission, admit
 from sandcell.policy.profiles import DEFAULT_PROFILE, Profile, load_profile
+from sandcell.replay.evidence import (
+    RECORD_VERSION,
+    declared_record,
+    keep_stdin,
+    packages_record,
+)
 from sandcell.run_sockets import RunSockets
 from sandcell.runtimes import runtime_for
 from sandcell.spec import (
@@ -68,11 +74,21 @@ if TYPE_CHECKING:
     import pydantic
 
     from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.live_output import LiveOutput, OutputListener
     from sandcell.network.addresses import Resolver
+    from sandcell.replay import ReplayReport
     from sandcell.sessions import Session
     from sandcell.tools.approval import Approver
 
 ApprovalCallback = Callable[[Ticket], bool]
+
+PostCollect = Callable[
+    [Path, tuple[Artifact, ...], tuple[RejectedExport, ...]],
+    tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]],
+]
+"""Called after the exports were collected, with the workspace (still there) and what was
+exported; returns the run's artifacts and rejections (``--workdir-from`` turns the sandbox's
+change archive into the change set here, :mod:`sandcell.changes`)."""
 """Called with the stored ticket of a run that needs approval; True approves and runs it."""
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH)", re.IGNORECASE)
@@ -233,8 +249,10 @@ class Executor:
         invariants: Sequence[InvariantLike] = (),
         result_file: str | None = None,
         approve: ApprovalCallback | None = None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
-        """:meth:`run` for asyncio: the sandbox is supervised on a worker thread."""
+        """:meth:`run` for asyncio: the sandbox is supervised on a worker thread (and
+        ``on_output`` is called from a thread of the run, not the event loop)."""
         import asyncio  # only asyncio callers pay for importing it
 
         return await asyncio.to_thread(
@@ -246,6 +264,7 @@ class Executor:
             invariants=invariants,
             result_file=result_file,
             approve=approve,
+            on_output=on_output,
         )
 
     def run(
@@ -260,6 +279,9 @@ class Executor:
         approve: ApprovalCallback | None = None,
         wrap: Callable[[RunRequest], RunRequest] | None = None,
         run_id: str | None = None,
+        on_output: OutputListener | None = None,
+        record_extra: Mapping[str, object] | None = None,
+        post_collect: PostCollect | None = None,
     ) -> RunResult:
         """Run one program in a fresh sandbox, if the profile allows it.
 
@@ -272,8 +294,18 @@ class Executor:
         under its test harness): the checks judge the caller's code, not the wrapper's.
         ``run_id`` names the run in the sandbox and its record (default: a fresh one), so that
         :meth:`cancel` can reach it while it runs; a run that never starts gets its own id.
+        ``on_output(stream, text)`` is told the program's stdout and stderr while it runs,
+        decoded, redacted and capped as the final output is (:mod:`sandcell.live_output`),
+        from another thread; it has had all of it when ``run`` returns.
+        ``record_extra``: fields added to the run's record (a replay's link to its original,
+        :mod:`sandcell.replay`); kept with an approval ticket for the run it approves.
+        ``post_collect`` reshapes what the run exported while its workspace still exists (the
+        patch workflow, :mod:`sandcell.changes`).
         """
         prof = self._profile(profile) if profile is not None else self.profile
+        # A wrapped run's record holds the wrapped program, which the checks never judged: a
+        # replay of it has to say so (sandcell.replay.plan).
+        ran_extra = record_extra if wrap is None else {**(record_extra or {}), "wrapped": True}
         backend = self.backend_for(prof)
         admission = admit(request, prof, result_file=result_file, cache=self.wheels)
         validators = _Validators.make(admission, schema=schema, model=model, invariants=invariants)
@@ -286,6 +318,7 @@ class Executor:
                 f"denied by profile {prof.name!r}: {admission.decision.reason}",
                 policy,
                 backend,
+                record_extra=record_extra,
             )
         if verdict == "approve":
             ticket = self.approvals.submit(
@@ -294,12 +327,15 @@ class Executor:
                 profile={**prof.to_record(), "backend": backend.name},
                 findings=policy["findings"],  # type: ignore[arg-type]
                 why=admission.decision.reason,
-                declared=_declared_for_storage(
-                    schema=schema,
-                    model=model,
-                    invariants=invariants,
-                    result_file=result_file,
-                    waiting=approve is None,
+                declared=_with_record_extra(
+                    _declared_for_storage(
+                        schema=schema,
+                        model=model,
+                        invariants=invariants,
+                        result_file=result_file,
+                        waiting=approve is None,
+                    ),
+                    record_extra,
                 ),
             )
             if approve is None:
@@ -310,6 +346,7 @@ class Executor:
                     f"approve it with: sandcell approve {ticket.id}",
                     {**policy, "approval": {"id": ticket.id, "status": "pending"}},
                     backend,
+                    record_extra=record_extra,
                 )
             who = f"callback:{getattr(approve, '__qualname__', 'approve')}"
             if not approve(ticket):
@@ -322,6 +359,7 @@ class Executor:
                     f"approval {ticket.id} was denied by {who}",
                     {**policy, "approval": _denial(denied)},
                     backend,
+                    record_extra=record_extra,
                 )
             approved = self.approvals.approve(ticket.id, by=who)
             result = self._execute(
@@ -331,11 +369,24 @@ class Executor:
                 validators,
                 {**policy, "approval": approval_record(approved.ticket)},
                 run_id=run_id,
+                on_output=on_output,
+                record_extra=ran_extra,
+                post_collect=post_collect,
             )
             self.approvals.mark_ran(ticket.id, result.run_id)
             return result
         admitted = wrap(admission.request) if wrap is not None else admission.request
-        return self._execute(backend, prof, admitted, validators, policy, run_id=run_id)
+        return self._execute(
+            backend,
+            prof,
+            admitted,
+            validators,
+            policy,
+            run_id=run_id,
+            on_output=on_output,
+            record_extra=ran_extra,
+            post_collect=post_collect,
+        )
 
     def session(
         self,
@@ -372,6 +423,7 @@ class Executor:
         by: str | None = None,
         reason: str = "",
         run_id: str | None = None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         """Approve a waiting run and run exactly the stored request (its hash is checked).
 
@@ -428,7 +480,14 @@ class Executor:
         policy = {**admission.policy_record(), "approval": approval_record(approved.ticket)}
         try:
             result = self._execute(
-                backend, prof, approved.request, validators, policy, run_id=run_id
+                backend,
+                prof,
+                approved.request,
+                validators,
+                policy,
+                run_id=run_id,
+                on_output=on_output,
+                record_extra=_stored_record_extra(declared),
             )
         except SandcellError:
             # Nothing ran: the ticket waits again rather than stay approved and unrunnable.
@@ -436,6 +495,36 @@ class Executor:
             raise
         self.approvals.mark_ran(ticket.id, result.run_id)
         return result
+
+    def replay(
+        self,
+        run_id: str,
+        *,
+        use_current_profile: bool = False,
+        backend: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: OutputListener | None = None,
+        run_id_of_replay: str | None = None,
+    ) -> ReplayReport:
+        """Run the recorded run ``run_id`` again as its record says, and compare the results.
+
+        The replay is a new run under the same policy gate (it may wait for approval again),
+        recorded with ``replay_of``; see :mod:`sandcell.replay` for what is refused (a changed
+        profile unless ``use_current_profile``, a changed or missing input, a session cell) and
+        what is only reported (a changed runtime, a ``backend`` override).
+        ``run_id_of_replay`` names the replay's own run (as ``run_id`` does for :meth:`run`).
+        """
+        from sandcell.replay import replay
+
+        return replay(
+            self,
+            run_id,
+            use_current_profile=use_current_profile,
+            backend=backend,
+            env=env,
+            on_output=on_output,
+            run_id_of_replay=run_id_of_replay,
+        )
 
     def deny_approval(self, approval_id: str, *, reason: str, by: str | None = None) -> RunResult:
         """Deny a waiting run; the denial is recorded as a run that did not happen."""
@@ -452,6 +541,7 @@ class Executor:
             Outcome.DENIED,
             f"approval {ticket.id} was denied by {ticket.decided_by}: {ticket.decision_reason}",
             record,
+            record_extra=_stored_record_extra(ticket.declared or {}),
         )
 
     # -- internals ----------------------------------------------------------------------------
@@ -474,6 +564,22 @@ class Executor:
             run_id=run_id,
         )
 
+    def live_output(
+        self, listener: OutputListener | None, request: RunRequest, *, secrets: Sequence[str] = ()
+    ) -> LiveOutput | None:
+        """The output sink a backend is given for ``listener``: the run's caps, and the same
+        secrets redacted as in its final output (the host's and ``secrets``, the gateway's)."""
+        if listener is None:
+            return None
+        from sandcell.live_output import LiveOutput
+
+        limits = request.effective_limits
+        return LiveOutput(
+            listener,
+            caps={"stdout": limits.stdout_bytes, "stderr": limits.stderr_bytes},
+            known_secrets=(*self.known_secrets, *secrets),
+        )
+
     def _execute(
         self,
         backend: Backend,
@@ -483,6 +589,9 @@ class Executor:
         policy: Mapping[str, object],
         *,
         run_id: str | None = None,
+        on_output: OutputListener | None = None,
+        record_extra: Mapping[str, object] | None = None,
+        post_collect: PostCollect | None = None,
     ) -> RunResult:
         globs = validate_globs(request.exports)
         inputs = inspect_inputs(request.inputs)
@@ -495,21 +604,28 @@ class Executor:
             if request.display:
                 # First, and the output directory goes with it: never exported as a file.
                 displayed.append(take_outputs(ws, self.store))
-            if not globs:
-                return (), ()
-            return collect_exports(ws, globs, self.store, self.export_limits)
+            found: tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]] = ((), ())
+            if globs:
+                found = collect_exports(ws, globs, self.store, self.export_limits)
+            return found if post_collect is None else post_collect(ws, *found)
 
         sockets = self.open_sockets(profile, request, run_id=run_id)
+        live = self.live_output(
+            on_output, request, secrets=sockets.secrets if sockets is not None else ()
+        )
         try:
             br = backend.run(
                 request,
                 run_id=run_id,
                 collect=collect,
                 sockets=sockets.sandbox if sockets is not None else None,
+                on_output=live,
             )
         except InfraError as exc:
             br = _infra_result(str(exc), backend.name)
         finally:
+            if live is not None:
+                live.close()
             outside = sockets.close() if sockets is not None else None
         if displayed and br.outcome is not Outcome.INFRA_ERROR:
             shown = displayed[0]
@@ -526,6 +642,7 @@ class Executor:
             backend=backend,
             outside=outside,
             secrets=sockets.secrets if sockets is not None else (),
+            record_extra=record_extra,
         )
 
     def finish(
@@ -542,13 +659,14 @@ class Executor:
         backend: Backend | None = None,
         outside: Mapping[str, object] | None = None,
         secrets: Sequence[str] = (),
+        record_extra: Mapping[str, object] | None = None,
     ) -> RunResult:
         """What happens after a sandbox ran: validate the declared result, scan for leaks, write
         the record, return the typed result. Shared by one-shot runs and session cells.
 
         ``outside``: what the run's egress proxy and tool gateway saw
         (:meth:`RunSockets.take_record`); ``secrets``: the gateway's credentials, looked for in
-        every output like the host's own."""
+        every output like the host's own; ``record_extra``: fields added to the record."""
         known_secrets = (*self.known_secrets, *secrets)
         stdout = br.stdout.decode("utf-8", errors="replace")
         stderr = br.stderr.decode("utf-8", errors="replace")
@@ -605,7 +723,21 @@ class Executor:
             tools=_mapping(outside, "tools"),
         )
         record = self._record(request, result, br, inputs, backend or self.backend)
-        self.audit.append({**record, "network": result.network, "tools": result.tools})
+        self.audit.append(
+            {
+                # First, so that no extra field can replace one the executor wrote.
+                **(record_extra or {}),
+                **record,
+                "network": result.network,
+                "tools": result.tools,
+                "declared": declared_record(
+                    schema=validators.schema,
+                    model=validators.model,
+                    invariants=validators.invariants,
+                    result_file=validators.result_file,
+                ),
+            }
+        )
         return result
 
     def _result_bytes(self, artifacts: Sequence[Artifact], result_file: str | None) -> bytes | None:
@@ -623,6 +755,8 @@ class Executor:
         reason: str,
         policy: Mapping[str, object],
         backend: Backend | None = None,
+        *,
+        record_extra: Mapping[str, object] | None = None,
     ) -> RunResult:
         result = RunResult(
             run_id=uuid.uuid4().hex,
@@ -641,11 +775,10 @@ class Executor:
             started_at=_now(),
             policy=policy,
         )
-        self.audit.append(
-            self._record(
-                request, result, None, inspect_inputs(request.inputs), backend or self.backend
-            )
+        record = self._record(
+            request, result, None, inspect_inputs(request.inputs), backend or self.backend
         )
+        self.audit.append({**(record_extra or {}), **record})
         return result
 
     def _record(
@@ -698,6 +831,10 @@ class Executor:
             "outputs": [output_to_dict(o) for o in result.outputs],
             "start": start_to_dict(result.start),
             "session_id": result.session_id,
+            "record_version": RECORD_VERSION,
+            "stdin_kept": keep_stdin(self.store, request.stdin),
+            "packages": packages_record(request.packages, self.wheels),
+            "landlock": request.landlock,
             "enforcement": None
             if enforcement is None
             else {
@@ -807,6 +944,22 @@ def _declared_for_storage(
         "invariants": [t for t in texts if isinstance(t, str)],
         "result_file": result_file,
     }
+
+
+def _with_record_extra(
+    declared: dict[str, object] | None, record_extra: Mapping[str, object] | None
+) -> dict[str, object] | None:
+    """The declared result stored with an approval ticket, plus the fields the approved run's
+    record gets (so a replay that waited for approval stays linked to its original)."""
+    if not record_extra:
+        return declared
+    base = declared or {"schema": None, "invariants": [], "result_file": None}
+    return {**base, "record_extra": dict(record_extra)}
+
+
+def _stored_record_extra(declared: Mapping[str, object]) -> Mapping[str, object] | None:
+    extra = declared.get("record_extra")
+    return extra if isinstance(extra, Mapping) else None
 
 
 def _denial(ticket: Ticket) -> dict[str, object]:

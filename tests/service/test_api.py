@@ -90,8 +90,11 @@ def test_async_run_is_polled_and_streamed(service: ServiceProcess, home: Path) -
                 elif line.startswith("data: "):
                     events.append((kind, json.loads(line.removeprefix("data: "))))
         kinds = [k for k, _ in events]
-        assert kinds == ["status", "status", "result"], events
-        assert [d.get("status") for _, d in events] == ["queued", "running", "finished"]
+        # The output comes while the run runs, before its result (test_live_output.py).
+        assert kinds == ["status", "status", "stdout", "result"], events
+        assert events[2][1] == {"id": run_id, "text": "late\n"}
+        statuses = [d.get("status") for k, d in events if k != "stdout"]
+        assert statuses == ["queued", "running", "finished"]
         assert events[-1][1]["result"]["stdout"] == "late\n"
         polled = c.get(f"/v1/runs/{run_id}").json()
         assert polled["status"] == "finished" and polled["result"]["stdout"] == "late\n"

@@ -258,9 +258,9 @@ def test_approvals_and_audit_go_through_the_service(
     verified = _cli("audit", "verify", home=tmp_path, env=env)
     assert verified.returncode == 0 and "hash chain intact" in verified.stdout
     assert not (tmp_path / "audit.sqlite3").exists()
-    # Tool-call tickets are not in the service's API: said so, not guessed at.
+    # Tool-call tickets are decided through the service too: an unknown one is its 404.
     tool = _cli("approve", "t" + "0" * 11, home=tmp_path, env=env)
-    assert tool.returncode == 78 and "--no-service" in tool.stderr
+    assert tool.returncode == 78 and "no tool call" in tool.stderr
 
 
 def test_a_session_through_the_service(

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import ast
 import importlib
-import os
 import pkgutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import sandcell
+
+from .background import Check, result, started_early
 
 SRC = Path(sandcell.__file__).resolve().parent
 
@@ -127,46 +127,84 @@ def test_the_old_circle_is_gone() -> None:
 
 _CHILD = textwrap.dedent(
     """
-    import importlib, os, sys, traceback
+    import importlib, importlib.machinery, os, shutil, sys, tempfile, traceback
+
+    # Compiling sandcell's sources is the same work in every child: the parent compiles each one
+    # once (below, while it loads them all) and its forks reuse the code object instead of
+    # compiling it again (no .pyc is written: PYTHONDONTWRITEBYTECODE is honoured). A code object
+    # is immutable; each child still runs every module body afresh.
+    codes = {}
+    get_code = importlib.machinery.SourceFileLoader.get_code
+
+    def cached_get_code(loader, fullname):
+        if fullname != "sandcell" and not fullname.startswith("sandcell."):
+            return get_code(loader, fullname)
+        if loader.path not in codes:
+            codes[loader.path] = get_code(loader, fullname)
+        return codes[loader.path]
+
+    importlib.machinery.SourceFileLoader.get_code = cached_get_code
     names = sys.argv[1:]
+    out_dir = tempfile.mkdtemp(prefix="sandcell-imports-")
     for name in names:
         __import__(name)
     loaded = [m for m in sys.modules if m == "sandcell" or m.startswith("sandcell.")]
     for m in loaded:
         del sys.modules[m]
-    failed = []
-    for name in names:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                importlib.import_module(name)
-            except BaseException:
-                traceback.print_exc()
-                os._exit(1)
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
+
+    def child(name):
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            with open(os.path.join(out_dir, name), "w") as f:
+                traceback.print_exc(file=f)
+            os._exit(1)
+        os._exit(0)
+
+    # Each module in its own forked child; as many children at once as there are CPUs.
+    failed, running, todo = [], {}, list(names)
+    while todo or running:
+        while todo and len(running) < (os.cpu_count() or 1):
+            name = todo.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                child(name)
+            running[pid] = name
+        pid, status = os.wait()
+        name = running.pop(pid)
         if os.waitstatus_to_exitcode(status) != 0:
             failed.append(name)
-    print("FAILED:" + ",".join(failed))
+    for name in failed:
+        path = os.path.join(out_dir, name)
+        sys.stderr.write(open(path).read() if os.path.exists(path) else name + ": no traceback\\n")
+    shutil.rmtree(out_dir)
+    print("FAILED:" + ",".join(sorted(failed)))
     """
 )
 
 
+def _import_each_alone() -> list[str]:
+    names = sorted(_modules())
+    # Modules that run something when imported as a program, not as a library.
+    names = [n for n in names if not n.endswith("__main__")]
+    return [sys.executable, "-c", _CHILD, *names]
+
+
+IMPORT_EACH_ALONE = Check(
+    "every module imported alone",
+    _import_each_alone,
+    cwd=SRC.parents[1],
+    env={"PYTHONDONTWRITEBYTECODE": "1"},
+)
+"""About a minute of CPU: started when the suite is collected, read by the test below."""
+
+
+@started_early(IMPORT_EACH_ALONE)
 def test_every_module_imports_alone() -> None:
     """Each module in a fresh sandcell state: the third-party libraries are loaded once in the
     parent (it is sandcell's own order that matters), then every module is imported in a forked
     child in which no sandcell module exists yet."""
-    names = sorted(_modules())
-    # Modules that run something when imported as a program, not as a library.
-    names = [n for n in names if not n.endswith("__main__")]
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, *names],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
+    proc = result(IMPORT_EACH_ALONE)
     assert proc.returncode == 0, proc.stderr[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("FAILED:"), proc.stdout[-2000:]

@@ -59,6 +59,9 @@ class Task:
     operations: tuple[ToolOperation, ...] = ()
     """The profile's governed tools as listed when the question was asked: the system prompt
     is written again from them when the conversation switches to plain text."""
+    workdir: Path | None = None
+    """A repository every run gets a writable copy of (``ask --workdir-from``); each run's
+    change set is recorded with it (:mod:`sandcell.changes`)."""
 
     def tell(self, text: str) -> None:
         """Say ``text`` to the model: the result of its pending tool call, or a user message."""

@@ -140,8 +140,14 @@ class Agent:
         *,
         schema: Mapping[str, object] | None = None,
         invariants: Sequence[str] = (),
+        workdir: str | Path | None = None,
     ) -> Answer:
         """Answer ``question`` from ``inputs`` (host paths, read-only in the sandbox).
+
+        With ``workdir`` (a repository), every run works in a fresh writable copy of it and
+        records what it changed (:mod:`sandcell.changes`): the answer's artifacts carry the
+        change set of the last successful run (``changes.patch``), ready for ``sandcell changes
+        apply``; the directory itself is never written.
 
         ``exports`` are globs of files the runs may hand back (charts, tables); ``schema`` and
         ``invariants`` declare a result every run must print as its last JSON line. Raises
@@ -167,6 +173,7 @@ class Agent:
             protocol="text" if tool_calling_of(self.model) == "text" else "native",
             # Listed once, on the host: an MCP server's schemas come from the server itself.
             operations=list_operations(prof),
+            workdir=None if workdir is None else Path(workdir).resolve(),
         )
         task.messages += [
             Message(role="system", content=self._system_prompt(task)),
@@ -179,7 +186,8 @@ class Agent:
                     known_secrets=self.executor.known_secrets,
                     schema=schema,
                     invariants=invariants,
-                ),
+                )
+                + _workdir_note(task.workdir),
             ),
         ]
         return self._loop(task)
@@ -358,7 +366,7 @@ class Agent:
                 inputs=task.inputs,
                 exports=task.exports,
                 limits=limits.with_(wall_time_s=wall),
-                display=block.language == "python",
+                display=block.language == "python" and task.workdir is None,
             )
         except ConfigError as exc:
             return "format", feedback.unusable_reply(str(exc))
@@ -372,13 +380,26 @@ class Agent:
                 self._emit(task, "approval", step, f"attempt {index} waits for approval", index)
                 return decide(ticket)
 
-        result = self.executor.run(
-            request,
-            profile=prof,
-            schema=task.schema,
-            invariants=task.invariants,
-            approve=approve,
-        )
+        if task.workdir is not None:
+            from sandcell.changes.run import run_in_workdir
+
+            result = run_in_workdir(
+                self.executor,
+                request,
+                task.workdir,
+                profile=prof,
+                schema=task.schema,
+                invariants=task.invariants,
+                approve=approve,
+            )
+        else:
+            result = self.executor.run(
+                request,
+                profile=prof,
+                schema=task.schema,
+                invariants=task.invariants,
+                approve=approve,
+            )
         cut = wall < limits.wall_time_s
         return self._observe(task, step, index, block, result, note=note, cut=cut)
 
@@ -590,6 +611,19 @@ class Agent:
         task.events.append(event)
         if self.on_event is not None:
             self.on_event(event)
+
+
+def _workdir_note(workdir: Path | None) -> str:
+    if workdir is None:
+        return ""
+    return (
+        f"\n\nThe working directory of every run is a fresh, writable copy of the repository "
+        f"{workdir.name!r} (.git included). Change its files in place and run its tests in the "
+        "same program; the tests' exit status is the run's. Nothing carries over between runs: "
+        "each run starts again from the original repository. The changes your last successful "
+        "run made are the proposed patch, which a person reviews and applies; in your answer, "
+        "say what you changed and what the tests printed."
+    )
 
 
 def _why(kind: _FailureKind) -> str:

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 Collector = Callable[[Path], tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]]
 """Called with the workspace, while it still exists and no sandbox process is alive, to export."""
 
+OutputSink = Callable[[str, bytes], None]
+"""Told each piece of the program's output as the backend reads it: ``("stdout" | "stderr",
+raw bytes)``, from a backend thread, in order per stream, never more than the stream's cap in
+all. It must return quickly and not raise; the executor's wrapper decodes, redacts and caps
+before anything reaches a caller (:mod:`sandcell.live_output`)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendResult:
@@ -94,9 +100,11 @@ class Backend(Protocol):
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         """Run ``request``; with ``sockets`` (its profile reaches outside), make them reachable
-        inside the sandbox as :mod:`sandcell.run_sockets` says, or raise IsolationUnavailable."""
+        inside the sandbox as :mod:`sandcell.run_sockets` says, or raise IsolationUnavailable.
+        With ``on_output``, tell it the program's output as it is read (:data:`OutputSink`)."""
         ...
 
     def versions(self) -> Mapping[str, str]:
@@ -114,4 +122,4 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-__all__ = ["Backend", "BackendResult", "BackendStatus", "Collector", "started_cold"]
+__all__ = ["Backend", "BackendResult", "BackendStatus", "Collector", "OutputSink", "started_cold"]

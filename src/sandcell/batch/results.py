@@ -9,6 +9,7 @@ An exclusive lock on the file keeps two batches from writing it at once.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from sandcell.errors import ConfigError
+from sandcell.errors import ConfigError, InfraError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,10 +129,21 @@ class ResultsFile:
         with self._lock:
             if self._fd < 0:
                 raise ConfigError(f"results file {str(self.path)!r} is closed")
+            end = os.fstat(self._fd).st_size  # only this object writes the file (the lock)
             written = 0
-            while written < len(payload):
-                written += os.write(self._fd, payload[written:])
-            os.fsync(self._fd)
+            try:
+                while written < len(payload):
+                    written += os.write(self._fd, payload[written:])
+                os.fsync(self._fd)
+            except OSError as exc:
+                # A full disk can take part of a line: cut it off, or the next line written
+                # (once space is back) would be glued to it and the file could not be resumed.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, end)
+                raise InfraError(
+                    f"cannot write a result line to {str(self.path)!r}: {exc.strerror or exc}; "
+                    "its task has no result and runs again when the batch is resumed"
+                ) from exc
 
 
 __all__ = ["Recorded", "ResultsFile"]

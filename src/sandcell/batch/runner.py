@@ -171,6 +171,23 @@ def refused_line(task: Task, error: ConfigError, backend: str) -> dict[str, obje
     }
 
 
+def run_task(executor: Executor, task: Task) -> dict[str, object]:
+    """Run one task in a fresh sandbox and return its result line (``refused`` when no run can
+    take its request). The local batch and the Ray workers (:mod:`sandcell.ray`) both run tasks
+    through this, so a task means the same wherever it runs."""
+    secret = new_secret()
+    # The profile checks the program and its test; the sandbox runs them under the harness,
+    # whose verdict carries the secret.
+    wrap = functools.partial(sandbox_request, task=task, secret=secret)
+    try:
+        result = executor.run(checked_request(task), wrap=wrap)
+    except ConfigError as exc:
+        # This task's request is at fault (an input the sandbox cannot take, an export beyond
+        # the profile): its own result, and the batch goes on.
+        return refused_line(task, exc, executor.backend.name)
+    return result_line(task, result, secret, backend=executor.backend.name)
+
+
 def _cold_reason(result: RunResult) -> str | None:
     note = result.enforcement.layers.get("warm_start") if result.enforcement else None
     return note.removeprefix("not used: ") if note and note.startswith("not used: ") else None
@@ -223,29 +240,18 @@ class _Batch:
 
     def work(self) -> None:
         while (task := self.next_task()) is not None:
-            secret = new_secret()
-            # The profile checks the program and its test; the sandbox runs them under the
-            # harness, whose verdict carries the secret.
-            wrap = functools.partial(sandbox_request, task=task, secret=secret)
             try:
-                try:
-                    result = self.executor.run(checked_request(task), wrap=wrap)
-                except ConfigError as exc:
-                    # This task's request is at fault (an input the sandbox cannot take, an
-                    # export beyond the profile): its own result, and the batch goes on.
-                    line, mode = refused_line(task, exc, self.executor.backend.name), None
-                else:
-                    if self.stop.is_set():
-                        return  # killed by the interrupt (or finished as it came): run it again
-                    line = result_line(task, result, secret, backend=self.executor.backend.name)
-                    mode = result.start.mode
+                line = run_task(self.executor, task)
+                mode = line["start"]
+                if line["outcome"] != REFUSED and self.stop.is_set():
+                    return  # killed by the interrupt (or finished as it came): run it again
                 with self.lock:
                     self.results.append(line)
                     verdict = Recorded.of(line)
                     self.verdicts[task.id] = verdict
                     self.passed += verdict.passed
                     self.ran += 1
-                    if mode is not None:
+                    if isinstance(mode, str):
                         self.starts[mode] += 1
                     if self.on_progress is not None:
                         self.on_progress(self.progress())
@@ -259,7 +265,7 @@ class _Batch:
                 return
 
 
-def _refuse_stale(tasks: Sequence[Task], results: ResultsFile) -> None:
+def refuse_stale(tasks: Sequence[Task], results: ResultsFile) -> None:
     """A result recorded for another version of a task would be kept as if it were this one's."""
     stale = [
         t.id
@@ -305,7 +311,7 @@ def run_batch(
         raise ValueError("concurrency must be at least 1")
     stop = stop or threading.Event()
     with ResultsFile(results_path, restart=restart) as results:
-        _refuse_stale(tasks, results)
+        refuse_stale(tasks, results)
         batch = _Batch(executor, tasks, results, stop, on_progress)
         workers = [
             threading.Thread(target=batch.work, name=f"sandcell-batch-{i}", daemon=True)
@@ -341,7 +347,9 @@ __all__ = [
     "BatchProgress",
     "BatchSummary",
     "ProgressCallback",
+    "refuse_stale",
     "refused_line",
     "result_line",
     "run_batch",
+    "run_task",
 ]

@@ -25,6 +25,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "approvals": ("approvals", "handle_approvals"),
     "approve": ("approvals", "handle_approve"),
     "deny": ("approvals", "handle_deny"),
+    "changes": ("changes", "handle"),
     "packages": ("packages", "handle"),
     "batch": ("batch", "handle"),
     "ask": ("ask", "handle"),
@@ -52,6 +53,7 @@ _MODULES = (
     "tenants",
     "policy",
     "approvals",
+    "changes",
     "packages",
 )
 _SEVERAL = {"policy", "approvals", "packages"}
@@ -103,13 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(argv)
     args = _parser(None if command is None else _COMMANDS[command][0]).parse_args(argv)
+    module_name, handler_name = _COMMANDS[args.command]
+    handler: Callable[[argparse.Namespace], int] = getattr(_module(module_name), handler_name)
+    return guarded(lambda: handler(args))
+
+
+def guarded(call: Callable[[], int]) -> int:
+    """``call()``'s exit status, or the one for the error it raised, said on stderr as every
+    command says it (also for the fast entry, :mod:`sandcell._entry`)."""
     from sandcell import status
     from sandcell.errors import AuditError, SandcellError
 
-    module_name, handler_name = _COMMANDS[args.command]
-    handler: Callable[[argparse.Namespace], int] = getattr(_module(module_name), handler_name)
     try:
-        return handler(args)
+        return call()
     except AuditError as exc:
         print(f"sandcell: audit: {exc}", file=sys.stderr)
         return status.EXIT_CONFIG
@@ -121,7 +129,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
-
-
-def entry() -> None:
-    sys.exit(main())

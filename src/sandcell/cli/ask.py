@@ -31,6 +31,7 @@ from sandcell.validation import neutralise
 
 if TYPE_CHECKING:
     from sandcell.agent import Answer, Event
+    from sandcell.executor import Executor
     from sandcell.models.base import Model
     from sandcell.policy.approvals import Ticket
     from sandcell.tools.approval import Approver
@@ -67,6 +68,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="files the code may hand back, e.g. 'out/*.png' (repeatable)",
     )
     a.add_argument("--out", type=Path, help="copy the exported files of the answer here")
+    a.add_argument(
+        "--workdir-from",
+        type=Path,
+        metavar="DIR",
+        help="a repository each run changes a fresh copy of; the answer carries the last "
+        "successful run's patch for sandcell changes apply (docs/changes.md)",
+    )
     a.add_argument(
         "--model",
         help="provider:model, e.g. openai:gpt-4.1-mini, anthropic:..., openai-compatible:NAME "
@@ -152,11 +160,36 @@ def handle(args: argparse.Namespace) -> int:
             model_settings=settings.to_dict(),
             **_agent_options(args),
         )
-        answer = agent.ask(args.question, inputs=args.input, exports=args.export)
+        workdir = getattr(args, "workdir_from", None)
+        answer = agent.ask(args.question, inputs=args.input, exports=args.export, workdir=workdir)
         copied = (
             ex.store.copy_out(answer.artifacts, args.out) if args.out and answer.artifacts else []
         )
-    return _report(args, answer, answer_to_dict, settings.to_dict(), copied)
+        proposal = None if workdir is None else _proposal(ex, answer, workdir)
+    return _report(args, answer, answer_to_dict, settings.to_dict(), copied, proposal=proposal)
+
+
+def _proposal(ex: Executor, answer: Answer, workdir: Path) -> dict[str, object]:
+    """The change set of the last successful run of ``answer``, for the person to apply."""
+    from sandcell.changes.record import load
+
+    for attempt in reversed(answer.attempts):
+        if attempt.outcome != "ok" or attempt.run_id is None:
+            continue
+        try:
+            rec = load(ex.audit, ex.store, attempt.run_id)
+        except ConfigError as exc:
+            return {"run_id": attempt.run_id, "error": str(exc)}
+        return {
+            "run_id": rec.run_id,
+            "outcome": rec.outcome,
+            "changeset_sha256": rec.changeset_sha256,
+            "files": [c.path for c in rec.changes],
+            "patch": rec.patch.decode("utf-8", errors="replace"),
+            "apply": f"sandcell changes approve {rec.run_id} --sha256 {rec.changeset_sha256} "
+            f"&& sandcell changes apply {rec.run_id} --to {workdir}",
+        }
+    return {"run_id": None, "error": "no run succeeded: there is no patch to propose"}
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -262,16 +295,33 @@ def _report(
     to_dict: Callable[[Answer], dict[str, object]],
     settings: Mapping[str, object],
     copied: Sequence[Path],
+    *,
+    proposal: Mapping[str, object] | None = None,
 ) -> int:
     if args.json:
         body = to_dict(answer)
         body["model_settings"] = dict(settings)
         body["copied_to"] = [str(p) for p in copied]
+        if proposal is not None:
+            body["changes"] = dict(proposal)
         print(json.dumps(body, ensure_ascii=False))
     else:
         text = render(answer, copied=copied)
+        if proposal is not None:
+            text += _render_proposal(proposal)
         sys.stdout.write(neutralise(text) if sys.stdout.isatty() else text)
     return status.exit_code_for_stop(answer.stop_reason)
+
+
+def _render_proposal(p: Mapping[str, object]) -> str:
+    if p.get("error"):
+        return f"\npatch: none ({p['error']})\n"
+    files = p.get("files")
+    listed = ", ".join(str(f) for f in files) if isinstance(files, list) else ""
+    return (
+        f"\npatch of run {p['run_id']} (outcome {p['outcome']}; files: {listed or 'none'}):\n"
+        f"{p['patch']}\nto apply it: {p['apply']}\n"
+    )
 
 
 class _Progress:

@@ -29,9 +29,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "verify", help="check the hash chain for changed, deleted or reordered records"
     )
     add_service_option(av)
+    from sandcell.cli.audit_replay import add_parsers
+
+    add_parsers(asub)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.audit_command in ("replay", "compare"):
+        # They decide themselves where they run (a replay goes to a reachable service).
+        from sandcell.cli import audit_replay
+        from sandcell.home import data_dir
+
+        run = (
+            audit_replay.handle_replay
+            if args.audit_command == "replay"
+            else audit_replay.handle_compare
+        )
+        return run(args, args.home or data_dir())
     target = find_service(args)
     if target is not None:
         from sandcell.cli.remote_records import audit_remote
@@ -50,7 +64,8 @@ def handle(args: argparse.Namespace) -> int:
                 for e in entries:
                     s = _summary(e.record)
                     print(
-                        f"{s['run_id']}  {s['started_at']}  {s['language']:<6} "
+                        # An entry that is not a run (a change set applied) has no language.
+                        f"{s['run_id']}  {s['started_at']}  {s['language'] or '-':<6} "
                         f"{s['outcome']:<13} {s['wall_ms']} ms"
                     )
             return 0
@@ -92,6 +107,13 @@ def print_entry(
     print(_terminal_json(record))
     print(f"# seq {seq}, hash {hash_}")
     print(f"# boundary: {boundary_line(record)}")
+    if record.get("replay_of"):
+        replay = record.get("replay")
+        exact = isinstance(replay, Mapping) and replay.get("exact")
+        print(
+            f"# replay of {record.get('replay_of')}"
+            + ("" if exact else " (not exact, see replay.notes)")
+        )
     for line in connection_rows(record.get("network")):
         print(f"# {line}")
     for line in tool_call_rows(record.get("tools")):

@@ -39,6 +39,7 @@ from sandcell.spec import IsolationMode
 
 if TYPE_CHECKING:
     from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.batch import BatchSummary
 
 _PLAIN_EVERY_S = 5.0
 _BAR_WIDTH = 30
@@ -104,6 +105,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="sandboxes kept waiting with --start pool (default: concurrency + 1)",
     )
     add_backend_option(b)
+    b.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the tasks on a Ray cluster ('auto': the one started on this machine, else "
+        "HOST:PORT): one sandcell worker per node offering the sandcell_slots resource, the same "
+        "results file and resume rules (needs the ray extra; see docs/ray.md)",
+    )
     b.add_argument(
         "--restart", action="store_true", help="discard the results file's lines and run all"
     )
@@ -205,6 +213,8 @@ def handle(args: argparse.Namespace) -> int:
     warm = warm_config(args)
     stop = threading.Event()
     caught: list[int] = []
+    if args.ray is not None:
+        return _handle_ray(args, results, warm, stop, caught)
     with Executor(home=args.home, profile=args.profile, warm=warm, backend=args.backend) as ex:
         tasks = load_tasks(
             args.tasks,
@@ -226,6 +236,64 @@ def handle(args: argparse.Namespace) -> int:
                 )
             finally:
                 progress.end()
+    return _report(args, summary, results, warm, caught, extra={})
+
+
+def _handle_ray(
+    args: argparse.Namespace,
+    results: Path,
+    warm: WarmConfig | None,
+    stop: threading.Event,
+    caught: list[int],
+) -> int:
+    """``--ray``: the same tasks and results file, run by one worker per Ray node."""
+    from sandcell.batch import load_tasks
+    from sandcell.home import data_dir
+    from sandcell.policy.profiles import DEFAULT_PROFILE, load_profile
+    from sandcell.ray._ray import import_ray
+    from sandcell.ray.driver import run_batch_on_ray
+
+    import_ray()  # before reading the tasks: a missing extra is said first, with its fix
+    profile = load_profile(args.profile or os.environ.get("SANDCELL_PROFILE") or DEFAULT_PROFILE)
+    tasks = load_tasks(
+        args.tasks,
+        profile,
+        default_limits={"wall_time_s": args.timeout},
+        mode=IsolationMode(args.isolation),
+    )
+    progress = _Progress(tty=sys.stderr.isatty())
+    with _stop_on_signals(stop, caught):
+        try:
+            ray_summary = run_batch_on_ray(
+                tasks,
+                results,
+                address=args.ray,
+                profile=profile,
+                home=args.home or data_dir(),
+                concurrency=args.concurrency,
+                backend=args.backend,
+                warm=warm,
+                pool_size_given=args.pool_size is not None,
+                restart=args.restart,
+                stop=stop,
+                on_progress=progress,
+            )
+        finally:
+            progress.end()
+    extra = ray_summary.to_dict()["ray"]
+    assert isinstance(extra, dict)
+    return _report(args, ray_summary.batch, results, warm, caught, extra={"ray": extra})
+
+
+def _report(
+    args: argparse.Namespace,
+    summary: BatchSummary,
+    results: Path,
+    warm: WarmConfig | None,
+    caught: list[int],
+    *,
+    extra: dict[str, object],
+) -> int:
     if summary.truncated_line is not None:
         print(
             f"sandcell: results line {summary.truncated_line} was incomplete (the last batch was "
@@ -239,6 +307,7 @@ def handle(args: argparse.Namespace) -> int:
         "start_requested": args.start,
         "preload": list(warm.preload) if warm is not None else [],
         "pool_size": warm.pool_size if warm is not None and warm.mode == "pool" else None,
+        **extra,
     }
     if args.json:
         print(json.dumps(body, ensure_ascii=False))
@@ -273,6 +342,12 @@ def _print_summary(body: dict[str, object]) -> None:
     assert isinstance(starts, dict)
     shown = ", ".join(f"{k} {v}" for k, v in sorted(starts.items())) or "none"
     print(f"starts (--start {body['start_requested']}): {shown}")
+    ray = body.get("ray")
+    if isinstance(ray, dict):
+        nodes = ray["nodes"]
+        assert isinstance(nodes, list)
+        homes = ", ".join(f"{n['node_id'][:12]} ({n['home']})" for n in nodes) or "none"
+        print(f"ray: nodes {homes}; {ray['rerun_after_node_loss']} task(s) rerun after a node loss")
     print(f"results: {body['results']}")
 
 

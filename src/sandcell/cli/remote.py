@@ -10,9 +10,9 @@ reachable (see "The CLI and the service" in docs/service.md):
   (``service.sock``) when something listens on it.
 * else (or with ``--no-service``): in this process, as without a service.
 
-The socket asks for a key like TCP does: the service has one way to say who a caller is (a
-tenant, with its profiles, quotas and scope), and the socket's mode (0600) decides only who may
-connect at all.
+Without a key the command runs in this process, even though the service would serve this user
+keyless on its socket (the local owner): sending every keyless command there would refuse the
+options only an in-process run has (``--start``, ``--input DIR``, ``--profile FILE``).
 
 The requests are HTTP/1.1 written on the socket here (Unix or TCP, TLS for https): a command
 line call makes one or a few requests, and an HTTP client library would cost more to import than
@@ -41,7 +41,10 @@ __all__ = [
     "Remote",
     "Target",
     "add_service_option",
+    "broke_off",
+    "checked",
     "find_service",
+    "read_response",
 ]
 
 ENV_URL = "SANDCELL_URL"
@@ -252,22 +255,33 @@ class Remote:
         try:
             sock.sendall(head.encode("latin-1") + payload)
             with sock.makefile("rb") as reader:
-                answer = _read_response(reader)
+                answer = read_response(reader)
         except (OSError, ValueError) as exc:
-            raise InfraError(
-                f"the service at {self.target.where} broke off the answer ({exc}); its log says why"
-            ) from None
+            raise broke_off(self.target, exc) from None
         finally:
             sock.close()
-        if answer.status >= 400 and answer.status not in accept:
-            raise _problem(answer, self.target)
-        return answer
+        return checked(answer, self.target, accept)
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.call(method, path, **kwargs).json()
 
 
-def _read_response(reader: BinaryIO) -> Response:
+def broke_off(target: Target, exc: Exception) -> InfraError:
+    """The error for an answer that ended early or was not HTTP."""
+    return InfraError(
+        f"the service at {target.where} broke off the answer ({exc}); its log says why"
+    )
+
+
+def checked(answer: Response, target: Target, accept: tuple[int, ...] = ()) -> Response:
+    """``answer`` when it is a success (2xx) or its status is in ``accept``; else the error
+    :meth:`Remote.call` documents."""
+    if answer.status >= 400 and answer.status not in accept:
+        raise _problem(answer, target)
+    return answer
+
+
+def read_response(reader: BinaryIO) -> Response:
     """One HTTP/1.1 response: status line, headers, then a body by Content-Length, chunks, or
     up to the end of the connection.
 

@@ -3,8 +3,9 @@
 Through a service a command sees what the key's tenant owns there: its run records, its approvals
 (``/v1/audit``, ``/v1/approvals``); in-process it sees every record of the home. Runs, results and
 record entries print exactly as in-process. Where the service's API shows less than the local
-store (an approval's stored limits, inputs and environment; tool-call tickets), the command says
-so instead of making it up.
+store (an approval's stored limits, inputs and environment), the command says so instead of
+making it up. Tool calls waiting for a person (ids ``t...``) are listed, shown and decided through
+``/v1/tool-approvals``, with the same lines as in-process.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandcell.cli.remote import Remote, Target
 from sandcell.cli.remote_run import download, refuse_local_only
 from sandcell.cli.run import report
 from sandcell.errors import ConfigError
 from sandcell.spec import result_from_dict
+
+if TYPE_CHECKING:
+    from sandcell.policy.tool_tickets import ToolTicket
 
 __all__ = ["approvals_remote", "approve_remote", "audit_remote", "deny_remote"]
 
@@ -71,27 +75,42 @@ def audit_remote(args: argparse.Namespace, target: Target) -> int:
 _SUMMARY = ("run_id", "started_at", "language", "outcome", "wall_ms")
 
 
-def _no_tool_tickets(ident: str, target: Target) -> None:
+def _is_tool(ident: str) -> bool:
     from sandcell.policy.tool_tickets import is_tool_ticket_id
 
-    if is_tool_ticket_id(ident):
-        raise ConfigError(
-            f"{ident} is a tool call's approval: the service at {target.where} does not decide "
-            "those over its API; decide it on the service's host with --no-service"
-        )
+    return is_tool_ticket_id(ident)
+
+
+def _tool_ticket(d: dict[str, Any]) -> ToolTicket:
+    from sandcell.policy.tool_tickets import COLUMNS, ToolTicket
+
+    fields: dict[str, Any] = {k: d.get(k) for k in COLUMNS}
+    return ToolTicket(**fields)
 
 
 def approvals_remote(args: argparse.Namespace, target: Target) -> int:
     remote = Remote(target)
     if args.approvals_command == "list":
         status = "all" if args.all else "pending"
-        listed = remote.json("GET", "/v1/approvals", query={"status": status, "limit": 500})
+        query: dict[str, str | int] = {"status": status, "limit": 500}
+        listed = remote.json("GET", "/v1/approvals", query=query)
+        calls = [_tool_ticket(c) for c in remote.json("GET", "/v1/tool-approvals", query=query)]
         if args.json:
-            print(json.dumps([{"kind": "run", **a} for a in listed], ensure_ascii=False))
+            both = [{"kind": "run", **a} for a in listed] + [c.to_dict() for c in calls]
+            both.sort(key=lambda d: str(d.get("created_at", "")), reverse=True)
+            print(json.dumps(both, ensure_ascii=False))
         else:
-            print(_render_list(listed))
+            print(_render_both(listed, calls))
         return 0
-    _no_tool_tickets(args.id, target)
+    if _is_tool(args.id):
+        from sandcell.policy.tool_tickets import render_tool_ticket
+
+        call = _tool_ticket(remote.json("GET", f"/v1/tool-approvals/{args.id}"))
+        if args.json:
+            print(json.dumps(call.to_dict(), ensure_ascii=False))
+        else:
+            print(render_tool_ticket(call))
+        return 0
     approval = remote.json("GET", f"/v1/approvals/{args.id}")
     if args.json:
         print(json.dumps({"kind": "run", **approval}, ensure_ascii=False))
@@ -115,6 +134,39 @@ def _render_list(listed: list[dict[str, Any]]) -> str:
         created = str(a["created_at"])[:19].replace("T", " ")
         out.append(f"{a['id']}  {created}  {a['language']:<6}  {a['status']:<8}  {first}{more}")
     return "\n".join(out) + "\n"
+
+
+def _render_both(listed: list[dict[str, Any]], calls: list[ToolTicket]) -> str:
+    """Runs and tool calls merged newest first, as in-process (``cli.approvals``)."""
+    from sandcell.policy.tool_tickets import render_tool_list_lines
+
+    if not calls:
+        return _render_list(listed)
+    run_lines = _render_list(listed).splitlines() if listed else []
+    dated = [(str(a["created_at"]), line) for a, line in zip(listed, run_lines, strict=True)]
+    dated += list(zip((c.created_at for c in calls), render_tool_list_lines(calls), strict=True))
+    return "\n".join(line for _, line in sorted(dated, reverse=True)) + "\n"
+
+
+def _decide_tool(args: argparse.Namespace, remote: Remote, *, approve: bool) -> int:
+    """As ``sandcell approve|deny tID`` in-process: the call goes ahead, or is refused."""
+    from sandcell.validation import neutralise
+
+    if approve and (args.out is not None or args.backend is not None):
+        raise ConfigError(
+            f"{args.id} is a tool call, not a run: --out and --backend do not apply to it"
+        )
+    verb = "approve" if approve else "deny"
+    call = _tool_ticket(
+        remote.json("POST", f"/v1/tool-approvals/{args.id}/{verb}", body={"reason": args.reason})
+    )
+    if args.json:
+        print(json.dumps(call.to_dict(), ensure_ascii=False))
+    else:
+        run = f" of run {call.run_id}" if call.run_id else ""
+        then = "goes ahead" if approve else "is refused"
+        print(neutralise(f"{call.status}: tool call {call.id} ({call.tool}{run}); the call {then}"))
+    return 0
 
 
 def _render_approval(a: dict[str, Any], target: Target) -> str:
@@ -154,7 +206,8 @@ def _render_approval(a: dict[str, Any], target: Target) -> str:
 
 
 def approve_remote(args: argparse.Namespace, target: Target) -> int:
-    _no_tool_tickets(args.id, target)
+    if _is_tool(args.id):
+        return _decide_tool(args, Remote(target), approve=True)
     refuse_local_only(((f"--backend {args.backend}", args.backend is not None),), target)
     remote = Remote(target)
     reply = remote.json("POST", f"/v1/approvals/{args.id}/approve", body={"reason": args.reason})
@@ -168,7 +221,8 @@ def approve_remote(args: argparse.Namespace, target: Target) -> int:
 
 
 def deny_remote(args: argparse.Namespace, target: Target) -> int:
-    _no_tool_tickets(args.id, target)
+    if _is_tool(args.id):
+        return _decide_tool(args, Remote(target), approve=False)
     remote = Remote(target)
     body = remote.json("POST", f"/v1/approvals/{args.id}/deny", body={"reason": args.reason})
     if args.json:

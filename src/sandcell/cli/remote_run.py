@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandcell.cli.remote import Remote, Target
+from sandcell.cli.remote import Remote, Target, broke_off, checked, read_response
 from sandcell.cli.run import (
     check_display,
     parse_env,
@@ -36,6 +36,7 @@ __all__ = [
     "input_files",
     "profile_name",
     "refuse_local_only",
+    "report_answer",
     "run_remote",
 ]
 
@@ -191,3 +192,21 @@ def run_remote(args: argparse.Namespace, target: Target) -> int:
             elif args.display and args.out is not None and figures:
                 copied += store.copy_out(figures, args.out)
     return report(result, as_json=args.json, copied=copied, out=args.out, rendered=rendered)
+
+
+def report_answer(target: Target, answer: bytes | OSError, *, as_json: bool) -> int:
+    """The end of a ``sandcell run`` whose request the fast entry (:mod:`sandcell._entry`) sent
+    and whose whole answer it read (or the error that stopped it) but did not find plain enough
+    to print itself: the same errors and report as :func:`run_remote` for a run without
+    downloads."""
+    import io
+
+    if isinstance(answer, OSError):
+        raise broke_off(target, answer)
+    try:
+        response = read_response(io.BytesIO(answer))
+    except ValueError as exc:
+        raise broke_off(target, exc) from None
+    reply = checked(response, target).json()
+    result = result_from_dict(reply["result"])
+    return report(result, as_json=as_json, copied=[], out=None)

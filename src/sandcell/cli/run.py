@@ -112,6 +112,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="read the declared result from this file in the working directory (default: the "
         "last JSON line of stdout)",
     )
+    r.add_argument(
+        "--workdir-from",
+        metavar="DIR",
+        type=Path,
+        help="a copy of DIR (checked, .git included) is the program's writable working "
+        "directory; nothing is written back to DIR (see docs/changes.md)",
+    )
+    r.add_argument(
+        "--export-diff",
+        action="store_true",
+        help="with --workdir-from: record what the program changed as changes.patch and "
+        "changes.json (sandcell changes show RUN_ID)",
+    )
     r.add_argument("--json", action="store_true", help="print one JSON object with the result")
     add_service_option(r)
 
@@ -223,7 +236,11 @@ def handle(args: argparse.Namespace) -> int:
             "--out needs at least one --export GLOB (or --display) to say what to copy out"
         )
     check_out_dir(args.out)
-    target = find_service(args)
+    workdir = getattr(args, "workdir_from", None)
+    if getattr(args, "export_diff", False) and workdir is None:
+        raise ConfigError("--export-diff needs --workdir-from DIR: the diff is against DIR")
+    # The snapshot and the change set are made on this host: such a run never goes to a service.
+    target = None if workdir is not None else find_service(args)
     if target is not None:
         from sandcell.cli.remote_run import run_remote
 
@@ -250,12 +267,25 @@ def handle(args: argparse.Namespace) -> int:
         tool_approver=approver,
     ) as ex:
         request = build_request(args, ex.profile)
-        result = ex.run(
-            request,
-            schema=schema,
-            invariants=tuple(args.invariant),
-            result_file=args.result_file,
-        )
+        if workdir is not None:
+            from sandcell.changes.run import run_in_workdir
+
+            result = run_in_workdir(
+                ex,
+                request,
+                workdir,
+                export_diff=args.export_diff,
+                schema=schema,
+                invariants=tuple(args.invariant),
+                result_file=args.result_file,
+            )
+        else:
+            result = ex.run(
+                request,
+                schema=schema,
+                invariants=tuple(args.invariant),
+                result_file=args.result_file,
+            )
         copied = (
             ex.store.copy_out(result.artifacts, args.out) if args.out and result.artifacts else []
         )

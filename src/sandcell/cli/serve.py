@@ -48,7 +48,43 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument(
         "--max-body-mb", type=float, default=8.0, help="largest request body, MiB (default 8)"
     )
+    s.add_argument(
+        "--local-tenant",
+        metavar="NAME",
+        help="the tenant a request without a key from this user over the local socket acts as "
+        "(default: the built-in @local: every profile, no quotas)",
+    )
+    s.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name (with any port) /mcp answers besides the loopback ones: the name a "
+        "proxy or the LAN reaches this service by; repeatable",
+    )
     add_backend_option(s)
+
+
+def _host_name(text: str) -> str:
+    """A Host name as --allowed-host takes it: a DNS name or an address, no port, no scheme."""
+    import ipaddress
+    import re
+
+    name = text.strip().lower()
+    if name.startswith("[") and name.endswith("]"):
+        try:
+            ipaddress.IPv6Address(name[1:-1])
+        except ValueError:
+            pass
+        else:
+            return name
+    label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+    if re.fullmatch(rf"{label}(\.{label})*", name):
+        return name
+    raise ConfigError(
+        f"--allowed-host {text!r}: give a host name or address as clients send it in Host, "
+        "without a port or scheme (e.g. sandcell.internal, 10.0.0.5, [fd00::5])"
+    )
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -72,8 +108,17 @@ def handle(args: argparse.Namespace) -> int:
     home: Path = args.home or data_dir()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServiceConfig(
-        home=home, workers=args.workers, max_body_bytes=int(args.max_body_mb * 1024 * 1024)
+        home=home,
+        workers=args.workers,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        local_tenant=args.local_tenant,
+        allowed_hosts=tuple(_host_name(h) for h in args.allowed_host),
     )
+    if args.local_tenant is not None:
+        from sandcell.service.tenants import TenantStore
+
+        with TenantStore.in_home(home) as tenants:
+            tenants.get(args.local_tenant)  # a name that is no tenant is refused now, not later
     sockets = [bind_tcp(args.host, args.port)]
     socket_path = None if args.no_socket else (args.socket or default_socket(home))
     try:

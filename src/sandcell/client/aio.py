@@ -3,7 +3,9 @@ as :class:`~sandcell.client.Client`, awaited, without threads)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -11,7 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx2
 
 from sandcell.client import ops
-from sandcell.client.errors import ServiceError, ServiceUnavailable
+from sandcell.client.errors import ServiceError, ServiceUnavailable, error_for
+from sandcell.client.streams import EventReader
 from sandcell.client.sync import refusal, timeouts, unreachable
 from sandcell.client.wire import (
     Approval,
@@ -25,10 +28,19 @@ from sandcell.client.wire import (
     status_result,
 )
 from sandcell.errors import ConfigError
-from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest, RunResult
+from sandcell.spec import (
+    InputFile,
+    IsolationMode,
+    Language,
+    Limits,
+    RunRequest,
+    RunResult,
+    result_from_dict,
+)
 
 if TYPE_CHECKING:
     from sandcell.audit import AuditEntry
+    from sandcell.live_output import OutputListener
     from sandcell.sessions.session import SessionEnd, SessionInfo
 
 __all__ = ["AsyncClient", "AsyncRemoteSession"]
@@ -126,9 +138,10 @@ class AsyncClient:
         invariants: Sequence[object] = (),
         result_file: str | None = None,
         approve: object = None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         """As :meth:`Client.run <sandcell.client.Client.run>`; cancelling the task cancels
-        the run on the service."""
+        the run on the service. ``on_output`` is called on the event loop (return quickly)."""
         body = run_body(
             as_request(request, language),
             profile=profile,
@@ -138,9 +151,18 @@ class AsyncClient:
             invariants=invariants,
             result_file=result_file,
             approve=approve,
-            wait=True,
+            wait=on_output is None,
         )
-        return await self._do(ops.run(body))
+        if on_output is None:
+            return await self._do(ops.run(body))
+        run_id = await self._do(ops.submit(body))
+        try:
+            return await self.wait(run_id, on_output=on_output)
+        except BaseException:
+            # As a synchronous run's client that goes away: the run is stopped, and recorded.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.cancel(run_id))
+            raise
 
     async def run_async(self, request: RunRequest | str, **kwargs: Any) -> RunResult:
         """The same as :meth:`run`: the name :meth:`sandcell.Executor.run_async` has."""
@@ -170,33 +192,58 @@ class AsyncClient:
         )
         return await self._do(ops.submit(body))
 
-    async def wait(self, run_id: str) -> RunResult:
+    async def wait(self, run_id: str, *, on_output: OutputListener | None = None) -> RunResult:
         call = ops.Call("GET", ops.events_path(run_id), lambda b: b)
-        pending: dict[str, str] = {}
-        try:
-            async with self._http.stream("GET", call.path) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    refusal(
-                        self.endpoint,
-                        call,
-                        response.status_code,
-                        response.content,
-                        response.headers,
-                    )
-                async for line in response.aiter_lines():
-                    found = ops.read_events([line], pending)
-                    if found is not None:
-                        return status_result(found)
-        except httpx2.HTTPError as exc:
-            raise unreachable(self.endpoint, call, exc) from None
+        found = await self._stream(call, status_result, on_output)
+        if found is not None:
+            return found
         raise ServiceUnavailable(
             f"the service ended the event stream of run {run_id} before its result; ask again "
             "with wait(run_id)"
         )
 
+    async def _stream(
+        self,
+        call: ops.Call[Any],
+        read_result: Callable[[Mapping[str, Any]], RunResult],
+        on_output: OutputListener | None,
+    ) -> RunResult | None:
+        """Follow the event stream ``call`` answers with; its result (None: it ended first)."""
+        reader = EventReader(
+            read_result, on_output=on_output, what=call.what, where=self.endpoint.describe()
+        )
+        try:
+            async with self._http.stream(call.method, call.path, json=call.body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise error_for(
+                        response.status_code,
+                        response.content,
+                        response.headers,
+                        what=call.what,
+                        where=self.endpoint.describe(),
+                    )
+                async for line in response.aiter_lines():
+                    found = reader.feed(line)
+                    if found is not None:
+                        return found
+        except httpx2.HTTPError as exc:
+            raise unreachable(self.endpoint, call, exc) from None
+        return None
+
     async def cancel(self, run_id: str) -> bool:
         return await self._do(ops.cancel(run_id))
+
+    async def replay(
+        self,
+        run_id: str,
+        *,
+        use_current_profile: bool = False,
+        backend: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> tuple[RunResult, dict[str, Any]]:
+        body = {"use_current_profile": use_current_profile, "backend": backend, "env": env or {}}
+        return await self._do(ops.replay(run_id, body))
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -263,9 +310,35 @@ class AsyncRemoteSession:
         return session_info_from_dict(await self._client._do(ops.session_info(self.id)))
 
     async def run(
-        self, code: str, *, timeout_s: float | None = None, exports: Sequence[str] = ()
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        exports: Sequence[str] = (),
+        on_output: OutputListener | None = None,
     ) -> RunResult:
-        return await self._client._do(ops.cell(self.id, code, timeout_s, tuple(exports)))
+        """As :meth:`sandcell.client.sync.RemoteSession.run`; ``on_output`` is called on the
+        event loop."""
+        call = ops.cell(self.id, code, timeout_s, tuple(exports), stream=on_output is not None)
+        if on_output is None:
+            return await self._client._do(call)
+        try:
+            found = await self._client._stream(call, result_from_dict, on_output)
+        except ServiceError as error:
+            assert call.refused is not None
+            return call.refused(error)  # SessionEnded, as a cell without streaming raises
+        if found is None:
+            raise ServiceUnavailable(
+                f"the service ended the stream of a cell of session {self.id} before its "
+                "result; the cell is recorded (sandcell audit list)"
+            )
+        return found
+
+    async def cancel(self) -> bool:
+        """Stop the cell now running (awaited in another task); see
+        :meth:`sandcell.client.sync.RemoteSession.cancel`. Cancelling the task awaiting
+        :meth:`run` closes its request, which cancels the cell too."""
+        return await self._client._do(ops.cell_cancel(self.id))
 
     async def files(self) -> list[str]:
         return await self._client._do(ops.session_files(self.id))

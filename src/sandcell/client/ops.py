@@ -83,6 +83,14 @@ def cancel(run_id: str) -> Call[bool]:
     return Call("POST", f"/v1/runs/{_seg(run_id)}/cancel", lambda b: True, refused=finished)
 
 
+def replay(run_id: str, body: Mapping[str, Any]) -> Call[tuple[RunResult, dict[str, Any]]]:
+    def read(b: bytes) -> tuple[RunResult, dict[str, Any]]:
+        answer = _json(b)
+        return status_result(answer), dict(answer["replay"])
+
+    return Call("POST", f"/v1/runs/{_seg(run_id)}/replay", read, body=body)
+
+
 def artifact(sha256: str) -> Call[bytes]:
     return Call("GET", f"/v1/artifacts/{_seg(sha256)}", lambda b: b)
 
@@ -150,15 +158,33 @@ def session_info(session_id: str) -> Call[Mapping[str, Any]]:
 
 
 def cell(
-    session_id: str, code: str, timeout_s: float | None, exports: tuple[str, ...]
+    session_id: str,
+    code: str,
+    timeout_s: float | None,
+    exports: tuple[str, ...],
+    *,
+    stream: bool = False,
 ) -> Call[RunResult]:
+    """One cell; with ``stream``, the call whose answer is the cell's event stream (its
+    ``read`` is then not used: the stream's ``result`` event is the result)."""
     return Call(
         "POST",
-        f"/v1/sessions/{_seg(session_id)}/cells",
+        f"/v1/sessions/{_seg(session_id)}/cells" + ("/stream" if stream else ""),
         lambda b: result_from_dict(_json(b)),
         body={"code": code, "timeout_s": timeout_s, "exports": list(exports)},
         refused=_ended,
     )
+
+
+def cell_cancel(session_id: str) -> Call[bool]:
+    def idle(error: ServiceError) -> bool:
+        # 409: no cell is running; 404: the session has ended. Nothing to stop either way,
+        # as Session.cancel says in-process.
+        if error.status in (404, 409):
+            return False
+        raise error
+
+    return Call("POST", f"/v1/sessions/{_seg(session_id)}/cancel", lambda b: True, refused=idle)
 
 
 def session_files(session_id: str) -> Call[list[str]]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -11,6 +12,7 @@ import httpx2
 
 from sandcell.client import ops
 from sandcell.client.errors import ServiceError, ServiceUnavailable, error_for
+from sandcell.client.streams import EventReader
 from sandcell.client.wire import (
     Approval,
     Endpoint,
@@ -23,10 +25,19 @@ from sandcell.client.wire import (
     status_result,
 )
 from sandcell.errors import ConfigError
-from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest, RunResult
+from sandcell.spec import (
+    InputFile,
+    IsolationMode,
+    Language,
+    Limits,
+    RunRequest,
+    RunResult,
+    result_from_dict,
+)
 
 if TYPE_CHECKING:
     from sandcell.audit import AuditEntry
+    from sandcell.live_output import OutputListener
     from sandcell.sessions.session import SessionEnd, SessionInfo
 
 __all__ = ["Client", "RemoteSession", "timeouts"]
@@ -161,11 +172,14 @@ class Client:
         invariants: Sequence[object] = (),
         result_file: str | None = None,
         approve: object = None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         """:meth:`sandcell.Executor.run` on the service: the same outcomes as results
         (``denied``, ``awaiting_approval``...), the same errors for a request the profile
         cannot take. ``request`` may be the code alone (in ``language``). Leaving (a signal, a
-        closed client) cancels the run on the service; it is recorded as killed."""
+        closed client) cancels the run on the service; it is recorded as killed.
+        ``on_output(stream, text)`` is told the run's output while it runs, as in-process (the
+        run is then started and followed through its event stream)."""
         body = run_body(
             as_request(request, language),
             profile=profile,
@@ -175,9 +189,18 @@ class Client:
             invariants=invariants,
             result_file=result_file,
             approve=approve,
-            wait=True,
+            wait=on_output is None,
         )
-        return self._do(ops.run(body))
+        if on_output is None:
+            return self._do(ops.run(body))
+        run_id = self._do(ops.submit(body))
+        try:
+            return self.wait(run_id, on_output=on_output)
+        except BaseException:
+            # As a synchronous run's client that goes away: the run is stopped, and recorded.
+            with contextlib.suppress(Exception):
+                self.cancel(run_id)
+            raise
 
     async def run_async(self, request: RunRequest | str, **kwargs: Any) -> RunResult:
         """:meth:`run` for asyncio (as :meth:`sandcell.Executor.run_async`): on a worker
@@ -211,37 +234,66 @@ class Client:
         )
         return self._do(ops.submit(body))
 
-    def wait(self, run_id: str) -> RunResult:
+    def wait(self, run_id: str, *, on_output: OutputListener | None = None) -> RunResult:
         """The result of a run :meth:`submit` started, once it has finished (followed as the
-        service's event stream)."""
+        service's event stream); ``on_output`` is told its output, from the start, as it
+        comes."""
         call = ops.Call("GET", ops.events_path(run_id), lambda b: b)
-        pending: dict[str, str] = {}
-        try:
-            with self._http.stream("GET", call.path) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    refusal(
-                        self.endpoint,
-                        call,
-                        response.status_code,
-                        response.content,
-                        response.headers,
-                    )
-                for line in response.iter_lines():
-                    found = ops.read_events([line], pending)
-                    if found is not None:
-                        return status_result(found)
-        except httpx2.HTTPError as exc:
-            raise unreachable(self.endpoint, call, exc) from None
+        found = self._stream(call, status_result, on_output)
+        if found is not None:
+            return found
         raise ServiceUnavailable(
             f"the service ended the event stream of run {run_id} before its result; ask again "
             "with wait(run_id)"
         )
 
+    def _stream(
+        self,
+        call: ops.Call[Any],
+        read_result: Callable[[Mapping[str, Any]], RunResult],
+        on_output: OutputListener | None,
+    ) -> RunResult | None:
+        """Follow the event stream ``call`` answers with; its result (None: it ended first)."""
+        reader = EventReader(
+            read_result, on_output=on_output, what=call.what, where=self.endpoint.describe()
+        )
+        try:
+            with self._http.stream(call.method, call.path, json=call.body) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise error_for(
+                        response.status_code,
+                        response.content,
+                        response.headers,
+                        what=call.what,
+                        where=self.endpoint.describe(),
+                    )
+                for line in response.iter_lines():
+                    found = reader.feed(line)
+                    if found is not None:
+                        return found
+        except httpx2.HTTPError as exc:
+            raise unreachable(self.endpoint, call, exc) from None
+        return None
+
     def cancel(self, run_id: str) -> bool:
         """Stop a run :meth:`submit` started; False when it has already finished. It ends
         ``killed`` (reason ``cancelled: ...``) and is recorded."""
         return self._do(ops.cancel(run_id))
+
+    def replay(
+        self,
+        run_id: str,
+        *,
+        use_current_profile: bool = False,
+        backend: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> tuple[RunResult, dict[str, Any]]:
+        """Run a recorded run of this tenant again as recorded (``Executor.replay`` on the
+        service): the replay's result, and the comparison as ``sandcell audit replay --json``
+        prints it (``matched``, ``notes``, ``comparison``)."""
+        body = {"use_current_profile": use_current_profile, "backend": backend, "env": env or {}}
+        return self._do(ops.replay(run_id, body))
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -318,10 +370,36 @@ class RemoteSession:
         return session_info_from_dict(self._client._do(ops.session_info(self.id)))
 
     def run(
-        self, code: str, *, timeout_s: float | None = None, exports: Sequence[str] = ()
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        exports: Sequence[str] = (),
+        on_output: OutputListener | None = None,
     ) -> RunResult:
-        """Run one cell; raises SessionEnded once the session has ended."""
-        return self._client._do(ops.cell(self.id, code, timeout_s, tuple(exports)))
+        """Run one cell; raises SessionEnded once the session has ended. ``on_output(stream,
+        text)`` is told the cell's output while it runs (``POST .../cells/stream``)."""
+        call = ops.cell(self.id, code, timeout_s, tuple(exports), stream=on_output is not None)
+        if on_output is None:
+            return self._client._do(call)
+        try:
+            found = self._client._stream(call, result_from_dict, on_output)
+        except ServiceError as error:
+            assert call.refused is not None
+            return call.refused(error)  # SessionEnded, as a cell without streaming raises
+        if found is None:
+            raise ServiceUnavailable(
+                f"the service ended the stream of a cell of session {self.id} before its "
+                "result; the cell is recorded (sandcell audit list)"
+            )
+        return found
+
+    def cancel(self) -> bool:
+        """Stop the cell now running (from another thread than the one waiting in
+        :meth:`run`): it is interrupted, the session and its state are kept, and :meth:`run`
+        returns its result, ``killed`` with a reason starting "cancelled". False when no cell
+        is running, as :meth:`sandcell.sessions.Session.cancel`."""
+        return self._client._do(ops.cell_cancel(self.id))
 
     def files(self) -> list[str]:
         """Paths of the regular files in the session's workspace, sorted."""

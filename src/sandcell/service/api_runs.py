@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandcell.service.core import RunState, Service
 from sandcell.service.deps import CurrentTenant, ServiceDep
+from sandcell.service.fast_json import FastJSONResponse
 from sandcell.service.models import CancelBody, Problem, ResultBody, RunBody, RunStatusBody
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant
@@ -104,6 +105,8 @@ async def create_run(
         _cleanup(folder)(None)
         raise
     state = service.new_run(tenant)
+    # Only an asynchronous run has an id to subscribe to while it runs: its output is streamed.
+    on_output = None if body.wait else service.output_listener(state)
 
     def call(run_id: str) -> RunResult:
         return service.executor.run(
@@ -113,16 +116,17 @@ async def create_run(
             invariants=body.invariants,
             result_file=body.result_file,
             run_id=run_id,
+            on_output=on_output,
         )
 
     service.start(state, call, cleanup=_cleanup(folder))
     if not body.wait:
-        return JSONResponse(
+        return FastJSONResponse(
             status_json(state), status_code=202, headers={"Location": f"/v1/runs/{state.id}"}
         )
     await wait_for(request, service, state)
     # Built from the executor's own JSON form, not re-validated: it is on every run's path.
-    return JSONResponse(status_json(state))
+    return FastJSONResponse(status_json(state))
 
 
 def _owned_state(service: Service, tenant: Tenant, run_id: str) -> RunState | None:
@@ -149,11 +153,14 @@ _LISTS = {"artifacts", "rejected_exports", "leaks", "outputs"}
 
 
 @router.get("/{run_id}", response_model=RunStatusBody, responses=_PROBLEMS)
-async def get_run(run_id: str, service: ServiceDep, tenant: CurrentTenant) -> RunStatusBody:
+async def get_run(
+    run_id: str, service: ServiceDep, tenant: CurrentTenant
+) -> RunStatusBody | JSONResponse:
     """Where a run stands; once finished, its result."""
     state = _owned_state(service, tenant, run_id)
     if state is not None:
-        return status_body(state)
+        # Polled by clients waiting for a run: the executor's JSON form, not validated again.
+        return FastJSONResponse(status_json(state))
     found = _record_result(service, run_id)
     if found is None:
         raise ServiceProblem(
@@ -174,7 +181,10 @@ def _sse(kind: str, data: object) -> bytes:
     response_class=StreamingResponse,
 )
 async def run_events(run_id: str, service: ServiceDep, tenant: CurrentTenant) -> StreamingResponse:
-    """The run's events as Server-Sent Events: ``status`` (queued, running), then ``result``
+    """The run's events as Server-Sent Events: ``status`` (queued, running); for a run started
+    with ``wait: false``, ``stdout`` and ``stderr`` (``{"id", "text"}``: its output while it
+    runs, redacted and capped as its result is; a subscriber that comes late gets what was
+    produced so far first, and ``output_limit`` where the kept output ends); then ``result``
     with the whole result; the stream ends after it."""
     state = _owned_state(service, tenant, run_id)
 
@@ -200,6 +210,8 @@ async def run_events(run_id: str, service: ServiceDep, tenant: CurrentTenant) ->
                 continue
             for kind, data in pending:
                 sent += 1
+                if not kind:
+                    continue  # live output forgotten since the run finished (in its result)
                 yield _sse(kind, data)
                 if kind == "result":
                     return

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import shutil
 import time
+from collections.abc import Coroutine
 from pathlib import PurePosixPath
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
 
-from sandcell.service.api_runs import _PROBLEMS
+from sandcell.live_output import OutputListener
+from sandcell.service.api_runs import _DISCONNECT_POLL_S, _PROBLEMS
+from sandcell.service.cell_stream import cell_events
 from sandcell.service.core import LiveSession, Service
 from sandcell.service.deps import CurrentTenant, ServiceDep
+from sandcell.service.fast_json import FastJSONResponse
 from sandcell.service.models import (
     CellBody,
+    CellCancelBody,
     ResultBody,
     SessionBody,
     SessionCloseBody,
@@ -103,14 +111,26 @@ async def _cell(
     timeout_s: float | None = None,
     exports: tuple[str, ...] = (),
     generated: bool = False,
+    request: Request | None = None,
+    on_output: OutputListener | None = None,
 ) -> RunResult:
+    """Run one cell for the tenant; a ``request`` whose client goes away cancels it (as a
+    synchronous run's does); ``on_output`` is told its output as it runs."""
     if not generated:  # the service's own cells (uploads) are bounded by the body limit
         service.check_code(code)
     service.admit(tenant, sandbox=False)
     began = time.monotonic()
-    result: RunResult = await service.in_thread(
-        lambda: live.session.run(code, timeout_s=timeout_s, exports=exports), session=True
+    work = asyncio.ensure_future(
+        service.in_thread(
+            lambda: live.session.run(
+                code, timeout_s=timeout_s, exports=exports, on_output=on_output
+            ),
+            session=True,
+        )
     )
+    if request is not None:
+        await _cancel_if_gone(request, live, work)
+    result: RunResult = await work
     service.own_result(tenant.name, result)
     service.metrics.finished(result.outcome.value, time.monotonic() - began)
     if live.session.ended is not None:
@@ -118,16 +138,88 @@ async def _cell(
     return result
 
 
+async def _cancel_if_gone(request: Request, live: LiveSession, work: asyncio.Future[Any]) -> None:
+    """Wait for ``work`` (a cell); a client that disconnects first cancels the cell, which
+    still ends and is recorded (killed, its session kept)."""
+    while not work.done():
+        await asyncio.wait({work}, timeout=_DISCONNECT_POLL_S)
+        if not work.done() and await request.is_disconnected():
+            live.session.cancel("the client went away")
+            return
+
+
 @router.post("/{session_id}/cells", response_model=ResultBody, responses=_PROBLEMS)
 async def run_cell(
-    session_id: str, body: CellBody, service: ServiceDep, tenant: CurrentTenant
-) -> ResultBody:
-    """Run one cell; variables and files persist to the next. The result is a run too."""
+    session_id: str,
+    body: CellBody,
+    request: Request,
+    service: ServiceDep,
+    tenant: CurrentTenant,
+) -> Response:
+    """Run one cell; variables and files persist to the next. The result is a run too. A
+    client that disconnects before the answer cancels the cell."""
     live = _live(service, tenant, session_id)
     result = await _cell(
-        service, tenant, live, body.code, timeout_s=body.timeout_s, exports=tuple(body.exports)
+        service,
+        tenant,
+        live,
+        body.code,
+        timeout_s=body.timeout_s,
+        exports=tuple(body.exports),
+        request=request,
     )
-    return ResultBody.model_validate(result_to_dict(result))
+    # The executor's own JSON form, encoded once: not validated again on every cell's path.
+    return FastJSONResponse(result_to_dict(result))
+
+
+@router.post(
+    "/{session_id}/cells/stream",
+    responses={200: {"content": {"text/event-stream": {}}}, **_PROBLEMS},
+    response_class=StreamingResponse,
+)
+async def stream_cell(
+    session_id: str, body: CellBody, service: ServiceDep, tenant: CurrentTenant
+) -> StreamingResponse:
+    """Run one cell as :func:`run_cell` does, answering with Server-Sent Events while it runs:
+    ``stdout`` and ``stderr`` (``{"text"}``, redacted and capped as the result is), then
+    ``result`` (the cell's result) or ``error`` (a problem document: the session ended, the
+    service failed); the stream ends after it. A refusal before the cell starts (no such
+    session, over quota, code too long) is an ordinary problem response. A client that goes
+    away cancels the cell."""
+    live = _live(service, tenant, session_id)
+
+    def run(on_output: OutputListener) -> Coroutine[Any, Any, RunResult]:
+        return _cell(
+            service,
+            tenant,
+            live,
+            body.code,
+            timeout_s=body.timeout_s,
+            exports=tuple(body.exports),
+            on_output=on_output,
+        )
+
+    events = await cell_events(run, on_gone=lambda: live.session.cancel("the client went away"))
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post(
+    "/{session_id}/cancel", response_model=CellCancelBody, status_code=202, responses=_PROBLEMS
+)
+async def cancel_cell(
+    session_id: str, service: ServiceDep, tenant: CurrentTenant
+) -> CellCancelBody:
+    """Stop the cell now running in the session: it is interrupted as at its wall time (the
+    session and its state are kept) and its own request answers with its result, ``killed``
+    with a reason starting "cancelled". 409 when no cell is running."""
+    live = _live(service, tenant, session_id)
+    if not live.session.cancel("asked through the service"):
+        raise ServiceProblem(409, f"no cell is running in session {session_id!r}")
+    return CellCancelBody(id=session_id, cell_running=True)
 
 
 @router.get("/{session_id}/files", response_model=SessionFilesBody, responses=_PROBLEMS)

@@ -17,7 +17,13 @@ from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from sandcell.service import api_ops, api_records, api_runs, api_sessions
+from sandcell.service import (
+    api_ops,
+    api_records,
+    api_runs,
+    api_sessions,
+    api_tool_approvals,
+)
 from sandcell.service.core import Service, ServiceConfig
 from sandcell.service.mcp_mount import MCP_PATH
 from sandcell.service.problems import BodyLimit, install_handlers
@@ -82,13 +88,20 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
     )
     app.state.service = service
     install_handlers(app)
-    for module in (api_runs, api_sessions, api_records, api_ops):
+    for module in (api_runs, api_sessions, api_records, api_tool_approvals, api_ops):
         app.include_router(module.router)
+    from sandcell.service import api_replay
+
+    app.include_router(api_replay.router)
     app.add_middleware(BodyLimit, max_bytes=service.config.max_body_bytes)
     from sandcell.service.docs_page import docs_route
     from sandcell.service.ui import mount_ui
 
     mount_ui(app, service)  # /ui: the approval pages
+    from sandcell.e2b import E2B_PATH
+    from sandcell.e2b.app import e2b_app
+
+    app.mount(E2B_PATH, e2b_app(service))  # /e2b: E2B's API, for the official E2B SDKs
     app.router.routes.append(docs_route(app))
     if mcp_app is not None:
         # The MCP app as the ASGI endpoint of exactly /mcp, not a mount: it keeps its own path
@@ -99,10 +112,10 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
 
 
 def _mcp_app(service: Service) -> Starlette | None:
-    from sandcell.service.mcp_mount import mcp_app
+    from sandcell.service.mcp_mount import LOOPBACK_HOSTS, mcp_app
 
     try:
-        return mcp_app(service)
+        return mcp_app(service, allowed_hosts=(*LOOPBACK_HOSTS, *service.config.allowed_hosts))
     except ImportError as exc:
         if not (exc.name or "").startswith(("mcp", "mcp_types")):
             raise

@@ -28,6 +28,7 @@ import anyio.to_thread
 
 from sandcell.errors import SandcellError
 from sandcell.executor import Executor
+from sandcell.live_output import OutputListener
 from sandcell.policy.profiles import Profile, default_profile_dir, load_profile
 from sandcell.service.metrics import Metrics
 from sandcell.service.models import RunStatusName
@@ -44,6 +45,13 @@ _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CANCEL_POLL_S = 0.05
 _KEPT_RUNS = 10_000
 """Runs whose state (events, result) stays in memory; older ones answer from their record."""
+OUTPUT_KEPT_CHARS = 1024 * 1024
+"""Live output of one run kept for its event stream (a late subscriber gets it from the
+start); the run's own caps bound it too."""
+OUTPUT_KEPT_S = 60.0
+"""How long a finished run's live output stays for its event stream; then only its status and
+result events are kept (the result has the output)."""
+OUTPUT_EVENTS = frozenset({"stdout", "stderr", "output_limit"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +65,11 @@ class ServiceConfig:
     max_code_bytes: int = 512 * 1024
     drain_timeout_s: float = 300.0
     """How long a graceful stop waits for runs in flight."""
+    local_tenant: str | None = None
+    """The tenant a keyless request from the service's own user on the Unix socket acts as;
+    None: the built-in ``@local`` (see :mod:`sandcell.service.local_owner`)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names ``/mcp`` answers besides the loopback ones (a proxy's or a LAN name)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -74,11 +87,43 @@ class RunState:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+    output_chars: int = 0
+    """Live output kept in :attr:`events` so far (at most :data:`OUTPUT_KEPT_CHARS`)."""
 
     async def emit(self, kind: str, data: dict[str, object]) -> None:
         async with self.changed:
             self.events.append((kind, data))
             self.changed.notify_all()
+
+    def add_output(self, stream: str, text: str) -> None:
+        """Keep a piece of live output as a ``stdout``/``stderr`` event (on the event loop).
+
+        Bounded: past :data:`OUTPUT_KEPT_CHARS` one ``output_limit`` event says so and later
+        output is not streamed (the result still has all of it, up to the run's caps)."""
+        if self.output_chars >= OUTPUT_KEPT_CHARS:
+            return
+        self.output_chars += len(text)
+        if self.output_chars > OUTPUT_KEPT_CHARS:
+            event = ("output_limit", {"id": self.id, "kept_chars": OUTPUT_KEPT_CHARS})
+        else:
+            event = (stream, {"id": self.id, "text": text})
+        # Appended now, in the order the run wrote it; the waiters are woken by a task (the
+        # condition's lock cannot be taken outside a coroutine), and a waiter checks the list
+        # under that lock before it waits, so none misses it.
+        self.events.append(event)
+        asyncio.get_running_loop().create_task(self._wake())
+
+    async def _wake(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    def forget_output(self) -> None:
+        """Drop the live output of a finished run (its result has it): the state of a finished
+        run stays in memory long after anyone streams it. Positions in :attr:`events` are kept,
+        so a subscriber part way through goes on from where it was."""
+        for i, (kind, _) in enumerate(self.events):
+            if kind in OUTPUT_EVENTS:
+                self.events[i] = ("", {})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -248,21 +293,13 @@ class Service:
                 await state.emit("status", {"id": state.id, "status": "running"})
                 if state.cancel_requested:
                     self._keep_cancelling(state)
-                result = await anyio.to_thread.run_sync(call, state.id, limiter=self._threads)
+                ran, state.result = await anyio.to_thread.run_sync(
+                    self._run_and_map, state, call, limiter=self._threads
+                )
+                result = ran
             finally:
                 self._slots.release()
-            state.result = result_to_dict(result)
-            self.metrics.finished(result.outcome.value, time.monotonic() - began)
-            try:
-                self.own_result(state.tenant, result, state.id)
-            except SandcellError as exc:
-                # The run happened and is recorded; only the tenant's view of it is missing.
-                log.error(
-                    "run %s of tenant %s: cannot map it to its tenant: %s",
-                    state.id,
-                    state.tenant,
-                    exc,
-                )
+            self.metrics.finished(ran.outcome.value, time.monotonic() - began)
         except Exception as exc:
             # The executor raises only for a request it cannot accept at all, or a store that
             # failed; the client of an asynchronous run learns it from the run's status.
@@ -283,6 +320,35 @@ class Service:
                 "result", {"id": state.id, "status": "finished", "result": state.result}
             )
             state.done.set()
+            if state.output_chars:
+                asyncio.get_running_loop().call_later(OUTPUT_KEPT_S, state.forget_output)
+
+    @staticmethod
+    def output_listener(state: RunState) -> OutputListener:
+        """An ``on_output`` for the executor that turns the run's live output into events of
+        ``state`` (called from the run's delivery thread; hops to the event loop)."""
+        loop = asyncio.get_running_loop()
+
+        def on_output(stream: str, text: str) -> None:
+            # Raises once the loop is closed: the live output then stops (live_output.py).
+            loop.call_soon_threadsafe(state.add_output, stream, text)
+
+        return on_output
+
+    def _run_and_map(
+        self, state: RunState, call: Callable[[str], RunResult]
+    ) -> tuple[RunResult, dict[str, object]]:
+        """On the worker thread: the run, its mapping to the tenant (a write to the service's
+        store) and its JSON form, so that the event loop has only the answer left to do."""
+        result = call(state.id)
+        try:
+            self.own_result(state.tenant, result, state.id)
+        except SandcellError as exc:
+            # The run happened and is recorded; only the tenant's view of it is missing.
+            log.error(
+                "run %s of tenant %s: cannot map it to its tenant: %s", state.id, state.tenant, exc
+            )
+        return result, result_to_dict(result)
 
     def own_result(self, tenant: str, result: RunResult, run_id: str | None = None) -> None:
         """Map what the run made to its tenant: its record(s), its approval, its artifacts."""

@@ -138,6 +138,14 @@ class CellBody(_Request):
     exports: list[str] = Field(default_factory=list)
 
 
+class CellCancelBody(BaseModel):
+    id: str = Field(description="the session's id")
+    cell_running: bool = Field(
+        description="a cell was running and is being interrupted; its own request answers "
+        "with its result (outcome killed, reason 'cancelled: ...')"
+    )
+
+
 class SessionFilesBody(BaseModel):
     files: list[str]
 
@@ -167,6 +175,27 @@ class ApprovalBody(BaseModel):
     decision_reason: str | None
     run_id: str | None
     intact: bool
+
+
+class ToolApprovalBody(BaseModel):
+    """A governed tool call waiting for a person (a tool ticket, id ``t...``)."""
+
+    kind: Literal["tool_call"] = "tool_call"
+    id: str
+    created_at: str
+    expires_at: str = Field(description="after this (UTC) it can no longer be approved")
+    status: str = Field(description="pending, approved, denied or expired")
+    profile: str = Field(description="the profile whose [tools] asked for approval")
+    tool: str = Field(description="tool.operation, as the gateway checked it")
+    run_id: str | None = Field(description="the run (or session) that asked")
+    args_preview: str = Field(
+        description="the arguments as JSON, secret-shaped values redacted, cut at 2000 characters"
+    )
+    args_sha256: str = Field(description="of the arguments' canonical JSON, as in the record")
+    args_bytes: int
+    decided_by: str | None
+    decided_at: str | None
+    reason: str | None = Field(description="the decider's reason, or why it expired")
 
 
 class DecisionBody(_Request):

@@ -49,8 +49,9 @@ class Quotas:
         """Admit one run (``sandbox``: it takes a sandbox of its own, as a run or a session
         does; a session cell runs in its session's) or raise 429. Every admitted ``sandbox``
         start is paired with one :meth:`release`."""
-        self._check_stored(tenant)
-        self._check_cpu(tenant)
+        cpu_ms, stored = self._store.usage(tenant.name)
+        self._check_stored(tenant, stored)
+        self._check_cpu(tenant, cpu_ms)
         now = time.monotonic()
         with self._lock:
             holding = self._holding.get(tenant.name, 0)
@@ -83,8 +84,8 @@ class Quotas:
             else:
                 self._holding.pop(tenant, None)
 
-    def _check_cpu(self, tenant: Tenant) -> None:
-        used_s = self._store.cpu_ms_today(tenant.name) / 1000.0
+    def _check_cpu(self, tenant: Tenant, cpu_ms: float) -> None:
+        used_s = cpu_ms / 1000.0
         if used_s >= tenant.cpu_seconds_per_day:
             raise _too_many(
                 f"tenant {tenant.name!r} used {used_s:.1f} CPU seconds today (UTC), its limit "
@@ -92,8 +93,8 @@ class Quotas:
                 _seconds_to_midnight_utc(),
             )
 
-    def _check_stored(self, tenant: Tenant) -> None:
-        stored = self._store.stored_bytes(tenant.name)
+    @staticmethod
+    def _check_stored(tenant: Tenant, stored: int) -> None:
         if stored >= tenant.max_stored_bytes:
             raise _too_many(
                 f"tenant {tenant.name!r} keeps {stored} bytes of artifacts, its limit "

@@ -90,8 +90,12 @@ def run_server(app: FastAPI, sockets: list[socket.socket], *, log_level: str = "
 
     import uvicorn
 
+    from sandcell.service.local_owner import protocol_class
+
     config = uvicorn.Config(
         app,
+        # Tells the application which uid connected over the Unix socket (keyless local owner).
+        http=protocol_class(),
         log_level=log_level,
         lifespan="on",
         # Wait for every request in flight: a synchronous run ends, and is recorded, before

@@ -20,6 +20,7 @@ import hmac
 import json
 import re
 import secrets
+import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,11 +280,10 @@ class TenantStore(PrivateStore):
         constant time all the same.
         """
         digest = hash_key(key)
-        with self._txn(write=False) as conn:
-            row = conn.execute(
-                f"SELECT {_COLUMNS}, key_sha256 FROM tenants WHERE key_sha256 = ?",  # noqa: S608
-                (digest,),
-            ).fetchone()
+        row = self._read_one(
+            f"SELECT {_COLUMNS}, key_sha256 FROM tenants WHERE key_sha256 = ?",  # noqa: S608
+            (digest,),
+        )
         if row is None or not hmac.compare_digest(str(row[-1]), digest):
             return None
         return _tenant(row[:-1])
@@ -391,6 +391,30 @@ class TenantStore(PrivateStore):
                 "ON CONFLICT (tenant, day) DO UPDATE SET cpu_ms = cpu_ms + excluded.cpu_ms",
                 (tenant, today(), max(0.0, cpu_ms)),
             )
+
+    def usage(self, tenant: str) -> tuple[float, int]:
+        """``(CPU ms today, stored bytes)`` of the tenant, in one read: what admitting a run
+        checks, on every run's path."""
+        row = self._read_one(
+            "SELECT (SELECT cpu_ms FROM cpu_usage WHERE tenant = ? AND day = ?), "
+            "(SELECT coalesce(sum(size), 0) FROM owned WHERE tenant = ? AND kind = 'artifact')",
+            (tenant, today(), tenant),
+        )
+        assert row is not None  # a SELECT of two scalar subqueries has one row
+        cpu_ms, stored = row
+        return (0.0 if cpu_ms is None else float(str(cpu_ms))), int(str(stored))
+
+    def _read_one(self, sql: str, args: Sequence[object]) -> Sequence[object] | None:
+        """One statement's first row, without an explicit transaction: a single SELECT is
+        consistent by itself, and BEGIN and COMMIT would be two more statements on every
+        request's path (authentication, admission)."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                row: Sequence[object] | None = conn.execute(sql, args).fetchone()
+            except sqlite3.Error as e:
+                raise self._error(f"{self._what} {self.path}: {e}") from e
+        return row
 
     def cpu_ms_today(self, tenant: str) -> float:
         with self._txn(write=False) as conn:

@@ -20,14 +20,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sandcell._artifact_store import ArtifactStore
-from sandcell.backends.base import Backend, Collector
+from sandcell.backends.base import Backend, Collector, OutputSink
 from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.spec import Artifact, Enforcement, Outcome, RejectedExport, RunRequest, Usage
+
+if TYPE_CHECKING:
+    from sandcell.sessions.verdict import CellCancel
 
 Exported = tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]
 
@@ -81,20 +84,50 @@ class CellRun:
 
 
 class CappedOutput:
-    """One stream of one cell, kept up to ``cap`` bytes."""
+    """One stream of one cell, kept up to ``cap`` bytes; what is kept is also told to
+    ``on_output`` as ``(stream, bytes)`` when one is given (live output), except a tail that
+    ``hold`` says may not be the program's yet (it gets the bytes not yet passed on and
+    answers how many at their end to keep back until more come or :meth:`flush`)."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(
+        self,
+        cap: int,
+        *,
+        stream: str = "stdout",
+        on_output: OutputSink | None = None,
+        hold: Callable[[bytes], int] | None = None,
+    ) -> None:
         self.cap = cap
         self.data = bytearray()
         self.truncated = False
+        self.stream = stream
+        self.on_output = on_output
+        self.hold = hold
+        self.sent = 0
 
     def add(self, chunk: bytes) -> bool:
         """Keep what fits; True when the cap was passed."""
         room = self.cap - len(self.data)
         self.data += chunk[: max(room, 0)]
+        self._pass_on(final=False)
         if len(chunk) > room:
             self.truncated = True
         return self.truncated
+
+    def flush(self) -> None:
+        """Pass on what ``hold`` kept back (the stream has ended; whatever was not the
+        program's has been removed from :attr:`data`)."""
+        self._pass_on(final=True)
+
+    def _pass_on(self, *, final: bool) -> None:
+        if self.on_output is None:
+            return
+        end = len(self.data)
+        if self.hold is not None and not final:
+            end -= self.hold(bytes(self.data[self.sent :]))
+        if end > self.sent:
+            self.on_output(self.stream, bytes(self.data[self.sent : end]))
+            self.sent = end
 
 
 class CellSandbox(Protocol):
@@ -125,9 +158,20 @@ class CellSandbox(Protocol):
         error."""
         ...
 
-    def run_cell(self, code: str, *, timeout_s: float, hard_deadline: float | None) -> CellRun:
+    def run_cell(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        hard_deadline: float | None,
+        cancel: CellCancel | None = None,
+        on_output: OutputSink | None = None,
+    ) -> CellRun:
         """Run one cell: at most ``timeout_s`` of wall time (interrupted, state kept), and the
-        whole sandbox ended at the monotonic ``hard_deadline``."""
+        whole sandbox ended at the monotonic ``hard_deadline``. Once ``cancel`` holds a reason
+        (set from another thread), the cell is interrupted as at its wall time and its verdict
+        says it was cancelled (:func:`~sandcell.sessions.verdict.classify_cell`). With
+        ``on_output``, the cell's output is told to it as it is read (:class:`CappedOutput`)."""
         ...
 
     def enforcement(self) -> Enforcement: ...

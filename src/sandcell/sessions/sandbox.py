@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sandcell._artifact_store import ArtifactStore
-from sandcell.backends.base import Collector
+from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.namespaces import NamespacesBackend, cgroups, landlock, outside
 from sandcell.backends.namespaces.launcher import (
     HelperChannel,
@@ -65,7 +65,12 @@ from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
-from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
+from sandcell.sessions.verdict import (
+    CANCEL_POLL_S,
+    INTERRUPT_GRACE_S,
+    CellCancel,
+    classify_cell,
+)
 from sandcell.spec import Enforcement, RunRequest, Usage
 
 SETUP_TIMEOUT_S = 60.0
@@ -337,14 +342,24 @@ class SessionSandbox:
 
     # -- one cell ----------------------------------------------------------------------------
 
-    def run_cell(self, code: str, *, timeout_s: float, hard_deadline: float | None) -> CellRun:
-        """Run one cell; ``hard_deadline`` (monotonic) is the session's end of life."""
+    def run_cell(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        hard_deadline: float | None,
+        cancel: CellCancel | None = None,
+        on_output: OutputSink | None = None,
+    ) -> CellRun:
+        """Run one cell; ``hard_deadline`` (monotonic) is the session's end of life;
+        ``on_output`` is told the cell's output as it is read."""
         if self.ended is not None:
             raise InfraError(f"the session's sandbox has ended: {self.ended}")
         assert self._sock is not None
         self._cell_seq += 1
         cell_id = self._cell_seq
-        out, err = CappedOutput(self.limits.stdout_bytes), CappedOutput(self.limits.stderr_bytes)
+        out = CappedOutput(self.limits.stdout_bytes, stream="stdout", on_output=on_output)
+        err = CappedOutput(self.limits.stderr_bytes, stream="stderr", on_output=on_output)
         cpu0 = self._cpu_ms()
         t0 = time.monotonic()
         # A kernel that is gone refuses the cell; the loop below reports how it ended.
@@ -364,7 +379,15 @@ class SessionSandbox:
             if hard_deadline is not None and now >= hard_deadline:
                 ended_why = "lifetime"
                 break
+            if cancel is not None and cancel.reason is not None and stopped_by in (None, "cancel"):
+                # Again at each poll until the cell answers: the kernel ignores a SIGINT that
+                # comes before it has started the cell.
+                if stopped_by is None:
+                    stopped_by, deadline = "cancel", now + INTERRUPT_GRACE_S
+                self._interrupt()
             limit = min(deadline, hard_deadline) if hard_deadline is not None else deadline
+            if cancel is not None and stopped_by in (None, "cancel"):
+                limit = min(limit, now + CANCEL_POLL_S)
             event = self._pump(out, err, limit - now)
             if event == "ended":
                 ended_why = "kernel"
@@ -405,6 +428,7 @@ class SessionSandbox:
             cg=cg,
             kernel_status=self._reported_status(),
             protocol_error=self._protocol_error,
+            cancel=cancel,
         )
         if ended_why is not None:
             self.ended = reason

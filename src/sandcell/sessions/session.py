@@ -43,6 +43,7 @@ from sandcell.inputs import inspect_inputs
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
 from sandcell.sessions.cell_sandbox import CellRun, Exported, open_cell_sandbox
+from sandcell.sessions.verdict import CellCancel
 from sandcell.spec import (
     Artifact,
     InputFile,
@@ -56,6 +57,7 @@ from sandcell.spec import (
 
 if TYPE_CHECKING:
     from sandcell.executor import Executor
+    from sandcell.live_output import OutputListener
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 DEFAULT_MAX_LIFETIME_S = 3600.0
@@ -152,6 +154,8 @@ class Session:
         self._born = time.monotonic()
         self._last_active = self._born
         self._ended: str | None = None
+        self._cancel: CellCancel | None = None
+        """The running cell's, while one runs (see :meth:`cancel`)."""
         # One proxy and one gateway for the whole session; each cell's record gets its share.
         self._sockets = executor.open_sockets(self.profile, self.request, run_id=self.id)
         try:
@@ -221,13 +225,20 @@ class Session:
     # -- cells -----------------------------------------------------------------------------------
 
     def run(
-        self, code: str, *, timeout_s: float | None = None, exports: Sequence[str] = ()
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        exports: Sequence[str] = (),
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         """Run one cell in the session; the result is also a run in the record.
 
         ``timeout_s`` is this cell's wall-time limit (default: the session's ``wall_time_s``,
         never above the profile's ceiling). ``exports`` are globs of workspace files to export
-        after the cell. Raises :class:`SessionEnded` once the session has ended.
+        after the cell. ``on_output(stream, text)`` is told the cell's output while it runs,
+        as :meth:`Executor.run <sandcell.executor.Executor.run>` does. Raises
+        :class:`SessionEnded` once the session has ended.
         """
         with self._lock:
             self._check_alive()
@@ -254,7 +265,7 @@ class Session:
                 )
                 br = self._not_run(reason)
             else:
-                br = self._run_cell(request, run_id)
+                br = self._run_cell(request, run_id, on_output)
             self.cells += 1
             result = self.executor.finish(
                 request,
@@ -275,11 +286,26 @@ class Session:
             self._wake.set()
             return result
 
-    def _run_cell(self, request: RunRequest, run_id: str) -> BackendResult:
+    def _run_cell(
+        self, request: RunRequest, run_id: str, on_output: OutputListener | None = None
+    ) -> BackendResult:
         timeout = request.effective_limits.wall_time_s
-        cell = self._sandbox.run_cell(
-            request.code, timeout_s=timeout, hard_deadline=self._born + self.max_lifetime_s
+        live = self.executor.live_output(
+            on_output, request, secrets=self._sockets.secrets if self._sockets is not None else ()
         )
+        self._cancel = CellCancel()
+        try:
+            cell = self._sandbox.run_cell(
+                request.code,
+                timeout_s=timeout,
+                hard_deadline=self._born + self.max_lifetime_s,
+                cancel=self._cancel,
+                on_output=live,
+            )
+        finally:
+            self._cancel = None
+            if live is not None:
+                live.close()
         shown = self._outputs(cell)
         artifacts: tuple[Artifact, ...] = ()
         rejected: tuple[RejectedExport, ...] = ()
@@ -314,6 +340,18 @@ class Session:
 
     def _not_run(self, reason: str) -> BackendResult:
         return BackendResult.not_run(Outcome.DENIED, reason, self._sandbox.enforcement())
+
+    def cancel(self, reason: str = "asked to stop") -> bool:
+        """Stop the cell now running, from any thread: it is interrupted as at its wall time
+        (SIGINT; the session and its state are kept) and its result is ``killed`` with the
+        reason ``cancelled: REASON``; a cell that does not stop within the interrupt's grace
+        ends the session, as a timed-out one does. False when no cell is running. A cell
+        that ends on its own first (or handles the interrupt and returns) keeps its outcome."""
+        cancel = self._cancel
+        if cancel is None:
+            return False
+        cancel.request(reason)
+        return True
 
     def files(self) -> list[str]:
         """Paths of the regular files in the session's workspace, relative to it, sorted."""

@@ -16,6 +16,27 @@ from sandcell.spec import IsolationMode, Limits, Outcome
 INTERRUPT_GRACE_S = 2.0
 """How long a cell has to return after the SIGINT at its time limit before the session is
 killed."""
+CANCEL_POLL_S = 0.1
+"""How often a running cell's loop asks whether the cell was cancelled (see
+:class:`CellCancel`)."""
+
+
+class CellCancel:
+    """Whether someone asked to stop the cell now running, and why.
+
+    One per cell, made by the session and polled by the cell sandbox's loop, which then
+    interrupts the cell exactly as at its wall time (SIGINT, the same grace, the session kept).
+    Setting the reason from another thread is safe: it is one attribute, written once."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
 
 Verdict = tuple[Outcome, str, int | None, int | None]
 """(outcome, reason, exit code, signal) of one cell."""
@@ -34,25 +55,27 @@ def classify_cell(
     cg: cgroups.CgroupUsage | None,
     kernel_status: int | None,
     protocol_error: str | None,
+    cancel: CellCancel | None = None,
 ) -> Verdict:
     """The verdict on a cell.
 
     ``stopped_by``: ``"wall_time"``, ``"stdout"`` or ``"stderr"`` when the host interrupted the
-    cell. ``ended_why``: None while the session goes on, else ``"lifetime"`` (the session's end
-    of life), ``"grace"`` (the interrupted cell did not return in time) or ``"kernel"`` (the
+    cell, ``"cancel"`` when someone asked (``cancel`` says why). ``ended_why``: None while the
+    session goes on, else ``"lifetime"`` (the session's end of life), ``"grace"`` (the
+    interrupted cell did not return in time) or ``"kernel"`` (the
     kernel is gone: ``kernel_status`` is the wait status the boot reported, if any, and
     ``protocol_error`` says how the kernel broke the channel's protocol, if it did).
     """
     if ended_why == "lifetime":
         return Outcome.TIMEOUT, "the session reached its maximum lifetime" + _ENDED, None, None
+    cancelled = f"cancelled: {cancel.reason if cancel is not None else 'asked to stop'}"
     if ended_why == "grace":
-        what = (
-            f"wall-time limit of {timeout_s:g} s reached"
-            if stopped_by == "wall_time"
-            else f"{stopped_by} exceeded its cap"
-        )
+        outcome, what = {
+            "wall_time": (Outcome.TIMEOUT, f"wall-time limit of {timeout_s:g} s reached"),
+            "cancel": (Outcome.KILLED, cancelled),
+        }.get(stopped_by or "", (Outcome.OUTPUT_LIMIT, f"{stopped_by} exceeded its cap"))
         return (
-            Outcome.TIMEOUT if stopped_by == "wall_time" else Outcome.OUTPUT_LIMIT,
+            outcome,
             f"{what} and the cell did not stop within {INTERRUPT_GRACE_S:g} s of the "
             "interrupt" + _ENDED,
             None,
@@ -67,6 +90,13 @@ def classify_cell(
             Outcome.TIMEOUT,
             f"wall-time limit of {timeout_s:g} s reached; the cell was interrupted, the "
             "session and its state are kept",
+            None,
+            signal.SIGINT,
+        )
+    if stopped_by == "cancel" and status == "interrupted":
+        return (
+            Outcome.KILLED,
+            f"{cancelled}; the cell was interrupted, the session and its state are kept",
             None,
             signal.SIGINT,
         )
@@ -151,4 +181,4 @@ def _classify_death(
     )
 
 
-__all__ = ["INTERRUPT_GRACE_S", "Verdict", "classify_cell"]
+__all__ = ["CANCEL_POLL_S", "INTERRUPT_GRACE_S", "CellCancel", "Verdict", "classify_cell"]

@@ -20,6 +20,7 @@ default) are refused, because ``NaN`` compares false with everything and would s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -28,13 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-import jsonschema  # type: ignore[import-untyped]  # ships no type information
-import referencing.exceptions
-
 from sandcell.errors import ConfigError
 
+# jsonschema (with referencing, attrs and the format checkers) is imported when a schema is
+# checked or used: most runs declare none, and the executor that imports this module is on the
+# path of every command line run.
 if TYPE_CHECKING:
     import pydantic
+    import referencing.exceptions
 
 __all__ = [
     "MAX_ERRORS",
@@ -55,18 +57,31 @@ _MAX_MESSAGE_CHARS = 300
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-# The JSON Schema dialects jsonschema implements, by the URI a schema names in ``$schema``.
-# A schema without ``$schema`` is read as 2020-12.
-_DIALECTS: dict[str, Any] = {
-    str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id", ""))).rstrip("#"): cls
-    for cls in (
-        jsonschema.Draft4Validator,
-        jsonschema.Draft6Validator,
-        jsonschema.Draft7Validator,
-        jsonschema.Draft201909Validator,
-        jsonschema.Draft202012Validator,
-    )
-}
+
+@functools.cache
+def _dialects() -> dict[str, Any]:
+    """The JSON Schema dialects jsonschema implements, by the URI a schema names in
+    ``$schema``. A schema without ``$schema`` is read as 2020-12."""
+    import jsonschema  # type: ignore[import-untyped]  # ships no type information
+
+    return {
+        str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id", ""))).rstrip("#"): cls
+        for cls in (
+            jsonschema.Draft4Validator,
+            jsonschema.Draft6Validator,
+            jsonschema.Draft7Validator,
+            jsonschema.Draft201909Validator,
+            jsonschema.Draft202012Validator,
+        )
+    }
+
+
+def _unresolvable() -> type[referencing.exceptions.Unresolvable]:
+    """The error for a ``$ref`` that cannot be resolved (an ``except`` clause evaluates this only
+    when an exception is on its way, so referencing is imported only then)."""
+    import referencing.exceptions
+
+    return referencing.exceptions.Unresolvable
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,15 +209,18 @@ def _capped(lines: Iterable[str]) -> tuple[str, ...]:
 
 
 def _validator_class(schema: Mapping[str, object]) -> Any:  # jsonschema is untyped
+    import jsonschema
+
     declared = schema.get("$schema")
+    dialects = _dialects()
     if declared is None:
         return jsonschema.Draft202012Validator
-    if not isinstance(declared, str) or declared.rstrip("#") not in _DIALECTS:
+    if not isinstance(declared, str) or declared.rstrip("#") not in dialects:
         raise ConfigError(
             f"invalid JSON Schema: unknown $schema {declared!r}; use one of "
-            f"{', '.join(sorted(_DIALECTS))}, or leave $schema out for 2020-12"
+            f"{', '.join(sorted(dialects))}, or leave $schema out for 2020-12"
         )
-    return _DIALECTS[declared.rstrip("#")]
+    return dialects[declared.rstrip("#")]
 
 
 def check_schema(schema: Mapping[str, object]) -> None:
@@ -215,6 +233,8 @@ def check_schema(schema: Mapping[str, object]) -> None:
         raise ConfigError(
             f"invalid JSON Schema: it must be a JSON object, got {type(schema).__name__}"
         )
+    import jsonschema
+
     cls = _validator_class(schema)
     try:
         cls.check_schema(schema)
@@ -308,7 +328,7 @@ def validate_result(
             sources.append(model_errors)
             validated = instance
         errors = _capped(itertools.chain.from_iterable(sources))
-    except referencing.exceptions.Unresolvable as exc:
+    except _unresolvable() as exc:
         # No $ref is ever fetched from the network or the disk: a schema must be self-contained.
         raise ConfigError(
             f"invalid JSON Schema: $ref {exc.ref!r} cannot be resolved; schemas must be "

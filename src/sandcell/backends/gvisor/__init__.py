@@ -56,7 +56,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
+from sandcell.backends.base import (
+    BackendResult,
+    BackendStatus,
+    Collector,
+    OutputSink,
+    started_cold,
+)
 from sandcell.backends.gvisor import proctree, runsc
 from sandcell.backends.gvisor.sandbox import AGENT_SCRIPT, GSandbox, Host, fixed_for
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, supervise
@@ -186,13 +192,21 @@ class GVisorBackend:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         if self._pool is None:
-            return self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets)
-        warm = self._pool.run(request, run_id=run_id, collect=collect, sockets=sockets)
+            return self._run_cold(
+                request, run_id=run_id, collect=collect, sockets=sockets, on_output=on_output
+            )
+        warm = self._pool.run(
+            request, run_id=run_id, collect=collect, sockets=sockets, on_output=on_output
+        )
         if isinstance(warm, BackendResult):
             return warm
-        cold = self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets)
+        # Nothing ran pooled, so on_output was told nothing yet.
+        cold = self._run_cold(
+            request, run_id=run_id, collect=collect, sockets=sockets, on_output=on_output
+        )
         return started_cold(cold, warm)
 
     def _run_cold(
@@ -202,6 +216,7 @@ class GVisorBackend:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         host = self.decide(request)
         fixed = fixed_for(request, host, sockets)
@@ -213,7 +228,15 @@ class GVisorBackend:
             t0 = time.monotonic()
             sb.spawn()
             sb.deliver(request, sockets)
-            return self.finish(sb, request, run_id=run_id, collect=collect, t0=t0, sockets=sockets)
+            return self.finish(
+                sb,
+                request,
+                run_id=run_id,
+                collect=collect,
+                t0=t0,
+                sockets=sockets,
+                on_output=on_output,
+            )
         finally:
             sb.destroy()
 
@@ -228,10 +251,12 @@ class GVisorBackend:
         start: StartInfo | None = None,
         cpu_baseline_ms: float = 0.0,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         """Supervise a sandbox whose request was sent, then observe and export (the caller
         destroys the sandbox). ``cpu_baseline_ms``: CPU time the sandbox had used before the
-        request (a pooled sandbox's preload), not charged to the program."""
+        request (a pooled sandbox's preload), not charged to the program; ``on_output``: told
+        the program's output as it is read."""
         stop = StopPipe()
         try:
             with self.runs.register(run_id, stop.set) as cancellation:
@@ -241,6 +266,7 @@ class GVisorBackend:
                     stop=stop,
                     t0=t0,
                     cpu_ms=cpu_reader(sb, cpu_baseline_ms),
+                    on_output=on_output,
                 )
         finally:
             stop.close()

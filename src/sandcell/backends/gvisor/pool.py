@@ -35,7 +35,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
-from sandcell.backends.base import BackendResult, Collector
+from sandcell.backends.base import BackendResult, Collector, OutputSink
 from sandcell.backends.gvisor import proctree
 from sandcell.backends.gvisor._agent import READY
 from sandcell.backends.gvisor.plan import POOL_CEILINGS, plan_rlimits
@@ -127,6 +127,7 @@ class GVisorPool:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult | str:
         """Run ``request`` in a pooled sandbox, or say why it cannot (the caller starts cold).
         ``sockets``: the run's ways out, shown in the sandbox's socket view as it is taken."""
@@ -164,6 +165,7 @@ class GVisorPool:
                 start=start,
                 cpu_baseline_ms=baseline or 0.0,
                 sockets=sockets,
+                on_output=on_output,
             )
         finally:
             sb.destroy()

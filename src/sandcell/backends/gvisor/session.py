@@ -62,12 +62,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell._artifact_store import ArtifactStore
-from sandcell.backends.base import Collector
+from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.gvisor import cpu_reader
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
 from sandcell.backends.gvisor.sandbox import GSandbox, bridge_argv, fixed_for, sockets_env
-from sandcell.backends.gvisor.supervise import CPU_POLL_S, decode
+from sandcell.backends.gvisor.supervise import CPU_POLL_S, decode, trailer_tail
 from sandcell.backends.namespaces import landlock
 from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_WORKDIR
 from sandcell.backends.namespaces.prepared import (
@@ -82,7 +82,12 @@ from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import common_env, python_runtime
 from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
-from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
+from sandcell.sessions.verdict import (
+    CANCEL_POLL_S,
+    INTERRUPT_GRACE_S,
+    CellCancel,
+    classify_cell,
+)
 from sandcell.spec import Enforcement, Outcome, RejectedExport, RunRequest, Usage
 
 if TYPE_CHECKING:
@@ -377,14 +382,27 @@ class GVisorSessionSandbox:
 
     # -- one cell ----------------------------------------------------------------------------
 
-    def run_cell(self, code: str, *, timeout_s: float, hard_deadline: float | None) -> CellRun:
-        """Run one cell; ``hard_deadline`` (monotonic) is the session's end of life."""
+    def run_cell(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        hard_deadline: float | None,
+        cancel: CellCancel | None = None,
+        on_output: OutputSink | None = None,
+    ) -> CellRun:
+        """Run one cell; ``hard_deadline`` (monotonic) is the session's end of life;
+        ``on_output`` is told the cell's output as it is read."""
         if self.ended is not None:
             raise InfraError(f"the session's sandbox has ended: {self.ended}")
         assert self._sock is not None
         self._cell_seq += 1
         cell_id = self._cell_seq
-        out, err = CappedOutput(self.limits.stdout_bytes), CappedOutput(self.limits.stderr_bytes)
+        out = CappedOutput(self.limits.stdout_bytes, stream="stdout", on_output=on_output)
+        # The agent's exit trailer ends stderr when the kernel dies: never passed on live.
+        err = CappedOutput(
+            self.limits.stderr_bytes, stream="stderr", on_output=on_output, hold=trailer_tail
+        )
         cpu_ms = cpu_reader(self.sb)
         cpu_limit_ms = self.limits.cpu_time_s * 1000
         cpu0 = cpu_ms()
@@ -414,9 +432,17 @@ class GVisorSessionSandbox:
                     ended_why = "kernel"
                     break
                 next_cpu = now + CPU_POLL_S
+            if cancel is not None and cancel.reason is not None and stopped_by in (None, "cancel"):
+                # Again at each poll until the cell answers: the kernel ignores a SIGINT that
+                # comes before it has started the cell.
+                if stopped_by is None:
+                    stopped_by, deadline = "cancel", now + INTERRUPT_GRACE_S
+                self._interrupt()
             limit = min(deadline, next_cpu)
             if hard_deadline is not None:
                 limit = min(limit, hard_deadline)
+            if cancel is not None and stopped_by in (None, "cancel"):
+                limit = min(limit, now + CANCEL_POLL_S)
             event = self._pump(out, err, limit - now)
             if event == "ended":
                 ended_why = "kernel"
@@ -460,6 +486,7 @@ class GVisorSessionSandbox:
             cg=cg,
             kernel_status=self._kernel_status,
             protocol_error=self._protocol_error,
+            cancel=cancel,
         )
         if self._cpu_out:
             outcome, code_, sig = Outcome.TIMEOUT, None, signal.SIGKILL
@@ -469,6 +496,7 @@ class GVisorSessionSandbox:
             )
         if ended_why is not None:
             self.ended = reason
+        err.flush()
         return CellRun.of(
             (outcome, reason, code_, sig),
             reply=reply,

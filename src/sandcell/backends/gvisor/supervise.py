@@ -16,6 +16,7 @@ import select
 import time
 from collections.abc import Callable
 
+from sandcell.backends.base import OutputSink
 from sandcell.backends.gvisor._agent import EXIT, STARTED
 from sandcell.backends.gvisor.sandbox import GSandbox
 from sandcell.backends.namespaces.launcher import Launched, StopPipe
@@ -29,6 +30,45 @@ _TRAILER_ROOM = len(EXIT) + 24
 """stderr may run this far over its cap before the run is stopped: the agent's exit trailer,
 which is not the program's, ends it."""
 _TRAILER = re.compile(re.escape(EXIT) + rb"(\d{1,10})\n\Z")
+_TRAILER_TAIL = re.compile(rb"\d{0,10}\n?\Z")
+
+
+class _Live:
+    """What of the program's output ``on_output`` has been told: stdout as it is kept, stderr
+    short of anything that may yet turn out to be the agent's exit trailer (not the program's:
+    it starts with a NUL, so only a tail from the last NUL is ever held back)."""
+
+    def __init__(self, sink: OutputSink | None, stderr_cap: int) -> None:
+        self.sink = sink
+        self.stderr_cap = stderr_cap
+        self.sent_err = 0
+
+    def stdout(self, kept: bytes) -> None:
+        if self.sink is not None and kept:
+            self.sink("stdout", kept)
+
+    def stderr(self, err: bytearray, *, final: bool = False) -> None:
+        if self.sink is None:
+            return
+        end = len(err) if final else len(err) - trailer_tail(bytes(err[self.sent_err :]))
+        end = min(end, self.stderr_cap)
+        if end > self.sent_err:
+            self.sink("stderr", bytes(err[self.sent_err : end]))
+            self.sent_err = end
+
+
+def trailer_tail(data: bytes) -> int:
+    """How many bytes at the end of ``data`` (stderr not yet passed on) may be the start of the
+    agent's exit trailer: held back from live output until more comes or the stream ends."""
+    nul = data.rfind(b"\0")
+    if nul < 0:
+        return 0
+    tail = data[nul:]
+    if len(tail) <= len(EXIT):
+        maybe = EXIT.startswith(tail)
+    else:
+        maybe = tail.startswith(EXIT) and _TRAILER_TAIL.match(tail, len(EXIT)) is not None
+    return len(tail) if maybe else 0
 
 
 def supervise(
@@ -39,9 +79,12 @@ def supervise(
     t0: float,
     cpu_ms: Callable[[], float | None],
     setup_timeout_s: float = SETUP_TIMEOUT_S,
+    on_output: OutputSink | None = None,
 ) -> Launched:
     """Pump output under the caps until the sandbox exits or a limit ends it; then reap it.
-    ``t0``: when the request was sent (the start of the measured wall time)."""
+    ``t0``: when the request was sent (the start of the measured wall time); ``on_output``:
+    told the program's output as it is read (never the agent's own lines)."""
+    live = _Live(on_output, limits.stderr_bytes)
     proc = sb.proc
     assert proc is not None and proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
@@ -88,13 +131,16 @@ def supervise(
                     continue
             if open_fds[fd] == "stdout":
                 room = limits.stdout_bytes - len(out)
-                out += chunk[: max(room, 0)]
+                kept = chunk[: max(room, 0)]
+                out += kept
+                live.stdout(kept)
                 if len(chunk) > room:
                     out_trunc = True
                     stopped_by = stopped_by or "stdout"
             else:
                 room = limits.stderr_bytes + _TRAILER_ROOM - len(err)
                 err += chunk[: max(room, 0)]
+                live.stderr(err)
                 if len(chunk) > room:
                     err_trunc = True
                     stopped_by = stopped_by or "stderr"
@@ -114,7 +160,9 @@ def supervise(
         del err[limits.stderr_bytes :]
         err_trunc = True
         stopped_by = stopped_by or "stderr"
-    if not started:
+    if started:
+        live.stderr(err, final=True)
+    else:
         # Whatever runsc or the agent said is the reason it never started.
         err = pre
         if stopped_by == "setup":

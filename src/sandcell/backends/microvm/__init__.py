@@ -7,11 +7,11 @@
 2. get a VM whose agent is ready: a fresh boot (cold), or one restored from the snapshot (warm:
    ``template`` restores at call time, ``pool`` takes one restored ahead, each used once);
 3. drive the run over the agent channel (``drive.py``): job, fresh entropy, inputs, packages,
-   stdin in;
-   output, exit report, exported files out; wall time and output caps enforced from here; with
-   run sockets (an allowlist or tools), the agent serves ``/run/sandcell`` in the guest and the
-   loopback bridge, and each connection travels over the same channel to the host's socket
-   (``relay.py``: a relay thread owns the channel from the program's start);
+   stdin in; output (handed to ``on_output`` as it arrives), exit report, exported files out;
+   wall time and output caps enforced from here; with run sockets (an allowlist or tools), the
+   agent serves ``/run/sandcell`` in the guest and the loopback bridge, and each connection
+   travels over the same channel to the host's socket (``relay.py``: a relay thread owns the
+   channel from the program's start);
 4. kill QEMU, hand the received files to ``collect`` (the host's export checks); reaping QEMU
    and removing every file of the VM happen after the result is returned (a background thread
    that :meth:`MicroVMBackend.close` waits for), as does restoring the pool's next clone.
@@ -46,7 +46,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell.backends.base import BackendResult, BackendStatus, Collector, started_cold
+from sandcell.backends.base import (
+    BackendResult,
+    BackendStatus,
+    Collector,
+    OutputSink,
+    started_cold,
+)
 from sandcell.backends.microvm import (
     accel,
     guest_packages,
@@ -143,6 +149,7 @@ class MicroVMBackend:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         self._check(request)
         packages = guest_packages.load(request.packages)
@@ -156,6 +163,7 @@ class MicroVMBackend:
             collect=collect,
             packages=packages,
             sockets=sockets,
+            on_output=on_output,
         )
         if self._warm is None:
             return run(vm=vm, start=start)
@@ -202,6 +210,7 @@ class MicroVMBackend:
         start: StartInfo,
         packages: guest_packages.GuestPackages,
         sockets: SandboxSockets | None,
+        on_output: OutputSink | None,
     ) -> BackendResult:
         stop = threading.Event()
         # A cold VM gets the RAM its packages' tmpfs takes on top (a pooled one had room).
@@ -237,6 +246,7 @@ class MicroVMBackend:
                     max_entries=MAX_EXPORT_ENTRIES,
                     packages=packages,
                     sockets=sockets,
+                    on_output=on_output,
                 )
                 console = vm.console() if ended.failure else ""
                 vm.kill(reap=False)

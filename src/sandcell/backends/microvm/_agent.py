@@ -12,8 +12,10 @@ snapshot resumes here, waiting for its host). Per VM, exactly one job:
    size-capped workspace tmpfs at /sandbox, a private /tmp, the program at /sandcell
    (read-only), the program's cgroup (memory, pids);
 2. the runner is handed the job and the program's pipes; it joins the cgroup, sets the rlimits,
-   drops to uid 1000 and runs the program. Output is streamed to the host (capped here too);
-   stdin is fed from the host. A ``K`` frame kills the program's cgroup;
+   drops to uid 1000 and runs the program. Output is streamed to the host while the program
+   runs (:class:`Batch`: capped here too, small writes sent together at most
+   :data:`BATCH_DELAY_S` later); stdin is fed from the host. A ``K`` frame kills the program's
+   cgroup;
 3. the exit frame (status, OOM kills, CPU time, peak memory), then the files of /sandbox that
    match the export globs (and the display directory), walked without following any link, then
    ``Z``; the VM is then destroyed by the host.
@@ -73,6 +75,8 @@ RNDRESEEDCRNG = 0x5207
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC = 4096, 16384
 MAX_EXPORT_FILES = 10000
+BATCH_BYTES = 64 << 10
+BATCH_DELAY_S = 0.03
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -194,6 +198,60 @@ class Port:
             out.append((kind, bytes(self.buf[HEADER.size : end])))
             del self.buf[:end]
         return out
+
+
+class Batch:
+    """One output stream on its way to the host, as ``O``/``E`` frames while the program runs.
+
+    At most ``cap`` bytes are sent in all (the host's cap plus one: the host sees it passed).
+    Reads of a few bytes (an unbuffered ``print`` per line) are held until :data:`BATCH_BYTES`
+    gathered or the oldest is :data:`BATCH_DELAY_S` old, so a chatty program sends a few frames a
+    second, not one per write, on the port that also carries the run's socket traffic.
+    """
+
+    def __init__(self, port: Port, kind: bytes, cap: int) -> None:
+        self.port = port
+        self.kind = kind
+        self.room = cap
+        self.held = bytearray()
+        self.since: float | None = None
+
+    def reset(self, cap: int) -> None:
+        """A new cell: what is held goes first, then ``cap`` bytes more may go."""
+        self.flush()
+        self.room = cap
+
+    def add(self, data: bytes) -> None:
+        part = data[: self.room]
+        self.room -= len(part)
+        if not part:
+            return
+        self.held += part
+        if self.since is None:
+            self.since = time.monotonic()
+        if len(self.held) >= BATCH_BYTES or self.room == 0:
+            self.flush()
+
+    def wait(self, now: float) -> float | None:
+        """Seconds until what is held must go (None: nothing held)."""
+        return None if self.since is None else max(self.since + BATCH_DELAY_S - now, 0.0)
+
+    def flush_due(self, now: float) -> None:
+        if self.since is not None and now >= self.since + BATCH_DELAY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.held:
+            self.port.send(self.kind, bytes(self.held))
+            self.held.clear()
+        self.since = None
+
+
+def select_timeout(batches: list[Batch], longest: float) -> float:
+    """How long a select may wait without holding output past its time."""
+    now = time.monotonic()
+    waits = [w for w in (b.wait(now) for b in batches) if w is not None]
+    return min([longest, *waits])
 
 
 # -- boot ---------------------------------------------------------------------------------
@@ -474,8 +532,11 @@ def run_program(  # noqa: PLR0917 - the agent keeps to plain functions (see modu
     socket.send_fds(runner_sock, [json.dumps(brief).encode()], [in_r, out_w, err_w])
     for fd in (in_r, out_w, err_w):
         os.close(fd)
-    caps = {out_r: job["limits"]["stdout_bytes"] + 1, err_r: job["limits"]["stderr_bytes"] + 1}
-    kinds = {out_r: b"O", err_r: b"E"}
+    # Per stream, one byte over the cap tells the host the cap was passed.
+    batches = {
+        out_r: Batch(port, b"O", job["limits"]["stdout_bytes"] + 1),
+        err_r: Batch(port, b"E", job["limits"]["stderr_bytes"] + 1),
+    }
     open_fds = [out_r, err_r]
     os.set_blocking(in_w, False)
     pending_in = memoryview(stdin)
@@ -491,7 +552,7 @@ def run_program(  # noqa: PLR0917 - the agent keeps to plain functions (see modu
         if fwd is not None and status is None:
             rfds += fwd.rfds()
             wfds += fwd.wfds()
-        r, w, _ = select.select(rfds, wfds, [], 1.0)
+        r, w, _ = select.select(rfds, wfds, [], select_timeout([*batches.values()], 1.0))
         if fwd is not None and status is None:
             fwd.ready(r, w)
         if in_w in w:
@@ -513,23 +574,26 @@ def run_program(  # noqa: PLR0917 - the agent keeps to plain functions (see modu
                     elif kind == b"R" and fwd is not None:
                         fwd.on_host(payload)
                 continue
-            if fd not in caps:
+            if fd not in batches:
                 continue
             data = os.read(fd, 1 << 16)
             if not data:
                 open_fds.remove(fd)
                 os.close(fd)
+                batches[fd].flush()
                 continue
-            if caps[fd] > 0:
-                part = data[: caps[fd]]
-                caps[fd] -= len(part)
-                port.send(kinds[fd], part)
+            batches[fd].add(data)
+        now = time.monotonic()
+        for batch in batches.values():
+            batch.flush_due(now)
         # pid 1 reaps every orphan; the runner's own status is the program's.
         for pid, st in reap():
             if pid == runner_pid and status is None:
                 status = st
                 # Whatever the program left running dies with it; its pipes then close.
                 kill_cgroup()
+    for batch in batches.values():
+        batch.flush()
     if in_w >= 0:
         os.close(in_w)
     os.close(exited)
@@ -1060,10 +1124,12 @@ class KernelRelay:
         # Non-blocking: a select's answer is stale once a drain (see from_kernel) read the pipe.
         for fd in self.outs:
             os.set_blocking(fd, False)
-        self.kinds = {out_r: b"O", err_r: b"E"}
         # Per cell, as for a run: one byte over the cap tells the host the cap was passed.
         self.per_cell = {out_r: lim["stdout_bytes"] + 1, err_r: lim["stderr_bytes"] + 1}
-        self.room = dict(self.per_cell)
+        self.batches = {
+            out_r: Batch(port, b"O", self.per_cell[out_r]),
+            err_r: Batch(port, b"E", self.per_cell[err_r]),
+        }
         self.to_kernel = bytearray()
         self.status: int | None = None
 
@@ -1079,7 +1145,7 @@ class KernelRelay:
             if self.fwd is not None and self.status is None:
                 rfds += self.fwd.rfds()
                 wfds += self.fwd.wfds()
-            r, w, _ = select.select(rfds, wfds, [], 1.0)
+            r, w, _ = select.select(rfds, wfds, [], select_timeout([*self.batches.values()], 1.0))
             if self.fwd is not None and self.status is None:
                 self.fwd.ready(r, w)
             if self.ctl is not None and self.ctl.fileno() in w:
@@ -1089,6 +1155,9 @@ class KernelRelay:
             for fd in list(self.outs):
                 if fd in r:
                     self.relay_output(fd)
+            now = time.monotonic()
+            for batch in self.batches.values():
+                batch.flush_due(now)
             if self.port.fd in r or self.port.early:
                 for kind, payload in self.port.frames(0):
                     self.on_host(kind, payload)
@@ -1116,6 +1185,9 @@ class KernelRelay:
                 if fd not in self.outs or not select.select([fd], [], [], 0)[0]:
                     break
                 self.relay_output(fd)
+        # The host keeps a cell's output until its reply: what is held goes before it.
+        for batch in self.batches.values():
+            batch.flush()
         try:
             data = self.ctl.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -1137,15 +1209,14 @@ class KernelRelay:
         if not data:
             self.outs.remove(fd)
             os.close(fd)
+            self.batches[fd].flush()
             return
-        part = data[: self.room[fd]]
-        self.room[fd] -= len(part)
-        if part:
-            self.port.send(self.kinds[fd], part)
+        self.batches[fd].add(data)
 
     def on_host(self, kind: bytes, payload: bytes) -> None:
         if kind == b"C":
-            self.room = dict(self.per_cell)
+            for fd, batch in self.batches.items():
+                batch.reset(self.per_cell[fd])
             if self.ctl is not None:
                 self.to_kernel += payload
                 self.flush_to_kernel()
@@ -1168,6 +1239,8 @@ class KernelRelay:
         self.status = status
         # Whatever the cells left running ends with the kernel, as the session does.
         kill_cgroup()
+        for batch in self.batches.values():
+            batch.flush()
         report = cgroup_stats(None)
         report["status"] = status
         self.port.send(b"X", json.dumps(report).encode())

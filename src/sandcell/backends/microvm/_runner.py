@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import io
 import json
 import os
 import resource
@@ -83,10 +84,26 @@ def become(job: dict[str, Any], fds: list[int]) -> None:
     limits(job["limits"])
     os.environ.clear()
     os.environ.update(job["env"])
-    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    unbuffered = bool(job["env"].get("PYTHONUNBUFFERED"))
+    sys.stdout = _output(1, unbuffered=unbuffered)
+    sys.stderr = _output(2, unbuffered=unbuffered)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stdout.reconfigure(line_buffering=True)
+
+
+def _output(fd: int, *, unbuffered: bool) -> io.TextIOWrapper:
+    """The program's stdout or stderr as its interpreter would have opened them, had it been
+    started with the job's environment: unbuffered under ``PYTHONUNBUFFERED`` (which every
+    runtime sets, as on the other backends, so the host streams each write as it happens),
+    else line-buffered."""
+    if unbuffered:
+        raw = io.FileIO(fd, "w", closefd=False)
+        return io.TextIOWrapper(
+            raw,
+            encoding="utf-8",
+            errors="backslashreplace",
+            write_through=True,
+        )
+    return open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
 
 
 def run_python(job: dict[str, Any]) -> None:

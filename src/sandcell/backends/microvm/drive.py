@@ -3,8 +3,13 @@
 :func:`drive` talks to the agent over the channel (after the handshake) and enforces, from the
 host, what the guest must not be trusted with: the wall-time limit and the output caps (the
 program is told to stop with a ``K`` frame, and the VM is destroyed after a short grace if the
-guest does not answer), and the size of everything it sends back. :func:`classify` turns what was
-observed into the run's outcome, in the same order of precedence as the namespaces backend.
+guest does not answer), and the size of everything it sends back. The agent sends the program's
+output as it is written (small writes gathered for a few tens of milliseconds): each piece kept
+under its cap is handed to the run's output sink as it arrives (:func:`keep`). A guest image
+built before live output speaks the same frames (one per read) but its runner holds a Python
+program's stderr until the end: the output is the same, less of it live (``sandcell vm build``
+renews the image). :func:`classify` turns what was observed into the run's outcome, in the same
+order of precedence as the namespaces backend.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandcell.backends.base import OutputSink
 from sandcell.backends.microvm import channel, relay
 from sandcell.backends.microvm.guest_packages import NONE, PACKAGES_DIR, GuestPackages
 from sandcell.backends.microvm.transfer import FileSink, TransferError, input_frames, input_items
@@ -129,12 +135,13 @@ def drive(
     max_entries: int,
     packages: GuestPackages = NONE,
     sockets: SandboxSockets | None = None,
+    on_output: OutputSink | None = None,
 ) -> Ended:
     """Run ``request`` through the agent on ``chan``; files go into ``sink_dir`` (created here).
 
     ``stop`` is set by a cancellation; ``alive`` is a callable telling whether QEMU still runs.
     With ``sockets``, a relay thread owns the channel from ``G`` on (``relay.py``); it stops
-    with the channel.
+    with the channel. ``on_output`` is told each piece of output kept, as it arrives.
     """
     ended = Ended()
     lim = request.effective_limits
@@ -199,16 +206,15 @@ def drive(
                     break
                 continue
             if kind in caps:
+                stream = "stdout" if kind == channel.STDOUT else "stderr"
                 buf = ended.stdout if kind == channel.STDOUT else ended.stderr
-                room = caps[kind] - len(buf)
-                buf += payload[: max(room, 0)]
-                if len(payload) > room:
+                if not keep(buf, caps[kind], payload, stream, on_output):
                     if kind == channel.STDOUT:
                         ended.stdout_truncated = True
                     else:
                         ended.stderr_truncated = True
                     if not ended.reported:
-                        tell_stop("stdout" if kind == channel.STDOUT else "stderr")
+                        tell_stop(stream)
             elif kind == channel.EXIT:
                 if pump is not None and pump.ready is None:
                     ended.failure = NO_RELAY
@@ -238,6 +244,18 @@ def drive(
     if not ended.wall_ms:
         ended.wall_ms = (time.monotonic() - t0) * 1000
     return ended
+
+
+def keep(
+    buf: bytearray, cap: int, payload: bytes, stream: str, on_output: OutputSink | None
+) -> bool:
+    """Add to ``buf`` what of ``payload`` fits under ``cap`` and tell ``on_output`` that part,
+    so that a sink never gets more than the stream's cap in all; False when the cap was passed."""
+    part = payload[: max(cap - len(buf), 0)]
+    buf += part
+    if part and on_output is not None:
+        on_output(stream, part)
+    return len(part) == len(payload)
 
 
 def _exit_report(ended: Ended, payload: bytes) -> None:
@@ -317,4 +335,4 @@ def classify(
     return Outcome.ERROR, f"exited with status {ended.exit_code}"
 
 
-__all__ = ["Ended", "classify", "drive", "job_doc"]
+__all__ = ["Ended", "classify", "drive", "job_doc", "keep"]

@@ -10,7 +10,8 @@ the workspace, cgroup and identity as for a run and has the runner become the ke
 with the run's rlimits, in the program's cgroup (memory and pids of the whole session).
 
 Cells travel as the kernel's own framed messages inside ``C`` frames, replies come back inside
-``M`` frames, output as ``O``/``E`` (capped per cell by the agent as well as here). Everything the
+``M`` frames, output as ``O``/``E`` while the cell runs (capped per cell by the agent as well as
+here; what is kept goes to the cell's output sink as it arrives). Everything the
 guest sends is hostile: frame types and sizes are checked by the channel, kernel messages by the
 bounded decoder (:mod:`sandcell.sessions.channel`), files by :class:`~.transfer.FileSink` and then
 the host's export checks (``collect``) or :func:`sandcell.display.read_outputs` on the host copy.
@@ -48,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell._artifact_store import ArtifactStore
-from sandcell.backends.base import Collector
+from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.microvm import channel, guest_packages, layout, machine, relay, snapshot
 from sandcell.backends.microvm.drive import NO_RELAY, job_doc
 from sandcell.backends.microvm.pool import SNAPSHOT_MEMORY_BYTES, WarmVMs
@@ -67,7 +68,12 @@ from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
-from sandcell.sessions.verdict import INTERRUPT_GRACE_S, classify_cell
+from sandcell.sessions.verdict import (
+    CANCEL_POLL_S,
+    INTERRUPT_GRACE_S,
+    CellCancel,
+    classify_cell,
+)
 from sandcell.spec import Artifact, Enforcement, RejectedExport, RunRequest, StartInfo, Usage
 
 if TYPE_CHECKING:
@@ -386,12 +392,22 @@ class VMSessionSandbox:
 
     # -- one cell ----------------------------------------------------------------------------
 
-    def run_cell(self, code: str, *, timeout_s: float, hard_deadline: float | None) -> CellRun:
+    def run_cell(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        hard_deadline: float | None,
+        cancel: CellCancel | None = None,
+        on_output: OutputSink | None = None,
+    ) -> CellRun:
         if self.ended is not None or self.vm is None:
             raise InfraError(f"the session's VM has ended: {self.ended}")
         self._cell_seq += 1
         cell_id = self._cell_seq
-        out, err = CappedOutput(self.limits.stdout_bytes), CappedOutput(self.limits.stderr_bytes)
+        # What each keeps goes to ``on_output`` as it arrives (the agent sends it as written).
+        out = CappedOutput(self.limits.stdout_bytes, stream="stdout", on_output=on_output)
+        err = CappedOutput(self.limits.stderr_bytes, stream="stderr", on_output=on_output)
         cpu0 = self._cpu_ms()
         t0 = time.monotonic()
         message = encode({"op": "cell", "id": cell_id, "code": code})
@@ -411,7 +427,15 @@ class VMSessionSandbox:
             if hard_deadline is not None and now >= hard_deadline:
                 ended_why = "lifetime"
                 break
+            if cancel is not None and cancel.reason is not None and stopped_by in (None, "cancel"):
+                # Again at each poll until the cell answers: the kernel ignores a SIGINT that
+                # comes before it has started the cell.
+                if stopped_by is None:
+                    stopped_by, deadline = "cancel", now + INTERRUPT_GRACE_S
+                self._send(INTERRUPT)
             limit = min(deadline, hard_deadline) if hard_deadline is not None else deadline
+            if cancel is not None and stopped_by in (None, "cancel"):
+                limit = min(limit, now + CANCEL_POLL_S)
             event = self._pump(out, err, limit - now)
             if event == "ended" and not self._messages:
                 ended_why = "kernel"
@@ -452,6 +476,7 @@ class VMSessionSandbox:
             cg=cg,
             kernel_status=self._kernel_status(),
             protocol_error=self._protocol_error,
+            cancel=cancel,
         )
         if ended_why is not None:
             self.ended = reason

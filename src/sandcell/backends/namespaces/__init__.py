@@ -36,7 +36,7 @@ import subprocess
 import threading
 from collections.abc import Mapping
 
-from sandcell.backends.base import BackendResult, Collector, started_cold
+from sandcell.backends.base import BackendResult, Collector, OutputSink, started_cold
 from sandcell.backends.namespaces import cgroups, landlock, outside, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, find_bwrap
 from sandcell.backends.namespaces.launcher import Pipes, StopPipe, launch
@@ -165,15 +165,22 @@ class NamespacesBackend:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         if self._warm is None:
-            return self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets)
-        warm = self._warm.run(request, run_id=run_id, collect=collect, sockets=sockets)
+            return self._run_cold(
+                request, run_id=run_id, collect=collect, sockets=sockets, on_output=on_output
+            )
+        warm = self._warm.run(
+            request, run_id=run_id, collect=collect, sockets=sockets, on_output=on_output
+        )
         if isinstance(warm, BackendResult):
             return warm
-        return started_cold(
-            self._run_cold(request, run_id=run_id, collect=collect, sockets=sockets), warm
+        # Nothing ran warm, so on_output was told nothing yet.
+        cold = self._run_cold(
+            request, run_id=run_id, collect=collect, sockets=sockets, on_output=on_output
         )
+        return started_cold(cold, warm)
 
     def _run_cold(
         self,
@@ -182,6 +189,7 @@ class NamespacesBackend:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         layers = self.decide(request)
         sandbox = PreparedSandbox(self, request, name=run_id, layers=layers, sockets=sockets)
@@ -253,6 +261,7 @@ class NamespacesBackend:
                         helper=sandbox.helper,
                         stop=stop,
                         start=start if spawner is not None else None,
+                        on_output=on_output,
                     )
             finally:
                 if spawner is not None and not started:

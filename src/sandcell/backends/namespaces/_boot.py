@@ -339,9 +339,40 @@ def _run_displayed(display: tuple[Any, str], source: bytes, ns: dict[str, Any], 
         raise SystemExit(1) from None
 
 
+_REPLACED_STDIO: list[Any] = []
+
+
+def _unbuffered_stdio() -> None:
+    """What ``PYTHONUNBUFFERED`` (set by every runtime) does for an interpreter started without
+    ``-I``, which ignores it: stdout and stderr write through to their descriptors, so the host
+    reads each write as the program makes it (live output, and the two streams in order)."""
+    if not os.environ.get("PYTHONUNBUFFERED"):
+        return
+    import io  # already loaded by the interpreter's own startup: costs nothing
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        if old is None or getattr(old, "write_through", False):
+            continue
+        try:
+            old.flush()
+        except Exception:  # noqa: S112 - a closed or broken stream stays as it is
+            continue
+        new = io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False),
+            encoding=old.encoding,
+            errors=old.errors,
+            write_through=True,
+        )
+        _REPLACED_STDIO.append(old)  # kept: never finalised behind the program's back
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
+
+
 def _run_python(script: str, args: list[str], display: tuple[Any, str] | None = None) -> None:
     """Run ``script`` in this process as ``__main__``, as ``python script args...`` would; with
     ``display`` (the display module and output directory), as a notebook cell."""
+    _unbuffered_stdio()
     main_file = os.path.abspath(script)  # Python >= 3.9 makes __main__.__file__ absolute
     boot = sys.argv[0]
     orig = getattr(sys, "orig_argv", None)

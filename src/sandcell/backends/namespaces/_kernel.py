@@ -54,6 +54,7 @@ _KERNEL_FILE = "/sandcell/kernel.py"
 
 class _State:
     in_cell = False
+    replaced: list[Any] = []  # noqa: RUF012 - one kernel per process
 
 
 def _on_sigint(signum: int, frame: object) -> None:
@@ -145,6 +146,30 @@ def _print_exception(exc: BaseException, filename: str) -> None:
         sys.stderr.write(text)
     except BaseException:
         os.write(2, f"{type(exc).__name__}\n".encode())
+
+
+def _unbuffered_stdio() -> None:
+    """What ``PYTHONUNBUFFERED`` (set by every runtime) does for an interpreter started without
+    ``-I``, which ignores it: a cell's output reaches the host as it is written, not only when
+    the cell ends (live output). The same as the boot's."""
+    if not os.environ.get("PYTHONUNBUFFERED"):
+        return
+    import io  # already loaded by the interpreter's own startup
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        if old is None or getattr(old, "write_through", False):
+            continue
+        old.flush()
+        new = io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False),
+            encoding=old.encoding,
+            errors=old.errors,
+            write_through=True,
+        )
+        _State.replaced.append(old)  # kept: never finalised behind the cells' back
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
 
 
 def _flush() -> None:
@@ -248,6 +273,7 @@ def _main(argv: list[str]) -> None:
     os.dup2(null, 0)
     os.close(null)
     signal.signal(signal.SIGINT, _on_sigint)
+    _unbuffered_stdio()
     try:
         module = _load_display(display) if display else None
     except Exception as exc:

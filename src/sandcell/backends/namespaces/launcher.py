@@ -28,9 +28,12 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from sandcell.errors import InfraError
+
+if TYPE_CHECKING:
+    from sandcell.backends.base import OutputSink
 
 # The exit status the boot uses when it could not apply an isolation layer it was asked for.
 BOOT_FAILED_STATUS = 125
@@ -230,6 +233,7 @@ def launch(
     stop: StopPipe | None = None,
     setup_timeout_s: float = 30.0,
     start: Callable[[list[str], bytes], subprocess.Popen[bytes]] | None = None,
+    on_output: OutputSink | None = None,
 ) -> Launched:
     """Run bwrap to completion under the limits. Raises InfraError if it could not be started.
 
@@ -237,7 +241,8 @@ def launch(
     (with a workspace ``helper``, before the helper, whose pid it gets, is released). ``stop``:
     once set, the run is killed as at the wall limit and ends ``stopped_by="cancelled"``.
     ``start(argv, stdin)``: starts bwrap in place of :func:`spawn` (a spawner made ahead,
-    ``spawner.py``, holding ``pipes``).
+    ``spawner.py``, holding ``pipes``). ``on_output`` is told what is kept of each stream as it
+    is read.
     """
     if start is not None:
         proc = start(list(argv), stdin)
@@ -299,13 +304,19 @@ def launch(
                 started = status_bytes.startswith(b"1")
             elif kind == "stdout":
                 room = stdout_cap - len(out)
-                out += chunk[: max(room, 0)]
+                kept = chunk[: max(room, 0)]
+                out += kept
+                if on_output is not None and kept:
+                    on_output("stdout", kept)
                 if len(chunk) > room:
                     out_trunc = True
                     stopped_by = stopped_by or "stdout"
             else:
                 room = stderr_cap - len(err)
-                err += chunk[: max(room, 0)]
+                kept = chunk[: max(room, 0)]
+                err += kept
+                if on_output is not None and kept:
+                    on_output("stderr", kept)
                 if len(chunk) > room:
                     err_trunc = True
                     stopped_by = stopped_by or "stderr"

@@ -57,7 +57,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from sandcell.backends.base import BackendResult, Collector
+from sandcell.backends.base import BackendResult, Collector, OutputSink
 from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
 from sandcell.backends.namespaces.launcher import StopPipe
@@ -302,9 +302,11 @@ class WarmStarter:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None = None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult | str:
         """The run's result, or why it must start cold instead (nothing ran then). ``sockets``:
-        the run's ways out, moved into its sandbox as a mount tree (``outside.py``)."""
+        the run's ways out, moved into its sandbox as a mount tree (``outside.py``);
+        ``on_output``: told the output as it is read."""
         reason = self.unservable(request)
         if reason is not None:
             self._fallbacks += 1
@@ -357,6 +359,7 @@ class WarmStarter:
                 run_id=run_id,
                 collect=collect,
                 sockets=sockets,
+                on_output=on_output,
             )
         finally:
             for fd in trees:
@@ -374,6 +377,7 @@ class WarmStarter:
         run_id: str,
         collect: Collector,
         sockets: SandboxSockets | None,
+        on_output: OutputSink | None = None,
     ) -> BackendResult:
         limits = request.effective_limits
         armed = child.armed
@@ -428,6 +432,7 @@ class WarmStarter:
                         collect,
                         stop_fd=stop.r,
                         quiesce=quiesce,
+                        on_output=on_output,
                     )
             finally:
                 stop.close()

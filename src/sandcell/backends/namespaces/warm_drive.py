@@ -52,7 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandcell.backends.base import Collector
+from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
 from sandcell.backends.namespaces.launcher import Launched, _stdin_fd
 from sandcell.backends.namespaces.template import WarmChild, send_message
@@ -89,17 +89,21 @@ def parse_done(data: bytes) -> int | None:
 class _Streams:
     """stdout and stderr, each kept under its cap; going over stops the run."""
 
-    def __init__(self, request: RunRequest) -> None:
+    def __init__(self, request: RunRequest, on_output: OutputSink | None = None) -> None:
         limits = request.effective_limits
         self.caps = {"stdout": limits.stdout_bytes, "stderr": limits.stderr_bytes}
         self.data = {"stdout": bytearray(), "stderr": bytearray()}
         self.truncated = {"stdout": False, "stderr": False}
+        self.on_output = on_output
 
     def add(self, kind: str, chunk: bytes) -> bool:
-        """Keep what fits; True when the stream went over its cap."""
+        """Keep what fits (and tell ``on_output``); True when the stream went over its cap."""
         buf = self.data[kind]
         room = self.caps[kind] - len(buf)
-        buf += chunk[: max(room, 0)]
+        kept = chunk[: max(room, 0)]
+        buf += kept
+        if self.on_output is not None and kept:
+            self.on_output(kind, kept)
         if len(chunk) > room:
             self.truncated[kind] = True
         return len(chunk) > room
@@ -128,6 +132,7 @@ def drive(
     *,
     stop_fd: int,
     quiesce: Callable[[], bool] | None = None,
+    on_output: OutputSink | None = None,
 ) -> tuple[Launched, tuple[Any, ...], tuple[Any, ...]]:
     """Send the request, pump the output under the limits, read the status, export.
 
@@ -152,7 +157,7 @@ def drive(
                 os.close(fd)
         t0 = time.monotonic()
         deadline = t0 + limits.wall_time_s
-        streams = _Streams(request)
+        streams = _Streams(request, on_output)
         status = bytearray()
         stopped_by: str | None = None
         done: int | None = None

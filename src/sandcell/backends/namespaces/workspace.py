@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import os
 import shutil
@@ -37,7 +36,10 @@ MNT_DETACH = 0x2
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The process's own symbols, libc's among them (as elsewhere in sandcell): not
+    # ctypes.util.find_library, which runs `ldconfig -p` in a child process on every command
+    # line run.
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def mount_tmpfs(target: Path, *, size_bytes: int, inodes: int, mode: int = 0o755) -> None:

@@ -24,7 +24,8 @@ from starlette.routing import Route
 
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
 from sandcell.policy.approvals import STATUSES, ApprovalError, Ticket
-from sandcell.policy.tool_tickets import ToolTicket, is_tool_ticket_id
+from sandcell.policy.tool_tickets import ToolTicket
+from sandcell.service import tool_approvals
 from sandcell.service.core import RunState, Service
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant, hash_key
@@ -153,29 +154,9 @@ class _Ui:
             raise ServiceProblem(404, f"no approval {approval_id!r}")
         return self.service.executor.approvals.get(approval_id)
 
-    def _owns_tool_ticket(self, tenant: Tenant, ticket: ToolTicket) -> bool:
-        """A tool ticket names the run (or session) that asked; it is the tenant's when that
-        run or session is."""
-        asker = ticket.run_id
-        if not asker:
-            return False
-        state = self.service.runs.get(asker)
-        if state is not None:
-            return state.tenant == tenant.name
-        owns = self.service.tenants.owns
-        return owns(tenant.name, "run", asker) or owns(tenant.name, "session", asker)
-
     def _tool_ticket(self, tenant: Tenant, ticket_id: str) -> ToolTicket:
-        missing = ServiceProblem(404, f"no tool call {ticket_id!r}")
-        if not is_tool_ticket_id(ticket_id):
-            raise missing
-        try:
-            ticket = self.service.executor.approvals.get_tool(ticket_id)
-        except ApprovalError:
-            raise missing from None
-        if ticket.id != ticket_id or not self._owns_tool_ticket(tenant, ticket):
-            raise missing
-        return ticket
+        # The API's scoping (/v1/tool-approvals): the same tickets either way.
+        return tool_approvals.owned_ticket(self.service, tenant, ticket_id)
 
     def _record(self, tenant: Tenant, run_id: str) -> dict[str, Any]:
         """The record of a run of the tenant's, with its place in the chain (404 otherwise)."""
@@ -274,8 +255,9 @@ class _Ui:
                 break
         tools = [
             tool_ticket_view(t)
-            for t in self.service.executor.approvals.list_tools("pending", limit=500)
-            if self._owns_tool_ticket(tenant, t)
+            for t in tool_approvals.owned_tickets(
+                self.service, tenant, "pending", limit=_LIST_LIMIT
+            )
         ]
         return page(
             "queue.html",
@@ -348,18 +330,14 @@ class _Ui:
 
     async def _decide_tool(self, request: Request, *, approve: bool) -> Response:
         _, tenant, form = await self._post(request)
-        ticket = self._tool_ticket(tenant, request.path_params["ticket_id"])
-        reason = form.get("reason", "").strip()
-        who = f"tenant:{tenant.name} (browser)"
-        store = self.service.executor.approvals
-        if approve:
-            await self.service.in_thread(
-                lambda: store.approve_tool(ticket.id, by=who, reason=reason)
-            )
-        else:
-            if not reason:
-                raise ServiceProblem(400, "reason: say why the call is denied")
-            await self.service.in_thread(lambda: store.deny_tool(ticket.id, by=who, reason=reason))
+        ticket = await tool_approvals.decide(
+            self.service,
+            tenant,
+            request.path_params["ticket_id"],
+            approve=approve,
+            reason=form.get("reason", ""),
+            by=f"tenant:{tenant.name} (browser)",
+        )
         return _see_other(f"/tools/{ticket.id}")
 
     # -- runs and records ----------------------------------------------------------------------

@@ -1,0 +1,288 @@
+"""The change set of a run: what its program changed in the working directory, against the
+manifest the run started from.
+
+Input is the archive the sandbox wrote (:mod:`sandcell.changes.program`), which is untrusted:
+every path is checked (relative, ordinary names, never under ``.git``), only regular files,
+directories and symbolic links are taken, and each entry is compared with the host's own
+manifest, so an entry the sandbox claims changed but did not is dropped. Text files become a
+unified diff; binary files, deletions, renames (a deleted file whose exact content and mode
+reappear under a new name), mode changes and symbolic links are stated explicitly. A link whose
+target leaves the directory is flagged and can never be applied.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import io
+import json
+import posixpath
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sandcell.changes.manifest import Entry, Manifest, is_git
+from sandcell.errors import ConfigError
+
+MAX_DEPTH = 64
+MAX_TEXT_DIFF_BYTES = 1 << 20
+"""A text file larger than this is described like a binary one (hashes and sizes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    path: str
+    action: str
+    """``add``, ``modify``, ``delete``, ``rename``, ``mode`` or ``unsupported``."""
+    old: Entry | None
+    new: Entry | None
+    old_path: str | None = None
+    binary: bool = False
+    flags: tuple[str, ...] = ()
+
+    @property
+    def applicable(self) -> bool:
+        return self.action != "unsupported" and not self.flags
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "action": self.action,
+            "old_path": self.old_path,
+            "old": None if self.old is None else self.old.to_dict(),
+            "new": None if self.new is None else self.new.to_dict(),
+            "binary": self.binary,
+            "flags": list(self.flags),
+            "applicable": self.applicable,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> Change:
+        def entry(v: object) -> Entry | None:
+            return None if v is None else Entry.from_dict(v)  # type: ignore[arg-type]
+
+        flags = d.get("flags") or []
+        old_path = d.get("old_path")
+        return cls(
+            path=check_path(str(d["path"])),
+            action=str(d["action"]),
+            old=entry(d.get("old")),
+            new=entry(d.get("new")),
+            old_path=None if old_path is None else check_path(str(old_path)),
+            binary=bool(d.get("binary")),
+            flags=tuple(str(f) for f in flags),  # type: ignore[attr-defined]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSet:
+    changes: tuple[Change, ...]
+    patch: bytes
+    contents: dict[str, bytes] = field(default_factory=dict)
+    """New content of each added or modified regular file, by path (not serialised)."""
+
+
+def check_path(rel: str) -> str:
+    """``rel`` if it is a plain relative path of ordinary names, not under ``.git``; else
+    ConfigError (a change set naming anything else is refused, never applied)."""
+    parts = rel.split("/")
+    if (
+        not rel
+        or rel.startswith("/")
+        or "\x00" in rel
+        or len(parts) > MAX_DEPTH
+        or any(p in ("", ".", "..") or len(p.encode()) > 255 for p in parts)
+    ):
+        raise ConfigError(f"the change set names a path that is not allowed: {rel!r}")
+    if is_git(rel):
+        raise ConfigError(f"the change set touches {rel!r}: changes under .git are never applied")
+    return rel
+
+
+def points_outside(path: str, target: str) -> bool:
+    """Whether a link at ``path`` with ``target`` resolves outside the directory it is in."""
+    if target.startswith("/"):
+        return True
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    return joined == ".." or joined.startswith("../")
+
+
+def _text(data: bytes) -> str | None:
+    if b"\x00" in data or len(data) > MAX_TEXT_DIFF_BYTES:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -> ChangeSet:
+    """The change set the sandbox's archive describes, against ``manifest``; ``snapshot`` (the
+    archive the run started from) gives the old content of text files."""
+    meta: Mapping[str, object] = {}
+    new: dict[str, Entry] = {}
+    contents: dict[str, bytes] = {}
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(changes_tar), mode="r:")  # noqa: SIM115 - closed below
+    except tarfile.TarError as exc:
+        raise ConfigError(f"the sandbox's change archive does not parse: {exc}") from None
+    with tar:
+        for m in tar.getmembers():
+            if m.name == "meta.json" and m.isfile():
+                f = tar.extractfile(m)
+                meta = json.loads(f.read()) if f is not None else {}
+                continue
+            if not m.name.startswith("files/"):
+                raise ConfigError(f"the sandbox's change archive has a stray entry {m.name!r}")
+            rel = check_path(m.name[len("files/") :])
+            if m.isreg():
+                f = tar.extractfile(m)
+                data = f.read() if f is not None else b""
+                contents[rel] = data
+                new[rel] = Entry("file", m.mode & 0o7777, sha256=_sha(data), size=len(data))
+            elif m.issym():
+                new[rel] = Entry("symlink", 0, target=m.linkname)
+            elif m.isdir():
+                new[rel] = Entry("dir", m.mode & 0o7777)
+            else:
+                raise ConfigError(f"the sandbox's change archive has {rel!r} of an unusable kind")
+    deleted = [check_path(str(p)) for p in meta.get("deleted", []) or []]  # type: ignore[attr-defined]
+    other = [check_path(str(p)) for p in meta.get("other", []) or []]  # type: ignore[attr-defined]
+
+    out: list[Change] = []
+    gone = {p: manifest.entries[p] for p in deleted if p in manifest.entries and p not in new}
+    added = {p: e for p, e in new.items() if p not in manifest.entries}
+    # A rename: a deleted file whose content and mode reappear, once, under a new name.
+    renamed: dict[str, str] = {}
+    by_content = {(e.sha256, e.mode): p for p, e in gone.items() if e.kind == "file"}
+    for p, e in sorted(added.items()):
+        key = (e.sha256, e.mode)
+        if e.kind == "file" and key in by_content:
+            renamed[p] = by_content.pop(key)
+    for old_p in renamed.values():
+        del gone[old_p]
+    for p in sorted(set(new) | set(gone) | set(other)):
+        if p in other:
+            out.append(
+                Change(
+                    p,
+                    "unsupported",
+                    manifest.entries.get(p),
+                    None,
+                    flags=("a socket or FIFO made by the program: never applied",),
+                )
+            )
+            continue
+        old = manifest.entries.get(p)
+        if p in gone:
+            out.append(Change(p, "delete", old, None, binary=_is_binary(old, snapshot, p)))
+            continue
+        e = new[p]
+        flags: tuple[str, ...] = ()
+        if e.kind == "symlink" and e.target is not None and points_outside(p, e.target):
+            flags = (f"symbolic link pointing outside the directory ({e.target!r})",)
+        if p in renamed:
+            out.append(Change(p, "rename", manifest.entries[renamed[p]], e, old_path=renamed[p]))
+            continue
+        if old == e:
+            continue
+        if old is None:
+            action = "add"
+        elif old.kind == e.kind and old.sha256 == e.sha256 and old.target == e.target:
+            action = "mode"
+        else:
+            action = "modify"
+        binary = e.kind == "file" and _text(contents[p]) is None
+        if old is not None and old.kind == "file" and not binary:
+            binary = _is_binary(old, snapshot, p)
+        out.append(Change(p, action, old, e, binary=binary, flags=flags))
+    changes = tuple(out)
+    kept = {c.path: contents[c.path] for c in changes if c.path in contents}
+    return ChangeSet(changes, render(changes, kept, snapshot), kept)
+
+
+def _old_bytes(snapshot: tarfile.TarFile, path: str) -> bytes:
+    try:
+        f = snapshot.extractfile(path)
+    except KeyError:
+        return b""
+    return f.read() if f is not None else b""
+
+
+def _is_binary(old: Entry | None, snapshot: tarfile.TarFile, path: str) -> bool:
+    if old is None or old.kind != "file":
+        return False
+    return _text(_old_bytes(snapshot, path)) is None
+
+
+def _mode(e: Entry) -> str:
+    kind = {"file": 0o100000, "symlink": 0o120000, "dir": 0o040000}[e.kind]
+    return f"{kind | e.mode:06o}"
+
+
+def _describe(e: Entry) -> str:
+    if e.kind == "symlink":
+        return f"symbolic link -> {e.target}"
+    if e.kind == "dir":
+        return f"directory, mode {e.mode:04o}"
+    return f"file, mode {e.mode:04o}, {e.size} bytes, sha256 {e.sha256}"
+
+
+def render(
+    changes: Sequence[Change], contents: Mapping[str, bytes], snapshot: tarfile.TarFile
+) -> bytes:
+    """The change set as a patch: git-style headers, unified diffs of text files, and a
+    ``# sandcell:`` line for everything a unified diff cannot say."""
+    lines: list[str] = []
+    for c in changes:
+        a = c.old_path or c.path
+        lines.append(f"diff --git a/{a} b/{c.path}")
+        if c.action == "rename":
+            lines += [f"rename from {a}", f"rename to {c.path}"]
+        if c.old is not None and c.new is not None and _mode(c.old) != _mode(c.new):
+            lines += [f"old mode {_mode(c.old)}", f"new mode {_mode(c.new)}"]
+        elif c.old is None and c.new is not None:
+            lines.append(f"new file mode {_mode(c.new)}")
+        elif c.new is None and c.old is not None and c.action == "delete":
+            lines.append(f"deleted file mode {_mode(c.old)}")
+        for flag in c.flags:
+            lines.append(f"# sandcell: NOT APPLICABLE: {flag}")
+        if c.old is not None and c.new is not None and c.old.kind != c.new.kind:
+            lines.append(f"# sandcell: was {_describe(c.old)}; now {_describe(c.new)}")
+        if c.action in ("rename", "mode", "unsupported"):
+            continue
+        old_kind = c.old.kind if c.old else None
+        new_kind = c.new.kind if c.new else None
+        if "symlink" in (old_kind, new_kind) or "dir" in (old_kind, new_kind):
+            if c.old is not None:
+                lines.append(f"# sandcell: old: {_describe(c.old)}")
+            if c.new is not None:
+                lines.append(f"# sandcell: new: {_describe(c.new)}")
+            if old_kind != "file" and new_kind != "file":
+                continue
+        if c.binary:
+            size_old = c.old.size if c.old and c.old.kind == "file" else 0
+            size_new = c.new.size if c.new and c.new.kind == "file" else 0
+            lines.append(
+                f"Binary files {'a/' + a if c.old else '/dev/null'} and "
+                f"{'b/' + c.path if c.new else '/dev/null'} differ "
+                f"({size_old} -> {size_new} bytes)"
+            )
+            continue
+        old_text = _text(_old_bytes(snapshot, a)) if old_kind == "file" else ""
+        new_text = _text(contents.get(c.path, b"")) if new_kind == "file" else ""
+        diff = difflib.unified_diff(
+            (old_text or "").splitlines(keepends=True),
+            (new_text or "").splitlines(keepends=True),
+            fromfile=f"a/{a}" if old_kind == "file" else "/dev/null",
+            tofile=f"b/{c.path}" if new_kind == "file" else "/dev/null",
+        )
+        for line in diff:
+            lines.append(line.rstrip("\n"))
+            if not line.endswith("\n"):
+                lines.append("\\ No newline at end of file")
+    return ("\n".join(lines) + "\n").encode() if lines else b""

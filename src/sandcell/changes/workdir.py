@@ -1,0 +1,210 @@
+"""One ``--workdir-from`` run: the snapshot before, the change set after.
+
+:class:`WorkdirRun` takes the snapshot (checked against the run's workspace limits before any
+copying), wraps the admitted request (:mod:`sandcell.changes.program`), and after the run turns
+the sandbox's change archive, which left as an ordinary export and passed the export checks,
+into the run's change-set artifacts, stored and hashed like any artifact and so recorded with the
+run: ``changes.patch`` (the diff), ``changes.json`` (the machine-readable change set),
+``changes.tar`` (the new content of what changed, used by ``changes apply``) and
+``workdir.manifest.json`` (the state the run started from).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from sandcell.artifacts import ArtifactStore, ExportLimits
+from sandcell.changes import snapshot
+from sandcell.changes.diff import ChangeSet, compute
+from sandcell.changes.program import ARCHIVE_INPUT, CHANGES_FILE, wrap
+from sandcell.errors import ConfigError
+from sandcell.policy.checks import check
+from sandcell.spec import Artifact, InputFile, Language, Limits, RejectedExport, RunRequest
+from sandcell.validation import scan_artifact
+
+if TYPE_CHECKING:
+    from sandcell.executor import PostCollect
+
+PATCH = "changes.patch"
+CHANGESET = "changes.json"
+CONTENTS = "changes.tar"
+MANIFEST = "workdir.manifest.json"
+ARTIFACT_NAMES = (PATCH, CHANGESET, CONTENTS, MANIFEST)
+
+
+def store_bytes(store: ArtifactStore, data: bytes, max_bytes: int) -> tuple[str, int]:
+    """Store ``data`` (at most ``max_bytes``) in the artifact store: its digest and size."""
+    fd = os.memfd_create("sandcell-changes", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return store.put_fd(fd, max_bytes)
+    finally:
+        os.close(fd)
+
+
+_CHECKED: dict[str, Language] = {".py": "python", ".sh": "bash"}
+
+
+def findings(cs: ChangeSet, known_secrets: tuple[str, ...]) -> list[dict[str, object]]:
+    """The checks' findings on a change set: secret-shaped tokens and the host's secrets in the
+    patch (as in any exported file), and the static code checks on every changed Python or
+    shell file (as they judge a program before it runs), each naming where."""
+    out: list[dict[str, object]] = [
+        {
+            "check": "secrets",
+            "path": PATCH,
+            "severity": x.severity,
+            "line": x.line,
+            "what": x.kind,
+            "detail": x.preview,
+        }
+        for x in scan_artifact(cs.patch, path=PATCH, known_secrets=known_secrets)
+    ]
+    for path, data in sorted(cs.contents.items()):
+        language = _CHECKED.get(posixpath.splitext(path)[1])
+        if language is None:
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        for f in check(text, language, allowed_imports=None, network=False):
+            out.append(
+                {
+                    "check": "code",
+                    "path": path,
+                    "severity": f.severity,
+                    "line": f.line,
+                    "what": f.rule_id,
+                    "detail": f.message,
+                }
+            )
+    return out
+
+
+class WorkdirRun:
+    """The snapshot of ``source`` for one run under ``limits``; a context manager that removes
+    the snapshot afterwards."""
+
+    def __init__(self, source: Path, limits: Limits) -> None:
+        if not source.is_dir():
+            raise ConfigError(f"--workdir-from {str(source)!r} is not a directory; pass one")
+        self._tmp = Path(tempfile.mkdtemp(prefix="sandcell-workdir-"))
+        try:
+            self.snapshot = snapshot.take(source, self._tmp / ARCHIVE_INPUT, limits)
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+        self.findings: list[dict[str, object]] = []
+
+    def __enter__(self) -> WorkdirRun:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def wrap(self, request: RunRequest) -> RunRequest:
+        if request.display:
+            raise ConfigError("--workdir-from cannot be combined with --display; drop one")
+        if any(i.name == ARCHIVE_INPUT for i in request.inputs):
+            raise ConfigError(f"an input may not be named {ARCHIVE_INPUT!r} with --workdir-from")
+        return wrap(request, InputFile(host_path=self.snapshot.archive, name=ARCHIVE_INPUT))
+
+    def record(self) -> dict[str, object]:
+        """What the run record says of the working directory."""
+        m = self.snapshot.manifest
+        return {
+            "source": str(self.snapshot.source),
+            "manifest_sha256": m.sha256,
+            "entries": len(m.entries),
+            "git_entries": m.git_entries,
+            "bytes": m.total_bytes,
+        }
+
+    def post_collect(
+        self, store: ArtifactStore, limits: ExportLimits, known_secrets: tuple[str, ...]
+    ) -> PostCollect:
+        """The executor's ``post_collect`` hook: change archive in, change-set artifacts out."""
+
+        def hook(
+            ws: Path, artifacts: tuple[Artifact, ...], rejected: tuple[RejectedExport, ...]
+        ) -> tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]:
+            del ws
+            archive = [a for a in artifacts if a.path == CHANGES_FILE]
+            kept = tuple(a for a in artifacts if a.path != CHANGES_FILE)
+            why = [r.reason for r in rejected if r.path == CHANGES_FILE]
+            others = tuple(r for r in rejected if r.path != CHANGES_FILE)
+            if not archive:
+                reason = (
+                    f"no change set: the change archive was refused ({why[0]})"
+                    if why
+                    else "no change set: the program did not finish (it was stopped before "
+                    "the changes could be recorded)"
+                )
+                return kept, (*others, RejectedExport(path=PATCH, reason=reason))
+            try:
+                made = self._artifacts(store, limits, archive[0], known_secrets)
+            except ConfigError as exc:
+                return kept, (*others, RejectedExport(path=PATCH, reason=f"no change set: {exc}"))
+            return (*kept, *made), others
+
+        return hook
+
+    def _artifacts(
+        self,
+        store: ArtifactStore,
+        limits: ExportLimits,
+        archive: Artifact,
+        known_secrets: tuple[str, ...],
+    ) -> tuple[Artifact, ...]:
+        data = store.path_for(archive.sha256).read_bytes()
+        if hashlib.sha256(data).hexdigest() != archive.sha256:
+            raise ConfigError("the stored change archive does not match its hash")
+        manifest = self.snapshot.manifest
+        with tarfile.open(self.snapshot.archive) as snap:
+            cs = compute(data, manifest, snap)
+        self.findings = findings(cs, known_secrets)
+        manifest_json = manifest.to_json()
+        m_sha, m_size = store_bytes(store, manifest_json, limits.max_file_bytes)
+        p_sha, p_size = store_bytes(store, cs.patch, limits.max_file_bytes)
+        body = {
+            "version": 1,
+            "source": str(self.snapshot.source),
+            "base_manifest_sha256": manifest.sha256,
+            "manifest_artifact_sha256": m_sha,
+            "patch_sha256": p_sha,
+            "contents_sha256": archive.sha256,
+            "changes": [c.to_dict() for c in cs.changes],
+            "findings": self.findings,
+        }
+        cj = json.dumps(body, sort_keys=True, indent=1).encode()
+        c_sha, c_size = store_bytes(store, cj, limits.max_file_bytes)
+        return (
+            Artifact(path=PATCH, sha256=p_sha, size=p_size, media_type="text/x-diff"),
+            Artifact(path=CHANGESET, sha256=c_sha, size=c_size, media_type="application/json"),
+            Artifact(
+                path=CONTENTS,
+                sha256=archive.sha256,
+                size=archive.size,
+                media_type="application/x-tar",
+            ),
+            Artifact(path=MANIFEST, sha256=m_sha, size=m_size, media_type="application/json"),
+        )

@@ -1,0 +1,93 @@
+"""Reading the service's event streams: a run's ``/events`` and a streamed session cell.
+
+Both clients (blocking and asyncio) feed the lines of a ``text/event-stream`` answer to one
+:class:`EventReader`; it calls the caller's ``on_output`` for each ``stdout``/``stderr`` event
+(as :meth:`sandcell.Executor.run` would, with the same text) and gives the result when the
+stream's ``result`` event arrives, or raises the error an ``error`` event carries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sandcell.client.errors import error_for
+from sandcell.errors import ConfigError
+from sandcell.spec import RunResult
+
+if TYPE_CHECKING:
+    from sandcell.live_output import OutputListener
+
+__all__ = ["EventReader"]
+
+_OUTPUT = ("stdout", "stderr")
+
+
+class EventReader:
+    """Lines in; the result out once it has come.
+
+    Args:
+        read_result: The result from the ``result`` event's data.
+        on_output: Told ``(stream, text)`` for each piece of output, on the caller's thread
+            (the asyncio client: on its event loop, so it must return quickly).
+        what, where: Name the request and the service in errors.
+    """
+
+    def __init__(
+        self,
+        read_result: Callable[[Mapping[str, Any]], RunResult],
+        *,
+        on_output: OutputListener | None,
+        what: str,
+        where: str,
+    ) -> None:
+        self._read_result = read_result
+        self._on_output = on_output
+        self._what = what
+        self._where = where
+        self._event: dict[str, str] = {}
+
+    def feed(self, line: str) -> RunResult | None:
+        """One line of the stream (without its line break); the result once it is complete."""
+        if line.startswith(":"):
+            return None  # a keep-alive comment
+        if line:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data" and "data" in self._event:
+                self._event["data"] += "\n" + value
+            else:
+                self._event[name] = value
+            return None
+        kind, data = self._event.get("event", "message"), self._event.get("data", "")
+        self._event = {}
+        if kind in _OUTPUT:
+            if self._on_output is not None:
+                text = _json(data).get("text")
+                if isinstance(text, str) and text:
+                    self._on_output(kind, text)  # type: ignore[arg-type]
+            return None
+        if kind == "result":
+            return self._read_result(_json(data))
+        if kind == "error":
+            problem = _json(data)
+            status = problem.get("status")
+            raise error_for(
+                status if isinstance(status, int) else 500,
+                data.encode(),
+                {},
+                what=self._what,
+                where=self._where,
+            )
+        return None  # status, output_limit, and kinds a newer service may add
+
+
+def _json(data: str) -> dict[str, Any]:
+    try:
+        found = json.loads(data)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        raise ConfigError(f"the service sent an event that is not a JSON object: {data[:200]!r}")
+    return found

@@ -1,0 +1,196 @@
+"""E2B's control plane: create, connect, list, get, set the timeout of and kill sandboxes.
+
+Authenticated by the tenant's key in ``X-API-KEY``. A sandbox is a session on the tenant's
+profile: ``templateID`` names one of the tenant's profiles, or is an E2B template name
+(``base``, ``code-interpreter-v1``...) for the tenant's default profile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import urllib.parse
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sandcell.e2b.errors import E2BError
+from sandcell.e2b.fs_cells import cell_for, reply_of
+from sandcell.e2b.registry import E2BSandbox, SandboxRegistry, new_token
+from sandcell.e2b.runner import run_cell
+from sandcell.e2b.wire import (
+    ConnectBody,
+    NewSandbox,
+    RefreshBody,
+    TimeoutBody,
+    detail_json,
+    parse,
+    sandbox_json,
+)
+from sandcell.service.core import LiveSession, Service
+from sandcell.service.tenants import Tenant
+
+__all__ = ["control_routes"]
+
+_SESSION_LIFE_S = 86_400.0
+_PAGE = 100
+
+
+def _tenant(request: Request, service: Service) -> Tenant:
+    key = request.headers.get("x-api-key")
+    if not key:
+        raise E2BError(401, "send a tenant's API key as X-API-KEY (E2B_API_KEY)")
+    tenant = service.tenants.authenticate(key)
+    if tenant is None:
+        raise E2BError(401, "unknown or revoked API key")
+    return tenant
+
+
+def _ctx(request: Request) -> tuple[Service, SandboxRegistry]:
+    return request.app.state.service, request.app.state.registry
+
+
+async def create(request: Request) -> Response:
+    service, registry = _ctx(request)
+    tenant = _tenant(request, service)
+    body = parse(NewSandbox, await request.body())
+    profile_name = body.template_id if body.template_id in tenant.profiles else None
+    profile = service.profile_for(tenant, profile_name)
+    service.admit(tenant, sandbox=True)
+    try:
+        session = await service.in_thread(
+            lambda: service.executor.session(
+                profile=profile, idle_timeout_s=_SESSION_LIFE_S, max_lifetime_s=_SESSION_LIFE_S
+            ),
+            session=True,
+        )
+    except BaseException:
+        service.quotas.release(tenant.name)
+        raise
+    live = LiveSession(tenant=tenant.name, session=session, inputs_dir=None, surface="e2b")
+    service.add_session(live)
+    box = E2BSandbox(
+        id=session.id,
+        tenant=tenant.name,
+        template=body.template_id,
+        live=live,
+        token=new_token(),
+        workspace="",
+        metadata=dict(body.metadata or {}),
+        env=dict(body.env_vars or {}),
+        started_at=dt.datetime.now(dt.UTC),
+        deadline=time.monotonic() + body.timeout,
+    )
+    registry.add(box)
+    try:
+        await _setup(service, tenant, box)
+    except BaseException:
+        await service.in_thread(lambda: registry.kill(box, "its setup failed"), session=True)
+        raise
+    return JSONResponse(sandbox_json(box), status_code=201)
+
+
+async def _setup(service: Service, tenant: Tenant, box: E2BSandbox) -> None:
+    """Learn where the workspace is inside the sandbox, and give the kernel the sandbox's
+    environment variables (commands get them on their own)."""
+    service.admit(tenant, sandbox=False)
+    code = cell_for("pwd", "", workspace="/")
+    if box.env:
+        code = f"import os as _o\n_o.environ.update({box.env!r})\ndel _o\n" + code
+    reply = reply_of(await run_cell(service, tenant, box, code), "/")
+    root = reply.get("root")
+    if not isinstance(root, str) or not root.startswith("/"):
+        raise E2BError(500, "the sandbox did not say where its workspace is")
+    box.workspace = root
+
+
+async def connect(request: Request) -> Response:
+    service, registry = _ctx(request)
+    tenant = _tenant(request, service)
+    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    body = parse(ConnectBody, await request.body())
+    if body.timeout is not None:
+        box.set_timeout(body.timeout)
+    return JSONResponse(sandbox_json(box), status_code=200)
+
+
+async def get_info(request: Request) -> Response:
+    service, registry = _ctx(request)
+    tenant = _tenant(request, service)
+    return JSONResponse(detail_json(registry.owned(tenant.name, request.path_params["sandbox_id"])))
+
+
+async def set_timeout(request: Request) -> Response:
+    service, registry = _ctx(request)
+    tenant = _tenant(request, service)
+    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    box.set_timeout(parse(TimeoutBody, await request.body()).timeout)
+    return Response(status_code=204)
+
+
+async def refresh(request: Request) -> Response:
+    """Keep the sandbox alive ``duration`` seconds more from now (never shortens it)."""
+    service, registry = _ctx(request)
+    tenant = _tenant(request, service)
+    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    duration = parse(RefreshBody, await request.body()).duration
+    if box.deadline < time.monotonic() + duration:
+        box.set_timeout(duration)
+    return Response(status_code=204)
+
+
+async def kill(request: Request) -> Response:
+    service, registry = _ctx(request)
+    tenant = _tenant(request, service)
+    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    await service.in_thread(lambda: registry.kill(box, "killed by its client"), session=True)
+    return Response(status_code=204)
+
+
+def _metadata_filter(raw: str | None) -> dict[str, str]:
+    if not raw:
+        return {}
+    return dict(urllib.parse.parse_qsl(raw, keep_blank_values=True))
+
+
+async def list_sandboxes(request: Request) -> Response:
+    """The tenant's running sandboxes, oldest first, a page of ``limit`` at a time (the next
+    page's token, an offset, in ``x-next-token``)."""
+    service, registry = _ctx(request)
+    tenant = _tenant(request, service)
+    wanted = _metadata_filter(request.query_params.get("metadata"))
+    states = {s for s in (request.query_params.get("state") or "running").split(",") if s}
+    try:
+        limit = int(request.query_params.get("limit") or _PAGE)
+        offset = int(request.query_params.get("nextToken") or 0)
+    except ValueError:
+        raise E2BError(400, "limit and nextToken: give whole numbers") from None
+    if limit < 1 or offset < 0:
+        raise E2BError(400, "limit must be at least 1 and nextToken at least 0")
+    boxes = [
+        b
+        for b in registry.of_tenant(tenant.name)
+        if "running" in states and all(b.metadata.get(k) == v for k, v in wanted.items())
+    ]
+    boxes.sort(key=lambda b: (b.started_at, b.id))
+    page = boxes[offset : offset + limit]
+    headers = {"x-next-token": str(offset + limit)} if offset + limit < len(boxes) else {}
+    return JSONResponse([detail_json(b) for b in page], headers=headers)
+
+
+def control_routes() -> list[Route]:
+    one = "/sandboxes/{sandbox_id}"
+    return [
+        Route("/v2/sandboxes", create, methods=["POST"]),
+        Route("/sandboxes", create, methods=["POST"]),
+        Route("/v2/sandboxes", list_sandboxes, methods=["GET"]),
+        Route("/sandboxes", list_sandboxes, methods=["GET"]),
+        Route(f"/v2{one}/connect", connect, methods=["POST"]),
+        Route(f"{one}/connect", connect, methods=["POST"]),
+        Route(f"{one}/resume", connect, methods=["POST"]),
+        Route(f"{one}/timeout", set_timeout, methods=["POST"]),
+        Route(f"{one}/refreshes", refresh, methods=["POST"]),
+        Route(one, get_info, methods=["GET"]),
+        Route(one, kill, methods=["DELETE"]),
+    ]

@@ -1,0 +1,203 @@
+"""The code interpreter: ``POST /execute`` (``run_code``) and the code contexts.
+
+``run_code`` is one cell of the sandbox's session, answered as the interpreter's NDJSON stream
+(:mod:`sandcell.e2b.results`), with the cell's output live when the session offers it. Python
+runs as a cell; ``bash`` (the one other language the SDK names and a profile may allow) runs as
+a command. Contexts are served as names over the session's one kernel: every context shares its
+variables, so restarting or removing one changes nothing in the kernel.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from sandcell.e2b.access import sandbox_of, service_of
+from sandcell.e2b.approval import approval_message, needs_approval, ticket_for
+from sandcell.e2b.errors import E2BError, from_exception
+from sandcell.e2b.live import Done, follow
+from sandcell.e2b.paths import e2b_path, workspace_relative
+from sandcell.e2b.registry import Context, E2BSandbox
+from sandcell.e2b.results import HeldReport, error_message, messages, ndjson, stream_message
+from sandcell.e2b.runner import LIVE_OUTPUT, OutputListener, admit_cell, run_in_sandbox
+from sandcell.e2b.shell import run_bash
+from sandcell.e2b.wire import ContextBody, ExecuteBody, parse
+from sandcell.service.core import Service
+from sandcell.service.tenants import Tenant
+from sandcell.sessions import Session
+from sandcell.spec import Language, RunResult
+
+__all__ = ["interpreter_routes"]
+
+_LANGUAGES: dict[str, Language] = {"python": "python", "bash": "bash", "sh": "bash"}
+
+
+def _language(name: str | None) -> Language:
+    language = _LANGUAGES.get((name or "python").lower())
+    if language is None:
+        raise E2BError(400, f"language {name!r} is not served by sandcell; use python (or bash)")
+    return language
+
+
+def _env_cells(env: dict[str, str]) -> tuple[str, str]:
+    """The cells that set ``env`` before a cell and put the old values back after it, as the
+    SDK's per-call ``envs`` are scoped."""
+    names = sorted(env)
+    before = (
+        "import os as _sandcell_os\n"
+        f"_sandcell_saved = {{k: _sandcell_os.environ.get(k) for k in {names!r}}}\n"
+        f"_sandcell_os.environ.update({env!r})\n"
+        "del _sandcell_os\n"
+    )
+    after = (
+        "import os as _sandcell_os\n"
+        "for _sandcell_k, _sandcell_v in _sandcell_saved.items():\n"
+        "    if _sandcell_v is None:\n"
+        "        _sandcell_os.environ.pop(_sandcell_k, None)\n"
+        "    else:\n"
+        "        _sandcell_os.environ[_sandcell_k] = _sandcell_v\n"
+        "del _sandcell_os, _sandcell_saved, _sandcell_k, _sandcell_v\n"
+    )
+    return before, after
+
+
+async def _stream(
+    service: Service,
+    tenant: Tenant,
+    box: E2BSandbox,
+    code: str,
+    *,
+    language: Language,
+    env: dict[str, str],
+) -> AsyncIterator[bytes]:
+    def start(listener: OutputListener) -> Any:
+        def call(session: Session, extra: dict[str, Any]) -> RunResult:
+            if language == "bash":
+                return run_bash(
+                    session,
+                    code,
+                    env={**box.env, **env},
+                    cwd=box.workspace,
+                    timeout_s=None,
+                    on_output=extra.get("on_output"),
+                )
+            run: Any = session.run
+            if not env:
+                result: RunResult = run(code, **extra)
+                return result
+            before, after = _env_cells(env)
+            service.own_result(tenant.name, session.run(before))
+            try:
+                result = run(code, **extra)
+            finally:
+                service.own_result(tenant.name, session.run(after))
+            return result
+
+        return run_in_sandbox(service, tenant, box, call, on_output=listener)
+
+    held = HeldReport()
+    async for item in follow(start, keepalive_s=None):
+        if isinstance(item, tuple):
+            now = held.feed(*item)
+            if now:
+                yield ndjson(stream_message(item[0], now))
+        elif isinstance(item, Done):
+            for message in _ending(service, box, item, code, language=language, held=held):
+                yield ndjson(message)
+
+
+def _ending(
+    service: Service,
+    box: E2BSandbox,
+    done: Done,
+    code: str,
+    *,
+    language: Language,
+    held: HeldReport,
+) -> list[dict[str, Any]]:
+    if done.error is not None or done.result is None:
+        err = from_exception(done.error) if isinstance(done.error, Exception) else None
+        return [error_message("SandboxError", err.message if err else "the cell could not run")]
+    result = done.result
+    if needs_approval(result):
+        ticket = ticket_for(service, box, result, code, language)
+        return [
+            error_message("ApprovalRequired", approval_message(ticket, result)),
+            {"type": "end_of_execution"},
+        ]
+    return list(
+        messages(
+            result,
+            execution_count=box.session.cells,
+            streamed=held if LIVE_OUTPUT else None,
+            read=lambda sha: service.executor.store.path_for(sha).read_bytes(),
+        )
+    )
+
+
+async def execute(request: Request) -> Response:
+    box = sandbox_of(request)
+    service = service_of(request)
+    body = parse(ExecuteBody, await request.body())
+    if body.context_id is not None:
+        context = box.contexts.get(body.context_id)
+        if context is None:
+            raise E2BError(404, f"context {body.context_id!r} was not found")
+        language = _language(context.language)
+    else:
+        language = _language(body.language)
+    service.check_code(body.code)
+    tenant = admit_cell(service, box)
+    stream = _stream(
+        service, tenant, box, body.code, language=language, env=dict(body.env_vars or {})
+    )
+    return StreamingResponse(stream, media_type="application/x-ndjson")
+
+
+async def create_context(request: Request) -> Response:
+    box = sandbox_of(request)
+    body = parse(ContextBody, await request.body())
+    language = _language(body.language)
+    cwd = e2b_path(workspace_relative(body.cwd, workspace=box.workspace)) if body.cwd else None
+    context = Context(id=secrets.token_hex(8), language=language, cwd=cwd or e2b_path(""))
+    box.contexts[context.id] = context
+    return JSONResponse(context.to_json())
+
+
+async def list_contexts(request: Request) -> Response:
+    box = sandbox_of(request)
+    return JSONResponse([c.to_json() for c in box.contexts.values()])
+
+
+def _context(request: Request) -> tuple[E2BSandbox, str]:
+    box = sandbox_of(request)
+    context_id = request.path_params["context_id"]
+    if context_id not in box.contexts:
+        raise E2BError(404, f"context {context_id!r} was not found")
+    return box, context_id
+
+
+async def restart_context(request: Request) -> Response:
+    _context(request)
+    return Response(status_code=204)
+
+
+async def remove_context(request: Request) -> Response:
+    box, context_id = _context(request)
+    box.contexts.pop(context_id, None)
+    return Response(status_code=204)
+
+
+def interpreter_routes() -> list[Route]:
+    return [
+        Route("/execute", execute, methods=["POST"]),
+        Route("/contexts", create_context, methods=["POST"]),
+        Route("/contexts", list_contexts, methods=["GET"]),
+        Route("/contexts/{context_id}/restart", restart_context, methods=["POST"]),
+        Route("/contexts/{context_id}", remove_context, methods=["DELETE"]),
+    ]

@@ -1,0 +1,177 @@
+"""The E2B sandboxes of the service: which tenant's session each id is, its access token, its
+deadline, its code contexts; and the reaper that ends a sandbox when its timeout passes.
+
+A sandbox's id is its session's id, so a run record's ``session_id`` names the E2B sandbox it
+ran in. Its access token (sent back as ``envdAccessToken`` and ``trafficAccessToken``, which the
+SDKs then send on every envd and interpreter call) is what authorises those calls: they carry
+no API key. The session itself is made with a day's idle time and lifetime (E2B's longest
+sandbox); the E2B timeout, which ``set_timeout`` moves, is enforced here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hmac
+import itertools
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sandcell.e2b.errors import E2BError
+from sandcell.service.core import LiveSession, Service
+from sandcell.sessions import Session
+
+__all__ = ["MAX_TIMEOUT_S", "Context", "E2BSandbox", "SandboxRegistry"]
+
+log = logging.getLogger("sandcell.e2b")
+MAX_TIMEOUT_S = 86_400
+"""The longest a sandbox may live (E2B's own limit), and the session's idle time and lifetime."""
+_REAP_POLL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """A code context of the interpreter: every context shares the session's one kernel."""
+
+    id: str
+    language: str
+    cwd: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class E2BSandbox:
+    """One E2B sandbox: a live session of a tenant."""
+
+    id: str
+    tenant: str
+    template: str
+    live: LiveSession
+    token: str
+    workspace: str
+    """The workspace's path inside the sandbox (``/home/user`` for E2B clients)."""
+    metadata: dict[str, str]
+    env: dict[str, str]
+    started_at: dt.datetime
+    deadline: float
+    """Monotonic time at which the sandbox is ended (its E2B timeout)."""
+    contexts: dict[str, Context] = field(default_factory=dict)
+    pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+
+    @property
+    def session(self) -> Session:
+        return self.live.session
+
+    def end_at(self) -> dt.datetime:
+        left = max(0.0, self.deadline - time.monotonic())
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=left)
+
+    def set_timeout(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+
+def new_token() -> str:
+    return secrets.token_hex(24)
+
+
+class SandboxRegistry:
+    """The live E2B sandboxes of every tenant. Thread-safe."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        self._lock = threading.Lock()
+        self._boxes: dict[str, E2BSandbox] = {}
+        self._wake = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def add(self, box: E2BSandbox) -> None:
+        with self._lock:
+            self._boxes[box.id] = box
+            if self._reaper is None or not self._reaper.is_alive():
+                self._reaper = threading.Thread(
+                    target=self._reap, name="sandcell-e2b-reaper", daemon=True
+                )
+                self._reaper.start()
+        self._wake.set()
+
+    def owned(self, tenant: str, sandbox_id: str) -> E2BSandbox:
+        """The tenant's sandbox ``sandbox_id``, or 404: another tenant's is not found either."""
+        box = self._alive(sandbox_id)
+        if box is None or box.tenant != tenant:
+            raise E2BError(404, f"sandbox {sandbox_id!r} was not found")
+        return box
+
+    def reached(self, sandbox_id: str, token: str | None) -> E2BSandbox:
+        """The sandbox an envd or interpreter call is for, if its token is the sandbox's."""
+        box = self._alive(sandbox_id)
+        if box is None:
+            # What E2B's proxy answers for a sandbox that is gone: the SDKs read it as such.
+            raise E2BError(502, f"The sandbox {sandbox_id} was not found")
+        if token is None or not hmac.compare_digest(token.encode(), box.token.encode()):
+            raise E2BError(401, "missing or wrong access token for this sandbox")
+        return box
+
+    def of_tenant(self, tenant: str) -> list[E2BSandbox]:
+        with self._lock:
+            boxes = [b for b in self._boxes.values() if b.tenant == tenant]
+        return [b for b in boxes if self._alive(b.id) is not None]
+
+    def kill(self, box: E2BSandbox, why: str = "closed") -> None:
+        """End the sandbox's session (blocking: its teardown) and forget it."""
+        with self._lock:
+            self._boxes.pop(box.id, None)
+        # A cell still running holds the session: stop it, so the kill does not wait for it.
+        box.session.cancel(f"the sandbox ended: {why}")
+        try:
+            box.session.close()
+        finally:
+            self._service.end_session(box.live)
+        log.info("e2b sandbox %s of tenant %s ended: %s", box.id, box.tenant, why)
+
+    def _alive(self, sandbox_id: str) -> E2BSandbox | None:
+        with self._lock:
+            box = self._boxes.get(sandbox_id)
+        if box is None:
+            return None
+        if box.session.ended is not None or box.deadline <= time.monotonic():
+            # Ended on its own (a crash, a limit) or timed out before the reaper came by.
+            self._forget(box, box.session.ended or "timeout")
+            return None
+        return box
+
+    def _forget(self, box: E2BSandbox, why: str) -> None:
+        with self._lock:
+            if self._boxes.pop(box.id, None) is None:
+                return
+        threading.Thread(
+            target=self._end_quietly, args=(box, why), name="sandcell-e2b-end", daemon=True
+        ).start()
+
+    def _end_quietly(self, box: E2BSandbox, why: str) -> None:
+        with contextlib.suppress(Exception):
+            box.session.cancel(f"the sandbox ended: {why}")
+            box.session.close()
+        self._service.end_session(box.live)
+        log.info("e2b sandbox %s of tenant %s ended: %s", box.id, box.tenant, why)
+
+    def _reap(self) -> None:
+        while True:
+            with self._lock:
+                boxes = list(self._boxes.values())
+                if not boxes:
+                    self._reaper = None
+                    return
+            now = time.monotonic()
+            for box in boxes:
+                if box.deadline <= now or box.session.ended is not None:
+                    self._forget(box, box.session.ended or "its timeout passed")
+            with self._lock:
+                later = [b.deadline for b in self._boxes.values()]
+            wait = min([_REAP_POLL_S, *(d - time.monotonic() for d in later)])
+            self._wake.wait(timeout=max(wait, 0.05))
+            self._wake.clear()

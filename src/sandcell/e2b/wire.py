@@ -1,0 +1,122 @@
+"""The E2B request bodies (pydantic, at the edge) and the JSON shapes of a sandbox."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from sandcell.e2b.errors import E2BError
+from sandcell.e2b.registry import MAX_TIMEOUT_S, E2BSandbox
+from sandcell.spec import MiB
+
+__all__ = [
+    "ENVD_VERSION",
+    "ENV_NAME",
+    "ConnectBody",
+    "ContextBody",
+    "ExecuteBody",
+    "NewSandbox",
+    "RefreshBody",
+    "TimeoutBody",
+    "detail_json",
+    "parse",
+    "sandbox_json",
+]
+
+ENVD_VERSION = "0.6.4"
+"""The envd version reported: the SDKs then use every feature served here (octet-stream
+uploads, metadata, no default user)."""
+CLIENT_ID = "sandcell"
+M = TypeVar("M", bound=BaseModel)
+DEFAULT_TIMEOUT_S = 300
+
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME)]
+"""An environment variable's name: what a shell and os.environ both accept."""
+
+
+class _Body(BaseModel):
+    # Unknown fields are ignored as the E2B API does; what is not served is listed in docs/e2b.md.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class NewSandbox(_Body):
+    template_id: str = Field(alias="templateID", min_length=1, max_length=200)
+    metadata: dict[str, str] | None = None
+    env_vars: dict[EnvName, str] | None = Field(default=None, alias="envVars")
+    timeout: int = Field(default=DEFAULT_TIMEOUT_S, ge=1, le=MAX_TIMEOUT_S)
+
+
+class ConnectBody(_Body):
+    timeout: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_S)
+
+
+class TimeoutBody(_Body):
+    timeout: int = Field(ge=0, le=MAX_TIMEOUT_S)
+
+
+class RefreshBody(_Body):
+    duration: int = Field(default=60, ge=0, le=MAX_TIMEOUT_S)
+
+
+class ExecuteBody(_Body):
+    code: str
+    context_id: str | None = None
+    language: str | None = None
+    env_vars: dict[EnvName, str] | None = None
+
+
+class ContextBody(_Body):
+    language: str | None = None
+    cwd: str | None = None
+
+
+def parse(model: type[M], raw: bytes) -> M:
+    """The body as ``model``, or a 400 naming the first field that is wrong."""
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise E2BError(400, f"{where}: {first.get('msg', 'invalid')}") from None
+
+
+def _iso(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def sandbox_json(box: E2BSandbox) -> dict[str, Any]:
+    return {
+        "templateID": box.template,
+        "sandboxID": box.id,
+        "alias": box.template,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": box.token,
+        # Sent back on every interpreter call, so that those carry the sandbox's secret too.
+        "trafficAccessToken": box.token,
+        "domain": None,
+    }
+
+
+def detail_json(box: E2BSandbox) -> dict[str, Any]:
+    limits = box.session.request.effective_limits
+    return {
+        "templateID": box.template,
+        "sandboxID": box.id,
+        "alias": box.template,
+        "clientID": CLIENT_ID,
+        "startedAt": _iso(box.started_at),
+        "endAt": _iso(box.end_at()),
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": box.token,
+        "cpuCount": 1,
+        "memoryMB": limits.memory_bytes // MiB,
+        "diskSizeMB": limits.workspace_bytes // MiB,
+        "metadata": dict(box.metadata),
+        "state": "running",
+        "domain": None,
+    }

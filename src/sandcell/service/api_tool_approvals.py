@@ -1,0 +1,87 @@
+"""``/v1/tool-approvals``: governed tool calls a tenant's runs and sessions wait on (tool
+tickets, ids ``t...``): list, show, approve (the call goes ahead), deny (it is refused).
+
+The same scoping and the same store as the ``/ui`` pages (:mod:`sandcell.service.tool_approvals`);
+a tool ticket that is not the caller's is 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from sandcell.policy.tool_tickets import TOOL_STATUSES, ToolTicket
+from sandcell.service import tool_approvals
+from sandcell.service.api_runs import _PROBLEMS
+from sandcell.service.deps import CurrentTenant, ServiceDep
+from sandcell.service.models import DecisionBody, ToolApprovalBody
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/tool-approvals", tags=["approvals"])
+
+
+def _body(ticket: ToolTicket) -> ToolApprovalBody:
+    return ToolApprovalBody(
+        id=ticket.id,
+        created_at=ticket.created_at,
+        expires_at=ticket.expires_at,
+        status=ticket.status,
+        profile=ticket.profile,
+        tool=ticket.tool,
+        run_id=ticket.run_id,
+        args_preview=ticket.args_preview,
+        args_sha256=ticket.args_sha256,
+        args_bytes=ticket.args_bytes,
+        decided_by=ticket.decided_by,
+        decided_at=ticket.decided_at,
+        reason=ticket.reason,
+    )
+
+
+@router.get("", response_model=list[ToolApprovalBody], responses=_PROBLEMS)
+async def list_tool_approvals(
+    service: ServiceDep,
+    tenant: CurrentTenant,
+    status: Annotated[
+        str, Query(description=f"one of {', '.join(TOOL_STATUSES)}, or 'all'")
+    ] = "pending",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> list[ToolApprovalBody]:
+    """The tool calls the tenant's runs and sessions wait on (or decided: ``status``), newest
+    first."""
+    tickets = await service.in_thread(
+        lambda: tool_approvals.owned_tickets(service, tenant, status, limit=limit)
+    )
+    return [_body(t) for t in tickets]
+
+
+@router.get("/{ticket_id}", response_model=ToolApprovalBody, responses=_PROBLEMS)
+async def get_tool_approval(
+    ticket_id: str, service: ServiceDep, tenant: CurrentTenant
+) -> ToolApprovalBody:
+    """One tool call: the tool, its arguments (secret-shaped values redacted), its deadline."""
+    return _body(tool_approvals.owned_ticket(service, tenant, ticket_id))
+
+
+@router.post("/{ticket_id}/approve", response_model=ToolApprovalBody, responses=_PROBLEMS)
+async def approve_tool_call(
+    ticket_id: str, body: DecisionBody, service: ServiceDep, tenant: CurrentTenant
+) -> ToolApprovalBody:
+    """Let the waiting call go ahead (``reason`` optional, recorded)."""
+    decided = await tool_approvals.decide(
+        service, tenant, ticket_id, approve=True, reason=body.reason, by=f"tenant:{tenant.name}"
+    )
+    return _body(decided)
+
+
+@router.post("/{ticket_id}/deny", response_model=ToolApprovalBody, responses=_PROBLEMS)
+async def deny_tool_call(
+    ticket_id: str, body: DecisionBody, service: ServiceDep, tenant: CurrentTenant
+) -> ToolApprovalBody:
+    """Refuse the waiting call (``reason`` required, recorded); the program gets the refusal."""
+    decided = await tool_approvals.decide(
+        service, tenant, ticket_id, approve=False, reason=body.reason, by=f"tenant:{tenant.name}"
+    )
+    return _body(decided)

@@ -1,0 +1,89 @@
+"""Which governed tool calls waiting for a person (tool tickets, ids ``t...``) are a tenant's.
+
+A tool ticket names the run that asked (``run_id``: a run's id, or a session's for its cells,
+which share the session's gateway). It is the tenant's when that run or session is: in memory
+while the run is in flight, in the service's table once it has ended. Both ``/v1/tool-approvals``
+and the ``/ui`` pages decide with these, so a tenant reaches exactly the same tickets either way.
+"""
+
+from __future__ import annotations
+
+from sandcell.policy.approvals import ApprovalError
+from sandcell.policy.tool_tickets import TOOL_STATUSES, ToolTicket, is_tool_ticket_id
+from sandcell.service.core import Service
+from sandcell.service.problems import ServiceProblem
+from sandcell.service.tenants import Tenant
+
+__all__ = ["decide", "owned_ticket", "owned_tickets", "owns"]
+
+_SCAN = 2000
+"""Tool tickets looked through for a tenant's list (newest first): the store holds every
+tenant's, and the ones waiting are the newest."""
+
+
+def owns(service: Service, tenant: Tenant, ticket: ToolTicket) -> bool:
+    asker = ticket.run_id
+    if not asker:
+        return False  # a call nobody can be tied to is no tenant's: decided on the host
+    state = service.runs.get(asker)
+    if state is not None:
+        return state.tenant == tenant.name
+    table = service.tenants
+    return table.owns(tenant.name, "run", asker) or table.owns(tenant.name, "session", asker)
+
+
+def owned_ticket(service: Service, tenant: Tenant, ticket_id: str) -> ToolTicket:
+    """The tenant's tool ticket with exactly this id; 404 for any other (another tenant's, a
+    prefix, a run's approval id), as if it did not exist."""
+    missing = ServiceProblem(404, f"no tool call {ticket_id!r}")
+    if not is_tool_ticket_id(ticket_id):
+        raise missing
+    try:
+        ticket = service.executor.approvals.get_tool(ticket_id)
+    except ApprovalError:
+        raise missing from None
+    # The store also finds a unique prefix, which must not let a tenant probe for others'.
+    if ticket.id != ticket_id or not owns(service, tenant, ticket):
+        raise missing
+    return ticket
+
+
+def owned_tickets(service: Service, tenant: Tenant, status: str, *, limit: int) -> list[ToolTicket]:
+    """The tenant's tool tickets in ``status`` (or ``all``), newest first."""
+    if status != "all" and status not in TOOL_STATUSES:
+        raise ServiceProblem(
+            400, f"status {status!r}: choose one of {', '.join(TOOL_STATUSES)}, or all"
+        )
+    found = service.executor.approvals.list_tools(None if status == "all" else status, _SCAN)
+    return [t for t in found if owns(service, tenant, t)][:limit]
+
+
+async def decide(
+    service: Service,
+    tenant: Tenant,
+    ticket_id: str,
+    *,
+    approve: bool,
+    reason: str,
+    by: str,
+) -> ToolTicket:
+    """Approve (the waiting call goes ahead) or deny (it is refused, ``reason`` required) the
+    tenant's tool ticket; 409 when it is no longer pending."""
+    ticket = owned_ticket(service, tenant, ticket_id)
+    reason = reason.strip()
+    if not approve and not reason:
+        raise ServiceProblem(400, "reason: say why the call is denied")
+    if ticket.status != "pending":
+        raise ServiceProblem(409, f"tool call {ticket.id!r} is {ticket.status}, not pending")
+    store = service.executor.approvals
+
+    def act() -> ToolTicket:
+        if approve:
+            return store.approve_tool(ticket.id, by=by, reason=reason)
+        return store.deny_tool(ticket.id, by=by, reason=reason)
+
+    try:
+        decided: ToolTicket = await service.in_thread(act)
+    except ApprovalError as exc:  # decided (or expired) by someone else meanwhile
+        raise ServiceProblem(409, str(exc)) from None
+    return decided

@@ -1,0 +1,79 @@
+"""``Session.cancel`` on every rung that keeps a sandbox across cells: the running cell is
+interrupted as at its wall time (state kept), its result and record say it was cancelled, and
+a cell that ignores the interrupt ends the session after the grace, as a timed-out one does."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.conftest import backend_unavailable, ladder_executor, settle_pools
+
+from sandcell import Executor, Limits, Outcome, RunResult
+from sandcell.sessions import Session
+from sandcell.spec import MiB
+
+SLOW = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)\n"
+
+
+@pytest.fixture(params=["namespaces", "gvisor", "microvm"])
+def session(
+    request: pytest.FixtureRequest,
+    executor: Executor,
+    ladder_executors: dict[tuple[str, str], Executor],
+    root_home: Path,
+) -> Iterator[Session]:
+    rung = request.param
+    if rung == "namespaces":
+        ex = executor
+    elif rung == "gvisor":
+        ex = ladder_executor(ladder_executors, root_home, "gvisor", "cold")
+    else:
+        from sandcell.backends.microvm import probe
+
+        status = probe()
+        if not status.usable:
+            backend_unavailable("microvm", status.detail)
+        ex = ladder_executor(ladder_executors, root_home, "microvm", "pool")
+        settle_pools({("microvm", "pool"): ex}, timeout=300)
+    with ex.session(limits=Limits(wall_time_s=60, memory_bytes=256 * MiB)) as s:
+        yield s
+
+
+def _in_thread(session: Session, code: str) -> tuple[threading.Thread, list[RunResult]]:
+    results: list[RunResult] = []
+    worker = threading.Thread(target=lambda: results.append(session.run(code)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not session.cancel("enough"):
+        assert time.monotonic() < deadline, "the cell never started"
+        time.sleep(0.05)
+    return worker, results
+
+
+def test_cancel_interrupts_the_cell_and_keeps_state(session: Session) -> None:
+    assert session.cancel("nothing runs") is False
+    session.run("kept = 41")
+    worker, results = _in_thread(session, SLOW)
+    worker.join(60)
+    [cell] = results
+    assert cell.outcome is Outcome.KILLED, cell.reason
+    assert cell.reason.startswith("cancelled: enough") and "state are kept" in cell.reason
+    record = session.executor.audit.get(cell.run_id)
+    assert record is not None and record.record["outcome"] == "killed"
+    assert session.ended is None
+    assert session.run("print(kept + 1)").stdout == "42\n"
+    assert session.cancel("after") is False
+
+
+def test_a_cell_that_ignores_the_cancel_ends_the_session(session: Session) -> None:
+    worker, results = _in_thread(session, STUBBORN)
+    worker.join(60)
+    [cell] = results
+    assert cell.outcome is Outcome.KILLED, cell.reason
+    assert cell.reason.startswith("cancelled: enough") and "did not stop" in cell.reason
+    assert session.ended is not None

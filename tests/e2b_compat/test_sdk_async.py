@@ -1,0 +1,66 @@
+"""The official SDKs' async sandboxes (``AsyncSandbox``) against ``sandcell serve``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from e2b import AsyncSandbox as AsyncBaseSandbox
+from e2b import CommandExitException, InvalidArgumentException, SandboxNotFoundException
+from e2b_code_interpreter import AsyncSandbox
+from tests.e2b_compat.conftest import E2BService
+
+
+def test_async_sandbox_runs_code_files_and_commands(e2b_service: E2BService) -> None:
+    async def main() -> None:
+        sbx = await AsyncSandbox.create(metadata={"mode": "async"})
+        try:
+            printed: list[str] = []
+
+            async def on_stdout(message: object) -> None:
+                printed.append(getattr(message, "line", ""))
+
+            ex = await sbx.run_code("print('streamed')\n2 ** 10", on_stdout=on_stdout)
+            assert ex.text == "1024"
+            assert printed == ["streamed\n"]
+            error = await sbx.run_code("raise ValueError('bad value')")
+            assert error.error is not None
+            assert (error.error.name, error.error.value) == ("ValueError", "bad value")
+
+            await sbx.files.write("/home/user/notes.txt", "async notes")
+            assert await sbx.files.read("/home/user/notes.txt") == "async notes"
+            assert await sbx.files.exists("/home/user/notes.txt")
+            assert [e.name for e in await sbx.files.list("/home/user")] == ["notes.txt"]
+            with pytest.raises(InvalidArgumentException):
+                await sbx.files.read("/etc/shadow")
+
+            out: list[str] = []
+            result = await sbx.commands.run("wc -c < notes.txt", on_stdout=out.append)
+            assert result.stdout.strip() == "11"
+            assert "".join(out) == result.stdout
+            with pytest.raises(CommandExitException) as info:
+                await sbx.commands.run("false")
+            assert info.value.exit_code == 1
+            info_now = await sbx.get_info()
+            assert info_now.metadata == {"mode": "async"}
+        finally:
+            assert await sbx.kill() is True
+        with pytest.raises(SandboxNotFoundException):
+            await AsyncSandbox.connect(sbx.sandbox_id)
+
+    asyncio.run(main())
+
+
+def test_async_base_sandbox_and_isolation(e2b_service: E2BService) -> None:
+    async def main() -> None:
+        sbx = await AsyncBaseSandbox.create()
+        try:
+            result = await sbx.commands.run("echo base sandbox")
+            assert result.stdout == "base sandbox\n"
+            with pytest.raises(SandboxNotFoundException):
+                await AsyncBaseSandbox.connect(sbx.sandbox_id, api_key=e2b_service.bob)
+            assert await AsyncBaseSandbox.kill(sbx.sandbox_id, api_key=e2b_service.bob) is False
+        finally:
+            await sbx.kill()
+
+    asyncio.run(main())
