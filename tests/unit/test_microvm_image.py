@@ -74,6 +74,7 @@ def _fake_vm_dir(tmp_path: Path) -> Path:
         python="/usr/bin/python3",
         bash="/usr/bin/bash",
         built_at="2026-01-01T00:00:00+00:00",
+        agent_sha256=image.agent_sha256(),
     )
     (base / "image" / "manifest.json").write_text(json.dumps(asdict(manifest)))
     return base
@@ -88,6 +89,23 @@ def test_verify_accepts_the_built_files_and_refuses_a_tampered_image(tmp_path: P
     target.write_bytes(b"imagE")  # same size, other bytes: the stat cache must not hide it
     with pytest.raises(IsolationUnavailable, match="tampered"):
         image.verify(base)
+
+
+@pytest.mark.parametrize("recorded", ["", "0" * 64])
+def test_verify_refuses_an_image_with_another_guest_agent(tmp_path: Path, recorded: str) -> None:
+    # An image from before the agent's hash was recorded (""), or from another sandcell
+    # version: its agent may speak another protocol, so it is refused with the rebuild command.
+    base = _fake_vm_dir(tmp_path)
+    path = base / "image" / "manifest.json"
+    doc = json.loads(path.read_text())
+    if recorded:
+        doc["agent_sha256"] = recorded
+    else:
+        del doc["agent_sha256"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(IsolationUnavailable, match="another version") as info:
+        image.verify(base)
+    assert "sandcell vm build" in info.value.fix
 
 
 def test_verify_names_the_fix_when_nothing_is_built(tmp_path: Path) -> None:

@@ -72,6 +72,9 @@ class Manifest:
     """The runtime's interpreter inside the guest (a neutral path, see module)."""
     bash: str
     built_at: str
+    agent_sha256: str = ""
+    """The hash of the guest agent, runner and display module baked in (:func:`agent_sha256`);
+    empty in manifests written before it was recorded."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +85,17 @@ class GuestFiles:
     initrd: Path
     image: Path
     manifest: Manifest
+
+
+def agent_sha256() -> str:
+    """The hash of the guest-side files this sandcell ships: an image built from others speaks
+    another version of the agent's protocol, so it is refused rather than half understood."""
+    h = hashlib.sha256()
+    for name in sorted(_AGENT_FILES):
+        data = _AGENT_FILES[name].read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -112,6 +126,13 @@ def load_manifest(base: Path | None = None) -> Manifest:
     if manifest.format != FORMAT:
         raise IsolationUnavailable(
             "microvm image", f"the image has format {manifest.format}, not {FORMAT}", _FIX_BUILD
+        )
+    if manifest.agent_sha256 != agent_sha256():
+        raise IsolationUnavailable(
+            "microvm image",
+            f"the image (built {manifest.built_at}) holds another version of sandcell's guest "
+            "agent than this sandcell ships",
+            "rebuild it for this version: sandcell vm build",
         )
     return manifest
 
@@ -461,6 +482,7 @@ def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> 
         raise ConfigError(f"{exc}; run scripts/install-vm again") from None
     idir.mkdir(parents=True, exist_ok=True)
     py, bash = python_runtime(), bash_runtime()
+    agent = agent_sha256()
     with tempfile.TemporaryDirectory(prefix=".build-", dir=idir) as tmp:
         root = Path(tmp) / "root"
         root.mkdir()
@@ -484,6 +506,7 @@ def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> 
         python=py.sandbox_python,
         bash=bash.interpreter,
         built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        agent_sha256=agent,
     )
     _write_atomic(idir / MANIFEST_NAME, json.dumps(asdict(manifest), indent=2).encode(), 0o644)
     with_cache = idir / _VERIFIED_NAME
@@ -497,6 +520,7 @@ __all__ = [
     "GuestFiles",
     "Manifest",
     "RootPlan",
+    "agent_sha256",
     "build",
     "guest_path",
     "load_manifest",
