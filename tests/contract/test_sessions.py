@@ -21,6 +21,7 @@ from tests.integration import hostscan
 
 from sandcell import Executor, Limits, Outcome
 from sandcell.backends.namespaces import workspace
+from sandcell.errors import ConfigError
 from sandcell.sessions import Session, SessionEnded
 from sandcell.spec import MiB
 
@@ -67,6 +68,24 @@ def test_state_persists_across_cells(session: Session) -> None:
     assert second.outcome is Outcome.OK, second.stderr
     assert second.stdout == '{"x": 42} kept\n'
     assert session.files() == ["notes.txt"]
+
+
+def test_bash_cells_share_the_sandbox_and_are_recorded_as_bash(
+    executor: Executor, session: Session
+) -> None:
+    wrote = session.run(
+        'printf "%s" "$GREETING" > from_bash.txt; pwd; exit 4',
+        language="bash",
+        env={"GREETING": "hello"},
+    )
+    assert wrote.outcome is Outcome.ERROR and wrote.exit_code == 4, wrote.stderr
+    entry = executor.audit.get(wrote.run_id)
+    assert entry is not None
+    assert entry.record["language"] == "bash"
+    assert str(entry.record["code"]).startswith('printf "%s"')  # the program, not the wrapper
+    assert session.run("print(open('from_bash.txt').read())").stdout == "hello\n"
+    with pytest.raises(ConfigError, match="Bash cells"):
+        session.run("print(1)", env={"X": "1"})
 
 
 def test_cells_show_values_and_figures(session: Session) -> None:

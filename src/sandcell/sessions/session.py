@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -42,12 +42,14 @@ from sandcell.errors import ConfigError
 from sandcell.inputs import inspect_inputs
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
+from sandcell.sessions.bash_cell import bash_cell
 from sandcell.sessions.cell_sandbox import CellRun, Exported, open_cell_sandbox
 from sandcell.sessions.verdict import CellCancel
 from sandcell.spec import (
     Artifact,
     InputFile,
     IsolationMode,
+    Language,
     Limits,
     Outcome,
     RejectedExport,
@@ -228,24 +230,39 @@ class Session:
         self,
         code: str,
         *,
+        language: Language = "python",
         timeout_s: float | None = None,
         exports: Sequence[str] = (),
         on_output: OutputListener | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
     ) -> RunResult:
         """Run one cell in the session; the result is also a run in the record.
 
-        ``timeout_s`` is this cell's wall-time limit (default: the session's ``wall_time_s``,
-        never above the profile's ceiling). ``exports`` are globs of workspace files to export
-        after the cell. ``on_output(stream, text)`` is told the cell's output while it runs,
-        as :meth:`Executor.run <sandcell.executor.Executor.run>` does. Raises
+        ``language="bash"`` runs ``code`` with Bash in the session's sandbox and workspace
+        (:mod:`sandcell.sessions.bash_cell`), with ``env`` added to its environment and ``cwd``
+        (a path in the sandbox) as its working directory; the policy judges, and the record
+        keeps, the Bash program. A Python cell shares the kernel's process, so it takes neither:
+        it sets ``os.environ`` or changes directory itself. ``timeout_s`` is this cell's
+        wall-time limit (default: the session's ``wall_time_s``, never above the profile's
+        ceiling). ``exports`` are globs of workspace files to export after the cell.
+        ``on_output(stream, text)`` is told the cell's output while it runs, as
+        :meth:`Executor.run <sandcell.executor.Executor.run>` does. Raises
         :class:`SessionEnded` once the session has ended.
         """
+        if language == "python" and (env or cwd is not None):
+            raise ConfigError(
+                "env= and cwd= apply to Bash cells; a Python cell shares the kernel's process, "
+                "so set os.environ or call os.chdir in the cell instead"
+            )
         with self._lock:
             self._check_alive()
             limits = self.request.effective_limits
             if timeout_s is not None:
                 limits = limits.with_(wall_time_s=timeout_s)
-            request = replace(self.request, code=code, exports=tuple(exports), limits=limits)
+            request = replace(
+                self.request, code=code, language=language, exports=tuple(exports), limits=limits
+            )
             admission = admit(request, self.profile, cache=self.executor.wheels)
             request = replace(admission.request, packages=self.request.packages)
             from sandcell.executor import _Validators
@@ -265,7 +282,11 @@ class Session:
                 )
                 br = self._not_run(reason)
             else:
-                br = self._run_cell(request, run_id, on_output)
+                cell = request
+                if language == "bash":
+                    program = bash_cell(code, env=env or {}, cwd=cwd)
+                    cell = replace(request, code=program, language="python")
+                br = self._run_cell(cell, run_id, on_output)
             self.cells += 1
             result = self.executor.finish(
                 request,
