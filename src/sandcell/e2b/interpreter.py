@@ -24,7 +24,7 @@ from sandcell.e2b.live import Done, follow
 from sandcell.e2b.paths import e2b_path, workspace_relative
 from sandcell.e2b.registry import Context, E2BSandbox
 from sandcell.e2b.results import HeldReport, error_message, messages, ndjson, stream_message
-from sandcell.e2b.runner import LIVE_OUTPUT, OutputListener, admit_cell, run_in_sandbox
+from sandcell.e2b.runner import OutputListener, admit_cell, run_in_sandbox
 from sandcell.e2b.shell import run_bash
 from sandcell.e2b.wire import ContextBody, ExecuteBody, parse
 from sandcell.service.core import Service
@@ -134,7 +134,7 @@ def _ending(
         messages(
             result,
             execution_count=box.session.cells,
-            streamed=held if LIVE_OUTPUT else None,
+            streamed=held,
             read=lambda sha: service.executor.store.path_for(sha).read_bytes(),
         )
     )

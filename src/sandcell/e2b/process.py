@@ -28,7 +28,7 @@ from sandcell.e2b.errors import E2BError, from_exception
 from sandcell.e2b.live import Done, follow
 from sandcell.e2b.paths import workspace_relative
 from sandcell.e2b.registry import E2BSandbox
-from sandcell.e2b.runner import LIVE_OUTPUT, OutputListener, admit_cell, run_in_sandbox
+from sandcell.e2b.runner import OutputListener, admit_cell, run_in_sandbox
 from sandcell.e2b.shell import run_bash
 from sandcell.e2b.wire import ENV_NAME
 from sandcell.service.core import Service
@@ -116,10 +116,7 @@ def _ending(service: Service, box: E2BSandbox, command: str, done: Done) -> list
         err = from_exception(done.error) if isinstance(done.error, Exception) else None
         return [end_of_stream(err or E2BError(500, "the command could not be run"))]
     result = done.result
-    out: list[bytes] = []
-    if not LIVE_OUTPUT:
-        out += [_data("stdout", result.stdout)] if result.stdout else []
-        out += [_data("stderr", result.stderr)] if result.stderr else []
+    out: list[bytes] = []  # the output itself went out live, as it was printed
     if needs_approval(result):
         ticket = ticket_for(service, box, result, command, "bash")
         return [*out, end_of_stream(E2BError(403, approval_message(ticket, result)))]

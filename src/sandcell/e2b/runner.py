@@ -1,5 +1,5 @@
 """Running a cell in an E2B sandbox for its tenant: the quota, a worker thread, the mapping of
-the run to the tenant, and live output when the session offers it.
+the run to the tenant, and its live output.
 
 Every E2B call that touches the sandbox (code, a command, a file operation) is one cell, so it
 is admitted by the tenant's runs-per-minute quota, gated by the profile and recorded as a run.
@@ -7,32 +7,25 @@ is admitted by the tenant's runs-per-minute quota, gated by the profile and reco
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable
 from typing import Any
 
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.registry import E2BSandbox
+from sandcell.live_output import OutputListener
 from sandcell.service.core import Service
 from sandcell.service.tenants import Tenant, TenantError
 from sandcell.sessions import Session
 from sandcell.spec import RunResult
 
 __all__ = [
-    "LIVE_OUTPUT",
     "OutputListener",
     "admit_cell",
     "run_cell",
     "run_in_sandbox",
     "tenant_of",
 ]
-
-OutputListener = Callable[[str, str], None]
-"""Called with ("stdout"|"stderr", text) as a cell prints, from a worker thread."""
-
-LIVE_OUTPUT = "on_output" in inspect.signature(Session.run).parameters
-"""Whether sessions report a cell's output as it is printed (else it arrives with the result)."""
 
 
 def tenant_of(service: Service, box: E2BSandbox) -> Tenant:
@@ -60,7 +53,7 @@ async def run_in_sandbox(
     """Run ``call(session, extra)`` on a worker thread (quota already taken) and map its run to
     the tenant; ``extra`` holds the keywords for :meth:`Session.run` (the live listener)."""
     extra: dict[str, Any] = {}
-    if on_output is not None and LIVE_OUTPUT:
+    if on_output is not None:
         extra["on_output"] = on_output
     began = time.monotonic()
     result: RunResult = await service.in_thread(lambda: call(box.session, extra), session=True)
