@@ -145,12 +145,12 @@ _CHILD = textwrap.dedent(
 
     importlib.machinery.SourceFileLoader.get_code = cached_get_code
     names = sys.argv[1:]
-    out_dir = tempfile.mkdtemp(prefix="sandcell-imports-")
     for name in names:
         __import__(name)
     loaded = [m for m in sys.modules if m == "sandcell" or m.startswith("sandcell.")]
     for m in loaded:
         del sys.modules[m]
+    out_dir = tempfile.mkdtemp(prefix="sandcell-imports-")
 
     def child(name):
         try:
