@@ -11,6 +11,7 @@ cluster with the head alone.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 RAY = Path(sys.executable).with_name("ray")
 SLOTS_PER_NODE = 2
-START_TIMEOUT_S = 120
+START_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Cluster:
     homes: dict[str, Path]
     """Node name (head, worker) → its sandcell home."""
     temp_dirs: dict[str, Path]
+    sessions: dict[str, int]
+    """Node name → the session its processes run in."""
 
 
 def _free_port() -> int:
@@ -55,26 +58,32 @@ def _free_port() -> int:
         return port
 
 
-def _pids_naming(*texts: str) -> list[int]:
-    """Processes whose command line or environment contains one of ``texts``: the cluster's own
-    (every node process names its temp dir, or inherited its SANDCELL_HOME from ``ray start``;
-    Ray's agents rename their command line, so the environment is what finds them)."""
+def _session_of(stat: bytes) -> int:
+    # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+    return int(stat.rsplit(b")", 1)[1].split()[3])
+
+
+def _node_pids(sessions: set[int], marker: str) -> list[int]:
+    """The processes of the cluster's nodes: each node's ``ray start`` ran in a session of its
+    own, which every process it started keeps; ``marker`` (the temp dir) in a command line or
+    environment is a backstop (Ray's agents overwrite both with their titles)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
+            session = _session_of((entry / "stat").read_bytes())
             seen = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
-        except OSError:
+        except (OSError, IndexError, ValueError):
             continue
-        if any(t.encode() in seen for t in texts):
+        if session in sessions or marker.encode() in seen:
             found.append(int(entry.name))
     return found
 
 
-def _kill_all(*texts: str) -> None:
+def _kill_all(sessions: set[int], marker: str) -> None:
     for _ in range(50):
-        pids = _pids_naming(*texts)
+        pids = _node_pids(sessions, marker)
         if not pids:
             return
         for pid in pids:
@@ -83,7 +92,8 @@ def _kill_all(*texts: str) -> None:
         time.sleep(0.1)
 
 
-def _ray_start(args: list[str], home: Path, temp_dir: Path) -> str:
+def _ray_start(args: list[str], home: Path, temp_dir: Path) -> tuple[int, str]:
+    """Start a node in a session of its own; returns that session's id and what it said."""
     env = {
         **os.environ,
         "SANDCELL_HOME": str(home),
@@ -102,12 +112,24 @@ def _ray_start(args: list[str], home: Path, temp_dir: Path) -> str:
         "--object-store-memory=100000000",
         "--disable-usage-stats",
     ]
-    proc = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
+    try:
+        said, _ = proc.communicate(timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        said, _ = proc.communicate()
+        pytest.fail(f"ray start took over {START_TIMEOUT_S} s: {said[-800:]}")
     if proc.returncode != 0:
-        pytest.skip(f"Ray cannot start a node here: {(proc.stderr or proc.stdout)[-800:]}")
-    return proc.stdout + proc.stderr
+        _kill_all({proc.pid}, str(temp_dir))
+        pytest.skip(f"Ray cannot start a node here: {said[-800:]}")
+    return proc.pid, said
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +138,9 @@ def cluster() -> Iterator[Cluster]:
     root = Path(tempfile.mkdtemp(prefix="scray-", dir="/tmp"))
     homes = {"head": root / "home-head", "worker": root / "home-worker"}
     temps = {"head": root / "h", "worker": root / "w"}
+    sessions: dict[str, int] = {}
     try:
-        said = _ray_start(
+        sessions["head"], said = _ray_start(
             ["--head", f"--port={_free_port()}", "--include-dashboard=false"],
             homes["head"],
             temps["head"],
@@ -126,10 +149,12 @@ def cluster() -> Iterator[Cluster]:
         found = re.search(r"ray start --address='([^']+)'", said)
         assert found, f"the head did not say its address: {said[-800:]}"
         address = found.group(1)
-        _ray_start([f"--address={address}"], homes["worker"], temps["worker"])
-        yield Cluster(address=address, root=root, homes=homes, temp_dirs=temps)
+        sessions["worker"], _ = _ray_start(
+            [f"--address={address}"], homes["worker"], temps["worker"]
+        )
+        yield Cluster(address=address, root=root, homes=homes, temp_dirs=temps, sessions=sessions)
     finally:
-        _kill_all(str(root), f"SANDCELL_HOME={root}/")
+        _kill_all(set(sessions.values()), str(root))
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -148,7 +173,7 @@ def _write_tasks(path: Path, count: int, *, sleep_s: float, export: bool = False
     return ids
 
 
-def _batch_cmd(cluster: Cluster, tasks: Path, home: Path) -> list[str]:
+def _batch_cmd(cluster: Cluster, tasks: Path, home: Path, concurrency: int = 4) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -160,13 +185,30 @@ def _batch_cmd(cluster: Cluster, tasks: Path, home: Path) -> list[str]:
         "--ray",
         cluster.address,
         "--concurrency",
-        "4",
+        str(concurrency),
         "--json",
     ]
 
 
 def _lines(results: Path) -> list[dict[str, object]]:
     return [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+
+
+def _most_at_once(lines: list[dict[str, object]]) -> int:
+    """The most runs of ``lines`` that overlapped in time. Each run's interval is its program's
+    wall time ending when its line was made: inside the time the task was in flight, so runs
+    that overlap here were in flight together."""
+    events = []
+    for x in lines:
+        end = dt.datetime.fromisoformat(str(x["finished_at"])).timestamp()
+        wall_ms = x["wall_ms"]
+        assert isinstance(wall_ms, int | float)
+        events += [(end - wall_ms / 1000, 1), (end, -1)]
+    most = now = 0
+    for _, step in sorted(events):  # an end sorts before a start at the same instant
+        now += step
+        most = max(most, now)
+    return most
 
 
 def _summary(stdout: str) -> dict[str, object]:
@@ -191,8 +233,9 @@ def test_batch_uses_every_node_keeps_records_there_and_returns_artifacts(
     tasks = tmp_path / "tasks.jsonl"
     ids = _write_tasks(tasks, 8, sleep_s=0.5, export=True)
     driver_home = tmp_path / "driver-home"
+    # More concurrency than the cluster's four slots: each node's slots must hold the line.
     proc = subprocess.run(
-        _batch_cmd(cluster, tasks, driver_home),
+        _batch_cmd(cluster, tasks, driver_home, concurrency=8),
         capture_output=True,
         text=True,
         timeout=300,
@@ -207,6 +250,9 @@ def test_batch_uses_every_node_keeps_records_there_and_returns_artifacts(
     assert {str(x["node_home"]) for x in lines} == homes, "both nodes should have run tasks"
     node_of_home = {str(x["node_home"]): str(x["node_id"]) for x in lines}
     assert len(set(node_of_home.values())) == 2
+    for home in homes:
+        most = _most_at_once([x for x in lines if x["node_home"] == home])
+        assert most <= SLOTS_PER_NODE, f"{most} runs at once on a node with {SLOTS_PER_NODE} slots"
 
     # Each run is recorded in the home of the node that ran it, and each node's chain verifies.
     for x in lines:
@@ -363,7 +409,7 @@ def test_a_node_killed_mid_batch_loses_no_result(cluster: Cluster, tmp_path: Pat
         time.sleep(0.1)
     assert driver.poll() is None, "the batch ended before the worker node could be killed"
     # The worker node goes the way a crashed machine does: its raylet and every process of it.
-    _kill_all(str(cluster.temp_dirs["worker"]), f"SANDCELL_HOME={worker_home}\0")
+    _kill_all({cluster.sessions["worker"]}, str(cluster.temp_dirs["worker"]))
     out, err = driver.communicate(timeout=300)
     assert driver.returncode == 0, err[-3000:]
     lines = _lines(results)

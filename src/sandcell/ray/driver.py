@@ -92,6 +92,12 @@ def _lost_errors(ray: ModuleType) -> tuple[type[BaseException], ...]:
     return (e.RayActorError, e.WorkerCrashedError, e.ObjectLostError, e.NodeDiedError)
 
 
+def _last_lines(text: str, keep: int = 3) -> str:
+    """The end of a Ray error (where the cause is), not its whole traceback."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return " | ".join(lines[-keep:])[-600:]
+
+
 class _Fleet:
     """The workers, one per node with sandcell slots; new nodes are taken on when all are lost."""
 
@@ -126,6 +132,7 @@ class _Fleet:
         if not new and not self.alive():
             raise InfraError(no_nodes_hint())
         starting = []
+        failures: list[str] = []
         for node in new:
             warm = self.warm
             if warm is not None and warm.mode == "pool" and not self.pool_size_given:
@@ -155,11 +162,19 @@ class _Fleet:
                 # The worker's Executor could not start there (a layer missing on that node):
                 # that is the node's problem to fix, said as sandcell says it.
                 raise exc.as_instanceof_cause() from None
-            except _lost_errors(self.ray):
+            except _lost_errors(self.ray) as exc:
+                # The node went away, or the worker's own start failed there (its Executor
+                # raised): either way no task goes to it.
                 self.lost.add(node.node_id)
+                failures.append(f"node {node.node_id}: {_last_lines(str(exc))}")
                 continue
             self.members[node.node_id] = _Member(node, actor, info)
         if not self.alive():
+            if failures:
+                raise InfraError(
+                    f"the sandcell worker could not start on any node with {SLOTS}; "
+                    + "; ".join(failures[:3])
+                )
             raise InfraError(no_nodes_hint())
 
     def alive(self) -> list[_Member]:
