@@ -256,7 +256,9 @@ def handle(args: argparse.Namespace) -> int:
     if args.start not in (None, "cold"):
         from sandcell.backends.namespaces.warm import WarmConfig
 
-        warm = WarmConfig(mode=args.start, pool_size=1)
+        # One program per process: a replacement for the taken sandbox would only compete with
+        # the run for CPU and be destroyed unused at exit.
+        warm = WarmConfig(mode=args.start, pool_size=1, refill=False)
     stdin_used = args.file == "-" or args.stdin_file == "-"
     approver = terminal_approver() if terminal_can_answer(stdin_used=stdin_used) else None
     with Executor(

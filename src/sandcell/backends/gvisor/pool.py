@@ -183,16 +183,24 @@ class GVisorPool:
                     self._discarded += 1
                     threading.Thread(target=sb.destroy, daemon=True).start()
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._closed:
+                if remaining <= 0 or self._closed or self._filled_once():
                     return None
                 self._cond.wait(remaining)
+
+    def _filled_once(self) -> bool:
+        """With ``refill=False``: every sandbox the pool will ever have was started (lock held)."""
+        return not self.config.refill and self._started >= self.config.pool_size
 
     # -- filling ---------------------------------------------------------------------------
 
     def _refill(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and len(self._ready) >= self.config.pool_size:
+                # Filled once without refill, the thread waits idle for close rather than end:
+                # what it started may be tied to it (a parent-death signal is per thread).
+                while not self._closed and (
+                    len(self._ready) >= self.config.pool_size or self._filled_once()
+                ):
                     self._cond.wait()
                 if self._closed:
                     return

@@ -10,6 +10,11 @@ the refill (:meth:`WarmVMs.refill_held`) and a clone is still ready, the next on
 after that run's result, not during it: on a host with few cores a restore (QEMU's start, the
 guest's warm-up) would take the CPU the run's guest needs.
 
+Closing aborts a clone being restored: its QEMU is killed as soon as it runs (the restore then
+fails at once and removes what it made), so ``close`` never waits for a warm-up whose clone
+nobody will take. With ``WarmConfig(refill=False)`` (a process that runs one program) the pool
+is filled once and a taken clone is not replaced.
+
 The snapshot is shared by this user's processes (``snapshot.cached``): a CLI run with
 ``--start pool`` restores from the one an earlier process saved instead of booting again.
 
@@ -54,6 +59,8 @@ class WarmVMs:
         self._restored = self._taken = self._discarded = self._errors = 0
         self._runs = self._fallbacks = 0
         self._holds = 0
+        self._preparing: VM | None = None
+        """The clone being restored, killed by :meth:`close` (guarded by ``_cond``)."""
         self._thread = threading.Thread(target=self._work, name="sandcell-vm-pool", daemon=True)
         self._thread.start()
 
@@ -85,34 +92,60 @@ class WarmVMs:
     def _fill(self, snap: snapshot.Snapshot) -> None:
         while True:
             with self._cond:
+                # Filled once without refill, the thread stays (idle) until close: the jail
+                # kills QEMU when the thread that started it ends (``--die-with-parent``).
                 while not self._closed and (
-                    len(self._ready) >= self.config.pool_size or (self._holds and self._ready)
+                    len(self._ready) >= self.config.pool_size
+                    or (self._holds and self._ready)
+                    or self._filled_once()
                 ):
                     self._cond.wait()
                 if self._closed:
                     return
             try:
-                vm = snapshot.restore(self.guest, snap, name="pool")
+                vm = snapshot.restore(self.guest, snap, name="pool", started=self._started)
                 try:
                     _warm(vm)
                     assert vm.qmp is not None
                     vm.qmp.execute("stop", deadline=time.monotonic() + 10)
                 except BaseException:
+                    self._prepared()
                     vm.destroy()
                     raise
             except (InfraError, OSError) as exc:
                 with self._cond:
+                    self._preparing = None
+                    if self._closed:
+                        return
                     self._errors += 1
                     self.error = f"a clone could not be restored: {exc}"
-                time.sleep(_REFILL_PAUSE_S)
+                    self._cond.wait(_REFILL_PAUSE_S)
                 continue
             with self._cond:
-                if self._closed:
-                    vm.destroy()
-                    return
-                self._restored += 1
-                self._ready.append(vm)
-                self._cond.notify_all()
+                self._preparing = None
+                if not self._closed:
+                    self._restored += 1
+                    self._ready.append(vm)
+                    self._cond.notify_all()
+                    continue
+            vm.destroy()
+            return
+
+    def _filled_once(self) -> bool:
+        """With ``refill=False``: every clone the pool will ever have was restored (lock held)."""
+        return not self.config.refill and self._restored >= self.config.pool_size
+
+    def _started(self, vm: VM) -> None:
+        """QEMU of the clone being restored runs: :meth:`close` may kill it from now on."""
+        with self._cond:
+            self._preparing = vm
+            if self._closed:
+                vm.kill(reap=False)
+
+    def _prepared(self) -> None:
+        # Under the lock, so close() never signals a QEMU this thread has already reaped.
+        with self._cond:
+            self._preparing = None
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -192,7 +225,7 @@ class WarmVMs:
                     self._discarded += 1
                     vm.destroy()
                 left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
+                if left <= 0 or self._closed or self._filled_once():
                     return None
                 self._cond.wait(left)
 
@@ -235,11 +268,16 @@ class WarmVMs:
             )
 
     def close(self) -> None:
-        """Destroy the waiting clones and the snapshot; waits for the background thread."""
+        """Destroy the waiting clones and kill the one being restored (see module); waits for
+        the background thread, which then only removes that clone's files."""
         with self._cond:
             self._closed = True
             ready = list(self._ready)
             self._ready.clear()
+            if self._preparing is not None:
+                # Not reaped here: the refill thread's restore fails on the dead QEMU and
+                # destroys the clone itself.
+                self._preparing.kill(reap=False)
             self._cond.notify_all()
         for vm in ready:
             vm.destroy()

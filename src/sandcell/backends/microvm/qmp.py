@@ -6,6 +6,7 @@ import json
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sandcell.errors import InfraError
@@ -14,7 +15,11 @@ from sandcell.errors import InfraError
 class QMP:
     """One connection to QEMU's QMP socket, capabilities negotiated."""
 
-    def __init__(self, path: str, deadline: float) -> None:
+    def __init__(
+        self, path: str, deadline: float, *, alive: Callable[[], bool] | None = None
+    ) -> None:
+        """``alive``: whether QEMU still runs; a QEMU killed before it opened the socket (a pool
+        closing during a restore) then fails at once instead of at the deadline."""
         while True:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
@@ -22,6 +27,8 @@ class QMP:
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 self.sock.close()
+                if alive is not None and not alive():
+                    raise InfraError("QEMU exited before it opened its control socket") from None
                 if time.monotonic() >= deadline:
                     raise InfraError(f"QEMU did not open its control socket {path}") from None
                 time.sleep(0.005)

@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -282,8 +283,16 @@ def check(snap: Snapshot, guest: machine.Guest, vplan: qemu.VMPlan) -> None:
         raise InfraError(f"snapshot {snap.id} was changed after it was saved (tampered): refused")
 
 
-def restore(guest: machine.Guest, snap: Snapshot, *, name: str) -> VM:
-    """A clone of ``snap``, resumed, its agent through the handshake and waiting for a job."""
+def restore(
+    guest: machine.Guest,
+    snap: Snapshot,
+    *,
+    name: str,
+    started: Callable[[VM], None] | None = None,
+) -> VM:
+    """A clone of ``snap``, resumed, its agent through the handshake and waiting for a job.
+    ``started`` is called with the VM as soon as QEMU runs: a pool closing meanwhile kills it
+    there, and the restore then fails at once instead of finishing a clone nobody will use."""
     run_dir = machine.new_run_dir(name)
     vplan = machine.plan(
         guest,
@@ -308,8 +317,10 @@ def restore(guest: machine.Guest, snap: Snapshot, *, name: str) -> VM:
     finally:
         os.close(fd)
     try:
+        if started is not None:
+            started(vm)
         assert vplan.qmp is not None
-        q = QMP(str(vplan.qmp), deadline)
+        q = QMP(str(vplan.qmp), deadline, alive=vm.alive)
         vm.qmp = q
         caps = [{"capability": "x-ignore-shared", "state": True}]
         q.execute("migrate-set-capabilities", capabilities=caps, deadline=deadline)

@@ -103,6 +103,10 @@ class WarmConfig:
     """How long the template may take to import ``preload``."""
     take_timeout_s: float = 30.0
     """How long a run waits for a pooled child before it starts cold."""
+    refill: bool = True
+    """``pool`` mode: replace each child a run takes. False for a process that runs one program
+    (``sandcell run``): the pool is filled once, ahead of the run, and a replacement would only
+    take CPU from that run and be destroyed unused (the microVM and gVisor pools honour it)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("template", "pool"):
