@@ -295,12 +295,28 @@ def rss_kib(pid: int) -> int:
 # --- the load ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What the books keep of one result: not its output, so that the driver's own memory
+    does not grow with the load it measures."""
+
+    run_id: str
+    outcome: Outcome
+    reason: str | None
+    artifacts: tuple[str, ...]
+
+    @classmethod
+    def of(cls, result: RunResult) -> Seen:
+        paths = tuple(a.path for a in result.artifacts)
+        return cls(result.run_id, result.outcome, result.reason, paths)
+
+
 @dataclass
 class Books:
     """What a load produced, for :func:`check_books`."""
 
     sent: int = 0
-    results: list[tuple[Kind, RunResult]] = field(default_factory=list)
+    results: list[tuple[Kind, Seen]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     rss_kib: list[int] = field(default_factory=list)
     wall_s: float = 0.0
@@ -309,12 +325,21 @@ class Books:
 RunOne = Callable[[Kind], RunResult]
 
 
-def drive(run_one: RunOne, runs: int, concurrency: int, sample_rss: Callable[[], int]) -> Books:
-    """Send ``runs`` requests of the mix through ``run_one`` from ``concurrency`` threads."""
+def drive(
+    run_one: RunOne,
+    runs: int,
+    concurrency: int,
+    sample_rss: Callable[[], int],
+    *,
+    progress: bool = False,
+) -> Books:
+    """Send ``runs`` requests of the mix through ``run_one`` from ``concurrency`` threads
+    (``progress``: a line on stderr at every tenth)."""
     books = Books()
     kinds = plan(runs)
     lock = threading.Lock()
     marks = {runs // 2, runs - 1}
+    t0 = time.monotonic()
 
     def one(i: int) -> None:
         kind = kinds[i]
@@ -325,12 +350,14 @@ def drive(run_one: RunOne, runs: int, concurrency: int, sample_rss: Callable[[],
                 books.failures.append(f"request {i} ({kind.name}): {type(exc).__name__}: {exc}")
             return
         with lock:
-            books.results.append((kind, result))
+            books.results.append((kind, Seen.of(result)))
             if i in marks:
                 books.rss_kib.append(sample_rss())
+            done = len(books.results) + len(books.failures)
+            if progress and done % max(1, runs // 10) == 0:
+                print(f"  {done}/{runs} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
 
     books.rss_kib.append(sample_rss())
-    t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         books.sent = runs
         list(pool.map(one, range(runs)))
@@ -351,7 +378,7 @@ def check_books(books: Books, audit_path: Path, approvals_path: Path | None) -> 
             problems.append(
                 f"{kind.name} run {result.run_id} ended {result.outcome.value}: {result.reason}"
             )
-        if kind.name == "export" and [a.path for a in result.artifacts] != ["out.txt"]:
+        if kind.name == "export" and result.artifacts != ("out.txt",):
             problems.append(f"export run {result.run_id} exported {result.artifacts}")
     with AuditLog(audit_path) as audit:
         report = audit.verify()
@@ -400,7 +427,9 @@ def _pending_tickets(path: Path) -> int:
 # --- the two ways in -----------------------------------------------------------------------
 
 
-def soak_executor(home: Path, runs: int, concurrency: int) -> dict[str, object]:
+def soak_executor(
+    home: Path, runs: int, concurrency: int, *, progress: bool = False
+) -> dict[str, object]:
     """The load through one in-process :class:`Executor` (warm pool), then the books."""
     from sandcell.backends.namespaces.warm import WarmConfig
     from sandcell.executor import Executor
@@ -411,7 +440,11 @@ def soak_executor(home: Path, runs: int, concurrency: int) -> dict[str, object]:
     sockets_before = _sockets(me)
     with Executor(home=home, warm=WarmConfig(mode="pool", preload=(), pool_size=2)) as ex:
         books = drive(
-            lambda k: ex.run(k.request, profile=k.profile), runs, concurrency, lambda: rss_kib(me)
+            lambda k: ex.run(k.request, profile=k.profile),
+            runs,
+            concurrency,
+            lambda: rss_kib(me),
+            progress=progress,
         )
     figures = check_books(books, home / "audit.sqlite3", home / "approvals.sqlite3")
     left = leftovers(before, snapshot(tmpdir, [owner_tag(me)], [me], [home]))
@@ -462,7 +495,9 @@ class Serve:
         return code
 
 
-def soak_service(home: Path, runs: int, concurrency: int) -> dict[str, object]:
+def soak_service(
+    home: Path, runs: int, concurrency: int, *, progress: bool = False
+) -> dict[str, object]:
     """The load through a real ``sandcell serve`` and the client SDK, then the books."""
     from sandcell.client import Client
     from sandcell.service.tenants import TenantStore
@@ -489,6 +524,7 @@ def soak_service(home: Path, runs: int, concurrency: int) -> dict[str, object]:
                 runs,
                 concurrency,
                 lambda: rss_kib(serve.proc.pid),
+                progress=progress,
             )
     finally:
         code = serve.stop()
@@ -517,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for via in ("executor", "service") if args.via == "both" else (args.via,):
             home = Path(scratch) / via
             soak = soak_executor if via == "executor" else soak_service
-            figures = soak(home, args.runs, args.concurrency)
+            figures = soak(home, args.runs, args.concurrency, progress=not args.json)
             left = figures["leftovers"]
             assert isinstance(left, dict)
             problems = figures["problems"]

@@ -43,8 +43,12 @@ __all__ = ["RunState", "Service", "ServiceConfig"]
 log = logging.getLogger("sandcell.service")
 _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CANCEL_POLL_S = 0.05
-_KEPT_RUNS = 10_000
-"""Runs whose state (events, result) stays in memory; older ones answer from their record."""
+_KEPT_RUNS = 1_000
+"""Finished runs whose state (events, result) stays in memory; older ones answer from their
+record, which holds the whole result, so this only saves reading it back."""
+_KEPT_OUTPUT_CHARS = 64 * 1024 * 1024
+"""And at most this much of their output (a run's own caps allow megabytes each): a soak of
+10,000 runs grew the service by 330 MiB when only the count bounded what it kept."""
 OUTPUT_KEPT_CHARS = 1024 * 1024
 """Live output of one run kept for its event stream (a late subscriber gets it from the
 start); the run's own caps bound it too."""
@@ -89,6 +93,11 @@ class RunState:
     events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     output_chars: int = 0
     """Live output kept in :attr:`events` so far (at most :data:`OUTPUT_KEPT_CHARS`)."""
+
+    def kept_chars(self) -> int:
+        """The output this state holds: its result's streams and its live output events."""
+        streams = (self.result or {}).get("stdout"), (self.result or {}).get("stderr")
+        return self.output_chars + sum(len(v) for v in streams if isinstance(v, str))
 
     async def emit(self, kind: str, data: dict[str, object]) -> None:
         async with self.changed:
@@ -252,12 +261,19 @@ class Service:
         # Mapped to the tenant in the store when it ends (one write per run, see own_result);
         # until then the state in memory answers for it.
         state = RunState(id=uuid.uuid4().hex, tenant=tenant.name)
-        if len(self.runs) >= _KEPT_RUNS:
-            # The oldest finished runs go first; their status is then read from their record.
-            for old in [k for k, v in self.runs.items() if v.done.is_set()][: _KEPT_RUNS // 10]:
-                del self.runs[old]
+        self._forget_finished()
         self.runs[state.id] = state
         return state
+
+    def _forget_finished(self) -> None:
+        # The oldest finished runs go first (dicts keep insertion order); runs in flight stay.
+        finished = [(k, v) for k, v in self.runs.items() if v.done.is_set()]
+        kept = sum(v.kept_chars() for _, v in finished)
+        for key, old in finished:
+            if len(self.runs) < _KEPT_RUNS and kept <= _KEPT_OUTPUT_CHARS:
+                break
+            del self.runs[key]
+            kept -= old.kept_chars()
 
     def start(
         self,

@@ -101,6 +101,10 @@ def run_server(app: FastAPI, sockets: list[socket.socket], *, log_level: str = "
         # Wait for every request in flight: a synchronous run ends, and is recorded, before
         # the service exits.
         timeout_graceful_shutdown=None,
+        # Longer than a client's idle keep-alive (httpx: 5 s, uvicorn's own default too): with
+        # equal timers a loaded service closed idle connections just as a client reused one,
+        # and its request was answered with a connection reset (seen in bench/soak.py).
+        timeout_keep_alive=30,
         access_log=False,
     )
     unix_paths = [sock.getsockname() for sock in sockets if sock.family == socket.AF_UNIX]
