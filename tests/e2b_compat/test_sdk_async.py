@@ -34,6 +34,17 @@ def test_async_sandbox_runs_code_files_and_commands(e2b_service: E2BService) -> 
             with pytest.raises(InvalidArgumentException):
                 await sbx.files.read("/etc/shadow")
 
+            # A context's variables are its own; restarting it empties it.
+            ctx = await sbx.create_code_context()
+            await sbx.run_code("y = 'ctx'", context=ctx)
+            await sbx.run_code("y = 'main'")
+            assert (await sbx.run_code("y", context=ctx)).text == "'ctx'"
+            await sbx.restart_code_context(ctx)
+            emptied = await sbx.run_code("y", context=ctx)
+            assert emptied.error is not None and emptied.error.name == "NameError"
+            assert (await sbx.run_code("y")).text == "'main'"
+            await sbx.remove_code_context(ctx)
+
             out: list[str] = []
             result = await sbx.commands.run("wc -c < notes.txt", on_stdout=out.append)
             assert result.stdout.strip() == "11"

@@ -126,6 +126,43 @@ def test_contexts(sbx: Sandbox) -> None:
         sbx.run_code("1", context=ctx)
 
 
+def test_contexts_keep_their_own_variables_and_directories(sbx: Sandbox) -> None:
+    home = sbx.run_code("import os\nos.makedirs('ctx-a', exist_ok=True)\nos.getcwd()").text
+    assert home is not None
+    sbx.run_code("x = 'default'")
+    one = sbx.create_code_context(cwd="/home/user/ctx-a")
+    two = sbx.create_code_context()
+    assert one.cwd == "/home/user/ctx-a" and two.cwd == "/home/user"
+    assert sbx.run_code("x = 1", context=one).error is None
+    assert sbx.run_code("x = 2", context=two).error is None
+    assert sbx.run_code("x", context=one).text == "1"
+    assert sbx.run_code("x", context=two).text == "2"
+    assert sbx.run_code("x").text == "'default'"
+    # Each context runs in its own directory; the default one stays where it was.
+    assert sbx.run_code("import os\nos.getcwd()", context=one).text == f"'{home[1:-1]}/ctx-a'"
+    assert sbx.run_code("import os\nos.getcwd()", context=two).text == home
+    assert sbx.run_code("os.getcwd()").text == home
+    # Files are the sandbox's, shared by every context (as on E2B).
+    sbx.run_code("open('from-one.txt', 'w').write('one')", context=one)
+    assert sbx.run_code("open('ctx-a/from-one.txt').read()").text == "'one'"
+    # Restart empties the context, in its directory still; the others keep their state.
+    sbx.restart_code_context(one)
+    gone = sbx.run_code("x", context=one)
+    assert gone.error is not None and gone.error.name == "NameError"
+    assert sbx.run_code("import os\nos.getcwd()", context=one).text == f"'{home[1:-1]}/ctx-a'"
+    assert sbx.run_code("x", context=two).text == "2"
+    # Removed: the SDK's not-found error, and the default context untouched.
+    sbx.remove_code_context(two)
+    with pytest.raises(NotFoundException):
+        sbx.run_code("x", context=two)
+    assert sbx.run_code("x").text == "'default'"
+    sbx.remove_code_context(one)
+    # A bash context runs its commands in its directory.
+    shell = sbx.create_code_context(cwd="/home/user/ctx-a", language="bash")
+    assert sbx.run_code("pwd", context=shell).logs.stdout == [f"{home[1:-1]}/ctx-a\n"]
+    sbx.remove_code_context(shell)
+
+
 def test_bash_as_a_language(sbx: Sandbox) -> None:
     ex = sbx.run_code("echo from-bash", language="bash")
     assert ex.error is None

@@ -19,6 +19,7 @@ import pytest
 
 from sandcell.errors import ConfigError
 from sandcell.sessions import registry
+from sandcell.sessions.cell_sandbox import CellScope, kernel_message
 from sandcell.sessions.channel import ChannelError, FrameDecoder, encode, recv_message
 
 KERNEL = Path(__file__).resolve().parents[2] / "src/sandcell/backends/namespaces/_kernel.py"
@@ -126,6 +127,42 @@ def test_sigint_interrupts_a_cell_not_the_kernel(kernel: _Kernel) -> None:
     os.kill(kernel.proc.pid, signal.SIGINT)
     assert kernel.cell("print(json_ok := y)")["status"] == "ok"
     assert kernel.proc.poll() is None
+
+
+def test_kernel_scopes_have_their_own_variables_and_directories(
+    kernel: _Kernel, tmp_path: Path
+) -> None:
+    (tmp_path / "a").mkdir()
+
+    def ask(code: str, scope: CellScope | None = None) -> str:
+        """The reply's status and, when ok, what the cell printed."""
+        kernel.seq += 1
+        kernel.host.sendall(encode(kernel_message(kernel.seq, code, scope)))
+        reply = kernel.recv()
+        assert reply["id"] == kernel.seq
+        if reply["status"] != "ok" or not code:
+            return str(reply["status"])
+        assert kernel.proc.stdout is not None
+        return kernel.proc.stdout.readline().decode().strip()
+
+    one = CellScope(name="one", cwd=str(tmp_path / "a"))
+    home = ask("import os\nx = 'main'\nprint(os.getcwd(), flush=True)")
+    assert ask("x = 1\nprint(__name__, flush=True)", one) == "__main__"
+    assert ask("x = 2\nprint('set', flush=True)", CellScope(name="two")) == "set"
+    assert ask("import os\nprint(x, os.getcwd(), flush=True)", one) == f"1 {tmp_path / 'a'}"
+    # The first cell of "two" gave no directory: the kernel's, at that moment.
+    two = "import os\nprint(x, os.getcwd(), flush=True)"
+    assert ask(two, CellScope(name="two")) == f"2 {home}"
+    assert ask("print(x, os.getcwd(), flush=True)") == f"main {home}"
+    assert ask("", CellScope(name="one", drop=True)) == "ok"
+    assert ask("x", one) == "error"  # dropped: a fresh namespace
+    assert ask("print(x, flush=True)", CellScope(name="two")) == "2"
+    # A scope whose directory is gone fails its cells, not the kernel.
+    assert ask("x = 3", CellScope(name="lost", cwd=str(tmp_path / "none"))) == "error"
+    # A malformed scope is a protocol error, never a cell in the main namespace.
+    kernel.host.sendall(encode({"op": "cell", "id": 99, "code": "x = 'forged'", "scope": 7}))
+    assert kernel.recv() == {"op": "done", "id": 99, "status": "error", "error": "protocol"}
+    assert ask("print(x, flush=True)") == "main"
 
 
 def test_kernel_ends_when_the_channel_closes() -> None:

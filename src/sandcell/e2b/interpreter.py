@@ -3,8 +3,11 @@
 ``run_code`` is one cell of the sandbox's session, answered as the interpreter's NDJSON stream
 (:mod:`sandcell.e2b.results`), with the cell's output live when the session offers it. Python
 runs as a cell; ``bash`` (the one other language the SDK names and a profile may allow) runs as
-a command. Contexts are served as names over the session's one kernel: every context shares its
-variables, so restarting or removing one changes nothing in the kernel.
+a command. A context is a scope of the session's kernel named by its id: its variables are its
+own (the default context is the kernel's main namespace), its cells run in its working
+directory, restarting it empties it and removing it drops it. It is a namespace, not a process
+of its own: imported modules, ``os.environ`` and files are the sandbox's, shared by every
+context (files are shared on E2B too). A bash context runs its commands in its directory.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ async def _stream(
     *,
     language: Language,
     env: dict[str, str],
+    context: Context | None,
 ) -> AsyncIterator[bytes]:
     def start(listener: OutputListener) -> Any:
         def call(session: Session, extra: dict[str, Any]) -> RunResult:
@@ -82,10 +86,12 @@ async def _stream(
                     session,
                     code,
                     env={**box.env, **env},
-                    cwd=box.workspace,
+                    cwd=context.path if context is not None else box.workspace,
                     timeout_s=None,
                     on_output=extra.get("on_output"),
                 )
+            if context is not None:
+                extra = {**extra, "scope": context.id, "cwd": context.path}
             run: Any = session.run
             if not env:
                 result: RunResult = run(code, **extra)
@@ -144,6 +150,7 @@ async def execute(request: Request) -> Response:
     box = sandbox_of(request)
     service = service_of(request)
     body = parse(ExecuteBody, await request.body())
+    context: Context | None = None
     if body.context_id is not None:
         context = box.contexts.get(body.context_id)
         if context is None:
@@ -154,7 +161,13 @@ async def execute(request: Request) -> Response:
     service.check_code(body.code)
     tenant = admit_cell(service, box)
     stream = _stream(
-        service, tenant, box, body.code, language=language, env=dict(body.env_vars or {})
+        service,
+        tenant,
+        box,
+        body.code,
+        language=language,
+        env=dict(body.env_vars or {}),
+        context=context,
     )
     return StreamingResponse(stream, media_type="application/x-ndjson")
 
@@ -163,8 +176,13 @@ async def create_context(request: Request) -> Response:
     box = sandbox_of(request)
     body = parse(ContextBody, await request.body())
     language = _language(body.language)
-    cwd = e2b_path(workspace_relative(body.cwd, workspace=box.workspace)) if body.cwd else None
-    context = Context(id=secrets.token_hex(8), language=language, cwd=cwd or e2b_path(""))
+    relative = workspace_relative(body.cwd, workspace=box.workspace) if body.cwd else ""
+    context = Context(
+        id=secrets.token_hex(8),
+        language=language,
+        cwd=e2b_path(relative),
+        path=f"{box.workspace}/{relative}" if relative else box.workspace,
+    )
     box.contexts[context.id] = context
     return JSONResponse(context.to_json())
 
@@ -182,14 +200,24 @@ def _context(request: Request) -> tuple[E2BSandbox, str]:
     return box, context_id
 
 
+async def _drop(request: Request, box: E2BSandbox, context_id: str) -> None:
+    """Empty the context's scope in the kernel (its next cell starts it afresh, in its
+    directory). Runs no code, so it takes no quota and is no run in the record."""
+    service = service_of(request)
+    await service.in_thread(lambda: box.session.drop_scope(context_id), session=True)
+
+
 async def restart_context(request: Request) -> Response:
-    _context(request)
+    box, context_id = _context(request)
+    await _drop(request, box, context_id)
     return Response(status_code=204)
 
 
 async def remove_context(request: Request) -> Response:
     box, context_id = _context(request)
+    # Gone from the list first: a cell sent meanwhile is refused rather than recreating it.
     box.contexts.pop(context_id, None)
+    await _drop(request, box, context_id)
     return Response(status_code=204)
 
 

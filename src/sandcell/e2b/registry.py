@@ -34,11 +34,16 @@ _REAP_POLL_S = 5.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
-    """A code context of the interpreter: every context shares the session's one kernel."""
+    """A code context of the interpreter: a scope of the session's kernel named by its id
+    (:class:`~sandcell.sessions.cell_sandbox.CellScope`: variables of its own, the process
+    shared), whose cells run in its working directory."""
 
     id: str
     language: str
     cwd: str
+    """Its working directory as E2B names it (under ``/home/user``)."""
+    path: str
+    """The same directory inside the sandbox (under the workspace's own path)."""
 
     def to_json(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}

@@ -83,6 +83,33 @@ class CellRun:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellScope:
+    """Where a cell runs in the kernel: a named namespace of its own (variables apart from the
+    session's main one and from every other scope; modules, files and the environment shared,
+    as one process's) with its own working directory. ``cwd`` (a path in the sandbox) is the
+    directory of a scope's first cell; a cell that changes directory changes its scope's.
+    ``drop`` forgets the scope instead of running code: its next cell starts it afresh."""
+
+    name: str
+    cwd: str | None = None
+    drop: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 256:
+            raise ConfigError("a scope's name must be 1 to 256 characters")
+
+
+def kernel_message(cell_id: int, code: str, scope: CellScope | None) -> dict[str, object]:
+    """The message that asks the kernel (``_kernel.py``) to run ``code`` as cell ``cell_id``,
+    in ``scope`` when one is given (or to drop that scope)."""
+    if scope is None:
+        return {"op": "cell", "id": cell_id, "code": code}
+    if scope.drop:
+        return {"op": "drop", "id": cell_id, "scope": scope.name}
+    return {"op": "cell", "id": cell_id, "code": code, "scope": scope.name, "cwd": scope.cwd}
+
+
 class CappedOutput:
     """One stream of one cell, kept up to ``cap`` bytes; what is kept is also told to
     ``on_output`` as ``(stream, bytes)`` when one is given (live output), except a tail that
@@ -166,12 +193,15 @@ class CellSandbox(Protocol):
         hard_deadline: float | None,
         cancel: CellCancel | None = None,
         on_output: OutputSink | None = None,
+        scope: CellScope | None = None,
     ) -> CellRun:
         """Run one cell: at most ``timeout_s`` of wall time (interrupted, state kept), and the
         whole sandbox ended at the monotonic ``hard_deadline``. Once ``cancel`` holds a reason
         (set from another thread), the cell is interrupted as at its wall time and its verdict
         says it was cancelled (:func:`~sandcell.sessions.verdict.classify_cell`). With
-        ``on_output``, the cell's output is told to it as it is read (:class:`CappedOutput`)."""
+        ``on_output``, the cell's output is told to it as it is read (:class:`CappedOutput`).
+        With ``scope``, the cell runs in that scope (:class:`CellScope`; the message is
+        :func:`kernel_message`'s), else in the kernel's main namespace."""
         ...
 
     def enforcement(self) -> Enforcement: ...
@@ -226,4 +256,12 @@ def open_cell_sandbox(
     return opener(request, session_id=session_id, sockets=sockets)
 
 
-__all__ = ["CappedOutput", "CellRun", "CellSandbox", "Exported", "open_cell_sandbox"]
+__all__ = [
+    "CappedOutput",
+    "CellRun",
+    "CellSandbox",
+    "CellScope",
+    "Exported",
+    "kernel_message",
+    "open_cell_sandbox",
+]

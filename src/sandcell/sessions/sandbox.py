@@ -63,7 +63,13 @@ from sandcell.backends.namespaces.prepared import (
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
+from sandcell.sessions.cell_sandbox import (
+    CappedOutput,
+    CellRun,
+    CellScope,
+    Exported,
+    kernel_message,
+)
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import (
     CANCEL_POLL_S,
@@ -350,6 +356,7 @@ class SessionSandbox:
         hard_deadline: float | None,
         cancel: CellCancel | None = None,
         on_output: OutputSink | None = None,
+        scope: CellScope | None = None,
     ) -> CellRun:
         """Run one cell; ``hard_deadline`` (monotonic) is the session's end of life;
         ``on_output`` is told the cell's output as it is read."""
@@ -364,7 +371,7 @@ class SessionSandbox:
         t0 = time.monotonic()
         # A kernel that is gone refuses the cell; the loop below reports how it ended.
         with contextlib.suppress(OSError):
-            self._sock.sendall(encode({"op": "cell", "id": cell_id, "code": code}))
+            self._sock.sendall(encode(kernel_message(cell_id, code, scope)))
         deadline = t0 + timeout_s
         stopped_by: str | None = None
         reply: dict[str, object] | None = None

@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING
 from sandcell.artifacts import collect_exports, validate_globs
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.display import DisplayCollection
-from sandcell.errors import ConfigError
+from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
 from sandcell.sessions.bash_cell import bash_cell
-from sandcell.sessions.cell_sandbox import CellRun, Exported, open_cell_sandbox
+from sandcell.sessions.cell_sandbox import CellRun, CellScope, Exported, open_cell_sandbox
 from sandcell.sessions.verdict import CellCancel
 from sandcell.spec import (
     Artifact,
@@ -236,25 +236,40 @@ class Session:
         on_output: OutputListener | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        scope: str | None = None,
     ) -> RunResult:
         """Run one cell in the session; the result is also a run in the record.
 
         ``language="bash"`` runs ``code`` with Bash in the session's sandbox and workspace
         (:mod:`sandcell.sessions.bash_cell`), with ``env`` added to its environment and ``cwd``
         (a path in the sandbox) as its working directory; the policy judges, and the record
-        keeps, the Bash program. A Python cell shares the kernel's process, so it takes neither:
-        it sets ``os.environ`` or changes directory itself. ``timeout_s`` is this cell's
-        wall-time limit (default: the session's ``wall_time_s``, never above the profile's
-        ceiling). ``exports`` are globs of workspace files to export after the cell.
+        keeps, the Bash program. A Python cell shares the kernel's process, so it takes no
+        ``env`` (it sets ``os.environ`` itself). ``scope`` names a namespace of the kernel's
+        for a Python cell (:class:`~sandcell.sessions.cell_sandbox.CellScope`): its variables
+        are its own, apart from the session's main namespace (no scope) and every other scope,
+        until :meth:`drop_scope`; ``cwd`` is then the scope's working directory when this is
+        its first cell (the kernel's own directory is put back after each cell of a scope).
+        Without a scope a Python cell takes no ``cwd`` (it calls ``os.chdir`` itself).
+        Modules, files and the environment are the process's, shared by every scope.
+        ``timeout_s`` is this cell's wall-time limit (default: the session's ``wall_time_s``,
+        never above the profile's ceiling). ``exports`` are globs of workspace files to export
+        after the cell.
         ``on_output(stream, text)`` is told the cell's output while it runs, as
         :meth:`Executor.run <sandcell.executor.Executor.run>` does. Raises
         :class:`SessionEnded` once the session has ended.
         """
-        if language == "python" and (env or cwd is not None):
+        if language == "python" and (env or (cwd is not None and scope is None)):
             raise ConfigError(
-                "env= and cwd= apply to Bash cells; a Python cell shares the kernel's process, "
-                "so set os.environ or call os.chdir in the cell instead"
+                "env= applies to Bash cells, and cwd= to Bash cells or Python cells in a scope; "
+                "a Python cell shares the kernel's process, so set os.environ or call os.chdir "
+                "in the cell instead (or give the cell a scope= with its cwd=)"
             )
+        if language != "python" and scope is not None:
+            raise ConfigError(
+                "scope= names a namespace of the Python kernel; a Bash cell is a program of "
+                "its own, so give it cwd= and env= instead"
+            )
+        cell_scope = CellScope(name=scope, cwd=cwd) if scope is not None else None
         with self._lock:
             self._check_alive()
             limits = self.request.effective_limits
@@ -286,7 +301,7 @@ class Session:
                 if language == "bash":
                     program = bash_cell(code, env=env or {}, cwd=cwd)
                     cell = replace(request, code=program, language="python")
-                br = self._run_cell(cell, run_id, on_output)
+                br = self._run_cell(cell, run_id, on_output, cell_scope)
             self.cells += 1
             result = self.executor.finish(
                 request,
@@ -308,7 +323,11 @@ class Session:
             return result
 
     def _run_cell(
-        self, request: RunRequest, run_id: str, on_output: OutputListener | None = None
+        self,
+        request: RunRequest,
+        run_id: str,
+        on_output: OutputListener | None = None,
+        scope: CellScope | None = None,
     ) -> BackendResult:
         timeout = request.effective_limits.wall_time_s
         live = self.executor.live_output(
@@ -322,6 +341,7 @@ class Session:
                 hard_deadline=self._born + self.max_lifetime_s,
                 cancel=self._cancel,
                 on_output=live,
+                scope=scope,
             )
         finally:
             self._cancel = None
@@ -373,6 +393,26 @@ class Session:
             return False
         cancel.request(reason)
         return True
+
+    def drop_scope(self, name: str) -> None:
+        """Forget the kernel namespace ``scope=name`` (its variables, its directory): its next
+        cell starts it afresh. Nothing runs, so it is no run in the record; a scope never
+        used is no error. Raises :class:`SessionEnded` once the session has ended, and
+        InfraError when the kernel does not answer (which ends the session)."""
+        with self._lock:
+            self._check_alive()
+            cell = self._sandbox.run_cell(
+                "",
+                timeout_s=self.request.effective_limits.wall_time_s,
+                hard_deadline=self._born + self.max_lifetime_s,
+                scope=CellScope(name=name, drop=True),
+            )
+            self._last_active = time.monotonic()
+            if self._sandbox.ended is not None and self._ended is None:
+                self._end(self._sandbox.ended)
+            self._wake.set()
+            if cell.outcome is not Outcome.OK:
+                raise InfraError(f"the session's kernel did not drop scope {name!r}: {cell.reason}")
 
     def files(self) -> list[str]:
         """Paths of the regular files in the session's workspace, relative to it, sorted."""

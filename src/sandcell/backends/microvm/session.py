@@ -66,7 +66,13 @@ from sandcell.backends.namespaces.warm import WarmConfig
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.sessions.cell_sandbox import CappedOutput, CellRun, Exported
+from sandcell.sessions.cell_sandbox import (
+    CappedOutput,
+    CellRun,
+    CellScope,
+    Exported,
+    kernel_message,
+)
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import (
     CANCEL_POLL_S,
@@ -400,6 +406,7 @@ class VMSessionSandbox:
         hard_deadline: float | None,
         cancel: CellCancel | None = None,
         on_output: OutputSink | None = None,
+        scope: CellScope | None = None,
     ) -> CellRun:
         if self.ended is not None or self.vm is None:
             raise InfraError(f"the session's VM has ended: {self.ended}")
@@ -410,7 +417,7 @@ class VMSessionSandbox:
         err = CappedOutput(self.limits.stderr_bytes, stream="stderr", on_output=on_output)
         cpu0 = self._cpu_ms()
         t0 = time.monotonic()
-        message = encode({"op": "cell", "id": cell_id, "code": code})
+        message = encode(kernel_message(cell_id, code, scope))
         for i in range(0, len(message), channel.MAX_FRAME):
             self._send(CELL, message[i : i + channel.MAX_FRAME])
         deadline = t0 + timeout_s

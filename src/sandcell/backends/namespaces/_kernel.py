@@ -9,13 +9,21 @@ The host hands the kernel one end of a socket pair as its standard input. The ke
 as its control channel (and puts ``/dev/null`` on fd 0 for the cells), says hello, then serves
 cell requests one at a time until the channel closes:
 
-* host to kernel: ``{"op": "cell", "id": N, "code": TEXT}``
+* host to kernel: ``{"op": "cell", "id": N, "code": TEXT, "scope": NAME, "cwd": PATH}``
+  (``scope`` and ``cwd`` optional), or ``{"op": "drop", "id": N, "scope": NAME}``
 * kernel to host: ``{"op": "hello", "pid": PID, "display": BOOL}`` once, then for each cell
   ``{"op": "done", "id": N, "status": "ok"|"error"|"interrupted"|"exit", "error": TYPE,
-  "exit_code": CODE, "out_dir": PATH|null}``
+  "exit_code": CODE, "out_dir": PATH|null}`` (for a drop: ``{"op": "done", "id": N, "status":
+  "ok"}``)
 
 Each message is a 4-byte big-endian length and that many bytes of UTF-8 JSON. Every cell runs in
-this process, in one ``__main__`` namespace, so variables and imports persist. Cell output goes to
+this process, in one ``__main__`` namespace, so variables and imports persist. A cell with a
+``scope`` runs in that scope's own namespace instead (made empty, as a fresh ``__main__``, by its
+first cell), and in the scope's own working directory: ``cwd`` when its first cell gave one, else
+the kernel's at that moment; whatever directory a cell of the scope ends in is the scope's next,
+and the kernel's own is put back after every such cell. ``drop`` forgets a scope (its next cell
+starts it afresh). Scopes share everything else in the process: imported modules
+(``sys.modules``), ``os.environ``, open files, threads. Cell output goes to
 fds 1 and 2, which are flushed before the reply, so everything a cell printed is in the host's
 pipes before its reply arrives. With a display module (``_display.py``, precompiled), cells run
 through its ``run_cell``: the last expression's value and open figures become manifest files in a
@@ -181,8 +189,21 @@ def _flush() -> None:
             pass
 
 
+def _fresh_main() -> dict[str, Any]:
+    """An empty namespace as a script's ``__main__`` starts with."""
+    return {"__name__": "__main__", "__builtins__": sys.modules["builtins"], "__annotations__": {}}
+
+
+class _Scope:
+    """One named namespace and the directory its cells run in (None: the kernel's)."""
+
+    def __init__(self, cwd: str | None) -> None:
+        self.ns = _fresh_main()
+        self.cwd = cwd
+
+
 class Kernel:
-    """Runs cells in one namespace; see the module docstring for the protocol."""
+    """Runs cells in one namespace, or in named scopes; see the module docstring."""
 
     def __init__(self, ctl: int, display: Any, outputs_root: str = _OUTPUTS_ROOT) -> None:
         self.ctl = ctl
@@ -195,6 +216,7 @@ class Kernel:
         ns["__builtins__"] = sys.modules["builtins"]
         sys.modules["__main__"] = main
         self.ns: dict[str, Any] = ns
+        self.scopes: dict[str, _Scope] = {}
 
     def serve(self) -> None:
         _send(self.ctl, {"op": "hello", "pid": os.getpid(), "display": self.run_cell is not None})
@@ -202,14 +224,56 @@ class Kernel:
             msg = _recv(self.ctl)
             if msg is None:
                 return
-            if msg.get("op") == "cell" and isinstance(msg.get("code"), str):
-                reply = self.cell(int(msg.get("id", 0)), msg["code"])
+            op, scope, cwd = msg.get("op"), msg.get("scope"), msg.get("cwd")
+            if (
+                op == "cell"
+                and isinstance(msg.get("code"), str)
+                and (scope is None or isinstance(scope, str))
+                and (cwd is None or isinstance(cwd, str))
+            ):
+                reply = self.scoped_cell(int(msg.get("id", 0)), msg["code"], scope, cwd)
+            elif op == "drop" and isinstance(scope, str):
+                self.scopes.pop(scope, None)
+                reply = {"op": "done", "id": msg.get("id"), "status": "ok"}
             else:
                 reply = {"op": "done", "id": msg.get("id"), "status": "error", "error": "protocol"}
             _flush()
             _send(self.ctl, reply)
 
-    def cell(self, cell_id: int, code: str) -> dict[str, Any]:
+    def scoped_cell(
+        self, cell_id: int, code: str, name: str | None, cwd: str | None
+    ) -> dict[str, Any]:
+        """A cell in scope ``name`` (None: the kernel's own namespace and directory)."""
+        if name is None:
+            return self.cell(cell_id, code, self.ns)
+        scope = self.scopes.get(name)
+        if scope is None:
+            scope = self.scopes[name] = _Scope(cwd)
+        try:
+            home: str | None = os.getcwd()
+        except OSError:  # the kernel's directory was removed: nothing to go back to
+            home = None
+        try:
+            if scope.cwd is not None:
+                os.chdir(scope.cwd)
+        except OSError as exc:
+            # As a cell that failed on its first line: the scope keeps its directory.
+            _print_exception(exc, "")
+            return {"op": "done", "id": cell_id, "status": "error", "error": type(exc).__name__}
+        try:
+            return self.cell(cell_id, code, scope.ns)
+        finally:
+            try:  # noqa: SIM105 - the cell may have removed its directory
+                scope.cwd = os.getcwd()
+            except OSError:
+                pass
+            if home is not None:
+                try:  # noqa: SIM105 - or the kernel's
+                    os.chdir(home)
+                except OSError:
+                    pass
+
+    def cell(self, cell_id: int, code: str, ns: dict[str, Any]) -> dict[str, Any]:
         filename = f"<cell {cell_id}>"
         # Tracebacks show the cell's lines, as in a notebook.
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -222,11 +286,9 @@ class Kernel:
         try:
             _State.in_cell = True
             if self.run_cell is not None and out_dir is not None:
-                self.seq = self.run_cell(
-                    code, self.ns, out_dir, filename=filename, seq_start=self.seq
-                )
+                self.seq = self.run_cell(code, ns, out_dir, filename=filename, seq_start=self.seq)
             else:
-                exec(compile(code, filename, "exec", dont_inherit=True), self.ns)  # noqa: S102
+                exec(compile(code, filename, "exec", dont_inherit=True), ns)  # noqa: S102
             _State.in_cell = False
             reply["status"] = "ok"
         except KeyboardInterrupt as exc:
