@@ -63,14 +63,17 @@ _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 RUN_LINK_TARGET = "/sandcell/run"
 """Where the template's ``/run`` symlink points: a directory a warm run with sockets makes in
 its ``/sandcell`` tmpfs (``_zygote_init._apply_request``)."""
-# Every BLAS and OpenMP pool single-threaded: the template must have exactly one thread when it
-# forks, and a pool started lazily in a run would be that run's own.
+# Every BLAS and OpenMP pool single-threaded, and no allocator thread: the template must have
+# exactly one thread when it forks, and a pool started lazily in a run would be that run's own.
+# pyarrow (which pandas imports when it is installed) starts its bundled jemalloc's background
+# thread on import unless told not to.
 THREAD_ENV: Mapping[str, str] = {
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "NUMEXPR_NUM_THREADS": "1",
     "VECLIB_MAXIMUM_THREADS": "1",
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
 }
 
 
