@@ -37,7 +37,7 @@ import threading
 from collections.abc import Mapping
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink, started_cold
-from sandcell.backends.namespaces import cgroups, landlock, orphans, outside, seccomp, workspace
+from sandcell.backends.namespaces import cgroups, landlock, outside, seccomp, workspace
 from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, find_bwrap
 from sandcell.backends.namespaces.launcher import Pipes, StopPipe, launch
 from sandcell.backends.namespaces.observe import observed
@@ -359,9 +359,8 @@ class NamespacesBackend:
 
 
 def sweep() -> list[str]:
-    """Remove what dead supervisors left: sandboxes cut off mid-start, run directories, mounts,
-    cgroups. Returns what went."""
-    removed = orphans.kill_orphans() + [str(p) for p in workspace.sweep_runs()]
+    """Remove what dead supervisors left: run directories, mounts, cgroups. Returns what went."""
+    removed = [str(p) for p in workspace.sweep_runs()]
     host = cgroups.detect()
     if isinstance(host, cgroups.CgroupHost):
         for _ctrl, group in cgroups.stale_groups(host):
