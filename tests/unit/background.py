@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ def start(check: Check) -> None:
             stderr=err,
             start_new_session=True,
         )
+    # Reaped the moment it ends, not when its test reads it: until then it would be a zombie
+    # child of this process, and the leak tests count those.
+    threading.Thread(target=proc.wait, name=f"reap {check.name}", daemon=True).start()
     _RUNNING[check.name] = _Running(proc, outputs, time.monotonic())
 
 

@@ -226,6 +226,7 @@ def test_boot_is_standalone() -> None:
         "_ctypes",
         "_signal",
         "gc",
+        "io",  # built in, loaded at every start: stdio reopened unbuffered (PYTHONUNBUFFERED)
     }
 
 
