@@ -545,8 +545,14 @@ def _venv_under_home(tmp_path: Path, base_python: str) -> Path:
     pkg = site / "probepkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("def where():\n    return __file__\n")
+    # Into the package's own __pycache__, as an install compiles it: not into the suite's
+    # shared bytecode cache (PYTHONPYCACHEPREFIX, tests/conftest.py).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
     subprocess.run(
-        [base_python, "-m", "py_compile", str(pkg / "__init__.py")], check=True, timeout=60
+        [base_python, "-m", "py_compile", str(pkg / "__init__.py")],
+        check=True,
+        timeout=60,
+        env=env,
     )
     meta = site / "probepkg-1.0.dist-info"
     meta.mkdir()
