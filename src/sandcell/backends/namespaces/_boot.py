@@ -342,6 +342,29 @@ def _run_displayed(display: tuple[Any, str], source: bytes, ns: dict[str, Any], 
 _REPLACED_STDIO: list[Any] = []
 
 
+def _write_all_file(fd: int) -> Any:
+    """A raw file on ``fd`` whose ``write`` writes everything it is given: a pipe may take less
+    than a large write (gVisor's took 64 KiB of a longer line), and a ``TextIOWrapper`` over a
+    raw file drops what a write did not take."""
+    import io
+
+    class WriteAll(io.FileIO):
+        def write(self, b: Any) -> int:
+            view = memoryview(b).cast("B")
+            total = len(view)
+            while view:
+                n = super().write(view)
+                if n is None:  # a full non-blocking pipe: wait until it takes more
+                    import select
+
+                    select.select([], [self], [])
+                    continue
+                view = view[n:]
+            return total
+
+    return WriteAll(fd, "w", closefd=False)
+
+
 def _unbuffered_stdio() -> None:
     """What ``PYTHONUNBUFFERED`` (set by every runtime) does for an interpreter started without
     ``-I``, which ignores it: stdout and stderr write through to their descriptors, so the host
@@ -359,7 +382,7 @@ def _unbuffered_stdio() -> None:
         except Exception:  # noqa: S112 - a closed or broken stream stays as it is
             continue
         new = io.TextIOWrapper(
-            io.FileIO(fd, "w", closefd=False),
+            _write_all_file(fd),
             encoding=old.encoding,
             errors=old.errors,
             write_through=True,

@@ -156,6 +156,29 @@ def _print_exception(exc: BaseException, filename: str) -> None:
         os.write(2, f"{type(exc).__name__}\n".encode())
 
 
+def _write_all_file(fd: int) -> Any:
+    """A raw file on ``fd`` whose ``write`` writes everything it is given: a pipe may take less
+    than a large write (gVisor's took 64 KiB of a longer line), and a ``TextIOWrapper`` over a
+    raw file drops what a write did not take."""
+    import io
+
+    class WriteAll(io.FileIO):
+        def write(self, b: Any) -> int:
+            view = memoryview(b).cast("B")
+            total = len(view)
+            while view:
+                n = super().write(view)
+                if n is None:  # a full non-blocking pipe: wait until it takes more
+                    import select
+
+                    select.select([], [self], [])
+                    continue
+                view = view[n:]
+            return total
+
+    return WriteAll(fd, "w", closefd=False)
+
+
 def _unbuffered_stdio() -> None:
     """What ``PYTHONUNBUFFERED`` (set by every runtime) does for an interpreter started without
     ``-I``, which ignores it: a cell's output reaches the host as it is written, not only when
@@ -170,7 +193,7 @@ def _unbuffered_stdio() -> None:
             continue
         old.flush()
         new = io.TextIOWrapper(
-            io.FileIO(fd, "w", closefd=False),
+            _write_all_file(fd),
             encoding=old.encoding,
             errors=old.errors,
             write_through=True,
