@@ -458,6 +458,11 @@ def reap(proc: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage | N
         try:
             pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
         except ChildProcessError:
+            # Reaped by someone else (a process that ignores SIGCHLD, a wait for any child):
+            # its status is lost, but it is gone, and Popen must not think it still runs (its
+            # finaliser would warn, at some later moment, that it does).
+            proc.returncode = 0
+            _drain(proc)
             return 0, None
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
