@@ -23,21 +23,8 @@ router = APIRouter(prefix="/v1/tool-approvals", tags=["approvals"])
 
 
 def _body(ticket: ToolTicket) -> ToolApprovalBody:
-    return ToolApprovalBody(
-        id=ticket.id,
-        created_at=ticket.created_at,
-        expires_at=ticket.expires_at,
-        status=ticket.status,
-        profile=ticket.profile,
-        tool=ticket.tool,
-        run_id=ticket.run_id,
-        args_preview=ticket.args_preview,
-        args_sha256=ticket.args_sha256,
-        args_bytes=ticket.args_bytes,
-        decided_by=ticket.decided_by,
-        decided_at=ticket.decided_at,
-        reason=ticket.reason,
-    )
+    # The body names a subset of the ticket's fields, under the same names.
+    return ToolApprovalBody.model_validate(ticket, from_attributes=True)
 
 
 @router.get("", response_model=list[ToolApprovalBody], responses=_PROBLEMS)
