@@ -17,7 +17,10 @@ from sandcell.sessions import Session
 from sandcell.spec import MiB
 
 SLOW = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
-STUBBORN = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)\n"
+STUBBORN = (
+    "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "print('ignoring', flush=True)\ntime.sleep(600)\n"
+)
 
 
 @pytest.fixture(params=["namespaces", "gvisor", "microvm"])
@@ -44,10 +47,22 @@ def session(
         yield s
 
 
-def _in_thread(session: Session, code: str) -> tuple[threading.Thread, list[RunResult]]:
+def _in_thread(
+    session: Session, code: str, *, ready_on: str | None = None
+) -> tuple[threading.Thread, list[RunResult]]:
+    """Run ``code`` in a thread and cancel it once it runs (and, with ``ready_on``, once it
+    has printed that: a cancel sent before the cell set up its handler tests nothing)."""
     results: list[RunResult] = []
-    worker = threading.Thread(target=lambda: results.append(session.run(code)))
+    ready = threading.Event()
+
+    def listen(stream: str, text: str) -> None:
+        if ready_on is not None and ready_on in text:
+            ready.set()
+
+    worker = threading.Thread(target=lambda: results.append(session.run(code, on_output=listen)))
     worker.start()
+    if ready_on is not None:
+        assert ready.wait(60), "the cell never said it was ready"
     deadline = time.monotonic() + 60
     while not session.cancel("enough"):
         assert time.monotonic() < deadline, "the cell never started"
@@ -71,7 +86,7 @@ def test_cancel_interrupts_the_cell_and_keeps_state(session: Session) -> None:
 
 
 def test_a_cell_that_ignores_the_cancel_ends_the_session(session: Session) -> None:
-    worker, results = _in_thread(session, STUBBORN)
+    worker, results = _in_thread(session, STUBBORN, ready_on="ignoring")
     worker.join(60)
     [cell] = results
     assert cell.outcome is Outcome.KILLED, cell.reason
