@@ -102,6 +102,20 @@ def backend_unavailable(backend: str, reason: str) -> None:
     pytest.skip(f"backend {backend} is not usable on this host: {reason}")
 
 
+def runtime_required(name: str) -> None:
+    """Skip a test that needs the built runtime ``name`` where it is not built, unless CI
+    requires sandboxes (``.ci/run`` builds every shipped runtime): then fail."""
+    from sandcell.errors import ConfigError
+    from sandcell.runtime_store import find
+
+    try:
+        find(name)
+    except ConfigError as exc:
+        if _sandbox_required():
+            pytest.fail(f"runtime {name} is required here (.ci/run builds it): {exc}")
+        pytest.skip(f"runtime {name} is not built on this host: {exc}")
+
+
 @pytest.fixture(scope="session")
 def ladder_executors(root_home: Path) -> Iterator[dict[tuple[str, str], Executor]]:
     """Root executors of the upper rungs (gvisor, microvm), built on first use per start mode,

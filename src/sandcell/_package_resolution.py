@@ -13,10 +13,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell._runtime_lock import runtime_distribution_names, runtime_imports
 from sandcell._wheel_cache import CachedPackage, WheelCache
 from sandcell._wheels import normalize_name
 from sandcell.policy.checks.findings import Finding, snippet_of
+from sandcell.spec import DEFAULT_RUNTIME
 
 __all__ = ["Resolution", "imports_of", "resolve_packages"]
 
@@ -81,22 +81,28 @@ def resolve_packages(
     cache: WheelCache,
     code: str = "",
     local: Collection[str] = (),
+    runtime: str | None = None,
 ) -> Resolution:
     """Resolve a run's top-level imports: the standard library and the runtime need nothing;
     a cached package listed in ``allowed_packages`` is mounted, with the cached packages it
     requires; anything else is a ``deny`` finding. ``code``, when given, places the findings
-    on the import lines; ``local`` names modules the run brings itself (its own input files).
+    on the import lines; ``local`` names modules the run brings itself (its own input files);
+    ``runtime`` is the run's runtime (None: ``default``).
     """
     if not set(code_imports) - sys.stdlib_module_names - set(local):
         # Nothing but the standard library: no need to read the runtime's package metadata,
         # which costs a command line run more than the run itself.
         return Resolution(paths=(), packages=(), findings=())
     allowed = {normalize_name(p) for p in allowed_packages}
-    known = runtime_imports() | set(local)
+    from sandcell.runtime_offer import offer
+
+    runtime_offer = offer(runtime)
+    known = runtime_offer.importable | set(local)
     if set(code_imports) <= known:
         # The common case, on every run: nothing to look up in the cache.
         return Resolution(paths=(), packages=(), findings=())
-    in_runtime = runtime_distribution_names()
+    in_runtime = runtime_offer.distribution_names
+    where = "the runtime" if runtime in (None, DEFAULT_RUNTIME) else f"the runtime {runtime!r}"
     cached = {p.name: p for p in cache.packages()}
     by_import = {i: p for p in cached.values() for i in p.imports}
     sites = _import_sites(code) if code else {}
@@ -125,9 +131,10 @@ def resolve_packages(
         if module in known or (pkg is not None and pkg.name in used):
             continue
         if pkg is None:
-            deny(module, f"{module} is not in the runtime or the wheel cache; nothing is "
+            deny(module, f"{module} is not in {where} or the wheel cache; nothing is "
                  "installed at run time: prepare it ahead of time with `sandcell packages add "
-                 f"{module}==VERSION` and allow it in the profile")  # fmt: skip
+                 f"{module}==VERSION` and allow it in the profile"
+                 + _elsewhere(module, runtime))  # fmt: skip
         elif pkg.name not in allowed:
             deny(module, f"package {pkg.name} is in the wheel cache but not in this profile's "
                  "allowed_packages; add it to the profile or use one that allows it")  # fmt: skip
@@ -135,3 +142,23 @@ def resolve_packages(
             use(pkg, module)
     chosen = tuple(used[n] for n in sorted(used))
     return Resolution(tuple(p.path for p in chosen), chosen, tuple(findings))
+
+
+def _elsewhere(module: str, runtime: str | None) -> str:
+    """Where a denied import would be found: the built runtimes that have it (read only on a
+    denial, so a run that imports what it has pays nothing)."""
+    from sandcell.errors import SandcellError
+    from sandcell.runtime_store import list_runtimes
+
+    try:
+        names = [
+            s.manifest.name
+            for s in list_runtimes()
+            if module in s.manifest.imports and s.manifest.name != runtime
+        ]
+    except SandcellError:
+        return ""
+    if not names:
+        return ""
+    built = ", ".join(names)
+    return f", or run in a runtime that has it: --runtime {names[0]} (built here: {built})"

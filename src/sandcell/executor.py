@@ -48,6 +48,7 @@ from sandcell.replay.evidence import (
 from sandcell.run_sockets import RunSockets
 from sandcell.runtimes import runtime_for
 from sandcell.spec import (
+    DEFAULT_RUNTIME,
     Artifact,
     Enforcement,
     InputFile,
@@ -186,19 +187,40 @@ class Executor:
         self.tool_approver = tool_approver
         self.resolver = resolver
 
-    def backend_for(self, profile: Profile) -> Backend:
-        """The backend a run under ``profile`` gets: the rung the caller asked for, else the
-        profile's default; built on first use and kept. Raises ConfigError for a rung below the
-        profile's minimum, IsolationUnavailable for one this host cannot provide."""
-        return self._backend_named(profile.backend_for(self._requested))
+    def backend_for(self, profile: Profile, *, runtime: str | None = None) -> Backend:
+        """The backend a run under ``profile`` in ``runtime`` (None: the profile's) gets: the
+        rung the caller asked for, else the profile's default; built on first use and kept.
+        Raises ConfigError for a rung below the profile's minimum, IsolationUnavailable for one
+        this host cannot provide."""
+        return self._backend_named(
+            profile.backend_for(self._requested), runtime or profile.runtime.runtime, profile
+        )
 
-    def _backend_named(self, name: str) -> Backend:
+    def _backend_named(
+        self, name: str, runtime: str = DEFAULT_RUNTIME, profile: Profile | None = None
+    ) -> Backend:
+        """One backend per rung, and with warm starts one per rung and runtime: a template or
+        pool is made of one runtime (and preloads what the profile that first needed it says)."""
+        key = name if self._warm is None or runtime == DEFAULT_RUNTIME else f"{name}:{runtime}"
         with self._backends_lock:
-            found = self._backends.get(name)
+            found = self._backends.get(key)
             if found is None:
-                found = create_backend(name, warm=self._warm)
-                self._backends[name] = found
+                warm = self._warm
+                if warm is not None:
+                    preload = profile.runtime.preload if profile is not None else None
+                    warm = replace(
+                        warm,
+                        runtime=None if runtime == DEFAULT_RUNTIME else runtime,
+                        preload=warm.preload if preload is None else preload,
+                    )
+                found = create_backend(name, warm=warm)
+                self._backends[key] = found
             return found
+
+    def check_runtime(self, request: RunRequest) -> None:
+        """Refuse a request whose runtime is not built, or not what it was built as, before
+        anything starts (ConfigError or IsolationUnavailable, with the command that builds it)."""
+        runtime_for(request.language, request.runtime)
 
     def __enter__(self) -> Executor:
         return self
@@ -306,8 +328,9 @@ class Executor:
         # A wrapped run's record holds the wrapped program, which the checks never judged: a
         # replay of it has to say so (sandcell.replay.plan).
         ran_extra = record_extra if wrap is None else {**(record_extra or {}), "wrapped": True}
-        backend = self.backend_for(prof)
         admission = admit(request, prof, result_file=result_file, cache=self.wheels)
+        self.check_runtime(admission.request)
+        backend = self.backend_for(prof, runtime=admission.request.runtime)
         validators = _Validators.make(admission, schema=schema, model=model, invariants=invariants)
         policy = admission.policy_record()
         verdict = admission.decision.verdict
@@ -398,10 +421,12 @@ class Executor:
         landlock: bool | None = None,
         idle_timeout_s: float | None = None,
         max_lifetime_s: float | None = None,
+        runtime: str | None = None,
     ) -> Session:
         """Start a session: one sandbox kept alive across cells (see :mod:`sandcell.sessions`).
 
-        Each cell is checked under ``profile`` and recorded as a run with the session's id.
+        Each cell is checked under ``profile`` and recorded as a run with the session's id;
+        ``runtime`` (None: the profile's) is the session's for all its cells.
         """
         from sandcell.sessions import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_LIFETIME_S, Session
 
@@ -414,6 +439,7 @@ class Executor:
             landlock=landlock,
             idle_timeout_s=idle_timeout_s or DEFAULT_IDLE_TIMEOUT_S,
             max_lifetime_s=max_lifetime_s or DEFAULT_MAX_LIFETIME_S,
+            runtime=runtime,
         )
 
     def run_approved(
@@ -444,9 +470,11 @@ class Executor:
                     f"approval {ticket.id} is for a run on backend {submitted!r}, not "
                     f"{self._requested!r}; approve it with --backend {submitted} (or none)"
                 )
-            backend = self._backend_named(prof.backend_for(submitted))
+            backend = self._backend_named(
+                prof.backend_for(submitted), ticket.request.runtime or prof.runtime.runtime, prof
+            )
         else:  # submitted before backends were recorded with the approval
-            backend = self.backend_for(prof)
+            backend = self.backend_for(prof, runtime=ticket.request.runtime)
         if prof.sha256 != ticket.profile.get("sha256"):
             raise ConfigError(
                 f"profile {prof.name!r} changed since approval {ticket.id} was submitted; deny "
@@ -789,7 +817,7 @@ class Executor:
         inputs: list[dict[str, object]],
         backend: Backend,
     ) -> Mapping[str, object]:
-        runtime = runtime_for(request.language)
+        runtime = runtime_for(request.language, request.runtime)
         enforcement = result.enforcement
         return {
             "run_id": result.run_id,
@@ -802,6 +830,16 @@ class Executor:
                 "name": runtime.name,
                 "identity": runtime.identity,
                 "sha256": runtime.sha256,
+                # A built runtime: the tree it is stored as and the lock it was built from.
+                **(
+                    {
+                        "selected": (request.runtime or "").split("@")[0],
+                        "tree_sha256": runtime.tree_sha256,
+                        "lock_sha256": runtime.lock_sha256,
+                    }
+                    if runtime.tree_sha256
+                    else {}
+                ),
             },
             "backend": {"name": backend.name, **backend.versions()},
             "host": {"kernel": platform.release(), "machine": platform.machine()},

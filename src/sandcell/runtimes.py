@@ -21,6 +21,13 @@ The run record keeps the host paths in the runtime's identity: it is the host's 
 
 The record of every run names the runtime and a hash of it, so a result can be tied to exactly the
 packages that produced it.
+
+A *named* runtime (``minimal``, ``analysis``, ``datascience`` or a user's lock) is a separate
+environment built by ``sandcell runtime build`` (:mod:`sandcell.runtime_store`): the same base
+interpreter, with the locked packages as the neutral venv's site-packages instead of sandcell's
+own. ``default`` (and ``None``) is the environment sandcell runs in. A named runtime is verified
+before its first use in a process; a missing or tampered one is refused with the command that
+builds it.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from pathlib import Path
 
 from sandcell._runtime_view import SANDBOX_RUNTIME_DIR, HostPython, host_hooks, neutral_view
 from sandcell.errors import ConfigError
-from sandcell.spec import Language
+from sandcell.spec import DEFAULT_RUNTIME, Language
 
 # Top-level directories that merged-/usr systems turn into symlinks; recreated as symlinks inside
 # the sandbox, or bound read-only where they are real directories.
@@ -77,6 +84,13 @@ class Runtime:
     """The language's interpreter path inside the sandbox."""
     sandbox_env: Mapping[str, str] = field(default_factory=dict)
     """:attr:`env` for the neutral layout: what programs get in the sandbox."""
+    tree_sha256: str = ""
+    """A named runtime's content hash (its store name); empty for ``default``."""
+    lock_sha256: str = ""
+    """The lock a named runtime was built from; empty for ``default``."""
+    prebuilt_bytecode: tuple[str, ...] = ()
+    """Host directories whose bytecode already names the sandbox paths (a named runtime's
+    site-packages, compiled at build time): nothing to rewrite for them."""
 
     @property
     def sandbox_paths(self) -> tuple[str, ...]:
@@ -130,8 +144,15 @@ def _shared_libpython(executable: str, base_prefix: str) -> bool:
     return any(n.startswith("libpython") and ".so" in n for n in names) and lib.encode() in head
 
 
+def python_runtime(name: str | None = None) -> Runtime:
+    """The Python runtime ``name`` (``None`` or ``default``: this environment's own)."""
+    if name is None or name == DEFAULT_RUNTIME:
+        return _own_python_runtime()
+    return _named_python_runtime(name)
+
+
 @functools.cache
-def python_runtime() -> Runtime:
+def _own_python_runtime() -> Runtime:
     """The default Python runtime: this environment's interpreter and packages."""
     real_python = os.path.realpath(sys.executable)
     prefix = os.path.realpath(sys.prefix)
@@ -219,14 +240,87 @@ def _venv_includes_system_site(prefix: str) -> bool:
     return False
 
 
+def _named_python_runtime(ref: str) -> Runtime:
+    from sandcell.runtime_store import find, verify
+
+    stored = find(ref)
+    verify(stored)
+    m = stored.manifest
+    return _stored_python_runtime(
+        m.name, m.tree_sha256, str(stored.tree), m.site_packages, m.lock_sha256, m.lock_source
+    )
+
+
 @functools.cache
-def bash_runtime() -> Runtime:
-    """The bash runtime: the host's ``/usr`` (bash and the usual tools), read-only."""
+def _stored_python_runtime(  # noqa: PLR0917 - positional: the cache key is these six strings
+    name: str,
+    tree_sha256: str,
+    tree: str,
+    site_packages: str,
+    lock_sha256: str,
+    lock_source: str,
+) -> Runtime:
+    """A named runtime as the sandbox sees it: the base interpreter of this environment, and
+    the stored tree's site-packages as the neutral venv's."""
+    own = _own_python_runtime()
+    real_python = os.path.realpath(sys.executable)
+    base_prefix = os.path.realpath(sys.base_prefix)
+    dirs, links = _root_layout()
+    same_path = ["/usr"] + (["/etc/fonts"] if os.path.isdir("/etc/fonts") else [])
+    site = os.path.join(tree, site_packages)
+    view = neutral_view(
+        HostPython(
+            executable=real_python,
+            base_prefix=base_prefix,
+            venv=tree,
+            site_packages=(site,),
+            version=platform.python_version(),
+            include_system_site_packages=False,
+            shared_libpython=_shared_libpython(real_python, base_prefix),
+        ),
+        same_path=_minimal_roots([*dirs, *same_path]),
+    )
+    identity = (
+        f"{platform.python_implementation()} {platform.python_version()} at {real_python}, "
+        f"runtime {name} {tree_sha256[:12]} (lock {lock_source})"
+    )
+    sandbox_path = [view.bin_dir, "/usr/local/bin", "/usr/bin", "/bin"]
+    base_env = {k: v for k, v in own.env.items() if k != "PATH"}
+    return Runtime(
+        name=name,
+        language="python",
+        interpreter=own.interpreter,
+        python=own.python,
+        ro_dirs=_minimal_roots([*own.ro_dirs, tree]),
+        symlinks=links,
+        env=dict(own.env),
+        identity=identity,
+        sha256=hashlib.sha256(f"{identity}\n{tree_sha256}".encode()).hexdigest(),
+        mounts=view.mounts,
+        files=view.files,
+        sandbox_python=view.python,
+        sandbox_interpreter=view.python,
+        sandbox_env={"PATH": ":".join(dict.fromkeys(sandbox_path)), **base_env, **dict(view.env)},
+        tree_sha256=tree_sha256,
+        lock_sha256=lock_sha256,
+        prebuilt_bytecode=(os.path.realpath(site),),
+    )
+
+
+def bash_runtime(name: str | None = None) -> Runtime:
+    """The bash runtime: the host's ``/usr`` (bash and the usual tools), read-only, beside the
+    Python runtime ``name`` (the boot step is Python)."""
+    py = python_runtime(name)
+    return _bash_runtime(name or DEFAULT_RUNTIME, py.sha256)
+
+
+@functools.cache
+def _bash_runtime(name: str, py_sha256: str) -> Runtime:
+    py = python_runtime(name)
     bash = next((p for p in ("/usr/bin/bash", "/bin/bash") if os.path.exists(p)), None)
     if bash is None:
         raise ConfigError("bash is not installed on this host; install it (apt-get install bash)")
     real_bash = os.path.realpath(bash)
-    py = python_runtime()
     h = hashlib.sha256()
     with open(real_bash, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -251,14 +345,17 @@ def bash_runtime() -> Runtime:
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             **{k: v for k, v in py.sandbox_env.items() if k == "LD_LIBRARY_PATH"},
         },
+        tree_sha256=py.tree_sha256,
+        lock_sha256=py.lock_sha256,
+        prebuilt_bytecode=py.prebuilt_bytecode,
     )
 
 
-def runtime_for(language: Language) -> Runtime:
-    """The runtime for a language."""
+def runtime_for(language: Language, name: str | None = None) -> Runtime:
+    """The runtime for a language, over the Python runtime ``name`` (None: ``default``)."""
     if language == "python":
-        return python_runtime()
-    return bash_runtime()
+        return python_runtime(name)
+    return bash_runtime(name)
 
 
 def common_env() -> dict[str, str]:

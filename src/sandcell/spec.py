@@ -18,6 +18,8 @@ from sandcell.errors import ConfigError
 
 Language = Literal["python", "bash"]
 LANGUAGES: tuple[Language, ...] = ("python", "bash")
+DEFAULT_RUNTIME = "default"
+"""The runtime that is the environment sandcell itself runs in (see :mod:`sandcell.runtimes`)."""
 
 MiB = 1024 * 1024
 
@@ -123,6 +125,9 @@ class RunRequest:
     display: bool = False
     """Python only: capture rich outputs as a notebook would (the last expression's value,
     DataFrames as tables, open matplotlib figures as PNG and SVG) into ``RunResult.outputs``."""
+    runtime: str | None = None
+    """The runtime to run in (``sandcell runtime list``); None: the profile's (the executor
+    fills it in), or ``default`` for a backend called directly."""
 
     @property
     def effective_limits(self) -> Limits:

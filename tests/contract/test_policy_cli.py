@@ -74,7 +74,7 @@ def test_policy_list(home: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     names = [line.split()[0] for line in lines[2:] if line.strip()]
-    assert names == ["strict", "analysis", "hostile", "supervised", "unchecked"]
+    assert names == ["strict", "analysis", "datascience", "hostile", "supervised", "unchecked"]
     assert "strict (default)" in proc.stdout
     assert "UNUSABLE" not in proc.stdout
 
@@ -112,7 +112,7 @@ def test_policy_show_unknown(home: Path) -> None:
     proc = sandcell(home, "policy", "show", "nosuch")
     assert proc.returncode == EXIT_CONFIG
     assert "nosuch" in proc.stderr
-    assert "available: strict, analysis, hostile, supervised, unchecked" in proc.stderr
+    assert "available: strict, analysis, datascience, hostile, supervised, unchecked" in proc.stderr
 
 
 # --- check ------------------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def test_record_predating_replay_fields(ex: Executor) -> None:
     record = _record(ex, original.run_id)
     for key in ("record_version", "stdin_kept", "packages", "landlock", "declared"):
         del record[key]
-    old = ex.audit.append({**record, "run_id": "0ld" + original.run_id[3:]})
+    # Two made-up ids with fixed, different prefixes: they can never be the same id.
+    old = ex.audit.append({**record, "run_id": "0ldA" + original.run_id[4:]})
 
     report = ex.replay(old.run_id)
 
@@ -214,7 +215,7 @@ def test_record_predating_replay_fields(ex: Executor) -> None:
     assert any("resolved from the current wheel cache, unverified" in n for n in report.plan.notes)
 
     # Stdin that an old record only hashed cannot be fed again: refused, not guessed.
-    with_stdin = {**record, "run_id": "0ld2" + original.run_id[4:], "stdin_sha256": "ab" * 32}
+    with_stdin = {**record, "run_id": "0ldB" + original.run_id[4:], "stdin_sha256": "ab" * 32}
     ex.audit.append(with_stdin)
     with pytest.raises(ReplayRefused, match="record predates kept stdin"):
         ex.replay(str(with_stdin["run_id"]))

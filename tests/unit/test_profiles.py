@@ -93,8 +93,9 @@ def test_strict_is_exactly_what_absent_means(tmp_path: Path) -> None:
     assert empty.approval == strict.approval == "on_findings"
     assert strict.filesystem.export_globs == DEFAULT_EXPORT_GLOBS
     assert strict.network.mode == "none"
-    # The default runtime's analysis basics, nothing else beyond the safe standard library.
-    assert strict.import_allowlist() == frozenset({"numpy", "pandas", "matplotlib"})
+    # What the run's runtime offers (the default runtime's analysis basics), nothing else
+    # beyond the safe standard library.
+    assert strict.import_allowlist() == frozenset({"@runtime"})
     assert strict.limits.defaults == Limits()
     assert strict.limits.ceilings == STRICT_CEILINGS
 
@@ -103,7 +104,7 @@ def test_analysis_and_supervised(tmp_path: Path) -> None:
     analysis = load_profile("analysis", profile_dir=tmp_path)
     assert analysis.allows_language("python")
     assert not analysis.allows_language("bash")
-    assert analysis.import_allowlist() == frozenset({"numpy", "pandas", "matplotlib"})
+    assert analysis.import_allowlist() == frozenset({"@runtime"})
     assert analysis.allows_export("out/chart.png")
     assert analysis.limits.ceilings.wall_time_s == 120
     assert analysis.limits.ceilings.memory_bytes == 2048 * MiB
@@ -314,7 +315,7 @@ def test_limits_below_the_floor_are_refused(tmp_path: Path) -> None:
         ("[limits]\nwall_time_s = true\n", 2, "must be a number"),
         ('[runtime]\nlanguages = [\n  "python",\n  "ruby",\n]\n', 4, "unknown language"),
         ('[runtime]\nallowed_imports = ["os.path"]\n', 2, "top-level module"),
-        ('[runtime]\nruntime = "gpu"\n', 2, "unknown runtime"),
+        ('[runtime]\nruntime = "GPU"\n', 2, "is not a runtime name"),
         ('[filesystem]\nexport_globs = ["ok/*.png", "../up"]\n', 2, "'..'"),
         ('\n\napproval = "sometimes"\n', 3, "unknown approval"),
         ('[network]\nmode = "open"\n', 2, "unknown network mode"),

@@ -141,15 +141,31 @@ def test_zygote_parts_are_compiled_for_the_template() -> None:
     [
         ({"code": "echo", "language": "bash"}, "bash programs start cold"),
         ({"code": "print(1)", "packages": (Path("/x"),)}, "packages"),
+        (
+            {"code": "print(1)", "runtime": "datascience"},
+            "the template serves runtime default; this run is in runtime datascience",
+        ),
     ],
 )
 def test_what_starts_cold(request_kw: dict[str, object], why: str) -> None:
     starter = WarmStarter.__new__(WarmStarter)  # the check needs no template
+    starter.config = WarmConfig()
     reason = starter.unservable(RunRequest(**request_kw))  # type: ignore[arg-type]
     assert reason is not None and why in reason
     assert starter.unservable(RunRequest(code="print(1)")) is None
     # Rich outputs start warm: the template ships the display module.
     assert starter.unservable(RunRequest(code="1", display=True)) is None
+    # None and "default" are the same runtime.
+    assert starter.unservable(RunRequest(code="print(1)", runtime="default")) is None
+
+
+def test_a_template_serves_its_own_runtime_only() -> None:
+    starter = WarmStarter.__new__(WarmStarter)
+    starter.config = WarmConfig(mode="pool", runtime="minimal")
+    assert starter.unservable(RunRequest(code="print(1)", runtime="minimal")) is None
+    for other in (None, "default", "datascience"):
+        reason = starter.unservable(RunRequest(code="print(1)", runtime=other))
+        assert reason is not None and reason.startswith("the pool serves runtime minimal;")
 
 
 def test_zygote_compiles_for_this_interpreter(tmp_path: Path) -> None:
@@ -177,3 +193,19 @@ def test_runtime_mounts_under_tmp_are_kept_when_a_run_gets_its_own_tmp() -> None
         ]
     )
     assert _mounts_below("/tmp", table) == ["/tmp/ci/.venv", "/tmp/with space"]
+
+
+def test_preload_keeps_what_the_runtime_can_import() -> None:
+    from sandcell.backends.namespaces.warm_runtime import importable_preload
+
+    # The default runtime is this environment: numpy and pandas stay, as before.
+    preload = ("numpy", "pandas", "json", "os.path")
+    assert importable_preload(preload, None) == preload
+    assert importable_preload(preload, "default") == preload
+    assert importable_preload(("numpy", "no_such_module_here"), None) == ("numpy",)
+    try:
+        kept = importable_preload(("numpy", "pandas", "json", "os.path"), "minimal")
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    # The standard library only.
+    assert kept == ("json", "os.path")

@@ -22,7 +22,9 @@ from typing import Literal
 
 from sandcell.agent.protocol import ANSWER_TAG
 from sandcell.agent.tool_api import ToolOperation, render_api
+from sandcell.policy._profile_sections import RUNTIME_IMPORTS
 from sandcell.policy.profiles import Profile
+from sandcell.runtime_offer import offer
 from sandcell.spec import InputFile, Limits, MiB
 from sandcell.validation import Redactor
 
@@ -57,8 +59,18 @@ def system_prompt(
     ``operations``: the profile's governed tools as the gateway lists them
     (:func:`sandcell.agent.tool_api.list_operations`), shown as a typed API.
     """
+    # What the profile's runtime really has, with versions: the model imports what exists.
+    runtime = offer(profile.runtime.runtime)
     allowlist = profile.import_allowlist()
+    if allowlist is not None and RUNTIME_IMPORTS in allowlist:
+        allowlist = (allowlist - {RUNTIME_IMPORTS}) | runtime.offered
     network = profile.allows_network()
+    packages = ", ".join(f"{name} {version}" for name, version in runtime.distributions)
+    runtime_line = (
+        f"The runtime ({runtime.runtime}) has these packages: {packages}."
+        if packages
+        else f"The runtime ({runtime.runtime}) has the standard library only."
+    )
     imports = (
         "any module installed in the runtime"
         if allowlist is None
@@ -121,7 +133,7 @@ carry over from one run to the next, so each program must be complete.
 - The working directory is /sandbox (writable, {limits.workspace_bytes // MiB} MiB). Input files \
 are read-only under /inputs/NAME and also linked into the working directory as NAME.
 - {export_line}
-- Languages: {languages}. Python may import {imports}.
+- Languages: {languages}. Python may import {imports}. {runtime_line}
 - Each run is limited to {limits.wall_time_s:g} s wall time and \
 {limits.memory_bytes // MiB} MiB of memory; output beyond {limits.stdout_bytes} bytes ends it.
 - A policy checks the code before it runs. Code that starts processes, loads native code, \

@@ -27,6 +27,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "deny": ("approvals", "handle_deny"),
     "changes": ("changes", "handle"),
     "packages": ("packages", "handle"),
+    "runtime": ("runtime", "handle"),
     "batch": ("batch", "handle"),
     "ask": ("ask", "handle"),
     "session": ("session", "handle"),
@@ -55,6 +56,7 @@ _MODULES = (
     "approvals",
     "changes",
     "packages",
+    "runtime",
 )
 _SEVERAL = {"policy", "approvals", "packages"}
 

@@ -125,6 +125,7 @@ def request_body(args: argparse.Namespace, target: Target) -> dict[str, object]:
         "exports": list(args.export),
         "limits": limits or None,
         "display": bool(args.display),
+        **({"runtime": args.runtime} if args.runtime is not None else {}),
         "invariants": list(args.invariant),
         "result_file": args.result_file,
         "files": input_files(args.input),

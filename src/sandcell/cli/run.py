@@ -55,6 +55,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="python: show the last expression's value, tables and matplotlib figures as a "
         "notebook would; figures are saved under --out (default ./sandcell-outputs/RUN_ID)",
     )
+    r.add_argument(
+        "--runtime",
+        metavar="NAME",
+        help="the runtime to run in (sandcell runtime list; default: the profile's)",
+    )
     r.add_argument("--timeout", type=float, metavar="SECONDS", help="wall-time limit")
     r.add_argument("--cpu-time", type=int, metavar="SECONDS", help="CPU-time limit per process")
     r.add_argument("--memory", type=int, metavar="MB", help="memory limit of the sandbox")
@@ -227,6 +232,7 @@ def build_request(args: argparse.Namespace, profile: Profile) -> RunRequest:
         mode=IsolationMode(args.isolation),
         landlock=False if args.no_landlock else None,
         display=args.display,
+        runtime=args.runtime,
     )
 
 

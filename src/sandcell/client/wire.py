@@ -180,6 +180,7 @@ def run_body(
         "exports": list(request.exports),
         "limits": _limits(request.limits),
         "display": request.display,
+        **({"runtime": request.runtime} if request.runtime is not None else {}),
         "schema": None if schema is None else dict(schema),
         "invariants": [str(i) for i in invariants],
         "result_file": result_file,

@@ -282,6 +282,11 @@ class LimitRules:
                 )
 
 
+RUNTIME_IMPORTS = "@runtime"
+"""In ``allowed_imports``: whatever the run's runtime offers."""
+_RUNTIME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeRules:
     """What may run, and what the program may import."""
@@ -289,12 +294,21 @@ class RuntimeRules:
     languages: tuple[Language, ...] = LANGUAGES
     """Languages allowed. Empty: none. Absent: python and bash."""
     runtime: str = "default"
-    """The runtime image; only ``default`` (the environment sandcell is installed in) exists."""
-    allowed_imports: tuple[str, ...] = ("numpy", "pandas", "matplotlib")
+    """The runtime a run gets when it names none: ``default`` (the environment sandcell is
+    installed in) or a runtime built with ``sandcell runtime build`` (``minimal``, ``analysis``,
+    ``datascience``, a user's lock). Whether it is built is checked when a run needs it."""
+    runtimes: tuple[str, ...] | None = None
+    """The runtimes a run may ask for (``--runtime``); None (absent): any built one. The
+    profile's own ``runtime`` is always allowed."""
+    preload: tuple[str, ...] | None = None
+    """Modules a warm template or pool of this profile imports ahead of the runs (trusted
+    runtime code); None (absent): the warm start's own list (numpy, pandas)."""
+    allowed_imports: tuple[str, ...] = ("@runtime",)
     """Top-level modules allowed beyond the safe standard library of the Python checks
-    (:data:`sandcell.policy.checks.python_rules.SAFE_STDLIB`); ``"*"`` allows any. Empty: that
-    safe set only. Absent: that set plus the default runtime's analysis basics (numpy, pandas,
-    matplotlib), as in strict. Dotted names are refused: a submodule comes with its package."""
+    (:data:`sandcell.policy.checks.python_rules.SAFE_STDLIB`); ``"*"`` allows any;
+    ``"@runtime"`` allows what the run's runtime offers (a built runtime: every module of its
+    locked packages; ``default``: numpy, pandas, matplotlib). Empty: that safe set only. Absent:
+    ``@runtime``, as in strict. Dotted names are refused: a submodule comes with its package."""
     allowed_packages: tuple[str, ...] = ()
     """Distributions from the local wheel cache (``sandcell packages add``) a run may import on
     top of the runtime; they are mounted read-only, never installed at run time. Empty or
@@ -306,12 +320,19 @@ class RuntimeRules:
                 raise SectionError(
                     f"unknown language {lang!r}; use {', '.join(LANGUAGES)}", "languages", lang
                 )
-        if self.runtime != "default":
-            raise SectionError(
-                f"unknown runtime {self.runtime!r}; only 'default' exists", "runtime"
-            )
+        for name in (self.runtime, *(self.runtimes or ())):
+            if not _RUNTIME.fullmatch(name):
+                raise SectionError(
+                    f"{name!r} is not a runtime name; use 'default' or the name of a built "
+                    "runtime (sandcell runtime list), for example 'datascience'",
+                    "runtime",
+                    name,
+                )
+        for module in self.preload or ():
+            if not _MODULE.match(module):
+                raise SectionError(f"{module!r} is not a module name", "preload", module)
         for module in self.allowed_imports:
-            if module != "*" and not _MODULE.match(module):
+            if module not in ("*", RUNTIME_IMPORTS) and not _MODULE.match(module):
                 raise SectionError(
                     f"{module!r} is not a top-level module name (write 'os', not 'os.path': a "
                     "submodule gives access to its package), or '*' for any",

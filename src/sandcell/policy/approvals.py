@@ -115,6 +115,8 @@ def request_to_dict(req: RunRequest) -> dict[str, object]:
         "mode": req.mode.value,
         "landlock": req.landlock,
         "display": req.display,
+        # Only when set: a request stored before runtimes existed keeps its hash.
+        **({"runtime": req.runtime} if req.runtime is not None else {}),
     }
 
 
@@ -146,6 +148,9 @@ def request_from_dict(d: Mapping[str, object]) -> RunRequest:
             raise TypeError("display should be true or false")
         if not all(isinstance(v, str) for v in [*env.values(), *env, *exports]):
             raise TypeError("env and exports must hold strings")
+        runtime = d.get("runtime")  # absent in requests stored before runtimes existed
+        if runtime is not None and not isinstance(runtime, str):
+            raise TypeError("runtime should be a string or null")
         return RunRequest(
             code=_field(d, "code", str),
             language=cast(Language, _field(d, "language", str)),
@@ -160,6 +165,7 @@ def request_from_dict(d: Mapping[str, object]) -> RunRequest:
             mode=IsolationMode(_field(d, "mode", str)),
             landlock=landlock,
             display=display,
+            runtime=runtime,
         )
     except (KeyError, TypeError, ValueError) as e:  # ConfigError and binascii.Error are ValueErrors
         raise ApprovalError(f"the stored request is malformed: {e}") from e

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from sandcell.errors import ConfigError
 from sandcell.packages import WheelCache, imports_of, resolve_packages
+from sandcell.policy._profile_sections import RUNTIME_IMPORTS
 from sandcell.policy.checks import Decision, Finding, check, decide
 from sandcell.policy.profiles import Profile
-from sandcell.spec import Language, RunRequest
+from sandcell.runtime_offer import DEFAULT_OFFER
+from sandcell.spec import DEFAULT_RUNTIME, Language, RunRequest
 
 _CACHED_CODE_CHARS = 64 * 1024
 """Programs up to this size have their check findings kept (see :func:`_checked`)."""
@@ -81,7 +83,10 @@ def admit(
         # The declared result has to leave the sandbox to be validated; the profile or the
         # caller declared it, so it needs no export rule of its own.
         exports = (*exports, result_file)
+    runtime = _runtime_of(request, profile)
     allowlist = profile.import_allowlist()
+    if allowlist is not None and RUNTIME_IMPORTS in allowlist:
+        allowlist = (allowlist - {RUNTIME_IMPORTS}) | _offered(runtime)
     packages: tuple[Path, ...] = request.packages
     package_findings: tuple[Finding, ...] = ()
     if cache is not None and request.language == "python":
@@ -91,6 +96,7 @@ def admit(
             cache=cache,
             code=request.code,
             local=_local_modules(request),
+            runtime=runtime,
         )
         packages = tuple(dict.fromkeys((*packages, *resolution.paths)))
         package_findings = resolution.findings
@@ -108,11 +114,37 @@ def admit(
         disabled=profile.checks.disabled,
     )
     return Admission(
-        request=replace(request, limits=limits, exports=exports, packages=packages),
+        request=replace(
+            request, limits=limits, exports=exports, packages=packages, runtime=runtime
+        ),
         decision=decision,
         profile=profile,
         result_file=result_file,
     )
+
+
+def _runtime_of(request: RunRequest, profile: Profile) -> str:
+    """The run's runtime: the one it asks for, if the profile lets it choose, else the
+    profile's."""
+    rules = profile.runtime
+    if request.runtime is None or request.runtime == rules.runtime:
+        return rules.runtime
+    # "name@tree" (a replay's exact build) is allowed where the name is.
+    if rules.runtimes is not None and request.runtime.split("@")[0] not in rules.runtimes:
+        allowed = ", ".join(dict.fromkeys((rules.runtime, *rules.runtimes)))
+        raise ConfigError(
+            f"profile {profile.name!r} does not allow runtime {request.runtime!r} (it allows: "
+            f"{allowed}); ask for one of those, or use a profile that allows it"
+        )
+    return request.runtime
+
+
+def _offered(runtime: str) -> frozenset[str]:
+    if runtime == DEFAULT_RUNTIME:
+        return frozenset(DEFAULT_OFFER)  # no metadata to read: the common case stays cheap
+    from sandcell.runtime_offer import offer
+
+    return offer(runtime).offered
 
 
 def _checked(

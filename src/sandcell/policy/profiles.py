@@ -46,6 +46,7 @@ from sandcell.network.allowlist import host_problem
 from sandcell.policy._profile_sections import (
     APPROVAL_MODES,
     LIMIT_KEYS,
+    RUNTIME_IMPORTS,
     SEVERITIES,
     STRICT_CEILINGS,
     Approval,
@@ -261,7 +262,14 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "max_mb_down",
         ),
         "isolation": ("backend", "minimum"),
-        "runtime": ("languages", "runtime", "allowed_imports", "allowed_packages"),
+        "runtime": (
+            "languages",
+            "runtime",
+            "runtimes",
+            "preload",
+            "allowed_imports",
+            "allowed_packages",
+        ),
         "limits": tuple(LIMIT_KEYS),
         "ceilings": tuple(LIMIT_KEYS),
         "checks": ("disabled", "severity"),
@@ -397,6 +405,8 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             RuntimeRules,
             languages=doc.strings((rt, "languages")),
             runtime=doc.string((rt, "runtime")),
+            runtimes=doc.strings((rt, "runtimes")),
+            preload=doc.strings((rt, "preload")),
             allowed_imports=doc.strings((rt, "allowed_imports")),
             allowed_packages=doc.strings((rt, "allowed_packages")),
         ),
@@ -545,7 +555,9 @@ def render_matrix(profile: Profile) -> str:
         ceiling = getattr(profile.limits.ceilings, name)
         return f"{show_limit(name, default)} (ceiling {show_limit(name, ceiling)})"
 
-    imports = "any" if "*" in rt.allowed_imports else _items(rt.allowed_imports, "")
+    offers = "what the runtime offers (default: numpy, pandas, matplotlib)"
+    shown = [offers if m == RUNTIME_IMPORTS else m for m in rt.allowed_imports]
+    imports = "any" if "*" in rt.allowed_imports else _items(shown, "")
     severity = _items([f"{r}={s}" for r, s in chk.severity.items()], "each rule's own")
     schema = "none" if val.result_schema is None else _clip(json.dumps(dict(val.result_schema)))
     rows = [
@@ -575,6 +587,7 @@ def render_matrix(profile: Profile) -> str:
     rows += [
         ("runtime", "languages", _items(rt.languages)),
         ("runtime", "runtime", rt.runtime),
+        ("runtime", "runtimes", "any built" if rt.runtimes is None else _items(rt.runtimes)),
         ("runtime", "allowed_imports", "safe stdlib" + (f" + {imports}" if imports else "")),
         ("runtime", "allowed_packages", _items(rt.allowed_packages)),
         ("checks", "disabled", _items(chk.disabled)),

@@ -141,8 +141,9 @@ def build_plan(
     packages = _packages(record, wheels, run_id, notes, old=old)
     schema, invariants, result_file = _declared(record, notes, old=old)
     landlock = record.get("landlock")
-    runtime = runtime_for(language)
     recorded_runtime = _mapping(record.get("runtime", {}), "runtime", run_id)
+    selected = _runtime_ref(recorded_runtime, notes)
+    runtime = runtime_for(language, selected)
     runtime_changed = recorded_runtime.get("sha256") != runtime.sha256
     if runtime_changed:
         notes.append(
@@ -178,6 +179,7 @@ def build_plan(
             mode=mode,
             landlock=landlock if isinstance(landlock, bool) else None,
             display=bool(record.get("display", False)),
+            runtime=selected,
         )
     except ConfigError as exc:
         raise ReplayRefused(f"the record of run {run_id} is not a valid request: {exc}") from None
@@ -363,3 +365,24 @@ def _list(value: object, what: str, run_id: str) -> list[object]:
     if not isinstance(value, list):
         raise ReplayRefused(f"the record of run {run_id} has no usable {what!r} field")
     return value
+
+
+def _runtime_ref(recorded: Mapping[str, object], notes: list[str]) -> str | None:
+    """The runtime a replay runs in: the exact build the record names while the store keeps it
+    (``name@tree``), else the name's current build (the comparison notes the change); None for
+    the default runtime."""
+    name, tree = recorded.get("selected"), recorded.get("tree_sha256")
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(tree, str) and tree:
+        from sandcell.runtime_store import find
+
+        try:
+            find(f"{name}@{tree}")
+        except ConfigError:
+            notes.append(
+                f"the build {tree[:12]} of runtime {name} is gone; its current build is used"
+            )
+            return name
+        return f"{name}@{tree}"
+    return name

@@ -99,6 +99,7 @@ async def create_run(
             stdin=body.stdin.encode(),
             env=body.env,
             display=body.display,
+            runtime=body.runtime,
         )
         service.admit(tenant, sandbox=True)
     except BaseException:

@@ -71,6 +71,7 @@ async def create_session(
                 inputs=inputs,
                 idle_timeout_s=body.idle_timeout_s,
                 max_lifetime_s=body.max_lifetime_s,
+                runtime=body.runtime,
             ),
             session=True,
         )

@@ -51,6 +51,11 @@ class RunBody(_Request):
     exports: list[str] = Field(default_factory=list)
     limits: LimitsBody | None = None
     display: bool = False
+    runtime: str | None = Field(
+        default=None,
+        description="the runtime to run in (sandcell runtime list; default: the profile's)",
+        pattern=r"^[a-z][a-z0-9_-]{0,39}$",
+    )
     result_schema: dict[str, Any] | None = Field(default=None, alias="schema")
     invariants: list[str] = Field(default_factory=list)
     result_file: str | None = None
@@ -113,6 +118,11 @@ class CancelBody(BaseModel):
 
 class SessionBody(_Request):
     profile: str | None = None
+    runtime: str | None = Field(
+        default=None,
+        description="the runtime to run in (sandcell runtime list; default: the profile's)",
+        pattern=r"^[a-z][a-z0-9_-]{0,39}$",
+    )
     limits: LimitsBody | None = None
     idle_timeout_s: float | None = Field(default=None, gt=0)
     max_lifetime_s: float | None = Field(default=None, gt=0)

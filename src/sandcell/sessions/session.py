@@ -127,6 +127,7 @@ class Session:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
         session_id: str | None = None,
+        runtime: str | None = None,
     ) -> None:
         if idle_timeout_s <= 0 or max_lifetime_s <= 0:
             raise ConfigError("idle_timeout_s and max_lifetime_s must be positive")
@@ -138,13 +139,20 @@ class Session:
             if isinstance(profile, Profile)
             else load_profile(profile)
         )
-        backend = executor.backend_for(self.profile)
         # The session's own request: the profile resolves its limits (refusing any above a
-        # ceiling) and accepts its inputs once; every cell is admitted again with its code.
+        # ceiling), its runtime, and accepts its inputs once; every cell is admitted again with
+        # its code.
         base = RunRequest(
-            code="", inputs=tuple(inputs), limits=limits, mode=mode, landlock=landlock
+            code="",
+            inputs=tuple(inputs),
+            limits=limits,
+            mode=mode,
+            landlock=landlock,
+            runtime=runtime,
         )
         self.request = admit(base, self.profile, cache=executor.wheels).request
+        executor.check_runtime(self.request)
+        backend = executor.backend_for(self.profile, runtime=self.request.runtime)
         self.id = session_id or uuid.uuid4().hex
         self.idle_timeout_s = float(idle_timeout_s)
         self.max_lifetime_s = float(max_lifetime_s)

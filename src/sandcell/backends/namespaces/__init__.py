@@ -293,7 +293,12 @@ class NamespacesBackend:
 
     def _spawner(self) -> Spawner:
         """A spawner for the next cold python run (most are: a bash run ends the spawner and
-        starts bwrap itself)."""
+        starts bwrap itself).
+
+        Made for the default runtime, it serves every runtime: its command names only the
+        neutral interpreter path, the same in each, and the runtime's mounts reach bwrap through
+        the arguments memfd at run time. A run whose command differs ends it
+        (``SpareCgroup.take_ready``) and starts bwrap itself."""
         runtime = runtime_for("python")
         return Spawner(self.bwrap.path, self.seccomp_program, self._command_for("python", runtime))
 

@@ -151,17 +151,18 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str, bool
 
 
 def runtime_sources(
-    mounts: Sequence[tuple[str, str]], cache_root: Path
+    mounts: Sequence[tuple[str, str]], cache_root: Path, prebuilt: Sequence[str] = ()
 ) -> tuple[list[str], dict[str, str]]:
     """The runtime's host paths to plan (those not bound at their own path, nor below one that
     is: ``/usr`` names nothing), and the neutral bytecode layer of each such directory, kept
-    in the user's cache (``cache_root``, the runs root's shared ``etc``, without one)."""
+    in the user's cache (``cache_root``, the runs root's shared ``etc``, without one). The
+    ``prebuilt`` directories were compiled for their sandbox paths (a built runtime): no layer."""
     own = [host for host, dest in mounts if host == dest]
     moved = [(h, d) for h, d in mounts if not any(_under(h, o) for o in own)]
     cache = neutral_bytecode.cache_dir(cache_root)
     layers: dict[str, str] = {}
     for host, dest in moved:
-        if os.path.isdir(host):
+        if os.path.isdir(host) and os.path.realpath(host) not in prebuilt:
             tree = neutral_bytecode.tree_for(os.path.realpath(host), dest, cache)
             if tree is not None:
                 layers[os.path.realpath(host)] = tree

@@ -116,7 +116,7 @@ class PreparedSandbox:
         """The run's ways out (``outside.py``): bound, in the environment and the plan."""
         self.layers = layers
         self.limits = request.effective_limits
-        self.runtime: Runtime = runtime_for(request.language)
+        self.runtime: Runtime = runtime_for(request.language, request.runtime)
         self.name = name
         self.run_dir = backend.root / workspace.owner_tag() / name
         self.work = self.run_dir / "work"
@@ -253,7 +253,9 @@ class PreparedSandbox:
         """The overlays that serve this sandbox's read-only host sources (``neutral_sources``):
         everything but the workspace (a tmpfs already) and what is bound at its own path."""
         runtime, request = self.runtime, self.request
-        moved, layers = neutral_sources.runtime_sources(runtime.mounts, etc_dir)
+        moved, layers = neutral_sources.runtime_sources(
+            runtime.mounts, etc_dir, runtime.prebuilt_bytecode
+        )
         paths = neutral_sources.gather(
             [
                 self.control,

@@ -409,7 +409,9 @@ def _plan_sources(
 ) -> neutral_sources.NeutralSources:
     """The template's read-only host sources as overlays (like a cold run's): its control
     directory, the synthetic ``/etc``, and the runtime's paths that move."""
-    moved, layers = neutral_sources.runtime_sources(runtime.mounts, etc_dir)
+    moved, layers = neutral_sources.runtime_sources(
+        runtime.mounts, etc_dir, runtime.prebuilt_bytecode
+    )
     paths: list[str | Path] = [control, etc_dir, *moved, *(host for host, _ in runtime_files)]
     return neutral_sources.plan(neutral_sources.gather(paths), str(run_dir / "view"), layers=layers)
 

@@ -34,7 +34,8 @@ C -> G -> P) plus a cgroup attach, which caps back-to-back throughput at about 3
 on the 2-core development host.
 
 What the cold path still serves (and the record says why, in the enforcement layer
-``warm_start``): bash, packages from the wheel cache, and any run while the template is down.
+``warm_start``): bash, packages from the wheel cache, a run in another runtime than the
+template's (``WarmConfig.runtime``, ``warm_runtime.py``), and any run while the template is down.
 Rich outputs (``display``) start warm: the template loads the display module once. The outcome
 of a warm run is classified exactly as a cold one's.
 
@@ -75,6 +76,7 @@ from sandcell.backends.namespaces.template import (
 from sandcell.backends.namespaces.warm_drive import drive
 from sandcell.backends.namespaces.warm_limits import PoolLimits
 from sandcell.backends.namespaces.warm_request import LandlockPlans, input_trees, request_doc
+from sandcell.backends.namespaces.warm_runtime import importable_preload, runtime_mismatch
 from sandcell.backends.namespaces.warm_teardown import Teardown, destroyer
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.run_sockets import PROXY_PORT, SandboxSockets
@@ -107,6 +109,10 @@ class WarmConfig:
     """``pool`` mode: replace each child a run takes. False for a process that runs one program
     (``sandcell run``): the pool is filled once, ahead of the run, and a replacement would only
     take CPU from that run and be destroyed unused (the microVM and gVisor pools honour it)."""
+    runtime: str | None = None
+    """The runtime (``sandcell runtime list``) the template or pool is made of; None:
+    ``default``. A run in another runtime starts cold. ``preload`` names that the runtime does
+    not have are left out, not an error (``minimal`` has no numpy)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("template", "pool"):
@@ -147,7 +153,10 @@ class WarmStarter:
     def __init__(self, backend: NamespacesBackend, config: WarmConfig) -> None:
         self.backend = backend
         self.config = config
-        self.runtime = runtime_for("python")
+        # One runtime per template: runs in another start cold (``unservable``).
+        self.runtime = runtime_for("python", config.runtime)
+        self.preload = importable_preload(config.preload, config.runtime)
+        """What the template imports: ``config.preload`` less what the runtime lacks."""
         self._zygote_files = compile_zygote()
         self._setup_seccomp = seccomp.build_setup_policy(backend.arch).compile()
         self._display_code = landlock.boot_bytecode(
@@ -185,7 +194,7 @@ class WarmStarter:
             display_code=self._display_code,
             setup_seccomp=self._setup_seccomp,
             run_seccomp=self.backend.seccomp_program,
-            preload=self.config.preload,
+            preload=self.preload,
         )
         self._template = template
         if self.config.mode == "pool":
@@ -297,7 +306,7 @@ class WarmStarter:
             return f"{request.language} programs start cold (the template is a python interpreter)"
         if request.packages:
             return "runs with packages from the wheel cache start cold"
-        return None
+        return runtime_mismatch(request, self.config.runtime, self.config.mode)
 
     def run(
         self,
@@ -351,7 +360,7 @@ class WarmStarter:
             start = StartInfo(
                 mode="pool" if pooled else "template",
                 template=template.id,
-                preloaded=self.config.preload,
+                preloaded=self.preload,
                 wait_ms=round(wait_ms, 3),
             )
             return self._serve(
