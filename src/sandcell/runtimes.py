@@ -342,7 +342,10 @@ def _bash_runtime(name: str, py_sha256: str) -> Runtime:
         sandbox_interpreter=real_bash,
         # The boot step is python: a moved shared libpython must still be found.
         sandbox_env={
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            # A built runtime's interpreter comes first, so that `python` in a script is the
+            # runtime's (with its packages); `python3` stays the system's, as on the host.
+            "PATH": ("/opt/sandcell/venv/bin:" if py.tree_sha256 else "")
+            + "/usr/local/bin:/usr/bin:/bin",
             **{k: v for k, v in py.sandbox_env.items() if k == "LD_LIBRARY_PATH"},
         },
         tree_sha256=py.tree_sha256,

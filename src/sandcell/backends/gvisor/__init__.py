@@ -15,7 +15,9 @@
    state (``runsc delete --force``), the cgroup, the mount, the directory.
 
 With ``warm=WarmConfig(mode="pool")`` runs take a sandbox that was started ahead of time (its
-agent waiting, the preload imported) and used once (:mod:`.pool`). A session keeps one sandbox
+agent waiting, the preload imported) and used once (:mod:`.pool`). Every sandbox mounts and
+boots the request's runtime (``RunRequest.runtime``, None: ``default``); the pool's are made of
+``WarmConfig.runtime``, and a run in another runtime starts cold. A session keeps one sandbox
 alive across cells, the namespaces backend's kernel in it (:meth:`GVisorBackend.session_sandbox`,
 :mod:`.session`).
 

@@ -8,7 +8,9 @@ as a cold run (the sandbox is then destroyed; a refill thread starts the next on
 pooled sandbox cannot serve starts cold, and the record says why: inputs and packages (mounts
 are fixed when runsc starts), another ``/tmp`` size, another isolation mode than the pool's,
 an rlimit above the pool's ceilings, a workspace size other than the default for an ordinary
-user (the helper sized it), or no pooled sandbox within ``take_timeout_s``.
+user (the helper sized it), a runtime other than the pool's (its sandboxes mount and preload
+``WarmConfig.runtime``), or no pooled sandbox within ``take_timeout_s``. Preload names the
+pool's runtime cannot import are left out (``minimal`` has no numpy): the pool still starts.
 
 A run that reaches outside (an egress allowlist, tools) is served too: every pooled sandbox is
 started with an empty socket view bound at ``/.sandcell`` (``/run`` a link to its ``run``,
@@ -33,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink
 from sandcell.backends.gvisor import proctree
@@ -41,9 +43,15 @@ from sandcell.backends.gvisor._agent import READY
 from sandcell.backends.gvisor.plan import POOL_CEILINGS, plan_rlimits
 from sandcell.backends.gvisor.sandbox import GSandbox, Host, fixed_for_pool
 from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.namespaces.warm_runtime import (
+    importable_preload,
+    runtime_mismatch,
+    runtime_name,
+)
 from sandcell.errors import SandcellError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.spec import IsolationMode, Limits, RunRequest, StartInfo
+from sandcell.runtimes import python_runtime
+from sandcell.spec import DEFAULT_RUNTIME, IsolationMode, Limits, RunRequest, StartInfo
 
 _READ_CHUNK = 65536
 
@@ -67,6 +75,8 @@ class GVisorPoolStats:
     last_error: str | None
     idle_memory_bytes: int
     """Memory charged to the waiting sandboxes' cgroups together (0 without cgroups)."""
+    runtime: str = DEFAULT_RUNTIME
+    """The runtime the pooled sandboxes mount (a request in another one starts cold)."""
 
 
 class GVisorPool:
@@ -77,7 +87,10 @@ class GVisorPool:
 
         assert isinstance(backend, GVisorBackend)
         self.backend = backend
-        self.config = config
+        self.runtime = runtime_name(config.runtime)
+        # A missing or tampered runtime is refused here, not by every refill in the background.
+        python_runtime(self.runtime)
+        self.config = replace(config, preload=importable_preload(config.preload, self.runtime))
         self.mode = (
             IsolationMode.STRICT
             if IsolationMode.STRICT in backend._hosts
@@ -104,6 +117,9 @@ class GVisorPool:
             return "this runsc cannot connect to host sockets (no --host-uds)"
         if request.mode is not self.mode:
             return f"the pool runs in the {self.mode.value} isolation mode"
+        other_runtime = runtime_mismatch(request, self.runtime, "pool")
+        if other_runtime is not None:
+            return other_runtime
         if request.inputs or request.packages:
             return "inputs and packages are mounts, fixed when a pooled sandbox starts"
         if request.landlock is True:
@@ -225,7 +241,7 @@ class GVisorPool:
 
     def _start_one(self) -> GSandbox:
         name = self.backend.new_name(f"pool-{self.id}")
-        sb = GSandbox(self.host, name=name, fixed=fixed_for_pool(self.host))
+        sb = GSandbox(self.host, name=name, fixed=fixed_for_pool(self.host, self.runtime))
         try:
             sb.create(self.config.preload)
             sb.spawn()
@@ -277,6 +293,7 @@ class GVisorPool:
             refill_errors=counts[3],
             last_error=last,
             idle_memory_bytes=idle,
+            runtime=self.runtime,
         )
 
     def close(self) -> None:

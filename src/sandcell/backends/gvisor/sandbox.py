@@ -23,6 +23,8 @@ The sentry writes the sandbox's mountinfo itself (no host path in it). The runti
 which names the host paths it was compiled from, is served like the namespaces backend's: each
 runtime directory with bytecode is bound from a read-only overlay with its neutral bytecode tree
 on top (``neutral_sources``; mounted on the host as root, in the workspace helper otherwise).
+The runtime is the request's (``RunRequest.runtime``, a pooled sandbox's ``WarmConfig.runtime``):
+a built runtime's site-packages is bound as it is, its bytecode compiled for the sandbox's paths.
 
 Security limitations: the sandbox's file access goes through runsc's gofer, which runs on the
 host (in runsc's own namespaces and seccomp filter); the host's root can change the bundle while
@@ -59,6 +61,7 @@ from sandcell.backends.namespaces.prepared import (
     displays,
 )
 from sandcell.backends.namespaces.runtime_mounts import support_files
+from sandcell.backends.namespaces.warm_runtime import runtime_name
 from sandcell.errors import InfraError, IsolationUnavailable
 from sandcell.run_sockets import (
     BRIDGE_FILE,
@@ -130,12 +133,14 @@ class Fixed:
     sockets there (see :meth:`GSandbox.attach_sockets`)."""
     sockets_later: bool = False
     """The view is filled when a run takes the sandbox (a pooled one; see ``plan.py``)."""
+    runtime: str | None = None
+    """The runtime the sandbox mounts and boots (``RunRequest.runtime``; None: ``default``)."""
 
 
 def fixed_for(request: RunRequest, host: Host, sockets: SandboxSockets | None = None) -> Fixed:
     """A cold sandbox made for exactly ``request`` (and its ways out, if any)."""
     limits = request.effective_limits
-    rt = runtime_for(request.language)
+    rt = runtime_for(request.language, request.runtime)
     if sockets is not None:
         _refuse_other_sockets([i.host_path for i in request.inputs] + list(request.packages))
     return Fixed(
@@ -149,15 +154,16 @@ def fixed_for(request: RunRequest, host: Host, sockets: SandboxSockets | None = 
         memory_bytes=limits.memory_bytes if host.cgroup_host is not None else None,
         max_pids=limits.max_pids,
         sockets=sockets is not None,
+        runtime=request.runtime,
     )
 
 
-def fixed_for_pool(host: Host) -> Fixed:
-    """A pooled sandbox: default sizes, rlimit ceilings the agent lowers per request, and an
-    empty socket view that a run reaching outside fills when it takes the sandbox (where this
-    runsc can connect to host sockets at all)."""
+def fixed_for_pool(host: Host, runtime: str | None = None) -> Fixed:
+    """A pooled sandbox of ``runtime``: default sizes, rlimit ceilings the agent lowers per
+    request, and an empty socket view that a run reaching outside fills when it takes the
+    sandbox (where this runsc can connect to host sockets at all)."""
     limits = Limits()
-    py = python_runtime()
+    py = python_runtime(runtime)
     return Fixed(
         tmp_bytes=limits.tmp_bytes,
         workspace_bytes=limits.workspace_bytes,
@@ -168,6 +174,7 @@ def fixed_for_pool(host: Host) -> Fixed:
         max_pids=limits.max_pids,
         sockets=host.runsc.host_uds,
         sockets_later=True,
+        runtime=runtime,
     )
 
 
@@ -196,7 +203,7 @@ def _refuse_other_sockets(paths: list[Path]) -> None:
 def request_line(request: RunRequest, host: Host, sockets: SandboxSockets | None = None) -> bytes:
     """The JSON line the agent reads: environment, rlimits, the boot's command line, and the
     egress bridge to start first (if any)."""
-    rt = runtime_for(request.language)
+    rt = runtime_for(request.language, request.runtime)
     limits = request.effective_limits
     boot = [f"{CONTROL_DIR}/{CONTROL_BOOT}", f"{CONTROL_DIR}/{CONTROL_PLAN}"]
     if request.language == "python":
@@ -208,7 +215,7 @@ def request_line(request: RunRequest, host: Host, sockets: SandboxSockets | None
         "rlimits": [[r.name, r.value] for r in bundle_plan.plan_rlimits(limits, request.mode)],
         "argv": argv,
     }
-    bridge = bridge_argv(sockets)
+    bridge = bridge_argv(sockets, request.runtime)
     if bridge is not None:
         doc["bridge"] = bridge
     return json.dumps(doc).encode() + b"\n"
@@ -219,9 +226,11 @@ def sockets_env(sockets: SandboxSockets | None) -> dict[str, str]:
     return sockets.env() if sockets is not None else {}
 
 
-def bridge_argv(sockets: SandboxSockets | None) -> list[str] | None:
-    """The egress bridge's command line inside the sandbox (None without egress)."""
-    return sockets.bridge_argv(python_runtime().sandbox_python) if sockets is not None else None
+def bridge_argv(sockets: SandboxSockets | None, runtime: str | None = None) -> list[str] | None:
+    """The egress bridge's command line inside a sandbox of ``runtime`` (None without egress)."""
+    if sockets is None:
+        return None
+    return sockets.bridge_argv(python_runtime(runtime).sandbox_python)
 
 
 class GSandbox:
@@ -306,9 +315,12 @@ class GSandbox:
         }
         for fname, data in files.items():
             self._write_control(fname, data)
-        py = python_runtime()
+        py = python_runtime(f.runtime)
         agent = [py.sandbox_python, "-I", f"{CONTROL_DIR}/{CONTROL_AGENT}", ",".join(preload)]
-        moved, layers = neutral_sources.runtime_sources(py.mounts, self.host.root / "etc")
+        # A built runtime's bytecode already names the sandbox paths: no layer for it.
+        moved, layers = neutral_sources.runtime_sources(
+            py.mounts, self.host.root / "etc", py.prebuilt_bytecode
+        )
         paths = [p for p in neutral_sources.gather(moved) if p[1] in layers]
         self._sources = neutral_sources.plan(paths, str(self.run_dir / "view"), layers=layers)
         if self.host.runsc.rootless:
@@ -447,6 +459,7 @@ class GSandbox:
             self.helper = HelperChannel()
             result_w, hold_r = self.helper.child_fds()
             pass_fds = (result_w, hold_r)
+            # The helper runs on the host: sandcell's own interpreter, whatever the runtime.
             argv = [
                 python_runtime().python, "-I", "-S", str(MOUNT_HELPER), str(self.work),
                 str(self.fixed.workspace_bytes), str(self.fixed.workspace_inodes),
@@ -477,6 +490,11 @@ class GSandbox:
         and send the request (then the program's stdin) to the agent. ``sockets``: the run's
         ways out, already attached (the agent starts the egress bridge before the program)."""
         limits = request.effective_limits
+        if runtime_name(request.runtime) != runtime_name(self.fixed.runtime):
+            raise InfraError(
+                f"the sandbox mounts runtime {runtime_name(self.fixed.runtime)}, the request "
+                f"is in runtime {runtime_name(request.runtime)}"
+            )
         self._write_control(code_path(request.language).name, request.code.encode("utf-8"))
         plan_text = landlock.boot_plan_json(
             plan=None,

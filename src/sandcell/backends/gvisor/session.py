@@ -222,8 +222,8 @@ class GVisorSessionSandbox:
 
     def _request_line(self) -> bytes:
         """The agent's request: the session's environment and rlimits, the boot's command line
-        starting the kernel."""
-        py = python_runtime()
+        starting the kernel, in the session's runtime."""
+        py = python_runtime(self.request.runtime)
         kernel = [py.sandbox_python, "-I", f"{CONTROL_DIR}/{_CONTROL_KERNEL}"]
         for pkg in self.request.packages:
             kernel += ["--path", f"{PACKAGES_DIR}/{pkg.name}"]
@@ -239,7 +239,7 @@ class GVisorSessionSandbox:
             ],
             "argv": [*boot, *kernel],
         }
-        bridge = bridge_argv(self.sockets)
+        bridge = bridge_argv(self.sockets, self.request.runtime)
         if bridge is not None:
             # Started by the agent before the kernel, ended with it.
             doc["bridge"] = bridge
