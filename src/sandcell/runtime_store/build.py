@@ -87,9 +87,9 @@ def _compile(target: Path) -> None:
     ]  # fmt: skip
     # A file that does not compile (a template, a test fixture in Python 2 syntax) fails the
     # same way inside the sandbox; the rest is compiled, so the exit status is not an error.
-    subprocess.run(
-        argv, capture_output=True, check=False, env={**os.environ, "PYTHONHASHSEED": "0"}
-    )
+    # Without PYTHONPYCACHEPREFIX: with it the bytecode would go there, not into the tree.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    subprocess.run(argv, capture_output=True, check=False, env={**env, "PYTHONHASHSEED": "0"})
 
 
 def _read_only(root: Path) -> None:
