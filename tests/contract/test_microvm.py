@@ -241,7 +241,9 @@ def test_nothing_is_left_after_close(tmp_path: Path) -> None:
     assert left == []
     # What stays is the snapshot shared with this user's later processes, by design (and those
     # of other VM directories' images, which are theirs).
-    kept = [json.loads((p / "meta.json").read_text()) for p in layout.snapshots_root().iterdir()]
+    # (Only the shared ones: another process's snapshot being taken has no meta.json yet.)
+    shared = [p for p in layout.snapshots_root().iterdir() if p.name.startswith("cache-")]
+    kept = [json.loads((p / "meta.json").read_text()) for p in shared]
     image_arg = f"id=root,file={backend.guest.files.image},"
     ours = [k for k in kept if any(a.startswith(image_arg) for a in k["identity"])]
     assert ours and all(k["image_sha256"] == backend.versions()["guest_image_sha256"] for k in ours)

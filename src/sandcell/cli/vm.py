@@ -1,8 +1,10 @@
 """``sandcell vm``: the microVM backend's guest image.
 
-``sandcell vm build`` builds (or rebuilds) the guest image from this environment's runtime,
-offline, next to the kernel ``scripts/install-vm`` installed; ``sandcell vm show`` prints the
-manifest and whether every file still matches its hash.
+``sandcell vm build [--runtime NAME]`` builds (or rebuilds) the guest image of a runtime (the
+default one: this environment's own; a named one: as ``sandcell runtime build NAME`` stored it),
+offline, next to the kernel ``scripts/install-vm`` installed; each runtime has its own image.
+``sandcell vm show [--runtime NAME]`` prints the manifest and whether every file still matches
+its hash.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ from sandcell.errors import IsolationUnavailable
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("vm", help="build or show the microVM guest image")
     vm_sub = p.add_subparsers(dest="vm_command", required=True)
-    vm_sub.add_parser("build", help="build the guest image from this runtime (offline)")
-    show = vm_sub.add_parser("show", help="show the guest image and verify its hashes")
+    build = vm_sub.add_parser("build", help="build a runtime's guest image (offline)")
+    show = vm_sub.add_parser("show", help="show a runtime's guest image and verify its hashes")
+    for cmd in (build, show):
+        cmd.add_argument(
+            "--runtime",
+            metavar="NAME",
+            default=None,
+            help="the runtime the image is of (sandcell runtime list); default: default",
+        )
     show.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -30,18 +39,20 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.vm_command == "build":
         t0 = time.monotonic()
-        print(f"building the guest image in {layout.image_dir()} ...", file=sys.stderr)
-        manifest = image.build()
+        idir = layout.image_dir(runtime=args.runtime)
+        print(f"building the guest image in {idir} ...", file=sys.stderr)
+        manifest = image.build(runtime=args.runtime)
         # This user's saved snapshots of the old build of this image would be refused anyway;
-        # those of other VM directories' images are theirs.
-        snapshot.remove_stale(layout.image_dir() / image.IMAGE_NAME, manifest.image_sha256)
+        # those of other VM directories' (and other runtimes') images are theirs.
+        snapshot.remove_stale(idir / image.IMAGE_NAME, manifest.image_sha256)
         print(
-            f"built in {time.monotonic() - t0:.0f} s: kernel {manifest.kernel_release}, image "
-            f"{manifest.image_bytes // (1 << 20)} MiB sha256 {manifest.image_sha256}"
+            f"built in {time.monotonic() - t0:.0f} s: runtime {manifest.runtime}, kernel "
+            f"{manifest.kernel_release}, image {manifest.image_bytes // (1 << 20)} MiB sha256 "
+            f"{manifest.image_sha256}"
         )
         return 0
     try:
-        files = image.verify()
+        files = image.verify(runtime=args.runtime)
         doc: dict[str, object] = {"verified": True, **asdict(files.manifest)}
     except IsolationUnavailable as exc:
         doc = {"verified": False, "error": exc.reason, "fix": exc.fix}
@@ -50,7 +61,7 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
     else:
         for key, value in doc.items():
-            print(f"{key:18} {value}")
+            print(f"{key:20} {value}")
     return 0 if doc["verified"] else status.EXIT_CONFIG
 
 

@@ -16,8 +16,12 @@
    and removing every file of the VM happen after the result is returned (a background thread
    that :meth:`MicroVMBackend.close` waits for), as does restoring the pool's next clone.
 
-The guest kernel and image are verified against their manifest when the backend starts (a
-tampered one raises IsolationUnavailable); QEMU runs jailed (``jail.py``) where the host allows.
+Each runtime has its own guest image (``image.py``): a run boots the image of its request's
+runtime (None: ``default``), and the warm VMs are of ``WarmConfig.runtime``'s image, so a run in
+another runtime starts cold. The guest kernel and the image of the pool's runtime (``default``
+without warm starts) are verified against their manifest when the backend starts, another
+runtime's image at its first run (a tampered one raises IsolationUnavailable, a missing one names
+``sandcell vm build --runtime NAME``); QEMU runs jailed (``jail.py``) where the host allows.
 A supervisor killed mid-run leaves its QEMU processes, run directories and snapshots behind:
 :func:`sweep` (called at every start) removes those whose owner is gone.
 
@@ -64,7 +68,7 @@ from sandcell.backends.microvm import (
     snapshot,
 )
 from sandcell.backends.microvm.drive import Ended, classify, drive
-from sandcell.backends.microvm.pool import WarmVMs
+from sandcell.backends.microvm.pool import WarmVMs, runtime_of
 from sandcell.backends.microvm.vm import VM
 from sandcell.backends.namespaces import sweep as namespaces_sweep
 from sandcell.backends.namespaces.runs import RunRegistry
@@ -94,7 +98,9 @@ class MicroVMBackend:
 
     def __init__(self, warm: WarmConfig | None = None) -> None:
         found = qemu.find_qemu()
-        files = image.verify()
+        self._runtime = runtime_of(warm.runtime if warm is not None else None)
+        """The runtime of :attr:`guest` (the pool's)."""
+        files = image.verify(runtime=self._runtime)
         sweep()
         self._jail = jail.plan_jail()
         guest = machine.Guest(files=files, qemu=found, accel="tcg", tsc_khz=qemu.host_tsc_khz())
@@ -111,6 +117,22 @@ class MicroVMBackend:
         self._warm = WarmVMs(self.guest, warm) if warm is not None else None
         self._teardowns: set[threading.Thread] = set()
         self._teardown_lock = threading.Lock()
+        self._guests = {self._runtime: self.guest}
+        self._guests_lock = threading.Lock()
+
+    def guest_for(self, request: RunRequest) -> machine.Guest:
+        """The guest of the request's runtime: its image verified at its first use here, and
+        again once ``sandcell vm build`` replaced it (one that is missing or tampered with raises
+        IsolationUnavailable, naming the command that builds it). The pool keeps the guest it
+        was made of: its restores are refused once that image is replaced (``machine.start``),
+        and its runs start cold in the new one."""
+        name = runtime_of(request.runtime)
+        with self._guests_lock:
+            found = self._guests.get(name)
+            if found is None or image.replaced(found.files):
+                found = replace(self.guest, files=image.verify(runtime=name))
+                self._guests[name] = found
+        return found
 
     # -- the Backend protocol --------------------------------------------------------------
 
@@ -152,6 +174,7 @@ class MicroVMBackend:
         on_output: OutputSink | None = None,
     ) -> BackendResult:
         self._check(request)
+        guest = self.guest_for(request)
         packages = guest_packages.load(request.packages)
         start = StartInfo()
         vm: VM | None = None
@@ -161,6 +184,7 @@ class MicroVMBackend:
             request,
             run_id=run_id,
             collect=collect,
+            guest=guest,
             packages=packages,
             sockets=sockets,
             on_output=on_output,
@@ -186,6 +210,7 @@ class MicroVMBackend:
         from sandcell.backends.microvm.session import VMSessionSandbox
 
         self._check(request)
+        self.guest_for(request)  # a missing or tampered image refuses the session now
         return VMSessionSandbox(
             self, request, session_id=session_id, warm=self._warm, sockets=sockets
         )
@@ -206,6 +231,7 @@ class MicroVMBackend:
         *,
         run_id: str,
         collect: Collector,
+        guest: machine.Guest,
         vm: VM | None,
         start: StartInfo,
         packages: guest_packages.GuestPackages,
@@ -218,7 +244,7 @@ class MicroVMBackend:
         with self.runs.register(run_id, stop.set) as cancellation:
             try:
                 if vm is None:
-                    vm = machine.boot(self.guest, memory_mib=memory_mib, name=run_id[:12])
+                    vm = machine.boot(guest, memory_mib=memory_mib, name=run_id[:12])
                 else:
                     memory_mib = self._warm.memory_mib if self._warm is not None else memory_mib
             except InfraError as exc:
@@ -319,11 +345,15 @@ class MicroVMBackend:
         self, request: RunRequest, memory_mib: int, sockets: SandboxSockets | None = None
     ) -> Enforcement:
         lim = request.effective_limits
-        m = self.guest.files.manifest
+        # The guest the run was started in (verified by ``guest_for`` before it started).
+        with self._guests_lock:
+            guest = self._guests.get(runtime_of(request.runtime), self.guest)
+        m = guest.files.manifest
         layers = {
             "vmm": f"QEMU {self.guest.qemu.version} microvm, {self.accel.accel}",
             "guest_kernel": f"{m.kernel_release} (sha256 {m.kernel_sha256[:16]}...)",
-            "guest_image": f"read-only ext4, sha256 {m.image_sha256[:16]}...",
+            "guest_image": f"read-only ext4 of runtime {m.runtime}, sha256 "
+            f"{m.image_sha256[:16]}...",
             "devices": "virtio-mmio: read-only root disk, one serial port (agent channel); "
             "no network device, no PCI, no USB, no option ROMs",
             "guest_memory": f"{memory_mib} MiB of guest RAM; the program's cgroup "

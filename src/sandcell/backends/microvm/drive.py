@@ -80,7 +80,7 @@ def job_doc(
 ) -> dict[str, object]:
     """The job the agent receives (the program, its environment and limits, fresh entropy;
     with ``sockets``, what the agent serves at ``/run/sandcell``: ``relay.py``)."""
-    runtime = runtime_for(request.language)
+    runtime = runtime_for(request.language, request.runtime)
     lim = request.effective_limits
     items = input_items(request.inputs)
     python_paths = [f"{PACKAGES_DIR}/{n}" for n in packages.names]

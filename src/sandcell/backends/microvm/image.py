@@ -1,18 +1,26 @@
-"""The guest's root filesystem and its manifest: built from sandcell's runtime, content-hashed.
+"""The guest's root filesystem and its manifest: built from one runtime, content-hashed.
 
-``sandcell vm build`` (:func:`build`) stages what a run needs and nothing else of the host: the
-runtime's base interpreter and standard library, the runtime's environment (site-packages with
-numpy, pandas, matplotlib), bash and the usual tools, the shared libraries all of them load
+``sandcell vm build [--runtime NAME]`` (:func:`build`) stages what a run needs and nothing else
+of the host: the runtime's base interpreter and standard library, the runtime's environment (the
+default runtime's site-packages with numpy, pandas, matplotlib; a named runtime's stored tree,
+``sandcell runtime build``), bash and the usual tools, the shared libraries all of them load
 (resolved with ``ldd``), a synthetic ``/etc``, and the guest agent. The runtime sits at the
 neutral paths the namespaces backend shows (``_runtime_view.py``): ``/usr`` stays ``/usr``, a
 base interpreter installed elsewhere is at ``/opt/sandcell/python`` and a virtual environment at
 ``/opt/sandcell/venv`` (its site-packages, the interpreter as ``bin/python`` and a ``pyvenv.cfg``
 naming the neutral base), so no path of the host's install is a name in the guest. The tree becomes
 a read-only ext4 image (``mkfs.ext4 -d``, no root needed); the initramfs carries busybox and the
-virtio modules. ``manifest.json`` records the sha256 of the kernel, the initramfs and the image.
+virtio modules. ``manifest.json`` records the sha256 of the kernel, the initramfs and the image,
+and the runtime the image was built from (its name, hash and, for a named runtime, tree hash).
+
+Each runtime has its own image (``layout.image_dir``): ``image/`` for the default runtime,
+``image-<name>/`` for a named one. A named runtime's bytecode already names the guest's paths
+(compiled for them when the runtime was built) and is copied as it is.
 
 Before use, :func:`verify` checks every hash (the image's through a stat-keyed cache, so the 500
 MB image is re-read only when its inode changed): a mismatch is refused as tampering, never run.
+An image built from another runtime than the one asked for (another name, or a named runtime
+rebuilt since) is refused with the command that rebuilds it.
 
 Security limitations: the manifest sits next to the image; whoever can write the directory can
 rewrite both, so the directory must be writable by its owner (root for the system-wide one) only.
@@ -31,7 +39,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sandcell.backends.microvm import initramfs, layout
@@ -39,6 +47,7 @@ from sandcell.backends.namespaces import neutral_bytecode
 from sandcell.backends.namespaces.bwrap import ETC_FILES
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.runtimes import bash_runtime, python_runtime
+from sandcell.spec import DEFAULT_RUNTIME
 
 FORMAT = 1
 IMAGE_NAME = "root.ext4"
@@ -54,6 +63,22 @@ _AGENT_FILES = {
     "display.py": Path(__file__).parents[1] / "namespaces" / "_display.py",
 }
 _FIX_BUILD = "run scripts/install-vm (once, as root), then: sandcell vm build"
+
+
+def _runtime_name(runtime: str | None) -> str:
+    return runtime or DEFAULT_RUNTIME
+
+
+def build_command(runtime: str | None = None) -> str:
+    """The command that builds the image of ``runtime``."""
+    name = _runtime_name(runtime)
+    return "sandcell vm build" + ("" if name == DEFAULT_RUNTIME else f" --runtime {name}")
+
+
+def _fix_build(runtime: str | None) -> str:
+    if _runtime_name(runtime) == DEFAULT_RUNTIME:
+        return _FIX_BUILD
+    return f"run scripts/install-vm (once, as root), then: {build_command(runtime)}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +100,11 @@ class Manifest:
     agent_sha256: str = ""
     """The hash of the guest agent, runner and display module baked in (:func:`agent_sha256`);
     empty in manifests written before it was recorded."""
+    runtime: str = DEFAULT_RUNTIME
+    """The runtime the image was built from (manifests written before runtimes had names hold
+    the default one)."""
+    runtime_tree_sha256: str = ""
+    """A named runtime's content hash (``Runtime.tree_sha256``); empty for ``default``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +115,9 @@ class GuestFiles:
     initrd: Path
     image: Path
     manifest: Manifest
+    image_key: tuple[int, ...] = ()
+    """The image file's identity (device, inode, size, times) when it was verified: a VM is
+    never started on a file put there since (:func:`replaced`)."""
 
 
 def agent_sha256() -> str:
@@ -109,32 +142,58 @@ def sha256_file(path: Path) -> str:
 # -- loading and verifying ---------------------------------------------------------------------
 
 
-def load_manifest(base: Path | None = None) -> Manifest:
-    """The manifest of the built image; IsolationUnavailable when there is none or it is bad."""
-    path = layout.image_dir(base) / MANIFEST_NAME
+def load_manifest(base: Path | None = None, runtime: str | None = None) -> Manifest:
+    """The manifest of the image built from ``runtime`` (None: ``default``); IsolationUnavailable
+    when there is none, it is bad, or it was built from another runtime."""
+    name = _runtime_name(runtime)
+    path = layout.image_dir(base, name) / MANIFEST_NAME
+    fix = _fix_build(name)
     try:
         doc = json.loads(path.read_text())
         manifest = Manifest(**doc)
     except FileNotFoundError:
-        raise IsolationUnavailable(
-            "microvm image", f"no guest image is built ({path} is missing)", _FIX_BUILD
-        ) from None
+        what = "no guest image is built" + (
+            "" if name == DEFAULT_RUNTIME else f" for runtime {name}"
+        )
+        raise IsolationUnavailable("microvm image", f"{what} ({path} is missing)", fix) from None
     except (OSError, ValueError, TypeError) as exc:
         raise IsolationUnavailable(
-            "microvm image", f"the manifest {path} is unreadable ({exc})", _FIX_BUILD
+            "microvm image", f"the manifest {path} is unreadable ({exc})", fix
         ) from None
     if manifest.format != FORMAT:
         raise IsolationUnavailable(
-            "microvm image", f"the image has format {manifest.format}, not {FORMAT}", _FIX_BUILD
+            "microvm image", f"the image has format {manifest.format}, not {FORMAT}", fix
         )
     if manifest.agent_sha256 != agent_sha256():
         raise IsolationUnavailable(
             "microvm image",
             f"the image (built {manifest.built_at}) holds another version of sandcell's guest "
             "agent than this sandcell ships",
-            "rebuild it for this version: sandcell vm build",
+            f"rebuild it for this version: {build_command(name)}",
         )
+    _check_runtime(manifest, name, path)
     return manifest
+
+
+def _check_runtime(manifest: Manifest, name: str, path: Path) -> None:
+    """Refuse an image of another runtime, or of an older build of this named runtime (the
+    default runtime is the environment sandcell runs in: its image is not tied to its hash)."""
+    if manifest.runtime != name:
+        raise IsolationUnavailable(
+            "microvm image",
+            f"the image {path.parent} was built from runtime {manifest.runtime}, not {name}",
+            f"rebuild it: {build_command(name)}",
+        )
+    if name == DEFAULT_RUNTIME:
+        return
+    current = python_runtime(name).tree_sha256
+    if manifest.runtime_tree_sha256 != current:
+        raise IsolationUnavailable(
+            "microvm image",
+            f"the image {path.parent} holds runtime {name} {manifest.runtime_tree_sha256[:12]}, "
+            f"but this host's runtime {name} is {current[:12]} (rebuilt since)",
+            f"rebuild the image: {build_command(name)}",
+        )
 
 
 def _stat_key(path: Path) -> list[int]:
@@ -143,10 +202,12 @@ def _stat_key(path: Path) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def verify(base: Path | None = None) -> GuestFiles:
-    """The guest files, after checking every hash against the manifest (fail closed)."""
-    kdir, idir = layout.kernel_dir(base), layout.image_dir(base)
-    manifest = load_manifest(base)
+def verify(base: Path | None = None, runtime: str | None = None) -> GuestFiles:
+    """The guest files of ``runtime``'s image (None: ``default``), after checking every hash
+    against the manifest (fail closed)."""
+    kdir, idir = layout.kernel_dir(base), layout.image_dir(base, runtime)
+    manifest = load_manifest(base, runtime)
+    fix = _fix_build(runtime)
     files = GuestFiles(
         kernel=kdir / "vmlinuz",
         initrd=idir / INITRD_NAME,
@@ -169,7 +230,7 @@ def verify(base: Path | None = None) -> GuestFiles:
             key = _stat_key(path)
         except OSError as exc:
             raise IsolationUnavailable(
-                "microvm image", f"{path} is missing ({exc.strerror})", _FIX_BUILD
+                "microvm image", f"{path} is missing ({exc.strerror})", fix
             ) from None
         entry = cache.get(str(path)) if isinstance(cache, dict) else None
         if entry == {"key": key, "sha256": digest}:
@@ -181,14 +242,28 @@ def verify(base: Path | None = None) -> GuestFiles:
                 "microvm image",
                 f"{path} does not match its manifest (sha256 {actual[:16]}..., expected "
                 f"{digest[:16]}...): the file was changed or tampered with",
-                "rebuild it: " + _FIX_BUILD,
+                "rebuild it: " + fix,
             )
         fresh[str(path)] = {"key": key, "sha256": digest}
     if fresh != cache:
         # Only an optimisation: a directory this user cannot write is verified every time.
         with contextlib.suppress(OSError):
             _write_atomic(cache_path, json.dumps(fresh).encode(), 0o644)
-    return files
+    image_entry = fresh[str(files.image)]
+    assert isinstance(image_entry, dict)
+    return replace(files, image_key=tuple(image_entry["key"]))
+
+
+def replaced(files: GuestFiles) -> bool:
+    """Whether the image file is no longer the one :func:`verify` checked (``sandcell vm build``
+    replaced it since): a snapshot's RAM holds the old file system's pages, and a verified
+    manifest's hash would no longer describe the disk."""
+    if not files.image_key:
+        return False
+    try:
+        return tuple(_stat_key(files.image)) != files.image_key
+    except OSError:
+        return True
 
 
 # -- building ----------------------------------------------------------------------------------
@@ -210,15 +285,19 @@ class RootPlan:
     """(path, content, mode) files written by sandcell."""
     dirs: tuple[str, ...]
     """Empty directories (mount points)."""
+    prebuilt: tuple[str, ...] = ()
+    """Host directories among ``moved`` whose bytecode already names the guest's paths (a named
+    runtime's site-packages): copied without the bytecode rewrite."""
 
 
 INTERPRETER_FILE = "/opt/sandcell/interpreter"
 """Names the runtime's interpreter in the guest, for the agent that starts the runner."""
 
 
-def plan_root() -> RootPlan:
-    """What the guest's root holds, from the runtime of this environment."""
-    py = python_runtime()
+def plan_root(runtime: str | None = None) -> RootPlan:
+    """What the guest's root holds, from the runtime ``runtime`` (None: ``default``, this
+    environment's own)."""
+    py = python_runtime(runtime)
     stdlib = sysconfig.get_paths()["stdlib"]
     base_python = os.path.realpath(sys.executable)
     trees: list[str] = []
@@ -251,6 +330,7 @@ def plan_root() -> RootPlan:
         links=tuple(links),
         generated=tuple(generated),
         dirs=dirs,
+        prebuilt=py.prebuilt_bytecode,
     )
 
 
@@ -281,17 +361,20 @@ def guest_path(host: str, moved: Iterable[tuple[str, str]]) -> str:
     return host
 
 
-def _copy_moved(src: str, dest: str, root: Path) -> None:
+def _copy_moved(src: str, dest: str, root: Path, *, prebuilt: bool = False) -> None:
     """The host file or directory ``src`` at ``dest`` in the guest: its content, never its
     host path (links inside are kept as they are: a venv's are relative or point into /usr).
     Its bytecode is rewritten to name the sources at ``dest`` (``co_filename`` would name the
-    host's place); bytecode of another interpreter is left out."""
+    host's place), unless it is ``prebuilt`` for them already; bytecode of another interpreter
+    is left out."""
     target = root / dest.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
     if not os.path.isdir(src):
         shutil.copy2(os.path.realpath(src), target)
         return
     shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+    if prebuilt:
+        return
     for dirpath, _dirs, names in os.walk(target):
         if os.path.basename(dirpath) != "__pycache__":
             continue
@@ -383,7 +466,8 @@ def stage(plan: RootPlan, root: Path) -> None:
     for tree in plan.trees:
         _copy_tree(tree, root)
     for src, place in plan.moved:
-        _copy_moved(src, place, root)
+        prebuilt = any(_under(os.path.realpath(src), p) for p in plan.prebuilt)
+        _copy_moved(src, place, root, prebuilt=prebuilt)
     for f in plan.files:
         _copy_file(f, root)
     for lib in sorted(_shared_libraries(root, plan.moved)):
@@ -464,12 +548,20 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> Manifest:
-    """Build the guest image and initramfs from this environment's runtime; returns the manifest.
+def build(
+    base: Path | None = None,
+    *,
+    runtime: str | None = None,
+    busybox: Path = Path("/bin/busybox"),
+) -> Manifest:
+    """Build the guest image and initramfs of ``runtime`` (None: ``default``, this environment's
+    own) into its image directory; returns the manifest.
 
-    Needs the kernel of ``scripts/install-vm`` and a static busybox.
+    Needs the kernel of ``scripts/install-vm``, a static busybox and, for a named runtime, that
+    runtime built (``sandcell runtime build NAME``).
     """
-    kdir, idir = layout.kernel_dir(base), layout.image_dir(base)
+    name = _runtime_name(runtime)
+    kdir, idir = layout.kernel_dir(base), layout.image_dir(base, name)
     kernel = kdir / "vmlinuz"
     if not kernel.is_file():
         raise ConfigError(f"no guest kernel at {kernel}; run scripts/install-vm first")
@@ -480,13 +572,14 @@ def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> 
         initrd = initramfs.cpio_newc(initramfs.entries(busybox.read_bytes(), modules))
     except ValueError as exc:
         raise ConfigError(f"{exc}; run scripts/install-vm again") from None
+    # Resolved (and a named runtime verified) before anything is written.
+    py, bash = python_runtime(name), bash_runtime(name)
     idir.mkdir(parents=True, exist_ok=True)
-    py, bash = python_runtime(), bash_runtime()
     agent = agent_sha256()
     with tempfile.TemporaryDirectory(prefix=".build-", dir=idir) as tmp:
         root = Path(tmp) / "root"
         root.mkdir()
-        stage(plan_root(), root)
+        stage(plan_root(name), root)
         image_tmp = Path(tmp) / IMAGE_NAME
         make_ext4(root, image_tmp)
         image_tmp.chmod(0o444)
@@ -507,6 +600,8 @@ def build(base: Path | None = None, *, busybox: Path = Path("/bin/busybox")) -> 
         bash=bash.interpreter,
         built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         agent_sha256=agent,
+        runtime=name,
+        runtime_tree_sha256=py.tree_sha256,
     )
     _write_atomic(idir / MANIFEST_NAME, json.dumps(asdict(manifest), indent=2).encode(), 0o644)
     with_cache = idir / _VERIFIED_NAME
@@ -522,9 +617,11 @@ __all__ = [
     "RootPlan",
     "agent_sha256",
     "build",
+    "build_command",
     "guest_path",
     "load_manifest",
     "plan_root",
+    "replaced",
     "sha256_file",
     "stage",
     "verify",

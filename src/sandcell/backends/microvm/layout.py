@@ -6,7 +6,8 @@ system-wide directory that ordinary users can read::
     $SANDCELL_VM_DIR, else /var/lib/sandcell/vm when it exists (what scripts/install-vm creates
     as root), else ~/.local/share/sandcell/vm (a user's own install)
         kernel/vmlinuz, config, release, modules/*.ko     scripts/install-vm
-        image/root.ext4, initrd.cpio, manifest.json        sandcell vm build
+        image/root.ext4, initrd.cpio, manifest.json        sandcell vm build (runtime default)
+        image-<runtime>/ (the same files)                  sandcell vm build --runtime NAME
 
 Per-run state (QEMU's sockets, console log) lives in ``$TMPDIR/sandcell-vm-<uid>/<owner>/<run>``
 and snapshots (the guest RAM file and its device state) in ``/dev/shm/sandcell-vm-<uid>/<owner>-
@@ -21,6 +22,9 @@ import tempfile
 from pathlib import Path
 
 import platformdirs
+
+from sandcell.runtime_store.locks import check_name
+from sandcell.spec import DEFAULT_RUNTIME
 
 SYSTEM_DIR = Path("/var/lib/sandcell/vm")
 SHM_ROOT = Path("/dev/shm")
@@ -40,8 +44,13 @@ def kernel_dir(base: Path | None = None) -> Path:
     return (base or vm_dir()) / "kernel"
 
 
-def image_dir(base: Path | None = None) -> Path:
-    return (base or vm_dir()) / "image"
+def image_dir(base: Path | None = None, runtime: str | None = None) -> Path:
+    """The guest image built from ``runtime`` (None or ``default``: ``image``, as before named
+    runtimes existed; a named one: ``image-<name>``)."""
+    if runtime is None or runtime == DEFAULT_RUNTIME:
+        return (base or vm_dir()) / "image"
+    # The name becomes a path: refuse one that is not a runtime name before it does.
+    return (base or vm_dir()) / f"image-{check_name(runtime)}"
 
 
 def runs_root() -> Path:

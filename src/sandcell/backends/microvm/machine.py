@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandcell.backends.microvm import channel, layout, qemu
-from sandcell.backends.microvm.image import GuestFiles
+from sandcell.backends.microvm.image import GuestFiles, replaced
 from sandcell.backends.microvm.jail import Jail
 from sandcell.backends.microvm.vm import VM
 from sandcell.errors import InfraError
@@ -87,7 +87,12 @@ def start(
     rw: Sequence[Path] = (),
 ) -> VM:
     """Start QEMU for ``vm_plan``, jailed where the guest has a jail (``ro``/``rw``: more paths
-    the jailed QEMU sees)."""
+    the jailed QEMU sees). Refused when the image was replaced since it was verified."""
+    if replaced(guest.files):
+        raise InfraError(
+            f"the guest image {guest.files.image} was rebuilt since this sandcell verified it; "
+            "the VMs it starts from now on use the new one once it is verified"
+        )
     argv = qemu.build_argv(vm_plan)
     if guest.jail is None:
         return VM(argv, run_dir, vm_plan.channel, pass_fds=pass_fds)

@@ -18,8 +18,14 @@ is filled once and a taken clone is not replaced.
 The snapshot is shared by this user's processes (``snapshot.cached``): a CLI run with
 ``--start pool`` restores from the one an earlier process saved instead of booting again.
 
-What the snapshot cannot serve starts cold, and the record says why: a memory limit above the
-snapshot's guest size, or any run while the snapshot is not (yet, or any more) available.
+The snapshot is of one runtime's image (``WarmConfig.runtime``; the guest the backend hands in):
+its preload keeps only the names that runtime can import (``minimal`` has no numpy), and the
+snapshot's cache key and checks name that image, so a snapshot of one runtime's image is never
+restored for another's.
+
+What the snapshot cannot serve starts cold, and the record says why: a run in another runtime, a
+memory limit above the snapshot's guest size, or any run while the snapshot is not (yet, or any
+more) available.
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ from sandcell.backends.microvm import channel, machine, snapshot
 from sandcell.backends.microvm.vm import VM
 from sandcell.backends.namespaces.pool import PoolStats, idle_memory
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStats
+from sandcell.backends.namespaces.warm_runtime import importable_preload
 from sandcell.errors import InfraError
-from sandcell.spec import Limits, RunRequest, StartInfo
+from sandcell.spec import DEFAULT_RUNTIME, Limits, RunRequest, StartInfo
 
 SNAPSHOT_MEMORY_BYTES = Limits().memory_bytes
 """The program memory a snapshot's guest is sized for (the default limit); smaller limits are
@@ -43,12 +50,20 @@ set inside the guest, larger ones start cold."""
 _REFILL_PAUSE_S = 1.0
 
 
+def runtime_of(name: str | None) -> str:
+    """A runtime name as pools compare them (None is ``default``)."""
+    return name or DEFAULT_RUNTIME
+
+
 class WarmVMs:
     """The snapshot and, in pool mode, the clones waiting for a run (see module)."""
 
     def __init__(self, guest: machine.Guest, config: WarmConfig) -> None:
         self.guest = guest
+        """The guest of :attr:`runtime`'s image."""
         self.config = config
+        self.runtime = runtime_of(config.runtime)
+        self.preload = importable_preload(config.preload, config.runtime)
         self.memory_mib = machine.guest_mib(SNAPSHOT_MEMORY_BYTES)
         self.snapshot: snapshot.Snapshot | None = None
         self.error: str | None = None
@@ -71,7 +86,7 @@ class WarmVMs:
             snap = snapshot.cached(
                 self.guest,
                 memory_mib=self.memory_mib,
-                preload=self.config.preload,
+                preload=self.preload,
                 timeout_s=self.config.start_timeout_s,
             )
         except (InfraError, OSError) as exc:
@@ -175,6 +190,12 @@ class WarmVMs:
     def take(self, request: RunRequest) -> tuple[VM, StartInfo] | str:
         """A ready VM for ``request`` and how it started, or why it must start cold."""
         t0 = time.monotonic()
+        if runtime_of(request.runtime) != self.runtime:
+            self._fallbacks += 1
+            return (
+                f"the warm VMs are of runtime {self.runtime}'s image, the run's runtime is "
+                f"{runtime_of(request.runtime)}"
+            )
         if request.effective_limits.memory_bytes > SNAPSHOT_MEMORY_BYTES:
             self._fallbacks += 1
             return f"the memory limit is above the snapshot's {SNAPSHOT_MEMORY_BYTES} bytes"
@@ -256,7 +277,8 @@ class WarmVMs:
                 template_state={
                     "snapshot_dir": str(snap.dir) if snap else None,
                     "guest_memory_mib": self.memory_mib,
-                    "preload": list(self.config.preload),
+                    "preload": list(self.preload),
+                    "runtime": self.runtime,
                     "error": self.error,
                 },
                 template_pss_bytes=0,
@@ -298,4 +320,4 @@ def _warm(vm: VM) -> None:
         raise InfraError(f"the restored guest answered {kind!r} to the warm-up")
 
 
-__all__ = ["SNAPSHOT_MEMORY_BYTES", "WarmVMs"]
+__all__ = ["SNAPSHOT_MEMORY_BYTES", "WarmVMs", "runtime_of"]

@@ -34,8 +34,14 @@ class QMP:
                 time.sleep(0.005)
         self.buf = b""
         self.events: list[dict[str, Any]] = []
-        self._message(deadline)  # the greeting
-        self.execute("qmp_capabilities", deadline=deadline)
+        try:
+            self._message(deadline)  # the greeting
+            self.execute("qmp_capabilities", deadline=deadline)
+        except BaseException:
+            # Nobody holds this connection yet (a pool closing kills QEMU mid-restore): close
+            # it here, or it is left to the garbage collector.
+            self.sock.close()
+            raise
 
     def _message(self, deadline: float) -> dict[str, Any]:
         while b"\n" not in self.buf:

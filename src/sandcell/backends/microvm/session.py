@@ -3,8 +3,9 @@
 The VM starts the fastest way the backend has: a pooled clone of the snapshot (``--start pool``),
 else one restored at call time (``template``, or without warm starts a clone of the snapshot this
 user's processes share, where one is saved), else a cold boot; the record's enforcement says
-which. The host then sends the agent a session job (``Q``: the run's job with the namespaces
-backend's kernel, ``_kernel.py``, and its display module), the inputs, the cache packages
+which. Every way starts the image of the session's runtime (a pool of another runtime's image
+starts it cold). The host then sends the agent a session job (``Q``: the run's job with the
+namespaces backend's kernel, ``_kernel.py``, and its display module), the inputs, the cache packages
 (verified on the host, ``guest_packages.py``) and ``G``; the agent sets up
 the workspace, cgroup and identity as for a run and has the runner become the kernel, unprivileged
 with the run's rlimits, in the program's cgroup (memory and pids of the whole session).
@@ -63,6 +64,7 @@ from sandcell.backends.microvm.transfer import (
 from sandcell.backends.microvm.vm import VM
 from sandcell.backends.namespaces.cgroups import CgroupUsage
 from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.namespaces.warm_runtime import importable_preload
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
@@ -226,7 +228,8 @@ class VMSessionSandbox:
             restored = self._restore_shared(name)
             if restored is not None:
                 return restored
-        return machine.boot(self.backend.guest, memory_mib=self.memory_mib, name=name)
+        guest = self.backend.guest_for(self.request)
+        return machine.boot(guest, memory_mib=self.memory_mib, name=name)
 
     def _restore_shared(self, name: str) -> VM | None:
         """A clone of the snapshot this user's processes share, where one is saved and fits
@@ -234,8 +237,9 @@ class VMSessionSandbox:
         t0 = time.monotonic()
         if self.limits.memory_bytes > SNAPSHOT_MEMORY_BYTES:
             return None
-        guest = self.backend.guest
-        preload = WarmConfig().preload
+        # The session's runtime's image, and the preload a pool of that runtime would have.
+        guest = self.backend.guest_for(self.request)
+        preload = importable_preload(WarmConfig().preload, self.request.runtime)
         snap = snapshot.find_cached(
             guest, memory_mib=machine.guest_mib(SNAPSHOT_MEMORY_BYTES), preload=preload
         )

@@ -14,8 +14,6 @@ importable.
 
 from __future__ import annotations
 
-import sys
-
 from sandcell.spec import DEFAULT_RUNTIME, RunRequest
 
 __all__ = ["importable_preload", "runtime_imports", "runtime_mismatch", "runtime_name"]
@@ -37,13 +35,9 @@ def runtime_mismatch(request: RunRequest, served: str | None, what: str) -> str 
 
 def runtime_imports(name: str | None) -> frozenset[str]:
     """Top-level module names the runtime ``name`` provides, the standard library included."""
-    if runtime_name(name) == DEFAULT_RUNTIME:
-        from sandcell._runtime_lock import runtime_imports as own_imports
+    from sandcell.runtime_offer import offer
 
-        return own_imports()
-    from sandcell.runtime_store import find
-
-    return frozenset(sys.stdlib_module_names) | frozenset(find(runtime_name(name)).manifest.imports)
+    return offer(name).importable
 
 
 def importable_preload(preload: tuple[str, ...], runtime: str | None) -> tuple[str, ...]:
