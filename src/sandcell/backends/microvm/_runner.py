@@ -37,9 +37,14 @@ _prctl = ctypes.CDLL(None).prctl
 def preload() -> None:
     names = [n for n in os.environ.get("SANDCELL_PRELOAD", "").split(",") if n]
     for name in names:
+        before = set(sys.modules)
         try:
             __import__(name)
         except Exception as exc:
+            # A half-done import leaves some of its modules behind (matplotlib's submodules
+            # without matplotlib): the program's own import must start from nothing, not them.
+            for added in set(sys.modules) - before:
+                del sys.modules[added]
             os.write(2, f"sandcell-runner: preload {name}: {exc}\n".encode())
 
 
