@@ -39,9 +39,10 @@ def _profile(text: str, tmp_path: Path, name: str = "custom") -> Path:
 def test_at_runtime_allows_what_the_runs_runtime_offers() -> None:
     strict = load_profile("strict")
     scipy = RunRequest(code="import scipy.stats\nprint(1)")
-    # The default runtime offers numpy, pandas, matplotlib: scipy is neither allowed nor there.
+    # strict's runtime, analysis, offers numpy, pandas, matplotlib: scipy is neither allowed
+    # nor there.
     default = admit(scipy, strict)
-    assert default.request.runtime == "default"
+    assert default.request.runtime == "analysis"
     assert {f.rule_id for f in default.decision.findings} >= {"py.import"}
     # In datascience it is both.
     chosen = admit(RunRequest(code=scipy.code, runtime="datascience"), strict)

@@ -293,10 +293,11 @@ class RuntimeRules:
 
     languages: tuple[Language, ...] = LANGUAGES
     """Languages allowed. Empty: none. Absent: python and bash."""
-    runtime: str = "default"
-    """The runtime a run gets when it names none: ``default`` (the environment sandcell is
-    installed in) or a runtime built with ``sandcell runtime build`` (``minimal``, ``analysis``,
-    ``datascience``, a user's lock). Whether it is built is checked when a run needs it."""
+    runtime: str = "analysis"
+    """The runtime a run gets when it names none: a runtime built with ``sandcell runtime
+    build`` (``minimal``, ``analysis``, ``datascience``, a user's lock), or ``default`` (the
+    environment sandcell is installed in, with whatever that holds). Absent: ``analysis``,
+    which ``scripts/install`` builds. Whether it is built is checked when a run needs it."""
     runtimes: tuple[str, ...] | None = None
     """The runtimes a run may ask for (``--runtime``); None (absent): any built one. The
     profile's own ``runtime`` is always allowed."""
