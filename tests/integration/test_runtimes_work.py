@@ -148,8 +148,8 @@ def _profile_text() -> str:
     from importlib import resources
 
     text = resources.files("sandcell.policy").joinpath("builtin/analysis.toml").read_text()
-    assert 'runtime = "default"' in text
-    return text.replace('runtime = "default"', f'runtime = "{RUNTIME}"', 1)
+    assert 'runtime = "analysis"' in text
+    return text.replace('runtime = "analysis"', f'runtime = "{RUNTIME}"', 1)
 
 
 @pytest.fixture(scope="module")
