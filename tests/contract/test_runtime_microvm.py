@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.conftest import backend_unavailable, runtime_required
@@ -55,6 +56,27 @@ PRELOAD = ("numpy", "pandas", "scipy", "sklearn")
 def _runtime_or_skip(name: str) -> None:
     runtime_required(name)  # a skip here, a failure where CI requires it
     python_runtime(name)
+
+
+def _fake_manifest(**fields: Any) -> image.Manifest:
+    """A manifest of a datascience image that was never built: zero hashes unless given."""
+    base = image.Manifest(
+        format=image.FORMAT,
+        kernel_release="6.1",
+        kernel_sha256="0" * 64,
+        initrd_sha256="0" * 64,
+        image_sha256="0" * 64,
+        image_bytes=0,
+        runtime_sha256="0" * 64,
+        runtime_identity="",
+        python="/opt/sandcell/venv/bin/python",
+        bash="/usr/bin/bash",
+        built_at="",
+        agent_sha256=image.agent_sha256(),
+        runtime=DS,
+        runtime_tree_sha256="0" * 64,
+    )
+    return replace(base, **fields)
 
 
 # -- the plan and the manifest (no VM) -------------------------------------------------------
@@ -98,22 +120,7 @@ def test_a_missing_image_names_the_command_that_builds_it(tmp_path: Path) -> Non
 
 def test_an_image_of_another_runtime_is_refused(tmp_path: Path) -> None:
     _runtime_or_skip("analysis")
-    fake = image.Manifest(
-        format=image.FORMAT,
-        kernel_release="6.1",
-        kernel_sha256="0" * 64,
-        initrd_sha256="0" * 64,
-        image_sha256="0" * 64,
-        image_bytes=0,
-        runtime_sha256="0" * 64,
-        runtime_identity="",
-        python="/opt/sandcell/venv/bin/python",
-        bash="/usr/bin/bash",
-        built_at="",
-        agent_sha256=image.agent_sha256(),
-        runtime=DS,
-        runtime_tree_sha256="0" * 64,
-    )
+    fake = _fake_manifest()
     idir = layout.image_dir(tmp_path, "analysis")
     idir.mkdir()
     manifest = idir / image.MANIFEST_NAME
@@ -138,20 +145,11 @@ def test_no_vm_starts_on_an_image_replaced_since_it_was_verified(tmp_path: Path)
     (idir / image.INITRD_NAME).write_bytes(b"initrd")
     (idir / image.IMAGE_NAME).write_bytes(b"old image")
     _runtime_or_skip(DS)
-    fake = image.Manifest(
-        format=image.FORMAT,
-        kernel_release="6.1",
+    fake = _fake_manifest(
         kernel_sha256=image.sha256_file(tmp_path / "kernel" / "vmlinuz"),
         initrd_sha256=image.sha256_file(idir / image.INITRD_NAME),
         image_sha256=image.sha256_file(idir / image.IMAGE_NAME),
         image_bytes=9,
-        runtime_sha256="0" * 64,
-        runtime_identity="",
-        python="/opt/sandcell/venv/bin/python",
-        bash="/usr/bin/bash",
-        built_at="",
-        agent_sha256=image.agent_sha256(),
-        runtime=DS,
         runtime_tree_sha256=python_runtime(DS).tree_sha256,
     )
     (idir / image.MANIFEST_NAME).write_text(json.dumps(asdict(fake)))
