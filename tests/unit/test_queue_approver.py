@@ -119,6 +119,33 @@ def test_closing_expires_waiting_tickets_and_wakes_their_calls(store: ApprovalSt
     assert len(store.list_tools(None)) == 1
 
 
+def test_a_close_landing_while_the_call_reads_the_store_still_says_the_run_ended(
+    store: ApprovalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race CI once lost: the run ends (the ticket expires) between the call's polls, so the
+    # call reads an expired ticket rather than being woken; the reason must still be the run's end.
+    approver = QueueApprover(store, timeout_s=300, poll_s=0.05)
+    read = store.get_tool
+    closers: list[threading.Thread] = []
+
+    def get_tool(id_: str) -> ToolTicket:
+        if not closers:
+            closers.append(threading.Thread(target=approver.close))
+            closers[0].start()
+            while read(id_).status != "expired":
+                time.sleep(0.01)
+        return read(id_)
+
+    monkeypatch.setattr(store, "get_tool", get_tool)
+    outcome = ask(approver, REQUEST, 300)
+    closers[0].join(30)
+    (ticket,) = store.list_tools(None)
+    assert outcome.decision is None
+    assert outcome.reason == (
+        f"tickets.create_ticket: approval {ticket.id} expired: {RUN_ENDED}; refused"
+    )
+
+
 def test_an_approval_of_a_ticket_edited_in_the_file_is_not_an_approval(
     path: Path, store: ApprovalStore
 ) -> None:

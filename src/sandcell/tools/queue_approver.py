@@ -120,7 +120,9 @@ class QueueApprover:
             if ticket.status in ("approved", "denied"):
                 return _decision(ticket, request)
             if ticket.status == "expired":
-                self._after_expiry()
+                # close() may have expired it while this poll read the store: the run's end is
+                # then the reason, not an expiry nobody explained.
+                self._after_expiry(ticket.id)
                 return None
             left = deadline - time.monotonic()
             if left <= 0:
@@ -129,20 +131,26 @@ class QueueApprover:
                 )
                 if settled.status in ("approved", "denied"):  # decided at the last moment
                     return _decision(settled, request)
-                self._after_expiry()
+                self._after_expiry(ticket.id)
                 return None
             if self._closed.wait(min(self._poll_s, left)):
                 # The run is over: nothing goes ahead for a program that is gone, even if a
                 # decision landed in the last poll (an upstream call now would be a consequence
                 # nobody asked for any more).
                 self.store.expire_tool(ticket.id, reason=RUN_ENDED)
-                raise NoApproval(f"approval {ticket.id} expired: {RUN_ENDED}")
+                raise _run_ended(ticket.id)
 
-    def _after_expiry(self) -> None:
+    def _after_expiry(self, ticket_id: str) -> None:
         """Nobody decided: the gateway is about to give up on its own (ticket_lifetime left it a
         margin); wait for that, so its refusal says the approval timed out, or for the run's
-        end. The caller then returns None (nobody approved)."""
-        self._closed.wait(2 * (self.timeout_s - ticket_lifetime(self.timeout_s)) + self._poll_s)
+        end, which is then the reason given (NoApproval). The caller returns None (nobody
+        approved)."""
+        if self._closed.wait(2 * (self.timeout_s - ticket_lifetime(self.timeout_s)) + self._poll_s):
+            raise _run_ended(ticket_id)
+
+
+def _run_ended(ticket_id: str) -> NoApproval:
+    return NoApproval(f"approval {ticket_id} expired: {RUN_ENDED}")
 
 
 def _decision(ticket: ToolTicket, request: ApprovalRequest) -> ApprovalDecision | None:
