@@ -361,16 +361,29 @@ def parse_sandbox_param(param: str) -> tuple[str, str, str]:
     return identity, backend or "namespaces", start
 
 
+CONTRACT_PARAMS = [p for p in SANDBOX_PARAMS if p == "user" or p.startswith("root")]
+"""The behaviour contract's cases: every rung and start mode as root, the ordinary user once.
+The user's path differs from root's on the host side (the CLI, the rootless launch, the weaker
+mode), which the user's namespaces case and every escape test on every rung exercise; running
+each behavioural check again as the user on each rung only repeated those (minutes of suite)."""
+
+
 @pytest.fixture(params=SANDBOX_PARAMS)
 def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
-    """A runner for real sandboxed runs, once as root and once as an ordinary user, each also
-    with warm starts (``root-template``, ``root-pool``, ``user-pool``).
+    """A runner for real sandboxed runs, once as root and once as an ordinary user, on every
+    rung, each also with warm starts (``root-template``, ``root-pool``, ``user-pool``...).
 
     ``run(code, lang="python", inputs=(), exports=(), stdin=b"", **limits)`` where limits are
     ``wall_time_s, cpu_time_s, memory_mb, max_pids, max_open_files, max_file_mb, workspace_mb,
     stdout_bytes, stderr_bytes``. Returns the JSON result. The user identity runs in the weaker
     ``rlimits`` mode when this host gives ordinary users no cgroups (recorded in the result).
     """
+    return make_sandbox(request, root_home, tmp_path)
+
+
+def make_sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
+    """The ``sandbox`` fixture's runner for ``request.param`` (a :data:`SANDBOX_PARAMS` entry);
+    a module that runs another set of cases defines its own ``sandbox`` fixture with it."""
     identity, backend, start = parse_sandbox_param(str(request.param))
     if identity == "root":
         if backend == "namespaces":

@@ -1,8 +1,10 @@
 """The contract every backend must keep, checked on real sandboxes.
 
-Each test runs twice through the ``sandbox`` fixture: as root through the in-process executor, and
-as an ordinary user through ``sandcell run --json`` (in the weaker ``rlimits`` mode where this host
-gives ordinary users no cgroups). A result is the ``--json`` dict in both cases.
+Each test runs on every rung of the ladder and start mode as root through the in-process
+executor, and as an ordinary user through ``sandcell run --json`` (in the weaker ``rlimits`` mode
+where this host gives ordinary users no cgroups): ``CONTRACT_PARAMS`` in tests/conftest.py. The
+enforcement report, which differs by identity on every rung, runs in every case. A result is the
+``--json`` dict in all of them.
 
 What a test observes inside the sandbox is printed by the program as one JSON line, so the
 assertions read what the program saw, not only how the run ended.
@@ -15,16 +17,14 @@ import json
 import re
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
+from tests.conftest import CONTRACT_PARAMS, SANDBOX_PARAMS, Sandbox, make_sandbox
 
 from sandcell.artifacts import ArtifactStore
 from sandcell.backends.namespaces import landlock
 from sandcell.spec import IsolationMode
-
-if TYPE_CHECKING:
-    from conftest import Sandbox
 
 MiB = 1024 * 1024
 
@@ -46,6 +46,11 @@ def _readable(path: Path) -> Path:
     for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
         p.chmod(p.stat().st_mode | (0o005 if p.is_dir() else 0o004))
     return path
+
+
+@pytest.fixture(params=CONTRACT_PARAMS)
+def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
+    return make_sandbox(request, root_home, tmp_path)
 
 
 # -- output and exit status ------------------------------------------------------------------
@@ -446,6 +451,7 @@ def test_usage_is_reported(sandbox: Sandbox) -> None:
     assert usage["peak_memory_bytes"] is not None and usage["peak_memory_bytes"] > 0
 
 
+@pytest.mark.parametrize("sandbox", SANDBOX_PARAMS, indirect=True)
 def test_enforcement_report_names_the_layers(
     sandbox: Sandbox, request: pytest.FixtureRequest
 ) -> None:

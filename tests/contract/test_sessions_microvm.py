@@ -248,7 +248,7 @@ def test_cpu_time_limit_is_the_sessions(vm_ex: Executor) -> None:
 
 
 def test_max_lifetime_ends_a_running_cell(vm_ex: Executor) -> None:
-    s = _open(vm_ex, max_lifetime_s=20)
+    s = _open(vm_ex, max_lifetime_s=8)  # a pooled VM opens in about a second
     trace = _Trace(s)
     cell = s.run("import time\ntime.sleep(120)", timeout_s=120)
     assert cell.outcome is Outcome.TIMEOUT
@@ -258,7 +258,7 @@ def test_max_lifetime_ends_a_running_cell(vm_ex: Executor) -> None:
 
 
 def test_denied_cells_do_not_run_and_idle_ends_the_session(vm_ex: Executor) -> None:
-    s = _open(vm_ex, profile="strict", idle_timeout_s=10)
+    s = _open(vm_ex, profile="strict", idle_timeout_s=6)
     trace = _Trace(s)
     assert s.run("n = 1").outcome is Outcome.OK
     denied = s.run("n = 2\nimport ctypes")
