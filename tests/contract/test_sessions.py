@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -170,6 +171,29 @@ def test_idle_timeout_ends_the_session(executor: Executor) -> None:
     assert "idle" in _wait_ended(s)
     with pytest.raises(SessionEnded, match="idle"):
         s.run("print(w)")
+    _assert_gone(s)
+
+
+def test_idle_time_starts_when_the_sandbox_is_up(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A start longer than the idle timeout (a microVM booting cold under emulation takes
+    # seconds), made so here by delaying the real sandbox's start: the session must still take
+    # its first cell, not end idle the moment it opens.
+    from sandcell.sessions.sandbox import SessionSandbox
+
+    start = SessionSandbox.start
+
+    def slow_start(self: SessionSandbox) -> None:
+        time.sleep(2.5)
+        start(self)
+
+    monkeypatch.setattr(SessionSandbox, "start", slow_start)
+    s = executor.session(idle_timeout_s=2)
+    time.sleep(0.5)  # the caller does something else first; the session is up, not yet idle
+    first = s.run("print('up')")
+    assert (first.outcome, first.stdout) == (Outcome.OK, "up\n"), first.reason
+    assert "idle" in _wait_ended(s)
     _assert_gone(s)
 
 

@@ -258,6 +258,8 @@ def test_max_lifetime_ends_a_running_cell(vm_ex: Executor) -> None:
 
 
 def test_denied_cells_do_not_run_and_idle_ends_the_session(vm_ex: Executor) -> None:
+    # The strict profile's runtime (analysis) is not the pool's: the session boots cold, which
+    # takes longer than its idle timeout here; the idle time starts once it is up.
     s = _open(vm_ex, profile="strict", idle_timeout_s=6)
     trace = _Trace(s)
     assert s.run("n = 1").outcome is Outcome.OK

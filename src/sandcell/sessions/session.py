@@ -11,7 +11,8 @@ cell does not run and the session goes on), runs in the session's one sandbox (s
 :mod:`sandcell.backends.microvm.session`) and becomes one run in the record, with the session's
 id in ``RunResult.session_id``. A cell has its own wall-time limit; memory, processes and CPU
 time are limits of the whole session. A watchdog ends the session after ``idle_timeout_s``
-without a cell or at ``max_lifetime_s``; a cell still running at the end of life is ended with
+without a cell (counted from when its sandbox is up) or at ``max_lifetime_s`` (counted from
+when it was opened); a cell still running at the end of life is ended with
 it. Once ended, nothing of the session is left on the host: no process, cgroup, mount or
 directory.
 
@@ -180,6 +181,9 @@ class Session:
             if self._sockets is not None:
                 self._sockets.close()
             raise
+        # Idle from here: a start longer than the idle timeout (a microVM booting cold under
+        # emulation) must not end the session before its first cell. The lifetime counts it.
+        self._last_active = time.monotonic()
         self._watchdog = threading.Thread(
             target=self._watch, name=f"sandcell-session-watchdog-{self.id}", daemon=True
         )
