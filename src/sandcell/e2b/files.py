@@ -12,8 +12,6 @@ import base64
 import datetime as dt
 import email.parser
 import email.policy
-import gzip
-import zlib
 from typing import Any
 
 from starlette.requests import Request
@@ -24,6 +22,7 @@ from sandcell.e2b.access import sandbox_of, service_of
 from sandcell.e2b.connect_rpc import read_message, unary
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.fs_cells import Entry, Op, cell_for, entries_of, reply_of
+from sandcell.e2b.inflate import gunzip_bounded
 from sandcell.e2b.paths import e2b_path, workspace_relative
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.e2b.runner import admit_cell, run_cell
@@ -75,10 +74,8 @@ def _uploads(request: Request, body: bytes) -> list[tuple[str, bytes]]:
     content_type = request.headers.get("content-type", "")
     encoding = request.headers.get("content-encoding", "").lower()
     if encoding == "gzip":
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError, zlib.error):
-            raise E2BError(400, "the body is not valid gzip") from None
+        # The body limit counted the compressed bytes; the same limit bounds what they become.
+        body = gunzip_bounded(body, limit=service_of(request).config.max_body_bytes)
     elif encoding not in ("", "identity"):
         raise E2BError(400, f"content encoding {encoding!r} is not served; use gzip or none")
     path = request.query_params.get("path")
