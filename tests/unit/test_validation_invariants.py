@@ -6,7 +6,7 @@ import pytest
 
 from sandcell.errors import ConfigError
 from sandcell.validation import check_invariants, parse_invariant
-from sandcell.validation.invariants import MAX_STEPS
+from sandcell.validation.invariants import MAX_BUILT_LENGTH, MAX_INT_BITS, MAX_STEPS
 
 RESULT = {
     "rate": 42.5,
@@ -217,3 +217,63 @@ def test_sum_starts_from_a_number() -> None:
         "from a number only",
     )
     assert check_invariants({"xs": [1, 2]}, ['sum(result["xs"], 10) == 13']) == ()
+
+
+# --------------------------------------------------------------------------------------------
+# Attacks on the host's time and memory: every value the language builds is bounded
+
+
+def _chain(start: str, step: str, depth: int) -> str:
+    """``all(True for v0 in [START] for v1 in [STEP(v0)] ...)``: each clause builds on the last,
+    the only way the language has to feed a value back into itself."""
+    clauses = [f"for v0 in [{start}]"]
+    clauses += [f"for v{i} in [{step.format(f'v{i - 1}')}]" for i in range(1, depth + 1)]
+    return f"all(True {' '.join(clauses)})"
+
+
+def test_repeated_squaring_stops_at_the_integer_size_bound() -> None:
+    # 19 squarings of 3 took 5.6 s and each further one tripled that: 3 ** (2 ** 19).
+    source = _chain('result["n"]', "{0} * {0}", 40)
+    failures = check_invariants({"n": 3}, [source])
+    assert len(failures) == 1
+    assert f"over {MAX_INT_BITS} bits" in failures[0]
+
+
+def test_repeated_addition_of_a_large_integer_stops_at_the_bound() -> None:
+    source = _chain('result["n"]', "{0} + {0}", 40)
+    failures = check_invariants({"n": 2 ** (MAX_INT_BITS - 20)}, [source])
+    assert len(failures) == 1
+    assert f"over {MAX_INT_BITS} bits" in failures[0]
+
+
+def test_repeated_doubling_of_strings_and_lists_stops_before_it_is_built() -> None:
+    for start in ('result["s"]', 'result["xs"]'):
+        source = _chain(start, "{0} + {0}", 60)
+        failures = check_invariants({"s": "ab", "xs": [1, 2]}, [source])
+        assert len(failures) == 1, start
+        assert f"over {MAX_BUILT_LENGTH}" in failures[0], failures[0]
+
+
+def test_scans_of_large_lists_are_charged_by_their_length() -> None:
+    # One step per "in" would let 100,000 x 100,000 comparisons through the budget.
+    value = {"xs": list(range(100_000))}
+    for source in (
+        'all(x in result["xs"] for x in result["xs"])',
+        'all(max(result["xs"]) >= x for x in result["xs"])',
+        'all(result["xs"][:] == result["xs"] for x in result["xs"])',
+    ):
+        failures = check_invariants(value, [source])
+        assert len(failures) == 1, source
+        assert "evaluation steps" in failures[0], failures[0]
+
+
+def test_an_invariant_has_a_cpu_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Steps bound the count of operations; the CPU budget bounds what any uncharged operation
+    # costs. Make the clock run out at once to see the budget enforced.
+    import sandcell.validation._invariant_lang as lang
+
+    monkeypatch.setattr(lang, "MAX_CPU_SECONDS", 0.0)
+    value = {"xs": list(range(50_000))}
+    failures = check_invariants(value, ['all(x >= 0 for x in result["xs"])'])
+    assert len(failures) == 1
+    assert "s of CPU time" in failures[0]

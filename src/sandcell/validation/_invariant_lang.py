@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from sandcell.errors import ConfigError
@@ -17,10 +18,30 @@ MAX_STEPS = 1_000_000
 """Most expression nodes one invariant may evaluate: a nested comprehension over a large
 result would otherwise run for hours."""
 
+MAX_CPU_SECONDS = 2.0
+"""Most CPU time (of the evaluating thread) one invariant may take. Steps bound how many
+operations run; this bounds what they cost together, whatever an operation the step count
+undercharges (a deep comparison of nested lists) costs. CPU time, not wall time, so that a
+loaded host does not fail an invariant that would hold."""
+
+MAX_INT_BITS = 16_384
+"""Largest integer the language builds: bigger than any integer JSON can carry here (Python
+parses at most 4,300 digits, about 14,300 bits), small enough that arithmetic on it stays in
+microseconds. Without it, a chain of squarings triples its time with every step."""
+
+MAX_BUILT_LENGTH = 1 << 22
+"""Longest string or list the language builds by joining (characters or elements)."""
+
 MAX_SOURCE_CHARS = 4096
 
 _CHARS_PER_STEP = 64
-"""Joining strings or lists costs one step per this many elements of the result."""
+"""Joining strings costs one step per this many characters of the result; scanning or copying
+a list costs one per :data:`_ITEMS_PER_STEP` of its elements (an element is compared, not
+copied, and costs more)."""
+_ITEMS_PER_STEP = 16
+
+_CLOCK_EVERY = 1024
+"""Steps between two reads of the CPU clock: a read costs about what a step costs."""
 
 _FUNCTIONS = ("abs", "all", "any", "isinstance", "len", "max", "min", "sum")
 _TYPES: Mapping[str, tuple[type, ...]] = {
@@ -253,11 +274,24 @@ class Interpreter:
     def __init__(self, result: object) -> None:
         self.result = result
         self.steps = 0
+        self._cpu_deadline = time.thread_time() + MAX_CPU_SECONDS
+        self._next_clock = _CLOCK_EVERY
 
     def _tick(self, steps: int = 1) -> None:
         self.steps += steps
         if self.steps > MAX_STEPS:
             raise Failure(f"it took more than {MAX_STEPS} evaluation steps")
+        if self.steps >= self._next_clock:
+            self._next_clock = self.steps + _CLOCK_EVERY
+            if time.thread_time() > self._cpu_deadline:
+                raise Failure(f"it took more than {MAX_CPU_SECONDS:g} s of CPU time")
+
+    def _charge_scan(self, value: object) -> None:
+        """Charge for an operation that walks ``value`` once (a scan, a copy, a comparison)."""
+        if isinstance(value, str):
+            self._tick(len(value) // _CHARS_PER_STEP)
+        elif isinstance(value, list | tuple | dict):
+            self._tick(len(value) // _ITEMS_PER_STEP)
 
     def eval(self, node: ast.expr, scope: Mapping[str, object]) -> object:
         self._tick()
@@ -292,6 +326,7 @@ class Interpreter:
                 current = self.eval(left, scope)
                 for cmp_op, right_node in zip(ops, comparators, strict=True):
                     right_value = self.eval(right_node, scope)
+                    self._charge_scan(right_value)
                     if not _compare(cmp_op, current, right_value):
                         return False
                     current = right_value
@@ -323,25 +358,39 @@ class Interpreter:
             or (symbol == "+" and type(left) is type(right) and isinstance(left, str | list))
         ):
             raise Failure(f"{symbol!r} on {type(left).__name__} and {type(right).__name__}")
+        if isinstance(left, str | list):
+            return self._join(left, right)  # type: ignore[arg-type]  # same type, checked above
         a, b = left, right
         match symbol:
             case "+":
-                joined: object = a + b  # type: ignore[operator]
-                if isinstance(joined, str | list):
-                    # Joining copies: charge for the size, so that a comprehension cannot
-                    # build gigabytes out of a large result within the step budget.
-                    self._tick(len(joined) // _CHARS_PER_STEP)
-                return joined
+                return _bounded(a + b)  # type: ignore[operator]
             case "-":
-                return a - b  # type: ignore[operator]
+                return _bounded(a - b)  # type: ignore[operator]
             case "*":
-                return a * b  # type: ignore[operator]
+                if isinstance(a, int) and isinstance(b, int):
+                    # Checked before multiplying: the product of two large integers is what
+                    # takes the time.
+                    _bounded_bits(a.bit_length() + b.bit_length() - 1)
+                return _bounded(a * b)  # type: ignore[operator]
             case "/":
                 return a / b  # type: ignore[operator]
             case "//":
                 return a // b  # type: ignore[operator]
             case _:
                 return a % b  # type: ignore[operator]
+
+    def _join(self, left: str | list[object], right: str | list[object]) -> object:
+        """``left + right`` for two strings or two lists, refused before it is built when it
+        would be too long, and charged for the copy."""
+        length = len(left) + len(right)
+        if length > MAX_BUILT_LENGTH:
+            raise Failure(
+                f"'+' would build a {type(left).__name__} of {length} items, over "
+                f"{MAX_BUILT_LENGTH} allowed"
+            )
+        per_step = _CHARS_PER_STEP if isinstance(left, str) else _ITEMS_PER_STEP
+        self._tick(length // per_step)
+        return left + right  # type: ignore[operator]
 
     def _subscript(self, container: object, key_node: ast.expr) -> object:
         if not isinstance(container, dict | list | str | tuple):
@@ -350,7 +399,9 @@ class Interpreter:
         if isinstance(key, slice):
             if isinstance(container, dict):
                 raise Failure("cannot slice an object")
-            return container[key]
+            sliced = container[key]
+            self._charge_scan(sliced)
+            return sliced
         if isinstance(container, dict):
             if key not in container:
                 raise Failure(f"key {key!r} is missing")
@@ -374,8 +425,10 @@ class Interpreter:
         if name == "sum" and len(values) == 2 and not _is_number(values[1]):
             # sum(lists, []) concatenates in quadratic time.
             raise Failure("sum() starts from a number only")
+        for value in values:
+            self._charge_scan(value)
         function: Callable[..., object] = getattr(builtins, name)
-        return function(*values)
+        return _bounded(function(*values))
 
     def _comprehension(
         self,
@@ -397,6 +450,19 @@ class Interpreter:
             _bind(comp.target, item, inner)
             if all(self.eval(cond, inner) for cond in comp.ifs):
                 yield from self._comprehension(elt, generators, index + 1, inner)
+
+
+def _bounded_bits(bits: int) -> None:
+    if bits > MAX_INT_BITS:
+        raise Failure(f"it would build an integer of {bits} bits, over {MAX_INT_BITS} bits")
+
+
+def _bounded(value: object) -> object:
+    """``value``, if it is not an integer larger than :data:`MAX_INT_BITS` (a sum or a
+    difference is at most one bit longer than its operands, so checking after is cheap)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        _bounded_bits(value.bit_length())
+    return value
 
 
 def _constant_key(node: ast.expr) -> object:

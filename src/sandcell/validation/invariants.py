@@ -14,8 +14,12 @@ Two forms:
   before anything is evaluated; it is then evaluated by the small interpreter below, never by
   :func:`eval`. The result is untrusted data, so the language has no attribute access (no
   ``result.__class__`` escapes), no calls except a few pure built-ins, no names except
-  ``result`` and comprehension variables, no string repetition, and a step budget: an
-  invariant cannot be turned into a way out or a way to hang the host, whatever the result.
+  ``result`` and comprehension variables, no string repetition, and bounds on everything an
+  evaluation can spend: a step budget (scans, copies and joins are charged by their length), a
+  CPU-time budget (:data:`MAX_CPU_SECONDS`), integers of at most :data:`MAX_INT_BITS` bits and
+  joined strings and lists of at most :data:`MAX_BUILT_LENGTH` items. An invariant cannot be
+  turned into a way out or a way to hang the host, whatever the result. (A service runs textual
+  invariants in a separate, limited process besides: :mod:`sandcell.validation.confined`.)
 
 The expression language
 -----------------------
@@ -45,6 +49,9 @@ from typing import TypeAlias
 
 from sandcell.errors import ConfigError
 from sandcell.validation._invariant_lang import (
+    MAX_BUILT_LENGTH,
+    MAX_CPU_SECONDS,
+    MAX_INT_BITS,
     MAX_SOURCE_CHARS,
     MAX_STEPS,
     Failure,
@@ -53,6 +60,9 @@ from sandcell.validation._invariant_lang import (
 )
 
 __all__ = [
+    "MAX_BUILT_LENGTH",
+    "MAX_CPU_SECONDS",
+    "MAX_INT_BITS",
     "MAX_STEPS",
     "Invariant",
     "InvariantLike",
