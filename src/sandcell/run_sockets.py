@@ -128,6 +128,7 @@ class RunSockets:
         self._before_close = before_close
         self._lock = threading.Lock()
         self._taken_connections = 0
+        self._taken_dropped = 0
         self._taken_calls = 0
         self._closed = False
 
@@ -223,7 +224,11 @@ class RunSockets:
                 records = self._proxy.records
                 new = records[self._taken_connections :]
                 self._taken_connections = len(records)
-                network = _network_record(self._proxy.profile, new)
+                dropped = self._proxy.refused_dropped
+                network = _network_record(
+                    self._proxy.profile, new, refused_dropped=dropped - self._taken_dropped
+                )
+                self._taken_dropped = dropped
             if self._gateway is not None:
                 calls = self._gateway.records
                 new_calls = calls[self._taken_calls :]
@@ -251,7 +256,6 @@ class RunSockets:
         record = self.take_record()
         if proxy_report is not None and isinstance(record["network"], dict):
             record["network"].update(
-                unrecorded=proxy_report.unrecorded,
                 bytes_up_total=proxy_report.bytes_up,
                 bytes_down_total=proxy_report.bytes_down,
             )
@@ -260,12 +264,17 @@ class RunSockets:
         return record
 
 
-def _network_record(profile: str, records: tuple[object, ...]) -> dict[str, object]:
+def _network_record(
+    profile: str, records: tuple[object, ...], *, refused_dropped: int
+) -> dict[str, object]:
+    """``refused`` counts every refused attempt, listed or not; ``refused_dropped`` those past
+    the proxy's cap on refused records, which ``connections`` does not list."""
     rows = [r.to_record() for r in records]  # type: ignore[attr-defined]
     return {
         "profile": profile,
         "connections": rows,
-        "refused": sum(1 for r in rows if not r["allowed"]),
+        "refused": sum(1 for r in rows if not r["allowed"]) + refused_dropped,
+        "refused_dropped": refused_dropped,
         "bytes_up": sum(int(r["bytes_up"]) for r in rows),
         "bytes_down": sum(int(r["bytes_down"]) for r in rows),
     }

@@ -342,10 +342,10 @@ def test_audit_show_rows_are_one_line_and_safe_for_a_terminal(home: Path) -> Non
                     "ended_at": 102.0,
                 },
             ],
-            "refused": 2,
+            "refused": 6,
+            "refused_dropped": 4,
             "bytes_up": 517,
             "bytes_down": 3500,
-            "unrecorded": 4,
         },
         "tools": {
             "profile": "fetch",
@@ -390,7 +390,7 @@ def test_audit_show_rows_are_one_line_and_safe_for_a_terminal(home: Path) -> Non
     assert shown.returncode == 0, shown.stderr
     assert "\x1b" not in shown.stdout and "\u202e" not in shown.stdout
     rows = [r for r in shown.stdout.splitlines() if r.startswith("# ")]
-    assert "# connections (profile fetch): 3 attempts, 2 refused, 517 B up, 3.4 KiB down" in rows
+    assert "# connections (profile fetch): 7 attempts, 6 refused, 517 B up, 3.4 KiB down" in rows
     (first,) = [r for r in rows if r.startswith("#     1 CONNECT")]
     assert first == (
         "#     1 CONNECT api.example.test:443 allowed | address 127.0.0.1 | sni api.example.test"
@@ -400,7 +400,7 @@ def test_audit_show_rows_are_one_line_and_safe_for_a_terminal(home: Path) -> Non
     assert "evil\\x1b[2J\\ntest:80 refused" in second
     assert "allowlist\\r\\nfake: line" in second
     assert any(r.startswith("#     3 CONNECT [::1]:8443 refused") for r in rows)
-    assert "#   ... and 4 more attempts past the record cap (all refused)" in rows
+    assert "#   ... and 4 more refused attempts past the cap on refused records, not listed" in rows
     assert "# tool calls (profile fetch): 2 requests (1 allowed, 1 denied)" in rows
     (denied,) = [r for r in rows if r.startswith("#     2 call")]
     assert denied.startswith("#     2 call tickets.create\\u202eticket denied | denied by bob@host")

@@ -643,14 +643,24 @@ def test_a_tunnel_to_a_listed_address_may_not_name_a_host(srv: Servers) -> None:
     assert not record.allowed and "has no name" in record.reason
 
 
-def test_attempts_past_the_record_cap_are_counted(srv: Servers) -> None:
-    limits = ProxyLimits(max_records=3)
-    with running_proxy(("api.test",), limits=limits) as run:
+def test_a_flood_of_refusals_cannot_push_allowed_connections_out_of_the_record(
+    srv: Servers,
+) -> None:
+    port = srv.plain.port
+    limits = ProxyLimits(max_refused_records=3)
+    with running_proxy(hosts_for(srv, "api.test"), limits=limits) as run:
         for _ in range(5):
-            exchange(run.path, b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
+            assert status_of(exchange(run.path, b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")) == 403
+        for path in ("/after-1", "/after-2"):
+            answer = exchange(
+                run.path, f"GET http://api.test:{port}{path} HTTP/1.1\r\n\r\n".encode()
+            )
+            assert status_of(answer) == 200
     report = run.proxy.report
-    assert len(report.records) == 3 and report.unrecorded == 2
-    assert report.to_record()["unrecorded"] == 2
+    assert [r.host for r in report.records if r.allowed] == ["api.test", "api.test"]
+    assert len(report.refused) == 3 and report.refused_dropped == 2
+    record = report.to_record()
+    assert record["refused_dropped"] == 2 and len(record["connections"]) == 5  # type: ignore[arg-type]
 
 
 def test_a_host_header_that_disagrees_with_the_url_is_refused(srv: Servers) -> None:

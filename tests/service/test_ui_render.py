@@ -136,3 +136,22 @@ def test_browser_sessions_end() -> None:
     assert sessions.get(b.id) is not None
     sessions.end(b.id)
     assert sessions.get(b.id) is None
+
+
+def test_the_run_page_says_how_many_refused_attempts_are_not_listed() -> None:
+    view = run_view(
+        {
+            "run_id": "r1",
+            "network": {
+                "profile": "p",
+                "connections": [{"seq": 9, "host": "api.test", "allowed": True}],
+                "refused_dropped": 40,
+            },
+        }
+    )
+    assert view.refused_dropped == 40
+    body = bytes(
+        page("run.html", {"base": "/ui", "r": view, "recorded": True, "tenant": None}).body
+    ).decode()
+    assert "api.test" in body
+    assert "and 40 more refused attempts past the cap on refused records, not listed" in body

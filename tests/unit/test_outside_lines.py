@@ -41,3 +41,20 @@ def test_malformed_sections_are_shown_not_raised() -> None:
     assert len(rows) == 2 and "? s" in rows[1] and "None None" in rows[1]
     (_, row) = connection_rows({"connections": [{"method": None, "seq": None}]})
     assert row.startswith("  None None    ?:? refused")
+
+
+def test_refused_attempts_past_the_cap_are_counted_and_said() -> None:
+    network = {
+        "profile": "p",
+        "connections": [_connection(True), _connection(False)],
+        "refused_dropped": 40,
+    }
+    assert outside_summary(network, None) == "42 connections (41 refused, 40 not listed)"
+    rows = connection_rows(network)
+    assert rows[0].startswith("connections (profile p): 42 attempts, 41 refused")
+    assert rows[-1] == (
+        "  ... and 40 more refused attempts past the cap on refused records, not listed"
+    )
+    # A record written before allowed attempts were always kept says `unrecorded`.
+    old = connection_rows({"connections": [], "unrecorded": 1})
+    assert old[-1].endswith("1 more refused attempt past the cap on refused records, not listed")

@@ -108,3 +108,53 @@ def test_without_egress_there_is_no_bridge() -> None:
     assert box.bridge_argv("python3") is None
     assert "https_proxy" not in box.env()
     assert box.describe() == "tool gateway socket (host-side)"
+
+
+def _refused_attempt(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(path))
+        s.sendall(b"CONNECT evil.example.org:443 HTTP/1.1\r\n\r\n")
+        while s.recv(4096):
+            pass
+
+
+def _cell_share(sockets: RunSockets, refused: int) -> dict[str, object]:
+    """The network share of one cell that made ``refused`` refused attempts, taken once the
+    proxy has recorded all of them (it records an attempt as it closes it)."""
+    listed: list[object] = []
+    counted, dropped, deadline = 0, 0, time.monotonic() + 10
+    while counted < refused and time.monotonic() < deadline:
+        network = sockets.take_record()["network"]
+        assert isinstance(network, dict)
+        listed += network["connections"]
+        counted += int(str(network["refused"]))
+        dropped += int(str(network["refused_dropped"]))
+        time.sleep(0.01)
+    return {"connections": listed, "refused": counted, "refused_dropped": dropped}
+
+
+def test_each_cell_says_how_many_of_its_refused_attempts_are_not_listed(tmp_path: Path) -> None:
+    from sandcell.network.allowlist import parse_allowlist
+    from sandcell.network.caps import ProxyLimits
+    from sandcell.network.proxy import EgressProxy
+
+    proxy = EgressProxy(
+        profile="rs",
+        allowlist=parse_allowlist(("api.example.com",), ()),
+        socket_path=tmp_path / "egress.sock",
+        limits=ProxyLimits(max_refused_records=1),
+    )
+    proxy.start()
+    sockets = RunSockets(host_dir=tmp_path, proxy=proxy, gateway=None)
+    try:
+        for _ in range(3):
+            _refused_attempt(tmp_path / "egress.sock")
+        first = _cell_share(sockets, 3)
+        assert first["refused"] == 3 and first["refused_dropped"] == 2
+        assert len(first["connections"]) == 1  # type: ignore[arg-type]
+        _refused_attempt(tmp_path / "egress.sock")
+        second = _cell_share(sockets, 1)
+        assert second == {"connections": [], "refused": 1, "refused_dropped": 1}
+    finally:
+        final = sockets.close()
+    assert isinstance(final["network"], dict) and final["network"]["refused_dropped"] == 0

@@ -61,17 +61,31 @@ def _hash(value: object) -> str:
     return str(value)[:_HASH_CHARS] if isinstance(value, str) and value else "-"
 
 
+def _refused_dropped(network: object) -> int:
+    """Refused attempts the record counts but does not list (``unrecorded`` in records written
+    before allowed attempts were always kept)."""
+    if not isinstance(network, Mapping):
+        return 0
+    for key in ("refused_dropped", "unrecorded"):
+        value = network.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
 def connection_rows(network: object) -> list[str]:
     """A heading and one row per connection attempt of a record's ``network`` (none: [])."""
     if not isinstance(network, Mapping):
         return []
     rows = _rows(network, "connections")
-    refused = sum(1 for r in rows if not r.get("allowed"))
+    dropped = _refused_dropped(network)
+    refused = sum(1 for r in rows if not r.get("allowed")) + dropped
     up = network.get("bytes_up_total", network.get("bytes_up", 0))
     down = network.get("bytes_down_total", network.get("bytes_down", 0))
     lines = [
         f"connections (profile {_one_line(network.get('profile', '?'))}): "
-        f"{_count(len(rows), 'attempt')}, {refused} refused, {_size(up)} up, {_size(down)} down"
+        f"{_count(len(rows) + dropped, 'attempt')}, {refused} refused, "
+        f"{_size(up)} up, {_size(down)} down"
     ]
     for r in rows:
         allowed = bool(r.get("allowed"))
@@ -89,9 +103,11 @@ def connection_rows(network: object) -> list[str]:
         parts.append(_seconds(r.get("started_at"), r.get("ended_at")))
         parts.append(str(r.get("reason", "")))
         lines.append("  " + _one_line(" | ".join(parts)))
-    unrecorded = network.get("unrecorded")
-    if isinstance(unrecorded, int) and unrecorded > 0:
-        lines.append(f"  ... and {unrecorded} more attempts past the record cap (all refused)")
+    if dropped:
+        lines.append(
+            f"  ... and {dropped} more refused {'attempt' if dropped == 1 else 'attempts'} "
+            "past the cap on refused records, not listed"
+        )
     return lines
 
 
@@ -143,9 +159,13 @@ def outside_summary(network: object, tools: object) -> str | None:
     """One short line of what a run did outside (None when it tried nothing): for ``run``."""
     parts = []
     connections = _rows(network, "connections")
-    if connections:
-        refused = sum(1 for r in connections if not r.get("allowed"))
-        parts.append(f"{_count(len(connections), 'connection')} ({refused} refused)")
+    dropped = _refused_dropped(network)
+    if connections or dropped:
+        refused = sum(1 for r in connections if not r.get("allowed")) + dropped
+        unlisted = f", {dropped} not listed" if dropped else ""
+        parts.append(
+            f"{_count(len(connections) + dropped, 'connection')} ({refused} refused{unlisted})"
+        )
     calls = [r for r in _rows(tools, "calls") if r.get("operation") != "list"]
     if calls:
         decisions = Counter(str(r.get("decision", "?")) for r in calls)

@@ -29,8 +29,10 @@ class ProxyLimits:
     """The largest request head (request line and headers); a larger one is answered ``431``."""
     max_headers: int = 100
     """The most header lines in a request head; more is answered ``431``."""
-    max_records: int = 2048
-    """Attempts kept in the report; later ones are only counted."""
+    max_refused_records: int = 2048
+    """Refused attempts kept in the report; later refused ones are only counted. Allowed
+    attempts are always kept (they are bounded by ``max_connections``), so that a flood of
+    refusals cannot push a connection that reached the outside out of the record."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -40,7 +42,7 @@ class ProxyLimits:
             "max_bytes_down",
             "max_head_bytes",
             "max_headers",
-            "max_records",
+            "max_refused_records",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

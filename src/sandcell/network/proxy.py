@@ -68,7 +68,8 @@ class EgressProxy:
         self._mode = socket_mode
         self._budget = Budget(self.limits)
         self._records: list[ConnectionRecord] = []
-        self._unrecorded = 0
+        self._refused_kept = 0
+        self._refused_dropped = 0
         self._seq = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._thread: threading.Thread | None = None
@@ -94,6 +95,11 @@ class EgressProxy:
     def records(self) -> tuple[ConnectionRecord, ...]:
         """The attempts recorded so far (a session takes each cell's share while it runs)."""
         return tuple(self._records)
+
+    @property
+    def refused_dropped(self) -> int:
+        """Refused attempts so far that were past the cap on refused records."""
+        return self._refused_dropped
 
     @property
     def report(self) -> ProxyReport:
@@ -162,7 +168,7 @@ class EgressProxy:
         self._report = ProxyReport(
             profile=self.profile,
             records=tuple(self._records),
-            unrecorded=self._unrecorded,
+            refused_dropped=self._refused_dropped,
             bytes_up=self._budget.bytes_up,
             bytes_down=self._budget.bytes_down,
         )
@@ -237,13 +243,25 @@ class EgressProxy:
         except Exception as exc:  # a defect must close this connection, never the proxy
             attempt.allowed, attempt.reason = False, f"proxy error: {exc!r}"
         finally:
-            if len(self._records) < self.limits.max_records:
-                self._records.append(attempt.finish())
-            else:
-                self._unrecorded += 1
+            self._keep(attempt.finish())
             self._tasks.discard(task)
             if not closed:  # at once: the run ended, or the program stopped reading
                 abort(writer)
+
+    def _keep(self, record: ConnectionRecord) -> None:
+        """Record every attempt that reached the outside, refused ones up to their cap.
+
+        An attempt the proxy connected for counts as reaching the outside even when it was
+        refused afterwards (a tunnel's wrong SNI, a malformed body): the server saw a
+        connection. Such attempts are admitted ones, so ``max_connections`` bounds them.
+        """
+        if record.allowed or record.address is not None:
+            self._records.append(record)
+        elif self._refused_kept < self.limits.max_refused_records:
+            self._refused_kept += 1
+            self._records.append(record)
+        else:
+            self._refused_dropped += 1
 
 
 async def _flush_and_close(writer: asyncio.StreamWriter, grace_s: float) -> bool:

@@ -56,9 +56,10 @@ class ProxyReport:
     profile: str
     """The profile whose allowlist applied."""
     records: tuple[ConnectionRecord, ...]
-    """Attempts in order of arrival, up to the record cap."""
-    unrecorded: int = 0
-    """Attempts past the record cap (all refused: the cap is above the connection cap)."""
+    """Attempts in the order they ended: every one that reached the outside, and refused ones
+    up to the cap on refused records."""
+    refused_dropped: int = 0
+    """Refused attempts past that cap: counted, not listed."""
     bytes_up: int = 0
     """Total bytes relayed from the program."""
     bytes_down: int = 0
@@ -74,7 +75,7 @@ class ProxyReport:
         return {
             "profile": self.profile,
             "connections": [r.to_record() for r in self.records],
-            "unrecorded": self.unrecorded,
+            "refused_dropped": self.refused_dropped,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
         }

@@ -156,6 +156,8 @@ class RunView:
     weakened: tuple[str, ...]
     connections: tuple[Mapping[str, object], ...]
     network: Mapping[str, object] | None
+    refused_dropped: int = 0
+    """Refused attempts the record counts past the proxy's cap but does not list."""
     tool_calls: tuple[Mapping[str, object], ...]
     tools: Mapping[str, object] | None
     seq: int | None
@@ -169,6 +171,15 @@ def _text(value: object, default: str = "") -> str:
 
 def _optional_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _refused_dropped(network: object) -> int:
+    # ``unrecorded``: records written before allowed attempts were always kept.
+    for key in ("refused_dropped", "unrecorded"):
+        value = _map(network).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
 def _map(value: object) -> Mapping[str, object]:
@@ -368,6 +379,7 @@ def run_view(
         weakened=tuple(_text(w) for w in _seq(enforcement.get("weakened"))),
         connections=_maps(_map(network).get("connections")),
         network=network if isinstance(network, Mapping) else None,
+        refused_dropped=_refused_dropped(network),
         tool_calls=_maps(_map(tools).get("calls")),
         tools=tools if isinstance(tools, Mapping) else None,
         seq=seq,
