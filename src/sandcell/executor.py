@@ -85,11 +85,13 @@ ApprovalCallback = Callable[[Ticket], bool]
 
 PostCollect = Callable[
     [Path, tuple[Artifact, ...], tuple[RejectedExport, ...]],
-    tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]],
+    tuple[tuple[Artifact, ...], tuple[RejectedExport, ...], Mapping[str, object]],
 ]
 """Called after the exports were collected, with the workspace (still there) and what was
-exported; returns the run's artifacts and rejections (``--workdir-from`` turns the sandbox's
-change archive into the change set here, :mod:`sandcell.changes`)."""
+exported; returns the run's artifacts and rejections, and fields for the run's record that the
+host computed from them (``--workdir-from`` turns the sandbox's change archive into the change
+set here and names it in the record, :mod:`sandcell.changes`: a record field, unlike an artifact's
+path, is something the sandboxed program cannot write)."""
 """Called with the stored ticket of a run that needs approval; True approves and runs it."""
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH)", re.IGNORECASE)
@@ -627,6 +629,7 @@ class Executor:
         started_at = _now()
 
         displayed: list[DisplayCollection] = []
+        collected_fields: dict[str, object] = {}
 
         def collect(ws: Path) -> tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]:
             if request.display:
@@ -635,7 +638,11 @@ class Executor:
             found: tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]] = ((), ())
             if globs:
                 found = collect_exports(ws, globs, self.store, self.export_limits)
-            return found if post_collect is None else post_collect(ws, *found)
+            if post_collect is None:
+                return found
+            artifacts, rejected, fields = post_collect(ws, *found)
+            collected_fields.update(fields)
+            return artifacts, rejected
 
         sockets = self.open_sockets(profile, request, run_id=run_id)
         live = self.live_output(
@@ -670,7 +677,7 @@ class Executor:
             backend=backend,
             outside=outside,
             secrets=sockets.secrets if sockets is not None else (),
-            record_extra=record_extra,
+            record_extra={**(record_extra or {}), **collected_fields},
         )
 
     def finish(

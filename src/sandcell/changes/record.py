@@ -1,8 +1,9 @@
 """A run's change set as its record names it, every artifact checked against its hash.
 
-The run record (hash-chained in the audit log) lists the change-set artifacts with their
-SHA-256; the artifact store holds the bytes. A stored file whose bytes no longer hash to what the
-record says was tampered with (or damaged), and is refused: nothing shows or applies it.
+The run record (hash-chained in the audit log) names the change set by the SHA-256 of its
+artifacts, in a field the host wrote (``workdir_changes``); the artifact store holds the bytes.
+A stored file whose bytes no longer hash to what the record says was tampered with (or
+damaged), and is refused: nothing shows or applies it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sandcell.artifacts import ArtifactStore
 from sandcell.audit import AuditLog
 from sandcell.changes.diff import Change
 from sandcell.changes.manifest import Manifest
-from sandcell.changes.workdir import CHANGESET, CONTENTS, MANIFEST, PATCH
+from sandcell.changes.workdir import CHANGESET, CONTENTS, MANIFEST, PATCH, RECORD_FIELD
 from sandcell.errors import ConfigError
 
 
@@ -65,18 +66,17 @@ def _verified(store: ArtifactStore, sha256: str, what: str, run_id: str) -> byte
 
 
 def load(audit: AuditLog, store: ArtifactStore, run_id: str) -> RecordedChanges:
-    """The change set of run ``run_id``, verified; ConfigError saying what is wrong."""
+    """The change set of run ``run_id``, verified; ConfigError saying what is wrong.
+
+    The change set is found through the record's :data:`RECORD_FIELD`, which the host wrote
+    from its own computation, never through the artifacts' names: the program chooses the
+    names of the files it exports, and could export its own ``changes.json``."""
     entry = audit.get(run_id)
     if entry is None:
         raise ConfigError(f"no run {run_id!r} in the audit log; see sandcell audit list")
     record = entry.record
-    raw = record.get("artifacts")
-    artifacts = {
-        str(a.get("path")): str(a.get("sha256"))
-        for a in (raw if isinstance(raw, list) else [])
-        if isinstance(a, Mapping)
-    }
-    if CHANGESET not in artifacts:
+    named = record.get(RECORD_FIELD)
+    if not isinstance(named, Mapping):
         rejected = record.get("rejected_exports")
         why = [
             str(r.get("reason"))
@@ -85,18 +85,26 @@ def load(audit: AuditLog, store: ArtifactStore, run_id: str) -> RecordedChanges:
         ]
         detail = f": {why[0]}" if why else " (was it run with --workdir-from DIR --export-diff?)"
         raise ConfigError(f"run {run_id} has no change set{detail}")
-    for name in (PATCH, CONTENTS, MANIFEST):
-        if name not in artifacts:
-            raise ConfigError(f"run {run_id}'s record lacks its {name}; the change set is refused")
-    cj = _verified(store, artifacts[CHANGESET], CHANGESET, run_id)
-    body = json.loads(cj)
-    patch = _verified(store, artifacts[PATCH], PATCH, run_id)
-    contents = _verified(store, artifacts[CONTENTS], CONTENTS, run_id)
-    manifest_bytes = _verified(store, artifacts[MANIFEST], MANIFEST, run_id)
+    hashes: dict[str, str] = {}
+    for key in ("changeset_sha256", "patch_sha256", "contents_sha256", "manifest_sha256"):
+        value = named.get(key)
+        if not isinstance(value, str) or len(value) != 64:
+            raise ConfigError(f"run {run_id}'s record names no {key}; the change set is refused")
+        hashes[key] = value
+    cj = _verified(store, hashes["changeset_sha256"], CHANGESET, run_id)
+    try:
+        body = json.loads(cj)
+    except ValueError:
+        raise ConfigError(f"run {run_id}'s {CHANGESET} does not parse; refused") from None
+    if not isinstance(body, dict):
+        raise ConfigError(f"run {run_id}'s {CHANGESET} is not an object; refused")
+    patch = _verified(store, hashes["patch_sha256"], PATCH, run_id)
+    contents = _verified(store, hashes["contents_sha256"], CONTENTS, run_id)
+    manifest_bytes = _verified(store, hashes["manifest_sha256"], MANIFEST, run_id)
     links = {
-        "patch_sha256": artifacts[PATCH],
-        "contents_sha256": artifacts[CONTENTS],
-        "manifest_artifact_sha256": artifacts[MANIFEST],
+        "patch_sha256": hashes["patch_sha256"],
+        "contents_sha256": hashes["contents_sha256"],
+        "manifest_artifact_sha256": hashes["manifest_sha256"],
     }
     for key, sha in links.items():
         if body.get(key) != sha:
@@ -104,10 +112,15 @@ def load(audit: AuditLog, store: ArtifactStore, run_id: str) -> RecordedChanges:
     manifest = Manifest.from_json(manifest_bytes)
     if manifest.sha256 != body.get("base_manifest_sha256"):
         raise ConfigError(f"run {run_id}'s manifest does not match its change set; refused")
+    workdir = record.get("workdir")
+    if not isinstance(workdir, Mapping) or workdir.get("manifest_sha256") != manifest.sha256:
+        raise ConfigError(
+            f"run {run_id}'s change set was not made against the snapshot its record names; refused"
+        )
     return RecordedChanges(
         run_id=run_id,
         record=record,
-        changeset_sha256=artifacts[CHANGESET],
+        changeset_sha256=hashes["changeset_sha256"],
         body=body,
         changes=tuple(Change.from_dict(c) for c in body.get("changes", [])),
         patch=patch,

@@ -72,11 +72,12 @@ def run_in_workdir(
 
 def _drop_archive(
     ws: Path, artifacts: tuple[Any, ...], rejected: tuple[Any, ...]
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+) -> tuple[tuple[Any, ...], tuple[Any, ...], Mapping[str, object]]:
     from sandcell.changes.program import CHANGES_FILE
 
     del ws
     return (
         tuple(a for a in artifacts if a.path != CHANGES_FILE),
         tuple(r for r in rejected if r.path != CHANGES_FILE),
+        {},
     )

