@@ -134,6 +134,64 @@ class Listener:
         self.sock.close()
 
 
+class RawUpstream:
+    """A loopback server that keeps the exact bytes each connection sent it.
+
+    Per connection it reads the request head and ``body_bytes`` more, answers ``200 ok`` and
+    closes; :meth:`received` waits for a connection to have ended and gives its bytes.
+    """
+
+    def __init__(self, body_bytes: int = 0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port: int = self.sock.getsockname()[1]
+        self._body_bytes = body_bytes
+        self.accepted = 0
+        """Connections accepted (a server that answered has accepted before its answer)."""
+        self._done: list[bytes] = []
+        self._ended = threading.Condition()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        data = b""
+        with conn:
+            conn.settimeout(10)
+            with contextlib.suppress(OSError):
+                while b"\r\n\r\n" not in data or len(data) < (
+                    data.index(b"\r\n\r\n") + 4 + self._body_bytes
+                ):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                conn.shutdown(socket.SHUT_WR)
+                while chunk := conn.recv(65536):
+                    data += chunk
+        with self._ended:
+            self._done.append(data)
+            self._ended.notify_all()
+
+    def received(self, index: int = 0, timeout_s: float = 10.0) -> bytes:
+        """What connection ``index`` sent, once it has ended."""
+        with self._ended:
+            self._ended.wait_for(lambda: len(self._done) > index, timeout_s)
+            return self._done[index]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 @dataclass
 class Running:
     proxy: EgressProxy

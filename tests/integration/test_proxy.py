@@ -39,6 +39,7 @@ from sandcell.network.records import ConnectionRecord
 
 from .egress_servers import (
     Listener,
+    RawUpstream,
     Server,
     Servers,
     exchange,
@@ -874,3 +875,81 @@ def test_the_socket_is_private_new_and_gone_after_stop(tmp_path: Path) -> None:
     assert not path.exists()
     assert proxy.stop() is proxy.report  # stopping again gives the same report
     assert proxy.report.records == ()
+
+
+@pytest.fixture
+def raw_upstream() -> Iterator[RawUpstream]:
+    upstream = RawUpstream(body_bytes=len(SMUGGLED))
+    yield upstream
+    upstream.close()
+
+
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "named",
+    ["Host, Content-Length", "content-length", "HOST", "close, Transfer-Encoding"],
+)
+def test_a_connection_header_cannot_unname_what_the_proxy_checked(
+    raw_upstream: RawUpstream, named: str
+) -> None:
+    # Dropped after the checks, Host and the body's framing would leave the server to read
+    # the body as a second request, for any host it serves.
+    port = raw_upstream.port
+    framing = (
+        "Transfer-Encoding: chunked\r\n"
+        if "Transfer" in named
+        else f"Content-Length: {len(SMUGGLED)}\r\n"
+    )
+    body = f"{len(SMUGGLED):x}\r\n".encode() + SMUGGLED + b"\r\n0\r\n\r\n"
+    with running_proxy((f"api.test:{port}",)) as run:
+        answer = exchange(
+            run.path,
+            f"POST http://api.test:{port}/one HTTP/1.1\r\nHost: api.test:{port}\r\n"
+            f"Connection: {named}\r\n{framing}\r\n".encode()
+            + (body if "Transfer" in named else SMUGGLED),
+        )
+    assert status_of(answer) == 400, answer
+    assert b"the Connection header names" in answer
+    assert raw_upstream.accepted == 0
+    record = only(run.proxy.report.records)
+    assert not record.allowed and record.address is None
+
+
+def test_the_upstream_receives_exactly_the_checked_head_and_body() -> None:
+    upstream = RawUpstream(body_bytes=5)
+    port = upstream.port
+    try:
+        with running_proxy((f"api.test:{port}",)) as run:
+            answer = exchange(
+                run.path,
+                f"POST http://api.test:{port}/p?q=1 HTTP/1.1\r\nHost: api.test:{port}\r\n"
+                "Connection: keep-alive, X-Hop\r\nX-Hop: between the program and the proxy\r\n"
+                "Proxy-Authorization: Basic eA==\r\nX-End: kept\r\nContent-Length: 5\r\n\r\n"
+                "hello".encode(),
+            )
+        assert status_of(answer) == 200 and answer.endswith(b"ok")
+        assert upstream.received() == (
+            f"POST /p?q=1 HTTP/1.1\r\nHost: api.test:{port}\r\nX-End: kept\r\n"
+            "Content-Length: 5\r\nConnection: close\r\n\r\nhello".encode()
+        )
+    finally:
+        upstream.close()
+
+
+def test_an_http_1_0_request_is_sent_with_the_url_host_and_without_its_hop_by_hop_headers() -> None:
+    upstream = RawUpstream()
+    port = upstream.port
+    try:
+        with running_proxy((f"api.test:{port}",)) as run:
+            request = (
+                f"GET http://api.test:{port}/old HTTP/1.0\r\nConnection: X-A\r\nX-A: 1\r\n\r\n"
+            )
+            answer = exchange(run.path, request.encode())
+        assert status_of(answer) == 200
+        assert upstream.received() == (
+            f"GET /old HTTP/1.0\r\nHost: api.test:{port}\r\nConnection: close\r\n\r\n".encode()
+        )
+    finally:
+        upstream.close()

@@ -10,6 +10,7 @@ from sandcell.network.http_head import (
     HeadError,
     body_framing,
     close_response_head,
+    end_to_end,
     forward_head,
     parse_request_head,
     split_absolute_url,
@@ -35,6 +36,28 @@ def test_a_plain_request_is_forwarded_in_origin_form_with_hop_by_hop_headers_dro
     assert forward_head(parsed, path) == head(
         "GET /a?b=1 HTTP/1.1\nHost: api.example.com\nAccept: */*\nConnection: close\n\n"
     )
+
+
+@pytest.mark.parametrize("named", ["Host", "close, content-length", "TRANSFER-ENCODING"])
+def test_a_connection_header_may_not_name_what_the_proxy_relies_on(named: str) -> None:
+    parsed = parse_request_head(
+        head(f"POST http://a.example/ HTTP/1.1\nHost: a.example\nConnection: {named}\n\n"),
+        max_headers=100,
+    )
+    for step in (end_to_end, lambda h: forward_head(h, "/")):
+        with pytest.raises(HeadError) as info:
+            step(parsed)
+        assert info.value.status == 400 and "the Connection header names" in info.value.message
+
+
+def test_the_end_to_end_head_is_what_is_forwarded() -> None:
+    parsed = parse_request_head(
+        head("GET http://a.example/ HTTP/1.1\nHost: a.example\nConnection: X-A\nX-A: 1\n\n"),
+        max_headers=100,
+    )
+    forwarded = end_to_end(parsed)
+    assert forwarded.headers == (("Host", "a.example"),)
+    assert forward_head(forwarded, "/") == forward_head(parsed, "/")
 
 
 @pytest.mark.parametrize(

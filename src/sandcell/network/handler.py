@@ -31,10 +31,12 @@ from sandcell.network.http_head import (
     RequestHead,
     body_framing,
     close_response_head,
+    end_to_end,
     forward_head,
     parse_request_head,
     split_absolute_url,
     split_authority,
+    with_header,
 )
 from sandcell.network.records import ConnectionRecord, Method
 from sandcell.network.relay import (
@@ -325,6 +327,9 @@ async def _forward(
     attempt.host, attempt.port = authority.host, authority.port
     target = gate.check(authority.host, authority.port)
     attempt.host = target.shown
+    # Checked and framed as forwarded: a header the program's Connection header removes
+    # must not count here and then be missing upstream.
+    head = end_to_end(head)
     hosts = head.values("host")
     if len(hosts) > 1:
         raise HeadError(400, "the request has more than one Host header")
@@ -341,13 +346,12 @@ async def _forward(
                 f"{target.shown} port {target.port}",
             )
     framing = body_framing(head)
-    server = await gate.connect(target)
-    attempt.address, attempt.allowed = str(server.address), True
-    outgoing = forward_head(head, path)
     if not hosts:  # HTTP/1.0 may leave it out; the server is told the host the URL named
         name = f"[{target.host}]" if ":" in target.shown else target.shown
-        host = name if target.port == 80 else f"{name}:{target.port}"
-        outgoing = outgoing.replace(b"\r\n", f"\r\nHost: {host}\r\n".encode(), 1)
+        head = with_header(head, "Host", name if target.port == 80 else f"{name}:{target.port}")
+    outgoing = forward_head(head, path)
+    server = await gate.connect(target)
+    attempt.address, attempt.allowed = str(server.address), True
     flow = attempt.flow
     try:
         await send(server.writer, outgoing, flow=flow, budget=budget, up=True)

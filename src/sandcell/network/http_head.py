@@ -28,6 +28,10 @@ HOP_BY_HOP = frozenset(
     }
 )
 """Headers meaningful only between the program and the proxy; never forwarded."""
+RELIED_ON = ("host", "content-length", "transfer-encoding")
+"""End-to-end headers the proxy checks (the host) or frames the body by: a ``Connection``
+header may not name them, since removing them after the checks would let the server read the
+request (and the body as a second request) otherwise than the proxy did."""
 
 
 class HeadError(Exception):
@@ -185,18 +189,56 @@ def body_framing(head: RequestHead) -> BodyFraming:
     return BodyFraming(length=int(next(iter(values))))
 
 
-def forward_head(head: RequestHead, path: str) -> bytes:
-    """The head to send the server: origin-form target, hop-by-hop headers dropped,
-    ``Connection: close`` (one request per connection)."""
+def end_to_end(head: RequestHead) -> RequestHead:
+    """``head`` as it will be forwarded: the hop-by-hop headers, and those its ``Connection``
+    headers name, removed. Check and frame the request on this, not on ``head``.
+
+    Raises:
+        HeadError: 400 when a ``Connection`` header names Host, Content-Length or
+        Transfer-Encoding.
+    """
     named = {
         token.strip().lower() for value in head.values("connection") for token in value.split(",")
     }
+    relied = [name for name in RELIED_ON if name in named]
+    if relied:
+        raise HeadError(
+            400,
+            f"the Connection header names {', '.join(relied)}, which the proxy checks or frames "
+            "the request by; name only hop-by-hop headers there (or send Connection: close)",
+        )
+    return RequestHead(
+        method=head.method,
+        target=head.target,
+        version=head.version,
+        headers=tuple(
+            (name, value)
+            for name, value in head.headers
+            if name.lower() not in HOP_BY_HOP and name.lower() not in named
+        ),
+    )
+
+
+def with_header(head: RequestHead, name: str, value: str) -> RequestHead:
+    """``head`` with one more header, first."""
+    return RequestHead(
+        method=head.method,
+        target=head.target,
+        version=head.version,
+        headers=((name, value), *head.headers),
+    )
+
+
+def forward_head(head: RequestHead, path: str) -> bytes:
+    """The head to send the server: origin-form target, the :func:`end_to_end` headers,
+    ``Connection: close`` (one request per connection).
+
+    Raises:
+        HeadError: as :func:`end_to_end`. On a head that went through it already, nothing is
+        removed a second time: what was checked is what is sent.
+    """
     lines = [f"{head.method} {path} {head.version}"]
-    lines += [
-        f"{name}: {value}"
-        for name, value in head.headers
-        if name.lower() not in HOP_BY_HOP and name.lower() not in named
-    ]
+    lines += [f"{name}: {value}" for name, value in end_to_end(head).headers]
     lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
