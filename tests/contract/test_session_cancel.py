@@ -14,6 +14,7 @@ from tests.conftest import backend_unavailable, ladder_executor, settle_pools
 
 from sandcell import Executor, Limits, Outcome, RunResult
 from sandcell.sessions import Session
+from sandcell.sessions.verdict import CANCEL_POLL_S
 from sandcell.spec import MiB
 
 SLOW = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
@@ -92,3 +93,27 @@ def test_a_cell_that_ignores_the_cancel_ends_the_session(session: Session) -> No
     assert cell.outcome is Outcome.KILLED, cell.reason
     assert cell.reason.startswith("cancelled: enough") and "did not stop" in cell.reason
     assert session.ended is not None
+
+
+def test_one_cancel_interrupts_the_cell_once(session: Session) -> None:
+    """A cell that handles the interrupt then counts any further SIGINT instead of dying of it:
+    one cancel reaches it once, also while its handler runs for several of the host's cancel
+    polls (once the host re-sent the SIGINT at each poll until the cell answered, and a second
+    KeyboardInterrupt landed inside the program's own handler for the first)."""
+    polls = 5
+    code = (
+        "import signal, time\n"
+        "try:\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n"
+        "except KeyboardInterrupt:\n"
+        "    signal.signal(signal.SIGINT, lambda *a: print('again', flush=True))\n"
+        "    print('caught', flush=True)\n"
+        f"    time.sleep({polls * CANCEL_POLL_S})\n"
+        "    print('handled', flush=True)\n"
+    )
+    worker, results = _in_thread(session, code, ready_on="ready")
+    worker.join(60)
+    [cell] = results
+    assert "caught" in cell.stdout, cell
+    assert "again" not in cell.stdout, cell.stdout

@@ -63,6 +63,7 @@ from sandcell.backends.namespaces.prepared import (
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
+from sandcell.sessions.cell_interrupt import CellInterrupt
 from sandcell.sessions.cell_sandbox import (
     CappedOutput,
     CellRun,
@@ -376,22 +377,26 @@ class SessionSandbox:
         stopped_by: str | None = None
         reply: dict[str, object] | None = None
         ended_why: str | None = None
+        interrupt = CellInterrupt(cell_id)
         while reply is None:
             msg = self._next_message()
             if msg is not None:
                 if msg.get("op") == "done" and msg.get("id") == cell_id:
                     reply = msg
+                elif interrupt.saw(msg):
+                    self._interrupt()
+                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
                 continue
             now = time.monotonic()
             if hard_deadline is not None and now >= hard_deadline:
                 ended_why = "lifetime"
                 break
             if cancel is not None and cancel.reason is not None and stopped_by in (None, "cancel"):
-                # Again at each poll until the cell answers: the kernel ignores a SIGINT that
-                # comes before it has started the cell.
                 if stopped_by is None:
                     stopped_by, deadline = "cancel", now + INTERRUPT_GRACE_S
-                self._interrupt()
+                if interrupt.request():
+                    self._interrupt()
+                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
             limit = min(deadline, hard_deadline) if hard_deadline is not None else deadline
             if cancel is not None and stopped_by in (None, "cancel"):
                 limit = min(limit, now + CANCEL_POLL_S)
@@ -401,12 +406,14 @@ class SessionSandbox:
                 break
             if event in ("stdout", "stderr") and stopped_by is None:
                 stopped_by = event
-                self._interrupt()
+                if interrupt.request():
+                    self._interrupt()
                 deadline = time.monotonic() + INTERRUPT_GRACE_S
             elif event is None and time.monotonic() >= deadline:
                 if stopped_by is None:
                     stopped_by = "wall_time"
-                    self._interrupt()
+                    if interrupt.request():
+                        self._interrupt()
                     deadline = time.monotonic() + INTERRUPT_GRACE_S
                 else:
                     ended_why = "grace"

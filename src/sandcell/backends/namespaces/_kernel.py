@@ -12,6 +12,8 @@ cell requests one at a time until the channel closes:
 * host to kernel: ``{"op": "cell", "id": N, "code": TEXT, "scope": NAME, "cwd": PATH}``
   (``scope`` and ``cwd`` optional), or ``{"op": "drop", "id": N, "scope": NAME}``
 * kernel to host: ``{"op": "hello", "pid": PID, "display": BOOL}`` once, then for each cell
+  ``{"op": "started", "id": N}`` as it starts the cell's code (not for a drop, nor a scope
+  whose directory is gone), then
   ``{"op": "done", "id": N, "status": "ok"|"error"|"interrupted"|"exit", "error": TYPE,
   "exit_code": CODE, "out_dir": PATH|null}`` (for a drop: ``{"op": "done", "id": N, "status":
   "ok"}``)
@@ -31,7 +33,9 @@ per-cell directory under ``/tmp`` that the host collects (``--outputs``: under a
 one the host can read, such as the workspace of a sandbox whose ``/tmp`` the host cannot see).
 
 SIGINT interrupts the running cell (KeyboardInterrupt, state kept); between cells it is ignored,
-so an interrupt that races the end of a cell cannot kill the kernel.
+so an interrupt that races the end of a cell cannot kill the kernel. The kernel says
+``{"op": "started", "id": N}`` once a SIGINT would interrupt cell N: the host interrupts a cell
+once, after that message, never before it (where the SIGINT would be lost).
 
 This file is standalone on purpose: it runs inside the sandbox and must not import sandcell.
 
@@ -308,6 +312,9 @@ class Kernel:
         reply: dict[str, Any] = {"op": "done", "id": cell_id, "out_dir": out_dir}
         try:
             _State.in_cell = True
+            # From here a SIGINT interrupts this cell: the host sends the one it owes the cell
+            # only once it has read this (cell_interrupt.py).
+            _send(self.ctl, {"op": "started", "id": cell_id})
             if self.run_cell is not None and out_dir is not None:
                 self.seq = self.run_cell(code, ns, out_dir, filename=filename, seq_start=self.seq)
             else:
