@@ -65,7 +65,7 @@ from sandcell.spec import (
 from sandcell.validation import (
     InvariantLike,
     Leak,
-    check_schema,
+    default_checks,
     parse_invariant,
     scan_artifact,
     validate_output,
@@ -959,7 +959,9 @@ class _Validators:
     ) -> _Validators:
         schema = schema if schema is not None else admission.profile.validation.result_schema
         if schema is not None:
-            check_schema(schema)
+            # In a confined worker: the schema is the requester's, and checking a large one
+            # would hold the service's interpreter lock for seconds.
+            default_checks().check_schema(schema)
         parsed = [parse_invariant(i) if isinstance(i, str) else i for i in invariants]
         return cls(schema=schema, model=model, invariants=parsed, result_file=admission.result_file)
 

@@ -30,15 +30,18 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from sandcell.validation.confined import ConfinedChecks, ConfinementLimits, default_checks
 from sandcell.validation.invariants import (
     Invariant,
     InvariantLike,
     check_invariants,
+    invariant_failure,
     parse_invariant,
 )
 from sandcell.validation.redact import DEFAULT_PATTERNS, Leak, Pattern, Redactor
 from sandcell.validation.result import (
     ValidationReport,
+    capped_errors,
     check_schema,
     extract_result,
     load_schema,
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PATTERNS",
+    "ConfinedChecks",
+    "ConfinementLimits",
     "Invariant",
     "InvariantLike",
     "Leak",
@@ -58,9 +63,12 @@ __all__ = [
     "Pattern",
     "Redactor",
     "ValidationReport",
+    "capped_errors",
     "check_invariants",
     "check_schema",
+    "default_checks",
     "extract_result",
+    "invariant_failure",
     "is_tty_safe",
     "load_schema",
     "neutralise",
@@ -123,6 +131,7 @@ def validate_output(
     model: type[pydantic.BaseModel] | None = None,
     invariants: Sequence[InvariantLike] = (),
     known_secrets: Sequence[str] = (),
+    checks: ConfinedChecks | None = None,
 ) -> OutputReport:
     """Validate and scan one run's output.
 
@@ -139,6 +148,8 @@ def validate_output(
         model: A pydantic model class the result must validate as.
         invariants: Conditions on the result (callables, parsed or textual invariants).
         known_secrets: Secret values to redact wherever they appear (see :class:`Redactor`).
+        checks: Where the schema and the textual invariants are evaluated (default: the
+            process's pool of confined workers, :func:`confined.default_checks`).
 
     Raises:
         ConfigError: for an invalid schema or invariant. Check both when the request is made
@@ -171,16 +182,48 @@ def validate_output(
     if missing is not None:
         return replace(report, valid=False, errors=(missing,), value=None, leaks=tuple(leaks))
 
-    checked = validate_result(value, schema=schema, model=model)
-    errors = list(checked.errors)
-    if checked.ok and invariants:
-        subject = checked.value
-        if model is not None and checked.value is not None:
-            subject = checked.value.model_dump(mode="json")  # type: ignore[attr-defined]
-        errors += check_invariants(subject, invariants)
+    errors, validated = _checked(value, schema, model, invariants, checks)
     if errors:
-        return replace(report, valid=False, errors=tuple(errors), value=None, leaks=tuple(leaks))
-    return replace(report, value=checked.value, leaks=tuple(leaks))
+        return replace(report, valid=False, errors=errors, value=None, leaks=tuple(leaks))
+    return replace(report, value=validated, leaks=tuple(leaks))
+
+
+def _checked(
+    value: object,
+    schema: Mapping[str, object] | None,
+    model: type[pydantic.BaseModel] | None,
+    invariants: Sequence[InvariantLike],
+    checks: ConfinedChecks | None,
+) -> tuple[tuple[str, ...], object]:
+    """Why ``value`` fails, and the value handed on (the model instance when a model is given).
+
+    The schema's errors and the model's come first; only if both passed, the failed invariants,
+    in the order given. The schema and the textual invariants come from the requester and are
+    evaluated in a confined worker; the model and callables are the caller's own code and run
+    here."""
+    model_report = validate_result(value, model=model) if model is not None else None
+    subject = value
+    if model_report is not None and model_report.value is not None:
+        subject = model_report.value.model_dump(mode="json")  # type: ignore[attr-defined]
+    compiled = [parse_invariant(i) if isinstance(i, str) else i for i in invariants]
+    texts = [i.source for i in compiled if isinstance(i, Invariant)]
+    model_ok = model_report is None or model_report.ok
+    verdict = None
+    if schema is not None or texts:
+        verdict = (checks or default_checks()).check(
+            value, schema=schema, invariants=texts if model_ok else (), subject=subject
+        )
+    errors = [*(verdict.schema_errors if verdict else ())]
+    errors += model_report.errors if model_report else ()
+    if errors:
+        return capped_errors(errors), None
+    confined = iter(verdict.invariant_failures or () if verdict else ())
+    failures = [
+        next(confined) if isinstance(i, Invariant) else invariant_failure(subject, i, position)
+        for position, i in enumerate(compiled, start=1)
+    ]
+    validated = model_report.value if model_report is not None else value
+    return tuple(f for f in failures if f is not None), validated
 
 
 @lru_cache(maxsize=8)

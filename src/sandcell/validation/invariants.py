@@ -67,6 +67,7 @@ __all__ = [
     "Invariant",
     "InvariantLike",
     "check_invariants",
+    "invariant_failure",
     "parse_invariant",
 ]
 
@@ -135,25 +136,29 @@ def check_invariants(
     run). An empty tuple means every invariant holds.
     """
     compiled = [parse_invariant(i) if isinstance(i, str) else i for i in invariants]
-    failures: list[str] = []
-    for position, invariant in enumerate(compiled, start=1):
-        name = _name(invariant, position)
-        try:
-            outcome = invariant(value)
-        except Failure as exc:
-            failures.append(f"invariant {name} could not be evaluated: {exc}")
-            continue
-        except Exception as exc:  # the caller's own callable, or a type error in a comparison
-            failures.append(f"invariant {name} raised {type(exc).__name__}: {exc}")
-            continue
-        if outcome is True:
-            continue
-        if outcome is False:
-            failures.append(f"invariant {name} does not hold")
-        else:
-            shown = repr(outcome)
-            shown = shown if len(shown) <= 80 else shown[:79] + "…"
-            failures.append(
-                f"invariant {name} gave {shown} ({type(outcome).__name__}), not True or False"
-            )
-    return tuple(failures)
+    failures = (
+        invariant_failure(value, invariant, position)
+        for position, invariant in enumerate(compiled, start=1)
+    )
+    return tuple(failure for failure in failures if failure is not None)
+
+
+def invariant_failure(
+    value: object, invariant: Invariant | Callable[[object], object], position: int
+) -> str | None:
+    """Why ``invariant`` (the ``position``-th, counted from 1) does not hold of ``value``, or
+    None when it holds."""
+    name = _name(invariant, position)
+    try:
+        outcome = invariant(value)
+    except Failure as exc:
+        return f"invariant {name} could not be evaluated: {exc}"
+    except Exception as exc:  # the caller's own callable, or a type error in a comparison
+        return f"invariant {name} raised {type(exc).__name__}: {exc}"
+    if outcome is True:
+        return None
+    if outcome is False:
+        return f"invariant {name} does not hold"
+    shown = repr(outcome)
+    shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    return f"invariant {name} gave {shown} ({type(outcome).__name__}), not True or False"

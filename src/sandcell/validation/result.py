@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ERRORS",
     "ValidationReport",
+    "capped_errors",
     "check_schema",
     "extract_result",
     "json_path",
@@ -199,7 +200,7 @@ def _shorten(message: str) -> str:
     return message[: _MAX_MESSAGE_CHARS - 1] + "…"
 
 
-def _capped(lines: Iterable[str]) -> tuple[str, ...]:
+def capped_errors(lines: Iterable[str]) -> tuple[str, ...]:
     """At most :data:`MAX_ERRORS` lines, the last one saying so if more were left out."""
     first = list(itertools.islice(lines, MAX_ERRORS + 1))
     if len(first) <= MAX_ERRORS:
@@ -241,6 +242,8 @@ def check_schema(schema: Mapping[str, object]) -> None:
     except jsonschema.SchemaError as exc:
         where = json_path(exc.absolute_path)
         raise ConfigError(f"invalid JSON Schema at {where}: {_shorten(exc.message)}") from None
+    except RecursionError:
+        raise ConfigError("invalid JSON Schema: it is nested too deeply") from None
 
 
 def load_schema(path: Path) -> Mapping[str, object]:
@@ -327,7 +330,7 @@ def validate_result(
             instance, model_errors = _model_errors(value, model)
             sources.append(model_errors)
             validated = instance
-        errors = _capped(itertools.chain.from_iterable(sources))
+        errors = capped_errors(itertools.chain.from_iterable(sources))
     except _unresolvable() as exc:
         # No $ref is ever fetched from the network or the disk: a schema must be self-contained.
         raise ConfigError(
