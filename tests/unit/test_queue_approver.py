@@ -18,7 +18,7 @@ from sandcell.policy.tool_tickets import ToolTicket
 from sandcell.tools.approval import ApprovalRequest, NoApproval, Outcome, ask
 from sandcell.tools.queue_approver import RUN_ENDED, QueueApprover, ticket_lifetime
 
-REQUEST = ApprovalRequest(
+REQUEST = ApprovalRequest.for_call(
     profile="tickets", tool="tickets.create_ticket", args={"title": "refund", "n": 1}
 )
 

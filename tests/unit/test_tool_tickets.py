@@ -13,8 +13,8 @@ import pytest
 
 from sandcell.policy.approvals import ApprovalError, ApprovalStore
 from sandcell.policy.tool_tickets import (
-    PREVIEW_CHARS,
     TOOL_SCHEMA,
+    canonical_args,
     is_tool_ticket_id,
     render_tool_list_lines,
     render_tool_ticket,
@@ -57,23 +57,64 @@ def test_a_submitted_call_is_pending_with_a_hash_matching_the_call_record(
     )
     # The gateway's record hashes the arguments the same way: a ticket names its call.
     assert ticket.args_sha256 == digest(ARGS)
-    assert '"title":"refund for order 17"' in ticket.args_preview
-    assert ticket.args_bytes == len(ticket.args_preview.encode())
+    assert '"title": "refund for order 17"' in ticket.args_preview
+    assert ticket.args_json == canonical_args(ARGS) and ticket.intact
+    assert ticket.args_bytes == len(canonical_args(ARGS).encode())
     assert ticket.expires_at > ticket.created_at
     assert (ticket.decided_by, ticket.decided_at, ticket.reason) == (None, None, None)
     assert store.get_tool(ticket.id[:7]).id == ticket.id  # a unique prefix is enough
     assert [t.id for t in store.list_tools()] == [ticket.id]
 
 
-def test_the_preview_redacts_secret_shaped_values_and_is_cut(store: ApprovalStore) -> None:
-    ticket = store.get_tool(submit(store, args={"a_token": GITHUB_TOKEN, "body": "x" * 5000}))
+def test_the_arguments_are_kept_and_shown_whole_with_secrets_redacted(
+    store: ApprovalStore,
+) -> None:
+    args = {"a_token": GITHUB_TOKEN, "body": "x" * 5000}
+    ticket = store.get_tool(submit(store, args=args))
     assert GITHUB_TOKEN not in ticket.args_preview
     assert "[REDACTED:github_token]" in ticket.args_preview
-    assert ticket.args_preview.endswith("more characters)")
-    assert len(ticket.args_preview) < PREVIEW_CHARS + 40
-    # The hash and size are of the arguments as sent, not of the preview.
-    assert ticket.args_sha256 == digest({"a_token": GITHUB_TOKEN, "body": "x" * 5000})
+    assert "x" * 5000 in ticket.args_preview  # nothing is cut
+    # The hash and size are of the arguments as sent, kept in full, not of what is shown.
+    assert ticket.args_json == canonical_args(args) and GITHUB_TOKEN in ticket.args_json
+    assert ticket.args_sha256 == digest(args)
     assert ticket.args_bytes > 5000
+
+
+def test_the_request_line_leads_and_no_redaction_or_padding_hides_it(
+    store: ApprovalStore,
+) -> None:
+    # Padding sorted before "method" pushed a DELETE out of a preview cut at 2,000 characters.
+    args = {
+        "json": {"pad": "." * 5000},
+        "method": "DELETE",
+        "path": f"/repos/acme/{GITHUB_TOKEN}",
+        "query": {"force": "1"},
+    }
+    ticket = store.get_tool(submit(store, tool="gh.request", args=args))
+    line = f"DELETE /repos/acme/{GITHUB_TOKEN}?force=1"
+    assert ticket.request_line == line
+    shown = render_tool_ticket(ticket)
+    assert f"\nrequest   {line}\n" in shown
+    assert shown.index("request   DELETE") < shown.index("." * 5000)
+    [listed] = render_tool_list_lines([ticket])
+    assert line in listed
+    assert ticket.to_dict()["request_line"] == line
+
+
+def test_a_store_made_before_full_arguments_were_kept_is_upgraded(tmp_path: Path) -> None:
+    path = tmp_path / "approvals.sqlite3"
+    with ApprovalStore(path) as old:
+        tid = submit(old)
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE tool_approvals DROP COLUMN args_json")
+    conn.commit()
+    conn.close()
+    with ApprovalStore(path) as upgraded:
+        ticket = upgraded.get_tool(tid)
+        # Its arguments were never kept: shown as such, and no call can go through on it.
+        assert ticket.args_json is None and not ticket.intact
+        assert "WARNING" in render_tool_ticket(ticket)
+        assert upgraded.get_tool(submit(upgraded)).intact
 
 
 def test_approve_records_who_and_why_and_only_once(store: ApprovalStore) -> None:

@@ -81,7 +81,7 @@ def test_a_remote_ref_is_never_fetched() -> None:
     assert "cannot be checked" in problem
 
 
-REQ = ApprovalRequest(profile="p", tool="t.create", args={"a": 1})
+REQ = ApprovalRequest.for_call(profile="p", tool="t.create", args={"a": 1})
 
 
 def test_approval_without_an_approver_is_refused_clearly() -> None:

@@ -331,7 +331,7 @@ def terminal_approver() -> Approver:
     import threading
 
     from sandcell.policy.approvals import default_approver
-    from sandcell.policy.tool_tickets import args_preview
+    from sandcell.policy.tool_tickets import args_preview, request_line
     from sandcell.tools.approval import ApprovalDecision, ApprovalRequest
     from sandcell.validation import neutralise
 
@@ -339,15 +339,19 @@ def terminal_approver() -> Approver:
     who = f"terminal:{default_approver()}"
 
     def approve(request: ApprovalRequest) -> ApprovalDecision | None:
-        preview, sha256, size = args_preview(request.args)
+        args = request.args
+        shown, sha256, size = args_preview(args)
+        line = request_line(args)
+        # The whole call, one argument per line, the request line first: the person approves
+        # what runs, nothing cut.
+        text = f"sandcell: {request.tool} (profile {request.profile}) needs approval\n"
+        if line is not None:  # a line break in a path must not start a line of its own
+            flat = line.replace("\r", "\\r").replace("\n", "\\n")
+            text += f"sandcell:   request {flat}\n"
+        text += f"sandcell:   arguments ({size} bytes, sha256 {sha256}):\n"
+        text += "".join(f"sandcell:     {part}\n" for part in shown.split("\n"))
         with lock:
-            sys.stderr.write(
-                neutralise(
-                    f"sandcell: {request.tool} (profile {request.profile}) needs approval; "
-                    f"arguments ({size} bytes, sha256 {sha256[:16]}): {preview}"
-                ).replace("\n", "\\n")
-                + "\nsandcell: approve this call? [y/N] "
-            )
+            sys.stderr.write(neutralise(text) + "sandcell: approve this call? [y/N] ")
             sys.stderr.flush()
             answer = _read_line(sys.stdin.fileno())
             if not sys.stderr.isatty():
@@ -355,7 +359,9 @@ def terminal_approver() -> Approver:
                 sys.stderr.write("\n")
         if answer is None:
             return None
-        return ApprovalDecision(approved=answer.strip().lower() in ("y", "yes"), approver=who)
+        return ApprovalDecision(
+            approved=answer.strip().lower() in ("y", "yes"), approver=who, args_sha256=sha256
+        )
 
     return approve
 

@@ -82,13 +82,18 @@ def _terminal_approver() -> Approver:
     def approve(request: ApprovalRequest) -> ApprovalDecision | None:
         if not sys.stdin.isatty():
             return None
-        shown = neutralise(json.dumps(dict(request.args), ensure_ascii=False))
-        print(f"{request.tool} needs approval; arguments: {shown}", file=sys.stderr)
+        shown = neutralise(json.dumps(request.args, ensure_ascii=False))
+        print(
+            f"{request.tool} needs approval; arguments (sha256 {request.args_sha256}): {shown}",
+            file=sys.stderr,
+        )
         # The prompt goes to stderr: stdout carries only the result, for pipes.
         print("approve? [y/N] ", end="", file=sys.stderr, flush=True)
         answer = sys.stdin.readline().strip().lower()
         return ApprovalDecision(
-            approved=answer in ("y", "yes"), approver=f"cli:{getpass.getuser()}"
+            approved=answer in ("y", "yes"),
+            approver=f"cli:{getpass.getuser()}",
+            args_sha256=request.args_sha256,
         )
 
     return approve

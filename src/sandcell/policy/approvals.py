@@ -44,21 +44,23 @@ import platformdirs
 from sandcell._sqlite import PrivateStore
 from sandcell.errors import ConfigError
 from sandcell.policy.tool_tickets import (
-    COLUMNS as _TOOL_COLUMNS,
-)
-from sandcell.policy.tool_tickets import (
-    ID_PREFIX as _TOOL_PREFIX,
-)
-from sandcell.policy.tool_tickets import (
+    ARGS_JSON_COLUMN,
     TOOL_SCHEMA,
     TOOL_STATUSES,
     ToolTicket,
     args_preview,
+    canonical_args,
     deadline,
     is_tool_ticket_id,
     new_tool_ticket_id,
     now_utc,
     past,
+)
+from sandcell.policy.tool_tickets import (
+    COLUMNS as _TOOL_COLUMNS,
+)
+from sandcell.policy.tool_tickets import (
+    ID_PREFIX as _TOOL_PREFIX,
 )
 from sandcell.spec import InputFile, IsolationMode, Language, Limits, RunRequest
 
@@ -277,6 +279,9 @@ def _required(value: str, what: str) -> str:
 
 def _add_tool_table(conn: sqlite3.Connection) -> None:
     conn.execute(TOOL_SCHEMA)
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(tool_approvals)")}
+    if "args_json" not in columns:
+        conn.execute(ARGS_JSON_COLUMN)
 
 
 # --- the store --------------------------------------------------------------------------------
@@ -415,8 +420,10 @@ class ApprovalStore(PrivateStore):
         expires_in_s: float,
         run_id: str | None = None,
     ) -> ToolTicket:
-        """File a tool call as a pending tool ticket that expires after ``expires_in_s``."""
+        """File a tool call as a pending tool ticket that expires after ``expires_in_s``; the
+        arguments are kept in full (see :mod:`sandcell.policy.tool_tickets`)."""
         try:
+            exact = canonical_args(args)
             preview, sha256, size = args_preview(args)
         except (TypeError, ValueError) as e:
             raise ApprovalError(f"the arguments of {tool} are not JSON: {e}") from e
@@ -432,12 +439,13 @@ class ApprovalStore(PrivateStore):
             preview,
             sha256,
             size,
+            exact,
         )
         with self._txn() as conn:
             conn.execute(
                 "INSERT INTO tool_approvals (id, created_at, expires_at, status, profile, tool, "
-                "run_id, args_preview, args_sha256, args_bytes) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "run_id, args_preview, args_sha256, args_bytes, args_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             return self._tool_ticket(self._find_tool(conn, row[0]))

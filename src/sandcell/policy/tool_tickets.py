@@ -12,9 +12,15 @@ decided before its deadline (the run's wall time) or when its run ended first; a
 can no longer be approved, even if the process that waited for it was killed and nobody marked
 it: a pending ticket past its ``expires_at`` is expired on the next look at the store.
 
-The arguments are stored as a preview (secret-shaped tokens redacted, cut at
-:data:`PREVIEW_CHARS`) and a SHA-256 of their canonical JSON, the same hash the call's record
-carries (``args_sha256``), so a ticket and the call it let through can be matched in the audit.
+The arguments are stored in full, as the exact canonical JSON the gateway hashed (``args_json``),
+with their SHA-256 (``args_sha256``, the hash the call's record carries, so a ticket and the call
+it let through can be matched in the audit) and the text a person reads (``args_preview``: the
+same arguments, complete, indented one key per line, secret-shaped tokens redacted). Nothing is
+cut: a preview cut at a length let padding push a ``DELETE`` out of sight. For an HTTP request
+its request line (``METHOD /path?query``) is shown first and never redacted
+(:func:`request_line`), so a redaction cannot hide what the call does. The gateway runs exactly
+the bytes of ``args_json`` and checks their hash against the approved ticket's before it calls
+the upstream (:mod:`sandcell.tools.gateway`).
 """
 
 from __future__ import annotations
@@ -25,36 +31,42 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
 
-from sandcell.tools.records import digest
+from sandcell.tools.records import canonical, digest, text_digest
 from sandcell.validation.redact import Redactor
 
 __all__ = [
+    "ARGS_JSON_COLUMN",
     "ID_PREFIX",
-    "PREVIEW_CHARS",
+    "LIST_ARGS_CHARS",
     "TOOL_SCHEMA",
     "TOOL_STATUSES",
     "ToolTicket",
     "args_preview",
+    "canonical_args",
     "is_tool_ticket_id",
     "new_tool_ticket_id",
     "render_tool_list_lines",
     "render_tool_ticket",
+    "request_line",
 ]
 
 TOOL_STATUSES = ("pending", "approved", "denied", "expired")
 ID_PREFIX = "t"
 """First character of every tool ticket id; run ticket ids are hexadecimal and never start so."""
-PREVIEW_CHARS = 2000
-"""How much of the arguments' JSON a ticket keeps to show (the hash covers all of it)."""
+LIST_ARGS_CHARS = 48
+"""How much of the arguments one line of ``approvals list`` shows (``show`` shows them all)."""
 
 TOOL_SCHEMA = """CREATE TABLE IF NOT EXISTS tool_approvals (id TEXT PRIMARY KEY,
     created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied', 'expired')),
     profile TEXT NOT NULL, tool TEXT NOT NULL, run_id TEXT,
     args_preview TEXT NOT NULL, args_sha256 TEXT NOT NULL, args_bytes INTEGER NOT NULL,
-    decided_by TEXT, decided_at TEXT, reason TEXT)"""
+    decided_by TEXT, decided_at TEXT, reason TEXT, args_json TEXT)"""
 """``IF NOT EXISTS``: also run on stores created before tool tickets existed."""
+ARGS_JSON_COLUMN = "ALTER TABLE tool_approvals ADD COLUMN args_json TEXT"
+"""For a store made before the full arguments were kept (its old rows have none: NULL)."""
 
 _REDACTOR = Redactor()
 
@@ -75,7 +87,8 @@ class ToolTicket:
     run_id: str | None
     """The run that asked, when the caller knew it (a session's cells share one gateway)."""
     args_preview: str
-    """The arguments as JSON, secret-shaped tokens redacted, cut at :data:`PREVIEW_CHARS`."""
+    """The complete arguments as a person reads them: indented JSON, secret-shaped tokens
+    redacted, nothing cut."""
     args_sha256: str
     """Of the arguments' canonical JSON: equal to the call record's ``args_sha256``."""
     args_bytes: int
@@ -83,10 +96,30 @@ class ToolTicket:
     decided_at: str | None
     reason: str | None
     """The decider's reason, or why the ticket expired."""
+    args_json: str | None = None
+    """The exact canonical JSON of the arguments, as hashed and as the call runs; None only for
+    a ticket filed before sandcell kept it (such a ticket cannot let a call through)."""
+
+    @property
+    def request_line(self) -> str | None:
+        """``METHOD /path?query`` of an HTTP request (see :func:`request_line`)."""
+        if self.args_json is None:
+            return None
+        return request_line(json.loads(self.args_json))
+
+    @property
+    def intact(self) -> bool:
+        """Whether the stored arguments still hash to ``args_sha256`` (the row was not edited)."""
+        return self.args_json is not None and text_digest(self.args_json) == self.args_sha256
 
     def to_dict(self) -> dict[str, object]:
         """JSON form for ``--json`` output (``kind`` tells it from a run ticket)."""
-        return {"kind": "tool_call", **asdict(self)}
+        return {
+            "kind": "tool_call",
+            **asdict(self),
+            "request_line": self.request_line,
+            "intact": self.intact,
+        }
 
 
 COLUMNS = (
@@ -103,6 +136,7 @@ COLUMNS = (
     "decided_by",
     "decided_at",
     "reason",
+    "args_json",
 )
 
 
@@ -115,14 +149,35 @@ def is_tool_ticket_id(text: str) -> bool:
     return text.strip().lower().startswith(ID_PREFIX)
 
 
+def canonical_args(args: Mapping[str, object]) -> str:
+    """The canonical JSON of a call's arguments: what is stored, hashed and run (sorted keys,
+    no spaces; :func:`sandcell.tools.records.digest` hashes exactly this text)."""
+    return canonical(dict(args))
+
+
 def args_preview(args: Mapping[str, object]) -> tuple[str, str, int]:
-    """``(preview, sha256, size)`` of a call's arguments (see :class:`ToolTicket`)."""
-    text = json.dumps(dict(args), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    size = len(text.encode("utf-8", "surrogatepass"))
-    shown, _ = _REDACTOR.scan_text(text)
-    if len(shown) > PREVIEW_CHARS:
-        shown = shown[:PREVIEW_CHARS] + f"... ({len(shown) - PREVIEW_CHARS} more characters)"
-    return shown, digest(dict(args)), size
+    """``(shown, sha256, size)`` of a call's arguments (see :class:`ToolTicket`): the complete
+    arguments as a person reads them, and the hash and size of their canonical JSON."""
+    text = canonical_args(args)
+    pretty = json.dumps(dict(args), sort_keys=True, ensure_ascii=False, indent=2)
+    shown, _ = _REDACTOR.scan_text(pretty)
+    return shown, digest(dict(args)), len(text.encode("utf-8", "surrogatepass"))
+
+
+def request_line(args: object) -> str | None:
+    """``METHOD /path?query`` when the arguments are an HTTP request (string ``method`` and
+    ``path``), else None. Never redacted: it is what the call does, and a person must see it
+    whatever a secret-shaped token in it would otherwise hide. The query is shown sorted, as the
+    HTTP tool sends it."""
+    if not isinstance(args, Mapping):
+        return None
+    method, path = args.get("method"), args.get("path")
+    if not isinstance(method, str) or not isinstance(path, str):
+        return None
+    query = args.get("query")
+    if isinstance(query, Mapping) and query:
+        path += "?" + urlencode(sorted((str(k), str(v)) for k, v in query.items()))
+    return f"{method} {path}"
 
 
 def deadline(now: datetime, seconds: float) -> str:
@@ -162,6 +217,14 @@ def render_tool_ticket(ticket: ToolTicket) -> str:
         f"run       {ticket.run_id or 'not recorded'}",
         f"args      {ticket.args_bytes} bytes, sha256 {ticket.args_sha256}",
     ]
+    line = ticket.request_line
+    if line is not None:
+        lines.append(f"request   {line}")
+    if not ticket.intact:
+        lines.append(
+            "WARNING   the stored arguments do not match their sha256 (or were never kept): "
+            "approving this ticket lets no call through"
+        )
     if ticket.decided_by or ticket.decided_at:
         lines.append(
             f"decided   {ticket.status} by {ticket.decided_by or '-'} at {ticket.decided_at}"
@@ -169,8 +232,8 @@ def render_tool_ticket(ticket: ToolTicket) -> str:
     if ticket.reason:
         lines.append(f"reason    {ticket.reason}")
     lines = [_visible(line) for line in lines]
-    lines.append("arguments (secret-shaped values redacted)")
-    lines.append("  " + _visible(ticket.args_preview))
+    lines.append("arguments (complete; secret-shaped values redacted)")
+    lines.extend("  " + _visible(part) for part in ticket.args_preview.split("\n"))
     if ticket.status == "pending":
         lines.append(
             f"decide    sandcell approve {ticket.id}  |  sandcell deny {ticket.id} --reason ..."
@@ -183,7 +246,10 @@ def render_tool_list_lines(tickets: Sequence[ToolTicket]) -> list[str]:
     out = []
     for t in tickets:
         created = t.created_at[:19].replace("T", " ")
-        args = t.args_preview if len(t.args_preview) <= 48 else t.args_preview[:45] + "..."
+        # The request line leads, whole: a list line must not hide what an HTTP call does.
+        args = t.request_line or " ".join(t.args_preview.split())
+        if t.request_line is None and len(args) > LIST_ARGS_CHARS:
+            args = args[: LIST_ARGS_CHARS - 3] + "..."
         what = _visible(f"{t.tool} {args} (profile {t.profile})")
         out.append(f"{t.id}  {created}  {'tool':<6}  {t.status:<8}  {what}")
     return out

@@ -198,11 +198,24 @@ class ToolApprovalBody(BaseModel):
     profile: str = Field(description="the profile whose [tools] asked for approval")
     tool: str = Field(description="tool.operation, as the gateway checked it")
     run_id: str | None = Field(description="the run (or session) that asked")
-    args_preview: str = Field(
-        description="the arguments as JSON, secret-shaped values redacted, cut at 2000 characters"
+    request_line: str | None = Field(
+        default=None,
+        description="METHOD /path?query of an HTTP request, never redacted; null for other tools",
     )
-    args_sha256: str = Field(description="of the arguments' canonical JSON, as in the record")
+    args_preview: str = Field(
+        description="the complete arguments as indented JSON, secret-shaped values redacted; "
+        "nothing is cut"
+    )
+    args_sha256: str = Field(
+        description="of the arguments' canonical JSON, as in the record; the call runs only if "
+        "the arguments it sends hash to this"
+    )
     args_bytes: int
+    intact: bool = Field(
+        default=True,
+        description="false when the stored arguments no longer hash to args_sha256 (edited in "
+        "the store): approving such a ticket lets no call through",
+    )
     decided_by: str | None
     decided_at: str | None
     reason: str | None = Field(description="the decider's reason, or why it expired")

@@ -6,19 +6,42 @@ an :data:`Approver`; None from it, no approver, an error or the deadline all ref
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from sandcell.tools.records import canonical, text_digest
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApprovalRequest:
-    """What a person is asked about."""
+    """What a person is asked about: one complete call, as the exact text that will run.
+
+    The arguments are held only as their canonical JSON (``args_json``): an approver reads
+    copies (:attr:`args`), so nothing it does can change the call that runs after it said yes.
+    """
 
     profile: str
     tool: str
     """``tool`` or ``tool.operation``."""
-    args: Mapping[str, object]
+    args_json: str
+    """The arguments' canonical JSON (:func:`sandcell.tools.records.canonical`)."""
+
+    @classmethod
+    def for_call(cls, *, profile: str, tool: str, args: Mapping[str, object]) -> ApprovalRequest:
+        return cls(profile=profile, tool=tool, args_json=canonical(dict(args)))
+
+    @property
+    def args(self) -> dict[str, object]:
+        """A fresh copy of the arguments."""
+        value: dict[str, object] = json.loads(self.args_json)
+        return value
+
+    @property
+    def args_sha256(self) -> str:
+        """The hash the call's record and its approval ticket carry."""
+        return text_digest(self.args_json)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +51,9 @@ class ApprovalDecision:
     approved: bool
     approver: str
     """Who answered (a user name, ``cli:<user>``...), for the record."""
+    args_sha256: str | None = None
+    """The hash of the arguments the person was shown and approved; when given, the gateway
+    runs the call only if the arguments it is about to send hash to exactly this."""
 
 
 Approver = Callable[[ApprovalRequest], ApprovalDecision | None]

@@ -13,7 +13,10 @@ For each call, in order: the tool and operation are in the profile (``allow``); 
 are within the size limit; the call is within the tool's rate and total; the arguments fit the
 operation's schema (and, for HTTP, a ``METHOD /path`` rule); a person approves when the profile
 says so; then the upstream is called with the credential read from the host environment when the
-gateway was built. The result must fit the size limit and has the gateway's secrets redacted.
+gateway was built. The arguments are fixed as one canonical JSON text before the checks: that
+text is what is checked, what the approver is shown in full, what is hashed and what is sent,
+and its hash is compared with the approved one right before the upstream call. The result
+must fit the size limit and has the gateway's secrets redacted.
 Nothing the program sends can grant itself anything: unknown request fields are refused.
 
 Why threads (``socketserver``) rather than asyncio as in the egress proxy: a call blocks on an
@@ -24,6 +27,7 @@ approval or an upstream for seconds and the SDK runs its own event loop per call
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import socketserver
@@ -46,7 +50,14 @@ from sandcell.tools.protocol import (
     read_frame,
     write_frame,
 )
-from sandcell.tools.records import Decision, GatewayReport, ToolCallRecord, digest
+from sandcell.tools.records import (
+    Decision,
+    GatewayReport,
+    ToolCallRecord,
+    canonical,
+    digest,
+    text_digest,
+)
 from sandcell.tools.schema import argument_problem
 from sandcell.tools.upstream import Operation, Upstream, UpstreamError
 from sandcell.validation.redact import Redactor
@@ -340,7 +351,12 @@ class ToolGateway:
                 f"{self.profile} (allowed: {', '.join(allowed) or 'nothing'})",
             )
         full = f"{name}.{op_name}"
-        size = len(encode(request.args))
+        # One text is checked, shown to the approver, hashed and sent: the arguments are
+        # re-read from it wherever they are used, so the call that runs is the call approved.
+        exact = canonical(request.args)
+        args_sha256 = text_digest(exact)
+        args: dict[str, object] = json.loads(exact)
+        size = len(encode(args))
         if size > tool.limits.max_request_bytes:
             raise _Refused(
                 "refused",
@@ -351,20 +367,20 @@ class ToolGateway:
         if over is not None:
             raise _Refused("refused", f"{full}: {over}")
         operation = self._operation(name, op_name)
-        problem = argument_problem(operation.input_schema, request.args)
+        problem = argument_problem(operation.input_schema, args)
         if problem is not None:
             raise _Refused("refused", f"the arguments of {full} do not fit its schema: {problem}")
         if isinstance(tool, HttpTool):
             from sandcell.tools.http_tool import allow_problem
 
-            problem = allow_problem(tool, request.args)
+            problem = allow_problem(tool, args)
             if problem is not None:
                 raise _Refused("refused", problem)
         approver: str | None = None
         if tool.approval_for(op_name) == "always":
             outcome = ask(
                 self._approver,
-                ApprovalRequest(profile=self.profile, tool=full, args=request.args),
+                ApprovalRequest(profile=self.profile, tool=full, args_json=exact),
                 self._approval_timeout_s,
             )
             decision = outcome.decision
@@ -372,9 +388,20 @@ class ToolGateway:
                 raise _Refused("refused", outcome.reason)
             if not decision.approved:
                 raise _Refused("denied", outcome.reason, decision.approver)
+            if decision.args_sha256 not in (None, args_sha256):
+                raise _Refused(
+                    "refused",
+                    f"{full}: the approval ({decision.approver}) is of arguments with sha256 "
+                    f"{decision.args_sha256}, not of this call's ({args_sha256}); refused",
+                )
             approver = decision.approver
+        to_send: dict[str, object] = json.loads(exact)
+        if digest(to_send) != args_sha256:
+            # Never expected: canonical JSON read back must hash the same; if it ever does not,
+            # what would be sent is not what was checked and shown.
+            raise _Refused("refused", f"{full}: the arguments changed after they were checked")
         try:
-            result = self._upstreams[name].call(op_name, request.args)
+            result = self._upstreams[name].call(op_name, to_send)
         except UpstreamError as exc:
             raise _Refused("failed", str(exc), approver) from None
         size = len(encode(result))

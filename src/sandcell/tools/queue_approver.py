@@ -12,8 +12,9 @@ approves sees either an approval the call used or a refusal, never an approval n
 When the run ends first (its wall time killed the program while the call waited),
 :meth:`QueueApprover.close` expires the tickets still pending.
 
-What comes back is checked against what was asked: a ticket whose tool, profile or arguments'
-hash differ from the call's (the store edited by hand) is not an approval of this call.
+What comes back is checked against what was asked: a ticket whose tool, profile, stored
+arguments or their hash differ from the call's (the store edited by hand) is not an approval of
+this call. The ticket keeps the complete arguments, the exact text the gateway will send.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from sandcell.errors import ConfigError
 from sandcell.policy.tool_tickets import ToolTicket
 from sandcell.run_sockets import RunSockets
 from sandcell.tools.approval import ApprovalDecision, ApprovalRequest, Approver, NoApproval
-from sandcell.tools.records import digest
 
 if TYPE_CHECKING:
     from sandcell.network.addresses import Resolver
@@ -154,17 +154,20 @@ def _run_ended(ticket_id: str) -> NoApproval:
 
 
 def _decision(ticket: ToolTicket, request: ApprovalRequest) -> ApprovalDecision | None:
-    """The decision of ``ticket``, if it is a decision about ``request`` at all."""
-    if (ticket.tool, ticket.profile, ticket.args_sha256) != (
+    """The decision of ``ticket``, if it is a decision about exactly ``request``: the stored
+    arguments are byte for byte the call's and still hash to the ticket's sha256."""
+    if (ticket.tool, ticket.profile, ticket.args_sha256, ticket.args_json) != (
         request.tool,
         request.profile,
-        digest(dict(request.args)),
-    ):
+        request.args_sha256,
+        request.args_json,
+    ) or not ticket.intact:
         # Not something `sandcell approve` can produce: the row was changed in the file.
         return None
     return ApprovalDecision(
         approved=ticket.status == "approved",
         approver=f"{ticket.decided_by} (approval {ticket.id})",
+        args_sha256=ticket.args_sha256,
     )
 
 

@@ -13,10 +13,19 @@ schema, limits, nobody to approve). ``denied``: an approver said no. ``failed``:
 was called and failed (or its result was too large)."""
 
 
+def canonical(value: object) -> str:
+    """``value`` as canonical JSON (sorted keys, no spaces): the text :func:`digest` hashes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 of a JSON text (as :func:`digest` hashes the canonical text)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def digest(value: object) -> str:
     """SHA-256 of ``value`` as canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return text_digest(canonical(value))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

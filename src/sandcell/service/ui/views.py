@@ -89,9 +89,13 @@ class ToolTicketView:
     profile: str
     tool: str
     run_id: str | None
+    request_line: str | None
+    """``METHOD /path?query`` of an HTTP call, never redacted (shown above the arguments)."""
     args_preview: str
+    """The complete arguments, secret-shaped values redacted (shown scrollable, never cut)."""
     args_sha256: str
     args_bytes: int
+    intact: bool
     decided_by: str | None
     decided_at: str | None
     reason: str | None
@@ -260,9 +264,11 @@ def tool_ticket_view(ticket: ToolTicket) -> ToolTicketView:
         profile=ticket.profile,
         tool=ticket.tool,
         run_id=ticket.run_id,
+        request_line=ticket.request_line,
         args_preview=ticket.args_preview,
         args_sha256=ticket.args_sha256,
         args_bytes=ticket.args_bytes,
+        intact=ticket.intact,
         decided_by=ticket.decided_by,
         decided_at=ticket.decided_at,
         reason=ticket.reason,
