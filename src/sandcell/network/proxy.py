@@ -228,6 +228,7 @@ class EgressProxy:
         )
         over = self._budget.admit()
         closed = False
+        kept = False
         try:
             if over is not None:
                 attempt.method = "UNREAD"
@@ -237,13 +238,19 @@ class EgressProxy:
                     await serve(reader, writer, gate=gate, budget=self._budget, attempt=attempt)
                 finally:
                     self._budget.release()
+            # Kept before the program's end of the connection closes: a session cell that read
+            # to the end has its connection in its own share of the record, however late this
+            # loop gets to run on a loaded host (CI: the record landed after the cell's share).
+            self._keep(attempt.finish())
+            kept = True
             closed = await _flush_and_close(writer, self.limits.idle_timeout_s)
         except asyncio.CancelledError:
             attempt.reason = "the run ended"
         except Exception as exc:  # a defect must close this connection, never the proxy
             attempt.allowed, attempt.reason = False, f"proxy error: {exc!r}"
         finally:
-            self._keep(attempt.finish())
+            if not kept:
+                self._keep(attempt.finish())
             self._tasks.discard(task)
             if not closed:  # at once: the run ended, or the program stopped reading
                 abort(writer)
