@@ -95,7 +95,7 @@ async def _setup(service: Service, tenant: Tenant, box: E2BSandbox) -> None:
     """Learn where the workspace is inside the sandbox, and give the kernel the sandbox's
     environment variables (commands get them on their own)."""
     service.admit(tenant, sandbox=False)
-    code = cell_for("pwd", "", workspace="/")
+    code = cell_for("pwd", "")
     if box.env:
         code = f"import os as _o\n_o.environ.update({box.env!r})\ndel _o\n" + code
     reply = reply_of(await run_cell(service, tenant, box, code), "/")

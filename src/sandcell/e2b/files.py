@@ -1,9 +1,11 @@
 """envd's files: ``GET``/``POST /files`` and the ``filesystem.Filesystem`` RPCs.
 
 Every operation is a cell in the sandbox (:mod:`sandcell.e2b.fs_cells`), so it is gated by the
-profile, recorded, and reaches nothing but the workspace. A read is an export of the file:
-the profile's export rules and the host's export checks (regular files only, no links) decide
-what leaves, and the export is in the record like any other.
+profile, recorded, and reaches what the sandbox's user may reach there, nothing of the host.
+Reading a workspace file is an export of it: the profile's export rules and the host's export
+checks (regular files only, no links) decide what leaves, and the export is in the record like
+any other. A file elsewhere in the sandbox is read by a cell, as code could, within the
+profile's stdout limit.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import base64
 import datetime as dt
 import email.parser
 import email.policy
+import json
+import posixpath
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -23,7 +28,7 @@ from sandcell.e2b.connect_rpc import read_message, unary
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.fs_cells import Entry, Op, cell_for, entries_of, reply_of
 from sandcell.e2b.inflate import gunzip_bounded
-from sandcell.e2b.paths import e2b_path, workspace_relative
+from sandcell.e2b.paths import in_sandbox, shown, workspace_part
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.e2b.runner import admit_cell, run_cell
 
@@ -32,12 +37,19 @@ __all__ = ["file_routes"]
 _MAX_DEPTH = 16
 
 
+_METADATA_HEADER = "x-metadata-"
+# What the SDK itself checks before sending (header token keys, printable ASCII values).
+_METADATA_KEY = re.compile(r"\A[A-Za-z0-9!#$%&'*+\-.^_`|~]{1,200}\Z")
+_METADATA_VALUE = re.compile(r"\A[\x20-\x7e]{0,4096}\Z")
+_READ_MARGIN = 4096
+"""Bytes of a read cell's stdout that are not the file (the reply's mark and JSON)."""
+
+
 async def _op(request: Request, box: E2BSandbox, op: Op, path: str, arg: str = "") -> Any:
     service = service_of(request)
-    relative = workspace_relative(path, workspace=box.workspace)
+    full = in_sandbox(path, workspace=box.workspace)
     tenant = admit_cell(service, box)
-    code = cell_for(op, relative, arg, workspace=box.workspace)
-    result = await run_cell(service, tenant, box, code)
+    result = await run_cell(service, tenant, box, cell_for(op, full, arg))
     return reply_of(result, path)
 
 
@@ -45,13 +57,8 @@ def _glob_escape(path: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in path)
 
 
-async def read_file(request: Request) -> Response:
-    box = sandbox_of(request)
+async def _export(request: Request, box: E2BSandbox, path: str, relative: str) -> Response:
     service = service_of(request)
-    path = request.query_params.get("path") or ""
-    relative = workspace_relative(path, workspace=box.workspace)
-    if not relative:
-        raise E2BError(400, f"path {path!r} is a directory, not a file")
     tenant = admit_cell(service, box)
     result = await run_cell(service, tenant, box, "pass", exports=(_glob_escape(relative),))
     for artifact in result.artifacts:
@@ -67,7 +74,53 @@ async def read_file(request: Request) -> Response:
         raise E2BError(403, f"{path!r} may not leave the sandbox: {why}")
     if result.outcome.value != "ok":
         raise E2BError(403 if result.outcome.value == "denied" else 500, result.reason)
-    raise E2BError(404, f"file {path!r} does not exist")
+    raise E2BError(
+        404,
+        f"file {path!r} does not exist, or is reached through a link (a workspace file is read "
+        "as an export, which follows no link: read the link's target)",
+    )
+
+
+async def read_path(request: Request, box: E2BSandbox, path: str) -> Response:
+    """The file ``path`` (an E2B path) as the sandbox sees it."""
+    full = in_sandbox(path, workspace=box.workspace)
+    relative = workspace_part(full, workspace=box.workspace)
+    if relative == "":
+        raise E2BError(400, f"path {path!r} is a directory, not a file")
+    if relative is not None:
+        return await _export(request, box, path, relative)
+    # Sent back hex-encoded on stdout, so the file may be at most half the stdout limit.
+    stdout_bytes = box.session.request.effective_limits.stdout_bytes
+    most = max((stdout_bytes - _READ_MARGIN) // 2, 0)
+    reply = await _op(request, box, "read", path, str(most))
+    try:
+        data = bytes.fromhex(str(reply["hex"]))
+    except (KeyError, ValueError):
+        raise E2BError(500, "the read gave back something other than the file") from None
+    return Response(data, media_type="application/octet-stream")
+
+
+async def read_file(request: Request) -> Response:
+    box = sandbox_of(request)
+    return await read_path(request, box, request.query_params.get("path") or "")
+
+
+def metadata_of(request: Request) -> dict[str, str]:
+    """The file metadata of an upload (``X-Metadata-<key>`` headers; keys lowercased, as envd
+    does), or a 400 naming what is wrong."""
+    found: dict[str, str] = {}
+    for name, value in request.headers.items():
+        if not name.lower().startswith(_METADATA_HEADER):
+            continue
+        key = name[len(_METADATA_HEADER) :].lower()
+        if not _METADATA_KEY.match(key):
+            raise E2BError(400, f"metadata key {key!r}: use 1 to 200 HTTP token characters")
+        if not _METADATA_VALUE.match(value):
+            raise E2BError(
+                400, f"metadata value of {key!r}: use at most 4096 printable ASCII characters"
+            )
+        found[key] = value
+    return found
 
 
 def _uploads(request: Request, body: bytes) -> list[tuple[str, bytes]]:
@@ -101,19 +154,33 @@ def _uploads(request: Request, body: bytes) -> list[tuple[str, bytes]]:
     return files
 
 
+async def write_path(
+    request: Request, box: E2BSandbox, uploads: list[tuple[str, bytes]]
+) -> list[dict[str, Any]]:
+    """Write each ``(path, data)`` with the request's metadata; what the SDK reads back."""
+    metadata = metadata_of(request)
+    written = []
+    for path, data in uploads:
+        spec = json.dumps({"data": base64.b64encode(data).decode(), "metadata": metadata})
+        entry = entries_of(await _op(request, box, "write", path, spec))[0]
+        item: dict[str, Any] = {
+            "name": posixpath.basename(entry.path),
+            "type": "file",
+            "path": shown(entry.path, workspace=box.workspace),
+        }
+        if entry.metadata:
+            item["metadata"] = entry.metadata
+        written.append(item)
+    return written
+
+
 async def write_files(request: Request) -> Response:
     box = sandbox_of(request)
     uploads = _uploads(request, await request.body())
     if len(uploads) == 1 and request.query_params.get("path"):
         # With one file, the path parameter names it (the part's filename may be a bare name).
         uploads = [(request.query_params["path"], uploads[0][1])]
-    written = []
-    for path, data in uploads:
-        reply = await _op(request, box, "write", path, base64.b64encode(data).decode())
-        entry = entries_of(reply)[0]
-        name = entry.rel.rsplit("/", 1)[-1]
-        written.append({"name": name, "type": "file", "path": e2b_path(entry.rel)})
-    return JSONResponse(written)
+    return JSONResponse(await write_path(request, box, uploads))
 
 
 # -- filesystem.Filesystem ---------------------------------------------------------------------
@@ -127,22 +194,28 @@ def _permissions(mode: int, kind: str) -> str:
     return {"dir": "d", "symlink": "l"}.get(kind, "-") + bits
 
 
-def entry_json(entry: Entry) -> dict[str, Any]:
+def entry_json(entry: Entry, *, workspace: str) -> dict[str, Any]:
+    path = shown(entry.path, workspace=workspace)
     out: dict[str, Any] = {
-        "name": entry.rel.rsplit("/", 1)[-1] if entry.rel else "user",
+        "name": posixpath.basename(path) or "/",
         "type": _TYPES[entry.kind],
-        "path": e2b_path(entry.rel),
+        "path": path,
         "size": str(entry.size),
         "mode": entry.mode & 0o7777,
         "permissions": _permissions(entry.mode, entry.kind),
-        "owner": "user",
-        "group": "user",
+        "owner": "root" if entry.uid == 0 else "user",
+        "group": "root" if entry.gid == 0 else "user",
         "modifiedTime": dt.datetime.fromtimestamp(entry.mtime, dt.UTC)
         .isoformat()
         .replace("+00:00", "Z"),
     }
+    if entry.link:
+        out["isSymlink"] = True
     if entry.target is not None:
-        out["symlinkTarget"] = entry.target
+        target = entry.target
+        out["symlinkTarget"] = shown(target, workspace=workspace) if target[:1] == "/" else target
+    if entry.metadata:
+        out["metadata"] = entry.metadata
     return out
 
 
@@ -161,7 +234,7 @@ async def stat(request: Request) -> Response:
     box = sandbox_of(request)
     message = await _rpc_message(request)
     reply = await _op(request, box, "stat", _path_of(message))
-    return unary({"entry": entry_json(entries_of(reply)[0])})
+    return unary({"entry": entry_json(entries_of(reply)[0], workspace=box.workspace)})
 
 
 async def list_dir(request: Request) -> Response:
@@ -171,14 +244,15 @@ async def list_dir(request: Request) -> Response:
     if not isinstance(depth, int) or not 1 <= depth <= _MAX_DEPTH:
         raise E2BError(400, f"depth: give a whole number from 1 to {_MAX_DEPTH}")
     reply = await _op(request, box, "list", _path_of(message), str(depth))
-    return unary({"entries": [entry_json(e) for e in entries_of(reply)]})
+    entries = [entry_json(e, workspace=box.workspace) for e in entries_of(reply)]
+    return unary({"entries": entries})
 
 
 async def make_dir(request: Request) -> Response:
     box = sandbox_of(request)
     message = await _rpc_message(request)
     reply = await _op(request, box, "mkdir", _path_of(message))
-    return unary({"entry": entry_json(entries_of(reply)[0])})
+    return unary({"entry": entry_json(entries_of(reply)[0], workspace=box.workspace)})
 
 
 async def remove(request: Request) -> Response:
@@ -191,10 +265,9 @@ async def remove(request: Request) -> Response:
 async def move(request: Request) -> Response:
     box = sandbox_of(request)
     message = await _rpc_message(request)
-    destination = _path_of(message, "destination")
-    relative = workspace_relative(destination, workspace=box.workspace)
-    reply = await _op(request, box, "rename", _path_of(message, "source"), relative)
-    return unary({"entry": entry_json(entries_of(reply)[0])})
+    destination = in_sandbox(_path_of(message, "destination"), workspace=box.workspace)
+    reply = await _op(request, box, "rename", _path_of(message, "source"), destination)
+    return unary({"entry": entry_json(entries_of(reply)[0], workspace=box.workspace)})
 
 
 def file_routes() -> list[Route]:

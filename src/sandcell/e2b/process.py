@@ -26,7 +26,7 @@ from sandcell.e2b.approval import approval_message, needs_approval, ticket_for
 from sandcell.e2b.connect_rpc import STREAM_TYPE, end_of_stream, envelope, read_message, unary
 from sandcell.e2b.errors import E2BError, from_exception
 from sandcell.e2b.live import Done, follow
-from sandcell.e2b.paths import workspace_relative
+from sandcell.e2b.paths import in_sandbox
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.e2b.runner import OutputListener, admit_cell, run_in_sandbox
 from sandcell.e2b.shell import run_bash
@@ -150,8 +150,8 @@ async def start(request: Request) -> Response:
             400, "process.envs: give a map of variable names (letters, digits, _) to strings"
         )
     cwd_given = process.get("cwd")
-    relative = workspace_relative(cwd_given, workspace=box.workspace) if cwd_given else ""
-    cwd = f"{box.workspace}/{relative}" if relative else box.workspace
+    # Any directory of the sandbox, as E2B allows; the sandbox decides whether it may go there.
+    cwd = in_sandbox(cwd_given, workspace=box.workspace) if cwd_given else box.workspace
     tenant = admit_cell(service, box)
     try:
         keepalive = float(request.headers.get("keepalive-ping-interval") or _KEEPALIVE_S)
