@@ -4,14 +4,28 @@ the sandboxed program wrote (issue 21)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.integration.test_changes import BUGGY, _apply, repo, run, stores  # noqa: F401
+from tests.conftest import run_cli
+from tests.integration.test_changes import (  # noqa: F401
+    BUGGY,
+    _apply,
+    repo,
+    run,
+    stores,
+    tree_hash,
+)
 
+from sandcell.changes.apply import ApplyError, apply
 from sandcell.changes.approvals import ChangeApprovals
-from sandcell.changes.record import load
+from sandcell.changes.diff import Change
+from sandcell.changes.manifest import Entry
+from sandcell.changes.record import RecordedChanges, load
 from sandcell.errors import ConfigError
 from sandcell.executor import Executor
 from sandcell.spec import RunRequest
@@ -138,3 +152,132 @@ def test_a_record_without_sandcells_own_change_set_is_refused(executor: Executor
     assert {a.path for a in result.artifacts} >= {"changes.json", "changes.tar"}
     with pytest.raises(ConfigError, match="no change set"):
         load(executor.audit, executor.store, result.run_id)
+
+
+def _env(ex: Executor) -> dict[str, str]:
+    return {**os.environ, "SANDCELL_HOME": str(ex.audit.path.parent)}
+
+
+def _no_approval_apply(ex: Executor, rec: RecordedChanges, target: Path) -> object:
+    with ChangeApprovals(ex.audit.path.parent / "change_approvals.sqlite3") as approvals:
+        return apply(
+            rec,
+            target,
+            approvals=approvals,
+            audit=ex.audit,
+            needs_approval=False,
+            profile_name="unchecked",
+            applied_by="test",
+        )
+
+
+def test_a_repository_inside_the_change_set_is_never_applied(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    code = (
+        "mkdir -p sub/.git && "
+        "printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > sub/.git/config && "
+        "echo 'ref: refs/heads/main' > sub/.git/HEAD && mkdir -p Other/.GIT && "
+        "touch Other/.GIT/config && echo ok > sub/file"
+    )
+    result = run(executor, repo, code)
+    rec = load(executor.audit, executor.store, result.run_id)
+    by_path = {c.path: c for c in rec.changes}
+    assert set(by_path) == {"sub", "sub/.git", "sub/file", "Other", "Other/.GIT"}
+    for name in ("sub/.git", "Other/.GIT"):
+        assert not by_path[name].applicable and ".git" in by_path[name].flags[0]
+    assert not any(p.startswith("sub/.git/") for p in by_path)
+    target = tmp_path / "target"
+    shutil.copytree(repo, target, symlinks=True)
+    with pytest.raises(ApplyError, match=r"sub/\.git"):
+        _no_approval_apply(executor, rec, target)
+    assert not (target / "sub").exists()
+    shown = run_cli(["changes", "approve", rec.run_id], env=_env(executor))
+    assert shown.returncode != 0 and "cannot be approved" in shown.stderr
+
+
+def test_special_modes_are_stripped_and_said(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    code = (
+        "printf '#!/bin/sh\\n' > tool && chmod 4755 tool && mkdir shared && chmod 1777 shared"
+        " && chmod 2755 run.sh && echo x > open.txt && chmod 0666 open.txt"
+    )
+    result = run(executor, repo, code)
+    rec = load(executor.audit, executor.store, result.run_id)
+    modes = {c.path: c.new.mode for c in rec.changes if c.new is not None}
+    assert modes == {"tool": 0o755, "shared": 0o775, "open.txt": 0o664}
+    # run.sh lost only a bit that is stripped anyway: no change at all.
+    assert "run.sh" not in modes
+    assert b"set-user-ID" in rec.patch and b"sticky" in rec.patch
+    target = tmp_path / "target"
+    shutil.copytree(repo, target, symlinks=True)
+    _no_approval_apply(executor, rec, target)
+    assert (target / "tool").stat().st_mode & 0o7777 == 0o755
+    assert (target / "shared").stat().st_mode & 0o7777 == 0o775
+    assert (target / "open.txt").stat().st_mode & 0o7777 == 0o664
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # Two new links, each harmless alone.
+        ("mkdir sub", "ln -s .. sub/up && ln -s sub/up/../host-secret x", "x"),
+        # A new link through an old one.
+        ("mkdir sub && ln -s .. sub/up", "ln -s sub/up/../host-secret x", "x"),
+        # An old link made to lead out by replacing the directory it passes through.
+        ("mkdir sub && touch sub/f && ln -s sub/../host-secret x", "rm -r sub && ln -s . sub", "x"),
+        # A loop.
+        ("", "ln -s b a && ln -s a b", "a"),
+    ],
+    ids=["two-new", "through-old", "old-made-to-leave", "loop"],
+)
+def test_links_are_resolved_as_a_chain(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+    tmp_path: Path,
+    case: tuple[str, str, str],
+) -> None:
+    setup, code, flagged = case
+    (tmp_path / "host-secret").write_text("HOST\n")
+    if setup:
+        subprocess.run(["sh", "-c", setup], cwd=repo, check=True)
+    result = run(executor, repo, code)
+    rec = load(executor.audit, executor.store, result.run_id)
+    by_path = {c.path: c for c in rec.changes}
+    assert not by_path[flagged].applicable, rec.changes
+    target = tmp_path / "target"
+    shutil.copytree(repo, target, symlinks=True)
+    before = tree_hash(target)
+    with pytest.raises(ApplyError, match="cannot be applied"):
+        _no_approval_apply(executor, rec, target)
+    assert tree_hash(target) == before
+
+
+def test_apply_judges_the_change_set_again(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # A change set recorded without the flags (as by an older sandcell, or a stored
+    # changes.json whose record was rewritten): apply refuses by its own judgement.
+    (repo / "sub").mkdir()
+    os.symlink("..", repo / "sub" / "up")
+    result = run(executor, repo, "echo ok > ok.txt")
+    rec = load(executor.audit, executor.store, result.run_id)
+    target = tmp_path / "target"
+    shutil.copytree(repo, target, symlinks=True)
+    planted = (
+        Change("x", "add", None, Entry("symlink", 0, target="sub/up/../../etc/passwd")),
+        Change("s", "add", None, Entry("file", 0o4755, sha256="0" * 64, size=0)),
+        Change("d/.git", "add", None, Entry("dir", 0o755)),
+    )
+    for change in planted:
+        forged = replace(rec, changes=(*rec.changes, change))
+        with pytest.raises(ApplyError, match="cannot be applied"):
+            _no_approval_apply(executor, forged, target)
+    assert not (target / "ok.txt").exists()

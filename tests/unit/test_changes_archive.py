@@ -10,8 +10,9 @@ import tarfile
 
 import pytest
 
-from sandcell.changes.diff import check_path, compute, points_outside
+from sandcell.changes.diff import check_path, compute
 from sandcell.changes.manifest import Entry, Manifest
+from sandcell.changes.safety import leaves
 from sandcell.errors import ConfigError
 
 
@@ -87,10 +88,27 @@ def test_an_unchanged_entry_claimed_as_changed_is_dropped() -> None:
     assert cs.changes == () and cs.patch == b""
 
 
+def _link(target: str) -> Entry:
+    return Entry("symlink", 0, target=target)
+
+
 def test_links_pointing_out() -> None:
-    assert points_outside("a", "/etc/passwd")
-    assert points_outside("a", "../x")
-    assert points_outside("d/a", "../../x")
-    assert not points_outside("d/a", "../x")
-    assert not points_outside("a", "b/c")
+    def out(path: str, target: str, **tree: Entry) -> bool:
+        return (
+            leaves(
+                {**{k.replace("__", "/"): v for k, v in tree.items()}, path: _link(target)}, path
+            )
+            is not None
+        )
+
+    assert out("a", "/etc/passwd")
+    assert out("a", "../x")
+    assert out("d/a", "../../x")
+    assert not out("d/a", "../x")
+    assert not out("a", "b/c")
+    # Through other links, resolved as the kernel does, not as text.
+    assert out("x", "sub/up/../f", sub=Entry("dir", 0o755), sub__up=_link(".."))
+    assert not out("x", "sub/../f", sub=Entry("dir", 0o755))
+    assert out("x", "sub/../f", sub=_link("."))
+    assert out("a", "b", b=_link("a"))  # a loop
     assert check_path("a/b") == "a/b"

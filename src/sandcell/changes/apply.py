@@ -2,7 +2,9 @@
 
 Before anything is written: every change must be applicable (no link pointing out of the
 directory, no socket or FIFO), the target's whole state (``.git`` aside) must equal the manifest
-the run started from (else the differing paths are listed and nothing is written), and, where
+the run started from (else the differing paths are listed and nothing is written), the rules of
+:mod:`sandcell.changes.safety` must hold against the target as it is now (no ``.git`` anywhere,
+no special mode bits, no link leading out through the chain of links it will hold), and, where
 the profile wants one, an approval bound to this run and this exact change-set hash is consumed.
 Every path is reached through directory descriptors opened ``O_NOFOLLOW`` from the target's
 root, so a link in the target is never followed out of it; each file is written to a new
@@ -33,6 +35,7 @@ from sandcell.changes.approvals import ChangeApprovalError, ChangeApprovals
 from sandcell.changes.diff import Change
 from sandcell.changes.manifest import Entry, Manifest, differences, hash_fd, tree_state
 from sandcell.changes.record import RecordedChanges
+from sandcell.changes.safety import refusals
 from sandcell.errors import ConfigError
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -245,6 +248,14 @@ def apply(
         raise ApplyError(
             f"{str(target)!r} is not in the state run {rec.run_id} started from (.git aside); "
             "nothing was written. It differs at: " + "; ".join(diffs)
+        )
+    # Judged again here, against the target as it is now: nothing recorded earlier is trusted.
+    written = {c.path: c.new for c in rec.changes if c.new is not None}
+    refused = refusals(before.entries, expected_after(before, rec.changes).entries, written)
+    if refused:
+        raise ApplyError(
+            f"run {rec.run_id}'s change set cannot be applied to {str(target)!r}; nothing was "
+            "written: " + "; ".join(refused[:10])
         )
     contents = _contents(rec)
     approval: dict[str, object]

@@ -6,8 +6,9 @@ every path is checked (relative, ordinary names, never under ``.git``), only reg
 directories and symbolic links are taken, and each entry is compared with the host's own
 manifest, so an entry the sandbox claims changed but did not is dropped. Text files become a
 unified diff; binary files, deletions, renames (a deleted file whose exact content and mode
-reappear under a new name), mode changes and symbolic links are stated explicitly. A link whose
-target leaves the directory is flagged and can never be applied.
+reappear under a new name), mode changes and symbolic links are stated explicitly. What
+:mod:`sandcell.changes.safety` refuses (a link leading out of the directory, a repository inside
+it) is flagged and can never be applied; special mode bits are stripped, and the change says so.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import difflib
 import hashlib
 import io
 import json
-import posixpath
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sandcell.changes.manifest import Entry, Manifest, is_git
+from sandcell.changes.safety import escaping_links, git_prefix, strip_mode
 from sandcell.errors import ConfigError
 
 MAX_DEPTH = 64
@@ -39,6 +40,9 @@ class Change:
     old_path: str | None = None
     binary: bool = False
     flags: tuple[str, ...] = ()
+    """Why it can never be applied; empty when it can."""
+    notes: tuple[str, ...] = ()
+    """What the host changed in it before recording it (special mode bits stripped)."""
 
     @property
     def applicable(self) -> bool:
@@ -53,6 +57,7 @@ class Change:
             "new": None if self.new is None else self.new.to_dict(),
             "binary": self.binary,
             "flags": list(self.flags),
+            "notes": list(self.notes),
             "applicable": self.applicable,
         }
 
@@ -62,6 +67,7 @@ class Change:
             return None if v is None else Entry.from_dict(v)  # type: ignore[arg-type]
 
         flags = d.get("flags") or []
+        notes = d.get("notes") or []
         old_path = d.get("old_path")
         return cls(
             path=check_path(str(d["path"])),
@@ -71,6 +77,7 @@ class Change:
             old_path=None if old_path is None else check_path(str(old_path)),
             binary=bool(d.get("binary")),
             flags=tuple(str(f) for f in flags),  # type: ignore[attr-defined]
+            notes=tuple(str(n) for n in notes),  # type: ignore[attr-defined]
         )
 
 
@@ -99,14 +106,6 @@ def check_path(rel: str) -> str:
     return rel
 
 
-def points_outside(path: str, target: str) -> bool:
-    """Whether a link at ``path`` with ``target`` resolves outside the directory it is in."""
-    if target.startswith("/"):
-        return True
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-    return joined == ".." or joined.startswith("../")
-
-
 def _text(data: bytes) -> str | None:
     if b"\x00" in data or len(data) > MAX_TEXT_DIFF_BYTES:
         return None
@@ -122,9 +121,11 @@ def _sha(data: bytes) -> str:
 
 def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -> ChangeSet:
     """The change set the sandbox's archive describes, against ``manifest``; ``snapshot`` (the
-    archive the run started from) gives the old content of text files."""
+    archive the run started from) gives the old content of text files. The rules of
+    :mod:`sandcell.changes.safety` become the changes' flags (never applicable) and notes."""
     meta: Mapping[str, object] = {}
     new: dict[str, Entry] = {}
+    notes: dict[str, str] = {}
     contents: dict[str, bytes] = {}
     try:
         tar = tarfile.open(fileobj=io.BytesIO(changes_tar), mode="r:")  # noqa: SIM115 - closed below
@@ -139,15 +140,18 @@ def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -
             if not m.name.startswith("files/"):
                 raise ConfigError(f"the sandbox's change archive has a stray entry {m.name!r}")
             rel = check_path(m.name[len("files/") :])
+            mode, note = strip_mode(m.mode)
+            if note is not None and not m.issym():
+                notes[rel] = note
             if m.isreg():
                 f = tar.extractfile(m)
                 data = f.read() if f is not None else b""
                 contents[rel] = data
-                new[rel] = Entry("file", m.mode & 0o7777, sha256=_sha(data), size=len(data))
+                new[rel] = Entry("file", mode, sha256=_sha(data), size=len(data))
             elif m.issym():
                 new[rel] = Entry("symlink", 0, target=m.linkname)
             elif m.isdir():
-                new[rel] = Entry("dir", m.mode & 0o7777)
+                new[rel] = Entry("dir", mode)
             else:
                 raise ConfigError(f"the sandbox's change archive has {rel!r} of an unusable kind")
     deleted = [check_path(str(p)) for p in meta.get("deleted", []) or []]  # type: ignore[attr-defined]
@@ -155,6 +159,16 @@ def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -
 
     out: list[Change] = []
     gone = {p: manifest.entries[p] for p in deleted if p in manifest.entries and p not in new}
+    # A repository inside the tree is one refused change, not one per file of it.
+    repos: dict[str, int] = {}
+    for p in [*new, *gone, *other]:
+        prefix = git_prefix(p)
+        if prefix is not None:
+            repos[prefix] = repos.get(prefix, 0) + 1
+    in_repos = {p: new[p] for p in repos if p in new}
+    new = {p: e for p, e in new.items() if git_prefix(p) is None}
+    gone = {p: e for p, e in gone.items() if git_prefix(p) is None}
+    other = [p for p in other if git_prefix(p) is None]
     added = {p: e for p, e in new.items() if p not in manifest.entries}
     # A rename: a deleted file whose content and mode reappear, once, under a new name.
     renamed: dict[str, str] = {}
@@ -165,28 +179,63 @@ def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -
             renamed[p] = by_content.pop(key)
     for old_p in renamed.values():
         del gone[old_p]
-    for p in sorted(set(new) | set(gone) | set(other)):
+    after = dict(manifest.entries)
+    for p in gone:
+        after.pop(p, None)
+    for old_p in renamed.values():
+        after.pop(old_p, None)
+    after.update(new)
+    leading_out = escaping_links(manifest.entries, after, new)
+    for p in sorted(set(new) | set(gone) | set(other) | set(repos) | set(leading_out)):
+        old = manifest.entries.get(p)
+        if p in repos:
+            out.append(
+                Change(
+                    p,
+                    "unsupported",
+                    old,
+                    in_repos.get(p),
+                    flags=(
+                        f"a repository's own files ({repos[p]} entries under {p!r}): "
+                        "a .git inside the change set is never applied",
+                    ),
+                )
+            )
+            continue
         if p in other:
             out.append(
                 Change(
                     p,
                     "unsupported",
-                    manifest.entries.get(p),
+                    old,
                     None,
                     flags=("a socket or FIFO made by the program: never applied",),
                 )
             )
             continue
-        old = manifest.entries.get(p)
         if p in gone:
             out.append(Change(p, "delete", old, None, binary=_is_binary(old, snapshot, p)))
             continue
-        e = new[p]
         flags: tuple[str, ...] = ()
-        if e.kind == "symlink" and e.target is not None and points_outside(p, e.target):
-            flags = (f"symbolic link pointing outside the directory ({e.target!r})",)
+        if p in leading_out:
+            flags = (f"symbolic link pointing outside the directory: {leading_out[p]}",)
+        if p not in new:
+            # An unchanged link that other changes made lead out: it is the change set's doing.
+            out.append(Change(p, "unsupported", old, old, flags=flags))
+            continue
+        e = new[p]
+        kept_notes = (notes[p],) if p in notes else ()
         if p in renamed:
-            out.append(Change(p, "rename", manifest.entries[renamed[p]], e, old_path=renamed[p]))
+            out.append(
+                Change(
+                    p,
+                    "rename",
+                    manifest.entries[renamed[p]],
+                    e,
+                    old_path=renamed[p],
+                    notes=kept_notes,
+                )
+            )
             continue
         if old == e:
             continue
@@ -199,7 +248,7 @@ def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -
         binary = e.kind == "file" and _text(contents[p]) is None
         if old is not None and old.kind == "file" and not binary:
             binary = _is_binary(old, snapshot, p)
-        out.append(Change(p, action, old, e, binary=binary, flags=flags))
+        out.append(Change(p, action, old, e, binary=binary, flags=flags, notes=kept_notes))
     changes = tuple(out)
     kept = {c.path: contents[c.path] for c in changes if c.path in contents}
     return ChangeSet(changes, render(changes, kept, snapshot), kept)
@@ -251,6 +300,8 @@ def render(
             lines.append(f"deleted file mode {_mode(c.old)}")
         for flag in c.flags:
             lines.append(f"# sandcell: NOT APPLICABLE: {flag}")
+        for note in c.notes:
+            lines.append(f"# sandcell: {note}")
         if c.old is not None and c.new is not None and c.old.kind != c.new.kind:
             lines.append(f"# sandcell: was {_describe(c.old)}; now {_describe(c.new)}")
         if c.action in ("rename", "mode", "unsupported"):
