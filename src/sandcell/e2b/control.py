@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import urllib.parse
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -17,6 +16,7 @@ from starlette.routing import Route
 
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.fs_cells import cell_for, reply_of
+from sandcell.e2b.listing import ListQuery
 from sandcell.e2b.registry import E2BSandbox, SandboxRegistry, new_token
 from sandcell.e2b.runner import run_cell
 from sandcell.e2b.wire import (
@@ -34,7 +34,6 @@ from sandcell.service.tenants import Tenant
 __all__ = ["control_routes"]
 
 _SESSION_LIFE_S = 86_400.0
-_PAGE = 100
 
 
 def _tenant(request: Request, service: Service) -> Tenant:
@@ -111,7 +110,7 @@ async def connect(request: Request) -> Response:
     box = registry.owned(tenant.name, request.path_params["sandbox_id"])
     body = parse(ConnectBody, await request.body())
     if body.timeout is not None:
-        box.set_timeout(body.timeout)
+        registry.set_timeout(box, body.timeout)
     return JSONResponse(sandbox_json(box), status_code=200)
 
 
@@ -125,7 +124,7 @@ async def set_timeout(request: Request) -> Response:
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
     box = registry.owned(tenant.name, request.path_params["sandbox_id"])
-    box.set_timeout(parse(TimeoutBody, await request.body()).timeout)
+    registry.set_timeout(box, parse(TimeoutBody, await request.body()).timeout)
     return Response(status_code=204)
 
 
@@ -136,7 +135,7 @@ async def refresh(request: Request) -> Response:
     box = registry.owned(tenant.name, request.path_params["sandbox_id"])
     duration = parse(RefreshBody, await request.body()).duration
     if box.deadline < time.monotonic() + duration:
-        box.set_timeout(duration)
+        registry.set_timeout(box, duration)
     return Response(status_code=204)
 
 
@@ -148,34 +147,15 @@ async def kill(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def _metadata_filter(raw: str | None) -> dict[str, str]:
-    if not raw:
-        return {}
-    return dict(urllib.parse.parse_qsl(raw, keep_blank_values=True))
-
-
 async def list_sandboxes(request: Request) -> Response:
-    """The tenant's running sandboxes, oldest first, a page of ``limit`` at a time (the next
-    page's token, an offset, in ``x-next-token``)."""
+    """The tenant's running sandboxes that the query names, in its order, a page of ``limit``
+    at a time (the next page's token, a cursor, in ``x-next-token``)."""
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
-    wanted = _metadata_filter(request.query_params.get("metadata"))
-    states = {s for s in (request.query_params.get("state") or "running").split(",") if s}
-    try:
-        limit = int(request.query_params.get("limit") or _PAGE)
-        offset = int(request.query_params.get("nextToken") or 0)
-    except ValueError:
-        raise E2BError(400, "limit and nextToken: give whole numbers") from None
-    if limit < 1 or offset < 0:
-        raise E2BError(400, "limit must be at least 1 and nextToken at least 0")
-    boxes = [
-        b
-        for b in registry.of_tenant(tenant.name)
-        if "running" in states and all(b.metadata.get(k) == v for k, v in wanted.items())
-    ]
-    boxes.sort(key=lambda b: (b.started_at, b.id))
-    page = boxes[offset : offset + limit]
-    headers = {"x-next-token": str(offset + limit)} if offset + limit < len(boxes) else {}
+    query = ListQuery.of(request.query_params)
+    boxes = [b for b in registry.of_tenant(tenant.name) if query.matches(b)]
+    page, next_token = query.page(boxes)
+    headers = {"x-next-token": next_token} if next_token is not None else {}
     return JSONResponse([detail_json(b) for b in page], headers=headers)
 
 

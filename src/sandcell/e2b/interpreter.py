@@ -113,6 +113,10 @@ async def _stream(
             if now:
                 yield ndjson(stream_message(item[0], now))
         elif isinstance(item, Done):
+            if box.ended is not None:
+                # Cut the stream: the SDK reads a cut stream of a sandbox that is gone as
+                # "the sandbox was killed while the request was in progress" (TimeoutException).
+                raise E2BError(502, f"the sandbox ended while the cell ran: {box.ended}")
             for message in _ending(service, box, item, code, language=language, held=held):
                 yield ndjson(message)
 

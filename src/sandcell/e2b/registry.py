@@ -67,6 +67,9 @@ class E2BSandbox:
     """Monotonic time at which the sandbox is ended (its E2B timeout)."""
     contexts: dict[str, Context] = field(default_factory=dict)
     pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+    ended: str | None = None
+    """Why the sandbox ended, once the registry has ended it (a kill, its timeout): a call
+    still running in it then reports the sandbox gone, not a failure of its own."""
 
     @property
     def session(self) -> Session:
@@ -126,10 +129,17 @@ class SandboxRegistry:
             boxes = [b for b in self._boxes.values() if b.tenant == tenant]
         return [b for b in boxes if self._alive(b.id) is not None]
 
+    def set_timeout(self, box: E2BSandbox, seconds: float) -> None:
+        """End ``box`` ``seconds`` from now: a shorter timeout takes effect when it passes,
+        not at the reaper's next poll."""
+        box.set_timeout(seconds)
+        self._wake.set()
+
     def kill(self, box: E2BSandbox, why: str = "closed") -> None:
         """End the sandbox's session (blocking: its teardown) and forget it."""
         with self._lock:
             self._boxes.pop(box.id, None)
+            box.ended = why
         # A cell still running holds the session: stop it, so the kill does not wait for it.
         box.session.cancel(f"the sandbox ended: {why}")
         try:
@@ -153,6 +163,7 @@ class SandboxRegistry:
         with self._lock:
             if self._boxes.pop(box.id, None) is None:
                 return
+            box.ended = why
         threading.Thread(
             target=self._end_quietly, args=(box, why), name="sandcell-e2b-end", daemon=True
         ).start()
