@@ -46,7 +46,8 @@ from sandcell.replay.evidence import (
     packages_record,
 )
 from sandcell.run_sockets import RunSockets
-from sandcell.runtimes import runtime_for
+from sandcell.runtime_ref import runtime_record, runtime_ref
+from sandcell.runtimes import Runtime, runtime_for
 from sandcell.spec import (
     DEFAULT_RUNTIME,
     Artifact,
@@ -733,6 +734,7 @@ class Executor:
             if not valid:
                 outcome = Outcome.INVALID_OUTPUT
                 reason = "the declared result failed validation: " + "; ".join(errors[:3])
+        runtime = runtime_for(request.language, request.runtime)
         result = RunResult(
             run_id=run_id,
             outcome=outcome,
@@ -756,8 +758,9 @@ class Executor:
             session_id=session_id,
             network=_mapping(outside, "network"),
             tools=_mapping(outside, "tools"),
+            runtime=runtime_ref(runtime, request.runtime),
         )
-        record = self._record(request, result, br, inputs, backend or self.backend)
+        record = self._record(request, result, br, inputs, backend or self.backend, runtime=runtime)
         self.audit.append(
             {
                 # First, so that no extra field can replace one the executor wrote.
@@ -793,6 +796,7 @@ class Executor:
         *,
         record_extra: Mapping[str, object] | None = None,
     ) -> RunResult:
+        runtime = runtime_for(request.language, request.runtime)
         result = RunResult(
             run_id=uuid.uuid4().hex,
             outcome=outcome,
@@ -809,9 +813,15 @@ class Executor:
             reason=reason,
             started_at=_now(),
             policy=policy,
+            runtime=runtime_ref(runtime, request.runtime),
         )
         record = self._record(
-            request, result, None, inspect_inputs(request.inputs), backend or self.backend
+            request,
+            result,
+            None,
+            inspect_inputs(request.inputs),
+            backend or self.backend,
+            runtime=runtime,
         )
         self.audit.append({**(record_extra or {}), **record})
         return result
@@ -823,8 +833,9 @@ class Executor:
         br: BackendResult | None,
         inputs: list[dict[str, object]],
         backend: Backend,
+        *,
+        runtime: Runtime,
     ) -> Mapping[str, object]:
-        runtime = runtime_for(request.language, request.runtime)
         enforcement = result.enforcement
         return {
             "run_id": result.run_id,
@@ -833,21 +844,7 @@ class Executor:
             "code": request.code,
             "code_sha256": _sha256(request.code.encode()),
             "language": request.language,
-            "runtime": {
-                "name": runtime.name,
-                "identity": runtime.identity,
-                "sha256": runtime.sha256,
-                # A built runtime: the tree it is stored as and the lock it was built from.
-                **(
-                    {
-                        "selected": (request.runtime or "").split("@")[0],
-                        "tree_sha256": runtime.tree_sha256,
-                        "lock_sha256": runtime.lock_sha256,
-                    }
-                    if runtime.tree_sha256
-                    else {}
-                ),
-            },
+            "runtime": runtime_record(runtime, request.runtime),
             "backend": {"name": backend.name, **backend.versions()},
             "host": {"kernel": platform.release(), "machine": platform.machine()},
             "limits": asdict(request.effective_limits),

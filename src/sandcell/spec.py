@@ -255,6 +255,18 @@ class Enforcement:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeRef:
+    """The built runtime a run used, named as its record names it."""
+
+    name: str
+    """The runtime asked for (``datascience``; the record's ``selected``)."""
+    tree_sha256: str
+    """The content hash of the tree it ran in (its store name)."""
+    lock_sha256: str
+    """The hash of the lock that tree was built from."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
     """Everything observed about one run."""
 
@@ -293,6 +305,9 @@ class RunResult:
     tools: Mapping[str, object] | None = None
     """Every governed tool call of the run (None: its profile has no tools): ``calls`` (tool,
     argument and result hashes, decision, approver, sizes, duration)."""
+    runtime: RuntimeRef | None = None
+    """The built runtime the run used; None when it used sandcell's own environment
+    (``default``), which has no tree or lock of its own."""
 
     @property
     def ok(self) -> bool:
@@ -336,7 +351,13 @@ def result_to_dict(result: RunResult) -> dict[str, object]:
         "session_id": result.session_id,
         "network": None if result.network is None else dict(result.network),
         "tools": None if result.tools is None else dict(result.tools),
+        "runtime": None if result.runtime is None else runtime_ref_to_dict(result.runtime),
     }
+
+
+def runtime_ref_to_dict(ref: RuntimeRef) -> dict[str, object]:
+    """The JSON form of a result's ``runtime``."""
+    return {"name": ref.name, "tree_sha256": ref.tree_sha256, "lock_sha256": ref.lock_sha256}
 
 
 def result_from_dict(data: Mapping[str, object]) -> RunResult:
@@ -403,11 +424,23 @@ def result_from_dict(data: Mapping[str, object]) -> RunResult:
             session_id=None if data.get("session_id") is None else str(data.get("session_id")),
             network=_opt_mapping(data.get("network"), "network"),
             tools=_opt_mapping(data.get("tools"), "tools"),
+            runtime=_runtime_ref(data.get("runtime")),
         )
     except KeyError as exc:
         raise ConfigError(f"a run result without its {exc.args[0]!r} field") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"a run result that does not fit its form: {exc}") from None
+
+
+def _runtime_ref(value: object) -> RuntimeRef | None:
+    if value is None:
+        return None
+    ref = _as_mapping(value, "runtime")
+    return RuntimeRef(
+        name=str(ref["name"]),
+        tree_sha256=str(ref["tree_sha256"]),
+        lock_sha256=str(ref["lock_sha256"]),
+    )
 
 
 def _as_mapping(value: object, what: str) -> Mapping[str, object]:

@@ -145,3 +145,46 @@ def test_the_cli_lists_shows_verifies_and_runs(tmp_path: Path) -> None:
     assert "sandcell runtime build nosuchruntime --lock" in missing.stderr
     bad = cli("runtime", "build", "--lock", str(_profile("numpy==2.4.6\n", tmp_path, "bad")))
     assert bad.returncode == 78 and "is not an exact pin with hashes" in bad.stderr
+
+
+def test_json_results_name_the_runtime_as_the_record_does(tmp_path: Path) -> None:
+    env = {**os.environ, "SANDCELL_HOME": str(tmp_path / "home")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*SANDCELL, *args], capture_output=True, text=True, env=env, check=False
+        )
+
+    manifest = find("minimal").manifest
+    named = {
+        "name": "minimal",
+        "tree_sha256": manifest.tree_sha256,
+        "lock_sha256": manifest.lock_sha256,
+    }
+    run = cli("run", "--no-service", "--json", "--runtime", "minimal", "-c", "print(1)")
+    assert run.returncode == 0, run.stderr
+    body = json.loads(run.stdout)
+    assert body["runtime"] == named
+    shown = cli("audit", "show", "--json", body["run_id"])
+    assert shown.returncode == 0, shown.stderr
+    recorded = json.loads(shown.stdout)["record"]["runtime"]
+    assert (recorded["selected"], recorded["tree_sha256"], recorded["lock_sha256"]) == (
+        named["name"],
+        named["tree_sha256"],
+        named["lock_sha256"],
+    )
+    # unchecked runs in sandcell's own environment: no built runtime to name.
+    own = cli("run", "--no-service", "--json", "--profile", "unchecked", "-c", "print(1)")
+    assert own.returncode == 0, own.stderr
+    assert json.loads(own.stdout)["runtime"] is None
+    # A session's cells say the same.
+    profile = _profile('[runtime]\nruntime = "minimal"\n', tmp_path, "in-minimal")
+    started = cli("session", "start", "--no-service", "--profile", str(profile), "--json")
+    assert started.returncode == 0, started.stderr
+    session_id = json.loads(started.stdout)["id"]
+    try:
+        cell = cli("session", "run", "--no-service", session_id, "--json", "-c", "x = 1")
+        assert cell.returncode == 0, cell.stderr
+        assert json.loads(cell.stdout)["runtime"] == named
+    finally:
+        cli("session", "close", "--no-service", session_id)

@@ -32,6 +32,13 @@ def test_sync_run_returns_the_result_and_its_record(service: ServiceProcess, hom
         record = c.get(f"/v1/audit/{body['id']}").json()
         assert record["record"]["stdout"] == "42\n"
         assert record["record"]["policy"]["profile"]["name"] == "strict"
+        # strict runs in the built runtime analysis: the result names it as the record does.
+        runtime = record["record"]["runtime"]
+        assert result["runtime"] == {
+            "name": "analysis",
+            "tree_sha256": runtime["tree_sha256"],
+            "lock_sha256": runtime["lock_sha256"],
+        }
         assert [s["run_id"] for s in c.get("/v1/audit").json()] == [body["id"]]
         assert c.get(f"/v1/runs/{body['id']}").json()["result"]["stdout"] == "42\n"
 

@@ -119,6 +119,9 @@ def test_sigterm_drains_runs_in_flight_and_a_restart_loses_nothing(tmp_path: Pat
             drained = c.get(f"/v1/runs/{background}").json()
             assert drained["record_only"] is True
             assert drained["result"]["outcome"] == "ok"
+            # Read back from the record, the result names its runtime as a live one does.
+            assert drained["result"]["runtime"] == made["result"]["runtime"]
+            assert drained["result"]["runtime"]["name"] == "analysis"
             assert drained["result"]["stdout"] == "drained\n"
             with c.stream("GET", f"/v1/runs/{background}/events") as events:
                 lines = [line for line in events.iter_lines() if line]

@@ -16,6 +16,7 @@ from sandcell.spec import (
     Outcome,
     RejectedExport,
     RunResult,
+    RuntimeRef,
     StartInfo,
     Usage,
     result_from_dict,
@@ -58,6 +59,7 @@ def _full() -> RunResult:
         session_id="s1",
         network={"connections": [], "totals": {"bytes": 0}},
         tools={"calls": [{"tool": "search"}]},
+        runtime=RuntimeRef(name="datascience", tree_sha256="c" * 64, lock_sha256="d" * 64),
     )
 
 
@@ -94,6 +96,8 @@ def test_round_trip_through_json(result: RunResult) -> None:
         ({"usage": []}, "'usage' is not an object"),
         ({"artifacts": [{"path": "a"}]}, "without its 'sha256' field"),
         ({"outputs": "x"}, "'outputs' is not a list"),
+        ({"runtime": "datascience"}, "'runtime' is not an object"),
+        ({"runtime": {"name": "datascience"}}, "without its 'tree_sha256' field"),
     ],
 )
 def test_a_form_that_does_not_fit_names_what_is_wrong(

@@ -13,13 +13,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from sandcell.runtime_ref import ref_from_record
 from sandcell.service.core import RunState, Service
 from sandcell.service.deps import CurrentTenant, ServiceDep
 from sandcell.service.fast_json import FastJSONResponse
 from sandcell.service.models import CancelBody, Problem, ResultBody, RunBody, RunStatusBody
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant
-from sandcell.spec import Outcome, RunRequest, RunResult
+from sandcell.spec import Outcome, RunRequest, RunResult, runtime_ref_to_dict
 
 __all__ = ["router", "status_body", "wait_for"]
 
@@ -143,7 +144,11 @@ def _record_result(service: Service, run_id: str) -> dict[str, object] | None:
         return None
     record = dict(entry.record)
     fields = ResultBody.model_fields
-    return {name: record.get(name, _empty(name)) for name in fields}
+    found = {name: record.get(name, _empty(name)) for name in fields}
+    # The record describes the runtime in full; the result names only a built one.
+    ref = ref_from_record(record.get("runtime"))
+    found["runtime"] = None if ref is None else runtime_ref_to_dict(ref)
+    return found
 
 
 def _empty(name: str) -> object:

@@ -69,6 +69,14 @@ class RunBody(_Request):
     )
 
 
+class RuntimeRefBody(BaseModel):
+    """The built runtime a run used, as its record names it."""
+
+    name: str = Field(description="the runtime asked for (sandcell runtime list)")
+    tree_sha256: str = Field(description="the content hash of the tree it ran in")
+    lock_sha256: str = Field(description="the hash of the lock that tree was built from")
+
+
 class ResultBody(BaseModel):
     """A run's result, as ``sandcell run --json`` prints it."""
 
@@ -94,6 +102,10 @@ class ResultBody(BaseModel):
     session_id: str | None
     network: dict[str, Any] | None
     tools: dict[str, Any] | None
+    runtime: RuntimeRefBody | None = Field(
+        default=None,
+        description="the built runtime the run used; null: sandcell's own environment",
+    )
 
 
 class RunStatusBody(BaseModel):
