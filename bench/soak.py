@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/soak.py --runs 10000 --concurrency 8            # the full soak
     .venv/bin/python bench/soak.py --runs 300 --concurrency 4 --via both   # what CI runs
+    .venv/bin/python bench/soak.py --runs 1000 --concurrency 4 --backend gvisor     # upper rungs
+    .venv/bin/python bench/soak.py --runs 300 --concurrency 2 --backend microvm
 
 Every request is one of :data:`KINDS` (ok, error, timeout, memory bomb, fork bomb, output flood,
 export, denied, approval-waiting), in a fixed interleaving. Afterwards the books must balance:
@@ -428,9 +430,15 @@ def _pending_tickets(path: Path) -> int:
 
 
 def soak_executor(
-    home: Path, runs: int, concurrency: int, *, progress: bool = False
+    home: Path,
+    runs: int,
+    concurrency: int,
+    *,
+    progress: bool = False,
+    backend: str = "namespaces",
 ) -> dict[str, object]:
-    """The load through one in-process :class:`Executor` (warm pool), then the books."""
+    """The load through one in-process :class:`Executor` (warm pool) on ``backend``, then the
+    books."""
     from sandcell.backends.namespaces.warm import WarmConfig
     from sandcell.executor import Executor
 
@@ -438,7 +446,8 @@ def soak_executor(
     tmpdir = Path(tempfile.gettempdir())
     before = snapshot(tmpdir, [owner_tag(me)], [me], [home])
     sockets_before = _sockets(me)
-    with Executor(home=home, warm=WarmConfig(mode="pool", preload=(), pool_size=2)) as ex:
+    warm = WarmConfig(mode="pool", preload=(), pool_size=2)
+    with Executor(home=home, backend=backend, warm=warm) as ex:
         books = drive(
             lambda k: ex.run(k.request, profile=k.profile),
             runs,
@@ -451,7 +460,7 @@ def soak_executor(
     sockets = _sockets(me) - sockets_before
     if sockets > 0:
         left["sockets"] = [f"{sockets} more sockets open in the driver"]
-    return {"via": "executor", **figures, "leftovers": left}
+    return {"via": "executor", "backend": backend, **figures, "leftovers": left}
 
 
 _SERVING = re.compile(r"serving on http://127\.0\.0\.1:(\d+)")
@@ -496,9 +505,15 @@ class Serve:
 
 
 def soak_service(
-    home: Path, runs: int, concurrency: int, *, progress: bool = False
+    home: Path,
+    runs: int,
+    concurrency: int,
+    *,
+    progress: bool = False,
+    backend: str = "namespaces",
 ) -> dict[str, object]:
-    """The load through a real ``sandcell serve`` and the client SDK, then the books."""
+    """The load through a real ``sandcell serve`` on ``backend`` and the client SDK, then the
+    books."""
     from sandcell.client import Client
     from sandcell.service.tenants import TenantStore
 
@@ -515,7 +530,9 @@ def soak_service(
     tmpdir = Path(tempfile.gettempdir())
     me = os.getpid()
     mounts_before = snapshot(tmpdir, [], [me], [home])
-    serve = Serve.start(home, "--start", "pool", "--workers", str(concurrency))
+    serve = Serve.start(
+        home, "--start", "pool", "--workers", str(concurrency), "--backend", backend
+    )
     tag = owner_tag(serve.proc.pid)
     try:
         with Client(serve.url, key, timeout=120) as client:
@@ -533,7 +550,7 @@ def soak_service(
     left["sockets"] = [str(p) for p in home.rglob("*.sock")]
     if code != -signal.SIGTERM:
         left["exit"] = [f"sandcell serve exited {code} on SIGTERM"]
-    return {"via": "service", **figures, "leftovers": left}
+    return {"via": "service", "backend": backend, **figures, "leftovers": left}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -541,6 +558,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--via", choices=("executor", "service", "both"), default="both")
+    parser.add_argument(
+        "--backend", choices=("namespaces", "gvisor", "microvm"), default="namespaces"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     ok = True
@@ -553,7 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for via in ("executor", "service") if args.via == "both" else (args.via,):
             home = Path(scratch) / via
             soak = soak_executor if via == "executor" else soak_service
-            figures = soak(home, args.runs, args.concurrency, progress=not args.json)
+            figures = soak(
+                home, args.runs, args.concurrency, progress=not args.json, backend=args.backend
+            )
             left = figures["leftovers"]
             assert isinstance(left, dict)
             problems = figures["problems"]
@@ -565,8 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             rss = ", ".join(f"{k / 1024:.1f}" for k in figures["rss_kib"])  # type: ignore[attr-defined]
             print(
-                f"{via}: {figures['requests']} requests, {figures['results']} results, "
-                f"{figures['records']} records, chain ok: {figures['chain_ok']}, "
+                f"{via} on {args.backend}: {figures['requests']} requests, "
+                f"{figures['results']} results, {figures['records']} records, "
+                f"chain ok: {figures['chain_ok']}, "
                 f"{figures['wall_s']} s ({figures['runs_per_s']} runs/s at concurrency "
                 f"{args.concurrency}); RSS start/middle/end MiB: {rss}; leftovers: {found}"
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -33,9 +34,13 @@ def soak() -> ModuleType:
 
 
 @pytest.fixture
-def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    # Short, right under /tmp: the microVM backend's Unix sockets live in run directories under
+    # TMPDIR, and a socket path must fit in 107 bytes (pytest's tmp_path is too deep for that).
+    tmp = Path(tempfile.mkdtemp(prefix="sc-soak-", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)
-    yield tmp
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,5 +1,7 @@
 """A CI-sized soak: a mixed load through the executor and through a real ``sandcell serve``,
-then the books (bench/soak.py has the full-sized run and what each check means)."""
+then the books (bench/soak.py has the full-sized run and what each check means); on the upper
+rungs (gVisor, microVM) the smallest mix that holds every kind, with the same books
+(``bench/soak.py --backend gvisor|microvm`` for the full size)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,15 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.conftest import backend_unavailable
+
+from sandcell.errors import IsolationUnavailable
 
 RUNS_EXECUTOR = 200
 RUNS_SERVICE = 120
 CONCURRENCY = 4
+RUNS_UPPER = 12
+"""The first plan (bench/soak.py ``plan``) with every kind in it: the suite's time is tight."""
 
 
 def _assert_balanced(figures: dict[str, object], runs: int) -> None:
@@ -57,6 +64,18 @@ def test_soak_through_the_service(soak: ModuleType, private_tmp: Path, tmp_path:
     print(figures)
     _assert_balanced(figures, RUNS_SERVICE)
     _assert_no_runaway_memory(figures["rss_kib"])
+
+
+@pytest.mark.parametrize("backend", ["gvisor", "microvm"])
+def test_soak_on_the_upper_rungs(
+    soak: ModuleType, private_tmp: Path, tmp_path: Path, backend: str
+) -> None:
+    try:
+        figures = soak.soak_executor(tmp_path / "home", RUNS_UPPER, 2, backend=backend)
+    except IsolationUnavailable as exc:
+        backend_unavailable(backend, str(exc))
+    print(figures)
+    _assert_balanced(figures, RUNS_UPPER)
 
 
 def test_the_leftover_check_sees_a_leftover(soak: ModuleType, private_tmp: Path) -> None:
