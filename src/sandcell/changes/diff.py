@@ -115,6 +115,14 @@ def _text(data: bytes) -> str | None:
         return None
 
 
+def _lines(text: str) -> list[str]:
+    """``text`` split after each newline only, as git splits it: ``str.splitlines`` would also
+    break at a carriage return, form feed or U+2028, so the patch would show lines the file does
+    not have."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -327,8 +335,8 @@ def render(
         old_text = _text(_old_bytes(snapshot, a)) if old_kind == "file" else ""
         new_text = _text(contents.get(c.path, b"")) if new_kind == "file" else ""
         diff = difflib.unified_diff(
-            (old_text or "").splitlines(keepends=True),
-            (new_text or "").splitlines(keepends=True),
+            _lines(old_text or ""),
+            _lines(new_text or ""),
             fromfile=f"a/{a}" if old_kind == "file" else "/dev/null",
             tofile=f"b/{c.path}" if new_kind == "file" else "/dev/null",
         )

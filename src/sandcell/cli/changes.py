@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from sandcell.errors import ConfigError
 from sandcell.home import data_dir
+from sandcell.validation.terminal import neutralise
 
 if TYPE_CHECKING:
     from sandcell.artifacts import ArtifactStore
@@ -76,6 +77,10 @@ def handle(args: argparse.Namespace) -> int:
         if cmd in ("approve", "deny"):
             return _decide(rec, approvals, args, approve=cmd == "approve")
         return _apply(rec, approvals, audit, args)
+    except ConfigError as exc:
+        # Messages name paths and link targets the sandboxed program chose.
+        exc.args = (neutralise(str(exc)),)
+        raise
     finally:
         audit.close()
         approvals.close()
@@ -99,31 +104,36 @@ def _show(rec: RecordedChanges, approvals: ChangeApprovals, *, as_json: bool) ->
     if as_json:
         print(json.dumps(summary, indent=2))
         return 0
-    out = sys.stdout
-    out.write(f"run {rec.run_id}: outcome {rec.outcome} (exit {summary['exit_code']})\n")
-    out.write(f"working directory: {rec.source}\n")
+    # Everything below but the hashes was written by the sandboxed program (the patch, paths,
+    # link targets, its output): a control character in it could recolour, move the cursor over
+    # or hide lines of what the reviewer reads, on a terminal or in a pager, so each is shown as
+    # a visible escape (src/sandcell/validation/terminal.py).
+    lines = [f"run {rec.run_id}: outcome {rec.outcome} (exit {summary['exit_code']})"]
+    lines.append(f"working directory: {rec.source}")
     for stream in ("stdout", "stderr"):
         text = str(rec.record.get(stream) or "")
         if text.strip():
-            tail = text.rstrip("\n").splitlines()[-_TAIL_LINES:]
-            out.write(f"{stream} (last {len(tail)} lines):\n")
-            out.write("".join(f"  | {line}\n" for line in tail))
-    out.write(f"change set sha256: {rec.changeset_sha256}\n")
-    out.write(f"files touched ({len(rec.changes)}):\n")
+            # Split at newlines only: a carriage return is shown, not taken as a line end.
+            tail = text.rstrip("\n").split("\n")[-_TAIL_LINES:]
+            lines.append(f"{stream} (last {len(tail)} lines):")
+            lines += [f"  | {line}" for line in tail]
+    lines.append(f"change set sha256: {rec.changeset_sha256}")
+    lines.append(f"files touched ({len(rec.changes)}):")
     for c in rec.changes:
         note = "" if c.applicable else "  [NOT APPLICABLE: " + "; ".join(c.flags) + "]"
         src = f"{c.old_path} -> " if c.old_path else ""
-        out.write(f"  {c.action:<11} {src}{c.path}{' (binary)' if c.binary else ''}{note}\n")
+        lines.append(f"  {c.action:<11} {src}{c.path}{' (binary)' if c.binary else ''}{note}")
     findings = rec.findings
-    out.write(f"checks on the diff: {len(findings)} finding(s)\n")
+    lines.append(f"checks on the diff: {len(findings)} finding(s)")
     for f in findings:
-        out.write(
+        lines.append(
             f"  {f.get('severity')} {f.get('check')} {f.get('what')} at {f.get('path')}:"
-            f"{f.get('line')}: {f.get('detail')}\n"
+            f"{f.get('line')}: {f.get('detail')}"
         )
     status = "none" if latest is None else f"{latest.status} by {latest.decided_by} ({latest.id})"
-    out.write(f"approval: {status}\n\n")
-    out.write(rec.patch.decode("utf-8", errors="replace"))
+    lines += [f"approval: {status}", ""]
+    sys.stdout.write(neutralise("\n".join(lines) + "\n"))
+    sys.stdout.write(neutralise(rec.patch.decode("utf-8", errors="replace")))
     return 0
 
 
