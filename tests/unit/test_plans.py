@@ -520,10 +520,11 @@ def test_result_to_dict_shape() -> None:
         "session_id",
         "network",
         "tools",
+        "runtime",
     }
     assert d["policy"] is None and d["validation"] is None and d["leaks"] == []
     assert d["outputs"] == [] and d["session_id"] is None
-    assert d["network"] is None and d["tools"] is None
+    assert d["network"] is None and d["tools"] is None and d["runtime"] is None
     assert d["start"] == {"mode": "cold", "template": None, "preloaded": [], "wait_ms": 0.0}
     assert d["outcome"] == "error"
     assert d["exit_code"] == 2 and d["signal"] is None
