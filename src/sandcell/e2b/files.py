@@ -31,6 +31,7 @@ from sandcell.e2b.inflate import gunzip_bounded
 from sandcell.e2b.paths import in_sandbox, shown, workspace_part
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.e2b.runner import admit_cell, run_cell
+from sandcell.e2b.signed_urls import signed_sandbox
 
 __all__ = ["file_routes"]
 
@@ -101,7 +102,7 @@ async def read_path(request: Request, box: E2BSandbox, path: str) -> Response:
 
 
 async def read_file(request: Request) -> Response:
-    box = sandbox_of(request)
+    box = signed_sandbox(request, "read") or sandbox_of(request)
     return await read_path(request, box, request.query_params.get("path") or "")
 
 
@@ -175,7 +176,7 @@ async def write_path(
 
 
 async def write_files(request: Request) -> Response:
-    box = sandbox_of(request)
+    box = signed_sandbox(request, "write") or sandbox_of(request)
     uploads = _uploads(request, await request.body())
     if len(uploads) == 1 and request.query_params.get("path"):
         # With one file, the path parameter names it (the part's filename may be a bare name).

@@ -129,6 +129,12 @@ class SandboxRegistry:
             boxes = [b for b in self._boxes.values() if b.tenant == tenant]
         return [b for b in boxes if self._alive(b.id) is not None]
 
+    def live(self) -> list[E2BSandbox]:
+        """Every tenant's sandboxes that are still alive (for a signed URL, which names none)."""
+        with self._lock:
+            ids = list(self._boxes)
+        return [b for b in (self._alive(i) for i in ids) if b is not None]
+
     def set_timeout(self, box: E2BSandbox, seconds: float) -> None:
         """End ``box`` ``seconds`` from now: a shorter timeout takes effect when it passes,
         not at the reaper's next poll."""

@@ -101,7 +101,11 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
     from sandcell.e2b import E2B_PATH
     from sandcell.e2b.app import e2b_app
 
-    app.mount(E2B_PATH, e2b_app(service))  # /e2b: E2B's API, for the official E2B SDKs
+    e2b = e2b_app(service)
+    app.mount(E2B_PATH, e2b)  # /e2b: E2B's API, for the official E2B SDKs
+    # /files: where the E2B SDK points its signed download and upload URLs (they drop the
+    # /e2b of E2B_SANDBOX_URL), the same files endpoints as /e2b/files (sandcell.e2b.signed_urls).
+    app.router.routes.append(Route("/files", endpoint=e2b, methods=["GET", "POST"]))
     app.router.routes.append(docs_route(app))
     if mcp_app is not None:
         # The MCP app as the ASGI endpoint of exactly /mcp, not a mount: it keeps its own path
