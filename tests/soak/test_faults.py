@@ -20,10 +20,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.conftest import backend_unavailable
 
 from sandcell import _sqlite
 from sandcell.audit import AuditLog
-from sandcell.errors import AuditError
+from sandcell.errors import AuditError, IsolationUnavailable
 from sandcell.executor import Executor
 from sandcell.spec import Limits, Outcome, RunRequest
 
@@ -534,12 +535,26 @@ def test_clock_stepped_back_keeps_the_chain_in_append_order(
 # --- sandboxes that fight back ------------------------------------------------------------------
 
 
+RUNGS = pytest.mark.parametrize("backend", ["namespaces", "gvisor", "microvm"])
+
+
+def _executor(home: Path, backend: str) -> Executor:
+    """A cold executor of ``backend`` (the fault tests on every rung), skipped where the host
+    cannot run it (failed where CI requires it)."""
+    try:
+        return Executor(home=home, profile="unchecked", backend=backend)
+    except IsolationUnavailable as exc:
+        backend_unavailable(backend, str(exc))
+        raise
+
+
+@RUNGS
 def test_sandbox_ignoring_every_signal_is_killed_at_its_deadline(
-    soak: ModuleType, private_tmp: Path, tmp_path: Path
+    soak: ModuleType, private_tmp: Path, tmp_path: Path, backend: str
 ) -> None:
     me = os.getpid()
     before = soak.snapshot(private_tmp, [soak.owner_tag(me)], [me])
-    with Executor(home=tmp_path / "home", profile="unchecked") as ex:
+    with _executor(tmp_path / "home", backend) as ex:
         result = ex.run(soak.SIGNAL_PROOF)
     assert result.outcome is Outcome.TIMEOUT
     assert result.signal == signal.SIGKILL
@@ -552,8 +567,9 @@ def test_sandbox_ignoring_every_signal_is_killed_at_its_deadline(
     }
 
 
-def test_workspace_full_is_a_clear_outcome(soak: ModuleType, tmp_path: Path) -> None:
-    with Executor(home=tmp_path / "home", profile="unchecked") as ex:
+@RUNGS
+def test_workspace_full_is_a_clear_outcome(soak: ModuleType, tmp_path: Path, backend: str) -> None:
+    with _executor(tmp_path / "home", backend) as ex:
         result = ex.run(
             RunRequest(
                 code="f = open('big', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))",
