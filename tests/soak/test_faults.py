@@ -31,6 +31,17 @@ from sandcell.spec import Limits, Outcome, RunRequest
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+RUNGS = pytest.mark.parametrize("backend", ["namespaces", "gvisor", "microvm"])
+
+
+def _executor(home: Path, backend: str) -> Executor:
+    """A cold executor of ``backend`` (the fault tests on every rung), skipped where the host
+    cannot run it (failed where CI requires it)."""
+    try:
+        return Executor(home=home, profile="unchecked", backend=backend)
+    except IsolationUnavailable as exc:
+        backend_unavailable(backend, str(exc))
+        raise
 
 
 def _env(home: Path, tmp: Path, **extra: str) -> dict[str, str]:
@@ -167,16 +178,20 @@ def test_batch_sigkilled_mid_batch_resumes_without_loss_or_duplicates(
     }
 
 
+@RUNGS
 def test_run_sigkilled_mid_run_leaves_no_record_and_is_swept(
-    soak: ModuleType, private_tmp: Path, tmp_path: Path
+    soak: ModuleType, private_tmp: Path, tmp_path: Path, backend: str
 ) -> None:
     home = tmp_path / "home"
+    _executor(home, backend).close()  # skipped where the host cannot run this rung
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "sandcell",
             "run",
+            "--backend",
+            backend,
             "--profile",
             "unchecked",
             "--timeout",
@@ -206,7 +221,9 @@ def test_run_sigkilled_mid_run_leaves_no_record_and_is_swept(
     # The killed run has no result and no record: nothing claims it finished.
     assert _records(home) == Counter()
     # The next sandcell start sweeps what the dead supervisor left, and runs normally.
-    after = _sandcell(home, private_tmp, "run", "--profile", "unchecked", "-c", "print(1)")
+    after = _sandcell(
+        home, private_tmp, "run", "--backend", backend, "--profile", "unchecked", "-c", "print(1)"
+    )
     assert after.returncode == 0, after.stderr
     assert list(_records(home).values()) == [1]
     assert _owner_left(soak, private_tmp, tag) == {
@@ -533,19 +550,6 @@ def test_clock_stepped_back_keeps_the_chain_in_append_order(
 
 
 # --- sandboxes that fight back ------------------------------------------------------------------
-
-
-RUNGS = pytest.mark.parametrize("backend", ["namespaces", "gvisor", "microvm"])
-
-
-def _executor(home: Path, backend: str) -> Executor:
-    """A cold executor of ``backend`` (the fault tests on every rung), skipped where the host
-    cannot run it (failed where CI requires it)."""
-    try:
-        return Executor(home=home, profile="unchecked", backend=backend)
-    except IsolationUnavailable as exc:
-        backend_unavailable(backend, str(exc))
-        raise
 
 
 @RUNGS
