@@ -224,6 +224,9 @@ class DisplayOutput:
     kind: Literal["value", "table", "figure"]
     data: Mapping[str, str] = field(default_factory=dict)
     artifacts: tuple[Artifact, ...] = ()
+    displayed: bool = False
+    """Shown by ``display()`` as the cell went, rather than as its value (a notebook's main
+    result) or a figure left open at its end."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -412,6 +415,7 @@ def result_from_dict(data: Mapping[str, object]) -> RunResult:
                         str(k): str(v) for k, v in _as_mapping(o.get("data", {}), "data").items()
                     },
                     artifacts=_artifacts(o.get("artifacts", [])),
+                    displayed=o.get("displayed") is True,
                 )
                 for o in (_as_mapping(x, "outputs") for x in _list(data, "outputs"))
             ),
@@ -493,11 +497,14 @@ def artifact_to_dict(a: Artifact) -> dict[str, object]:
 
 
 def output_to_dict(o: DisplayOutput) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "kind": o.kind,
         "data": dict(o.data),
         "artifacts": [artifact_to_dict(a) for a in o.artifacts],
     }
+    if o.displayed:  # only then: records of outputs without it keep their shape
+        out["displayed"] = True
+    return out
 
 
 def start_to_dict(s: StartInfo) -> dict[str, object]:

@@ -40,5 +40,13 @@ def test_a_sandbox_on_gvisor(gvisor_service: tuple[str, str]) -> None:
         assert sbx.files.read("/home/user/g.txt") == "on gvisor"
         with pytest.raises(CommandExitException):
             sbx.commands.run("exit 2")
+        # gVisor's file systems hold no user extended attributes: metadata is refused, saying
+        # so, and no file is left behind (on namespaces it is kept: test_files_anywhere).
+        with pytest.raises(SandboxException, match="could not keep the file's metadata"):
+            sbx.files.write("/home/user/m.txt", "m", metadata={"k": "v"})
+        assert not sbx.files.exists("/home/user/m.txt")
+        # Paths outside the workspace are gVisor's own.
+        sbx.files.write("/tmp/g.txt", "tmp")
+        assert sbx.commands.run("cat /tmp/g.txt").stdout == "tmp"
     finally:
         sbx.kill()

@@ -10,8 +10,8 @@ leads where it leads inside the sandbox. Reading a file of the workspace is an e
 output limit.
 
 File metadata is kept where E2B keeps it, as ``user.e2b.*`` extended attributes of the file;
-a file system that cannot hold them (tmpfs before Linux 6.6, as in the microVM guest) refuses
-a write that asks for metadata, and the file is not left behind.
+a file system that cannot hold them (gVisor's; tmpfs before Linux 6.6, as in the microVM
+guest) refuses a write that asks for metadata, and the file is not left behind.
 """
 
 from __future__ import annotations
@@ -212,7 +212,8 @@ _ERRORS: dict[str, tuple[int, str]] = {
     "nometa": (
         501,
         "could not keep the file's metadata: the sandbox's file system holds no user extended "
-        "attributes (tmpfs before Linux 6.6); write it without metadata",
+        "attributes (gVisor's does not, nor tmpfs before Linux 6.6, as in the microVM guest); "
+        "write it without metadata, or use the namespaces backend",
     ),
 }
 
