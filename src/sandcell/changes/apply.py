@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sandcell.audit import AuditLog
 from sandcell.changes.approvals import ChangeApprovalError, ChangeApprovals
-from sandcell.changes.diff import Change
+from sandcell.changes.diff import Change, binary_reason
 from sandcell.changes.manifest import Entry, Manifest, differences, hash_fd, tree_state
 from sandcell.changes.record import RecordedChanges
 from sandcell.changes.safety import refusals
@@ -179,6 +179,25 @@ def _remove(dir_fd: int, name: str, old: Entry) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
+def _refuse_binary(rec: RecordedChanges, contents: Mapping[str, bytes], profile: str) -> None:
+    """ApplyError if the change set writes a file a person cannot read as a diff, judged from
+    the bytes that would be written, not from the recorded flag."""
+    binary = [
+        f"{c.path} ({why}, {c.new.size} bytes, sha256 {c.new.sha256})"
+        for c in rec.changes
+        if c.new is not None
+        and c.new.kind == "file"
+        and (why := binary_reason(contents.get(c.path, b""))) is not None
+    ]
+    if binary:
+        raise ApplyError(
+            f"run {rec.run_id}'s change set writes binary content, which profile {profile!r} "
+            f"does not apply (it cannot be reviewed as a diff): {'; '.join(binary[:10])}; "
+            "nothing was written. To apply it, use a profile whose [workdir] section says "
+            'binary_changes = "allow" (--profile)'
+        )
+
+
 def _order(changes: tuple[Change, ...]) -> list[Change]:
     """Removals deepest first, then everything else shallowest first."""
     removals = [c for c in changes if c.new is None]
@@ -231,11 +250,13 @@ def apply(
     approvals: ChangeApprovals,
     audit: AuditLog,
     needs_approval: bool,
+    allow_binary: bool,
     profile_name: str,
     applied_by: str,
     approval_id: str | None = None,
 ) -> ApplyReport:
-    """Apply run ``rec``'s change set to ``target`` (see the module's description)."""
+    """Apply run ``rec``'s change set to ``target`` (see the module's description).
+    ``allow_binary``: the profile's ``[workdir] binary_changes`` is ``"allow"``."""
     blocked = [c for c in rec.changes if not c.applicable]
     if blocked:
         lines = "; ".join(f"{c.path}: {', '.join(c.flags) or c.action}" for c in blocked[:10])
@@ -258,6 +279,8 @@ def apply(
             "written: " + "; ".join(refused[:10])
         )
     contents = _contents(rec)
+    if not allow_binary:
+        _refuse_binary(rec, contents, profile_name)
     approval: dict[str, object]
     if needs_approval:
         if approval_id is None:

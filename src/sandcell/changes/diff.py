@@ -106,13 +106,21 @@ def check_path(rel: str) -> str:
     return rel
 
 
-def _text(data: bytes) -> str | None:
-    if b"\x00" in data or len(data) > MAX_TEXT_DIFF_BYTES:
-        return None
+def binary_reason(data: bytes) -> str | None:
+    """Why ``data`` is shown as binary rather than as a text diff, or None for text."""
+    if b"\x00" in data:
+        return "holds a NUL byte"
+    if len(data) > MAX_TEXT_DIFF_BYTES:
+        return f"over {MAX_TEXT_DIFF_BYTES // (1 << 20)} MiB"
     try:
-        return data.decode("utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError:
-        return None
+        return "not UTF-8"
+    return None
+
+
+def _text(data: bytes) -> str | None:
+    return data.decode("utf-8") if binary_reason(data) is None else None
 
 
 def _lines(text: str) -> list[str]:
@@ -241,6 +249,7 @@ def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -
                     manifest.entries[renamed[p]],
                     e,
                     old_path=renamed[p],
+                    binary=_text(contents[p]) is None,
                     notes=kept_notes,
                 )
             )
@@ -289,6 +298,14 @@ def _describe(e: Entry) -> str:
     return f"file, mode {e.mode:04o}, {e.size} bytes, sha256 {e.sha256}"
 
 
+def _sized(e: Entry) -> str:
+    return f"{e.size} bytes, sha256 {e.sha256}"
+
+
+def _why(reason: str | None) -> str:
+    return "" if reason is None else f" ({reason})"
+
+
 def render(
     changes: Sequence[Change], contents: Mapping[str, bytes], snapshot: tarfile.TarFile
 ) -> bytes:
@@ -324,13 +341,19 @@ def render(
             if old_kind != "file" and new_kind != "file":
                 continue
         if c.binary:
-            size_old = c.old.size if c.old and c.old.kind == "file" else 0
-            size_new = c.new.size if c.new and c.new.kind == "file" else 0
+            old_file = c.old if c.old is not None and c.old.kind == "file" else None
+            new_file = c.new if c.new is not None and c.new.kind == "file" else None
             lines.append(
-                f"Binary files {'a/' + a if c.old else '/dev/null'} and "
-                f"{'b/' + c.path if c.new else '/dev/null'} differ "
-                f"({size_old} -> {size_new} bytes)"
+                f"Binary files {'a/' + a if old_file else '/dev/null'} and "
+                f"{'b/' + c.path if new_file else '/dev/null'} differ"
             )
+            # A binary change is described by what identifies its content exactly.
+            if old_file is not None:
+                why = binary_reason(_old_bytes(snapshot, a))
+                lines.append(f"# sandcell: binary old: {_sized(old_file)}{_why(why)}")
+            if new_file is not None:
+                why = binary_reason(contents.get(c.path, b""))
+                lines.append(f"# sandcell: binary new: {_sized(new_file)}{_why(why)}")
             continue
         old_text = _text(_old_bytes(snapshot, a)) if old_kind == "file" else ""
         new_text = _text(contents.get(c.path, b"")) if new_kind == "file" else ""

@@ -80,10 +80,25 @@ def store_bytes(store: ArtifactStore, data: bytes, max_bytes: int) -> tuple[str,
 _CHECKED: dict[str, Language] = {".py": "python", ".sh": "bash"}
 
 
+def code_language(path: str, data: bytes) -> Language | None:
+    """The language the code checks judge a changed file in: by its extension, else by its
+    ``#!`` line (an executable script needs no extension); None for anything else."""
+    by_name = _CHECKED.get(posixpath.splitext(path)[1])
+    if by_name is not None or not data.startswith(b"#!"):
+        return by_name
+    first = data[:256].split(b"\n", 1)[0]
+    if b"python" in first:
+        return "python"
+    if first.rstrip().endswith((b"sh", b"bash", b"dash")):
+        return "bash"
+    return None
+
+
 def findings(cs: ChangeSet, known_secrets: tuple[str, ...]) -> list[dict[str, object]]:
     """The checks' findings on a change set: secret-shaped tokens and the host's secrets in the
     patch (as in any exported file), and the static code checks on every changed Python or
-    shell file (as they judge a program before it runs), each naming where."""
+    shell file (as they judge a program before it runs), each naming where. A code file the
+    checks cannot read as text (a NUL byte, not UTF-8) is a finding itself, never skipped."""
     out: list[dict[str, object]] = [
         {
             "check": "secrets",
@@ -96,12 +111,25 @@ def findings(cs: ChangeSet, known_secrets: tuple[str, ...]) -> list[dict[str, ob
         for x in scan_artifact(cs.patch, path=PATCH, known_secrets=known_secrets)
     ]
     for path, data in sorted(cs.contents.items()):
-        language = _CHECKED.get(posixpath.splitext(path)[1])
+        language = code_language(path, data)
         if language is None:
             continue
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
+            text = None
+        if text is None or "\x00" in text:
+            out.append(
+                {
+                    "check": "code",
+                    "path": path,
+                    "severity": "warning",
+                    "line": None,
+                    "what": "unreadable",
+                    "detail": f"a {language} file that is not UTF-8 text without NUL bytes: "
+                    "the code checks cannot read it; review its bytes (it is shown as binary)",
+                }
+            )
             continue
         for f in check(text, language, allowed_imports=None, network=False):
             out.append(

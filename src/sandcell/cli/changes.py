@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from sandcell.artifacts import ArtifactStore
     from sandcell.audit import AuditLog
     from sandcell.changes.approvals import ChangeApprovals
+    from sandcell.changes.diff import Change
     from sandcell.changes.record import RecordedChanges
 
 
@@ -122,7 +123,7 @@ def _show(rec: RecordedChanges, approvals: ChangeApprovals, *, as_json: bool) ->
     for c in rec.changes:
         note = "" if c.applicable else "  [NOT APPLICABLE: " + "; ".join(c.flags) + "]"
         src = f"{c.old_path} -> " if c.old_path else ""
-        lines.append(f"  {c.action:<11} {src}{c.path}{' (binary)' if c.binary else ''}{note}")
+        lines.append(f"  {c.action:<11} {src}{c.path}{_binary(c)}{note}")
     findings = rec.findings
     lines.append(f"checks on the diff: {len(findings)} finding(s)")
     for f in findings:
@@ -135,6 +136,14 @@ def _show(rec: RecordedChanges, approvals: ChangeApprovals, *, as_json: bool) ->
     sys.stdout.write(neutralise("\n".join(lines) + "\n"))
     sys.stdout.write(neutralise(rec.patch.decode("utf-8", errors="replace")))
     return 0
+
+
+def _binary(c: Change) -> str:
+    if not c.binary:
+        return ""
+    if c.new is None or c.new.kind != "file":
+        return " (binary)"
+    return f" (binary, {c.new.size} bytes, sha256 {c.new.sha256})"
 
 
 def _decide(
@@ -176,6 +185,7 @@ def _apply(
         approvals=approvals,
         audit=audit,
         needs_approval=profile.approval != "never",
+        allow_binary=profile.workdir.binary_changes == "allow",
         profile_name=profile.name,
         applied_by=default_approver(),
         approval_id=args.approval,

@@ -424,6 +424,27 @@ def _check_schema(schema: object) -> None:
         ) from None
 
 
+BinaryChanges = Literal["refuse", "allow"]
+BINARY_CHANGES: tuple[BinaryChanges, ...] = get_args(BinaryChanges)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkdirRules:
+    """The patch workflow (``--workdir-from``, ``sandcell changes``; docs/changes.md)."""
+
+    binary_changes: BinaryChanges = "refuse"
+    """Whether ``sandcell changes apply`` writes a file whose content is binary (a NUL byte,
+    not UTF-8, over 1 MiB): a person cannot review it as a diff. Absent: ``refuse``."""
+
+    def __post_init__(self) -> None:
+        if self.binary_changes not in BINARY_CHANGES:
+            raise SectionError(
+                f"unknown binary_changes {self.binary_changes!r}; use "
+                f"{' or '.join(BINARY_CHANGES)}",
+                "binary_changes",
+            )
+
+
 def show_limit(limit: str, value: float) -> str:
     """A value of the :class:`Limits` field ``limit`` for people: ``512 MiB``, ``30 s``."""
     if limit.endswith("_bytes"):

@@ -60,6 +60,7 @@ from sandcell.policy._profile_sections import (
     SectionError,
     Severity,
     ValidationRules,
+    WorkdirRules,
     glob_covers,
     plain,
     show_limit,
@@ -87,6 +88,7 @@ __all__ = [
     "RuntimeRules",
     "Severity",
     "ValidationRules",
+    "WorkdirRules",
     "builtin_names",
     "default_profile_dir",
     "host_problem",
@@ -119,6 +121,7 @@ class Profile:
     runtime: RuntimeRules = field(default_factory=RuntimeRules)
     checks: CheckRules = field(default_factory=CheckRules)
     validation: ValidationRules = field(default_factory=ValidationRules)
+    workdir: WorkdirRules = field(default_factory=WorkdirRules)
     approval: Approval = "on_findings"
     """When a run waits for a person: ``never`` (warnings are recorded, the run goes on),
     ``on_findings`` (a run with a ``warning`` finding waits), ``always`` (every run waits).
@@ -274,6 +277,7 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "ceilings": tuple(LIMIT_KEYS),
         "checks": ("disabled", "severity"),
         "validation": ("result_schema", "result_schema_file", "result_file"),
+        "workdir": ("binary_changes",),
     }
 )
 _T = TypeVar("_T")
@@ -419,6 +423,12 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             ValidationRules,
             result_schema=schema,
             result_file=doc.string((val, "result_file")),
+        ),
+        workdir=_rules(
+            doc,
+            "workdir",
+            WorkdirRules,
+            binary_changes=doc.string(("workdir", "binary_changes")),
         ),
     )
 
