@@ -14,7 +14,11 @@ were written by untrusted code, which could as well have written them itself, so
 * a manifest must be a JSON object of exactly the expected shape: a known kind, text forms from a
   fixed allowlist of media types (``text/plain``, ``text/html``, ``application/json``, the last
   itself valid JSON), files named after the manifest with image media types from a fixed
-  allowlist (``image/png``, ``image/svg+xml``);
+  allowlist (``image/png``, ``image/svg+xml``), and optionally ``"displayed": true`` (shown by
+  ``display()``, not the cell's value);
+* a figure may carry its chart's data (:data:`~sandcell.display_chart.CHART_TYPE`), accepted
+  only in the exact shapes of :mod:`sandcell.display_chart` and stored as re-written there; a
+  chart refused leaves the figure without it (and says why);
 * a PNG must start with the PNG signature; an SVG must be UTF-8 XML without entity declarations
   whose root is an SVG element, with no ``script`` or ``foreignObject`` element, no ``on*`` event
   attribute and no ``javascript:`` link;
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from sandcell._artifact_store import ArtifactStore
+from sandcell.display_chart import CHART_TYPE, ChartRefused, checked_chart
 from sandcell.errors import ConfigError, InfraError
 from sandcell.spec import Artifact, DisplayOutput, MiB, RejectedExport
 
@@ -227,7 +232,13 @@ class _Reader:
             doc = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise _Refused(f"the manifest is not JSON ({type(exc).__name__})") from None
-        kind, data, files = self._manifest(doc, stem=name.removesuffix(".json"))
+        kind, data, files, displayed = self._manifest(doc, stem=name.removesuffix(".json"))
+        if CHART_TYPE in data:
+            try:
+                data[CHART_TYPE] = checked_chart(data[CHART_TYPE])
+            except ChartRefused as exc:
+                del data[CHART_TYPE]
+                self.reject(name, f"the figure is kept without its chart: {exc}")
         size = sum(len(v.encode("utf-8")) for v in data.values())
         images: list[tuple[str, str, bytes]] = []
         for file_name, media_type in files:
@@ -239,19 +250,24 @@ class _Reader:
             raise _Refused(f"the outputs together are over {self.limits.max_total_bytes} bytes")
         self.total += size
         artifacts = tuple(self._store(f, t, b) for f, t, b in images)
-        output = DisplayOutput(kind=kind, data=data, artifacts=artifacts)
+        output = DisplayOutput(kind=kind, data=data, artifacts=artifacts, displayed=displayed)
         return output, {f for f, _, _ in images}
 
     def _manifest(
         self, doc: object, *, stem: str
-    ) -> tuple[Literal["value", "table", "figure"], dict[str, str], list[tuple[str, str]]]:
-        if not isinstance(doc, dict) or set(doc) != {"kind", "data", "files"}:
+    ) -> tuple[Literal["value", "table", "figure"], dict[str, str], list[tuple[str, str]], bool]:
+        keys = {"kind", "data", "files"}
+        if not isinstance(doc, dict) or set(doc) - {"displayed"} != keys:
             raise _Refused("the manifest is not an object with exactly kind, data and files")
+        displayed = doc.get("displayed", False)
+        if displayed is not True and "displayed" in doc:
+            raise _Refused("displayed, when given, must be true")
         kind, data, files = doc["kind"], doc["data"], doc["files"]
         if kind not in _KINDS:
             raise _Refused(f"unknown kind {str(kind)[:40]!r}")
-        if not isinstance(data, dict) or not set(data) <= set(TEXT_TYPES):
-            raise _Refused(f"data must map media types among {', '.join(TEXT_TYPES)} to text")
+        types = (*TEXT_TYPES, CHART_TYPE) if kind == "figure" else TEXT_TYPES
+        if not isinstance(data, dict) or not set(data) <= set(types):
+            raise _Refused(f"data must map media types among {', '.join(types)} to text")
         for media_type, text in data.items():
             if not isinstance(text, str):
                 raise _Refused(f"the {media_type} form is not text")
@@ -285,7 +301,7 @@ class _Reader:
             raise _Refused("a figure without an image")
         if kind != "figure" and (out or "text/plain" not in data):
             raise _Refused(f"a {kind} needs a text/plain form and no files")
-        return cast(Literal["value", "table", "figure"], kind), dict(data), out
+        return cast(Literal["value", "table", "figure"], kind), dict(data), out, displayed
 
     def _store(self, name: str, media_type: str, blob: bytes) -> Artifact:
         # The bytes already checked are the bytes stored: through a memory file, never the

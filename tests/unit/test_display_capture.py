@@ -490,3 +490,204 @@ def test_display_survives_an_approval_round_trip() -> None:
     assert request_from_dict(request_to_dict(request)) == request
     stored_before_display = {k: v for k, v in request_to_dict(request).items() if k != "display"}
     assert request_from_dict(stored_before_display).display is False
+
+
+# -- display() and plt.show() in order; a figure's chart data ---------------------------------
+
+CHART = "application/vnd.sandcell.chart+json"
+
+
+def test_display_and_show_are_outputs_in_the_order_they_were_called(
+    out: Path, store: ArtifactStore
+) -> None:
+    src = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2]); plt.title('first'); plt.show()\n"
+        "display('between', 2)\n"
+        "plt.bar(['a'], [1]); plt.title('second'); plt.show()\n"
+        "'last'"
+    )
+    assert run_cell(src, {}, str(out)) == 5
+    got = read_outputs(out, store)
+    assert got.rejected == ()
+    titles = [json.loads(o.data[CHART])["title"] if CHART in o.data else None for o in got.outputs]
+    assert titles == ["first", None, None, "second", None]
+    assert [o.data["text/plain"] for o in got.outputs[1:3]] == ["'between'", "2"]
+    assert [o.displayed for o in got.outputs] == [False, True, True, False, False]
+    # Each show() closed its figure: the second plot did not draw into the first.
+    assert len(json.loads(got.outputs[0].data[CHART])["elements"]) == 1
+    assert plt.get_fignums() == []
+
+
+def _chart(out: Path, store: ArtifactStore, src: str) -> dict[str, Any]:
+    run_cell("import matplotlib.pyplot as plt\n" + src + "\npass", {}, str(out))
+    got = read_outputs(out, store)
+    assert got.rejected == ()
+    [fig] = got.outputs
+    chart: dict[str, Any] = json.loads(fig.data[CHART])
+    return chart
+
+
+def test_line_chart(out: Path, store: ArtifactStore) -> None:
+    chart = _chart(
+        out,
+        store,
+        "plt.plot([1, 2, 3], [3, 1, 2], label='sales')\nplt.title('Sales')\n"
+        "plt.xlabel('Time (s)'); plt.ylabel('Amount [EUR]'); plt.yscale('log')",
+    )
+    assert chart["type"] == "line" and chart["title"] == "Sales"
+    assert (chart["x_label"], chart["x_unit"], chart["y_unit"]) == ("Time (s)", "s", "EUR")
+    assert (chart["x_scale"], chart["y_scale"]) == ("linear", "log")
+    assert chart["elements"] == [{"label": "sales", "points": [[1.0, 3.0], [2.0, 1.0], [3.0, 2.0]]}]
+    assert len(chart["x_ticks"]) == len(chart["x_tick_labels"]) > 0
+
+
+def test_dates_and_categories_on_a_line_chart(out: Path, store: ArtifactStore) -> None:
+    chart = _chart(
+        out,
+        store,
+        "import datetime as dt\nplt.plot([dt.date(2024, 1, 1), dt.date(2024, 1, 2)], [1, 2])",
+    )
+    assert chart["x_scale"] == "datetime"
+    assert chart["elements"][0]["points"][0][0].startswith("2024-01-01")
+    plt.close("all")
+    chart = _chart(out, store, "plt.plot(['mon', 'tue'], [1, float('nan')])")
+    assert chart["x_scale"] == "categorical"
+    # A gap (NaN) is no point; JSON has no NaN.
+    assert chart["elements"][0]["points"] == [["mon", 1.0]]
+
+
+def test_scatter_chart(out: Path, store: ArtifactStore) -> None:
+    chart = _chart(out, store, "plt.scatter([1, 2], [3, 4], label='dots')")
+    assert chart["type"] == "scatter"
+    assert chart["elements"] == [{"label": "dots", "points": [[1.0, 3.0], [2.0, 4.0]]}]
+
+
+def test_bar_chart(out: Path, store: ArtifactStore) -> None:
+    chart = _chart(out, store, "plt.bar(['a', 'b'], [3, 5], label='2024')\nplt.title('Bars')")
+    assert chart["type"] == "bar" and chart["title"] == "Bars"
+    assert chart["elements"] == [
+        {"label": "a", "group": "2024", "value": 3.0},
+        {"label": "b", "group": "2024", "value": 5.0},
+    ]
+
+
+def test_pie_chart(out: Path, store: ArtifactStore) -> None:
+    chart = _chart(out, store, "plt.pie([1, 3], labels=['x', 'y'])\nplt.title('Share')")
+    assert chart == {
+        "type": "pie",
+        "title": "Share",
+        "elements": [
+            {"label": "x", "angle": 90.0, "radius": 1.0},
+            {"label": "y", "angle": 270.0, "radius": 1.0},
+        ],
+    }
+
+
+def test_box_and_whisker_chart(out: Path, store: ArtifactStore) -> None:
+    chart = _chart(out, store, "plt.boxplot([[1, 2, 3, 4, 5, 40]])\nplt.ylabel('ms')")
+    assert chart["type"] == "box_and_whisker" and chart["y_label"] == "ms"
+    [box] = chart["elements"]
+    assert (box["min"], box["median"], box["max"], box["outliers"]) == (1.0, 3.5, 5.0, [40.0])
+
+
+def test_several_axes_are_a_superchart(out: Path, store: ArtifactStore) -> None:
+    chart = _chart(
+        out,
+        store,
+        "fig, (a, b) = plt.subplots(1, 2)\na.plot([1, 2])\nb.pie([1, 1])\nfig.suptitle('Both')",
+    )
+    assert chart["type"] == "superchart" and chart["title"] == "Both"
+    assert [c["type"] for c in chart["elements"]] == ["line", "pie"]
+
+
+def test_a_figure_that_is_no_chart_has_only_its_images(out: Path, store: ArtifactStore) -> None:
+    run_cell("import matplotlib.pyplot as plt\nimage = plt.imshow([[1, 2], [3, 4]])", {}, str(out))
+    [fig] = read_outputs(out, store).outputs
+    assert CHART not in fig.data and fig.artifacts
+
+
+def _forged(out: Path, chart: object, kind: str = "figure") -> None:
+    out.mkdir()
+    (out / "0000.png").write_bytes(PNG_MAGIC + b"rest")
+    files = [{"name": "0000.png", "media_type": "image/png"}] if kind == "figure" else []
+    data = {"text/plain": "f", CHART: chart if isinstance(chart, str) else json.dumps(chart)}
+    manifest = {"kind": kind, "data": data, "files": files}
+    (out / "0000.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("chart", "reason"),
+    [
+        ({"type": "pie", "title": None, "elements": [], "script": "x"}, "Extra inputs"),
+        (
+            '{"type": "pie", "title": null, "elements": [{"label": "a", "angle": NaN, '
+            '"radius": 1}]}',
+            "NaN",
+        ),
+        ({"type": "pie", "title": "t" * 5000, "elements": []}, "at most 1000 characters"),
+        (
+            {
+                "type": "superchart",
+                "title": None,
+                "elements": [{"type": "superchart", "title": None, "elements": []}],
+            },
+            "does not match",
+        ),
+        (
+            {
+                "type": "bar",
+                "title": None,
+                "x_label": None,
+                "y_label": None,
+                "x_unit": None,
+                "y_unit": None,
+                "elements": [{"label": "a", "group": "g", "value": "1"}],
+            },
+            "valid number",
+        ),
+        (
+            {
+                "type": "pie",
+                "title": None,
+                "elements": [{"label": "a", "angle": 1, "radius": 1}] * 2000,
+            },
+            "at most 1024 items",
+        ),
+        ("[" * 100_000, "not a chart"),
+    ],
+)
+def test_a_forged_chart_is_refused_and_the_figure_kept(
+    out: Path, store: ArtifactStore, chart: object, reason: str
+) -> None:
+    _forged(out, chart)
+    got = read_outputs(out, store)
+    [fig] = got.outputs
+    assert CHART not in fig.data and fig.artifacts
+    [refused] = got.rejected
+    assert "kept without its chart" in refused.reason and reason in refused.reason
+
+
+def test_chart_data_only_on_a_figure(out: Path, store: ArtifactStore) -> None:
+    _forged(out, {"type": "pie", "title": None, "elements": []}, kind="value")
+    assert any("data must map" in r for r in reasons(out, store))
+
+
+def test_a_valid_chart_is_stored_as_rewritten_by_the_host(out: Path, store: ArtifactStore) -> None:
+    _forged(
+        out,
+        '{"type": "pie",   "title": null, "elements": [{"label": "a", "angle": 1, "radius": 1}]}',
+    )
+    [fig] = read_outputs(out, store).outputs
+    assert fig.data[CHART] == (
+        '{"type":"pie","title":null,"elements":[{"label":"a","angle":1.0,"radius":1.0}]}'
+    )
+
+
+@pytest.mark.parametrize("flag", [b"false", b"1", b'"yes"'])
+def test_displayed_is_true_or_absent(out: Path, store: ArtifactStore, flag: bytes) -> None:
+    out.mkdir()
+    (out / "0000.json").write_bytes(
+        b'{"kind": "value", "data": {"text/plain": "x"}, "files": [], "displayed": ' + flag + b"}"
+    )
+    assert any("displayed, when given, must be true" in r for r in reasons(out, store))

@@ -35,6 +35,17 @@ def test_the_key_is_everything_the_checks_read() -> None:
     assert gate._checked(_CODE + "#", "python", None, False) is not anything
 
 
+def test_whether_bash_is_allowed_is_part_of_the_key() -> None:
+    # A shell escape is refused where the profile has no Bash and checked as Bash where it has.
+    gate._checked_cached.cache_clear()
+    escape = "_sandcell_shell('ls')\n"
+    with_bash = gate._checked(escape, "python", None, False, bash=True)
+    without = gate._checked(escape, "python", None, False, bash=False)
+    assert with_bash == ()
+    assert [f.rule_id for f in without] == ["py.shell-escape"]
+    assert gate._checked_cached.cache_info().misses == 2
+
+
 def test_large_programs_are_not_kept() -> None:
     gate._checked_cached.cache_clear()
     big = "x = 1\n" * (gate._CACHED_CODE_CHARS // 6 + 1)

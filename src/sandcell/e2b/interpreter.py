@@ -2,10 +2,12 @@
 
 ``run_code`` is one cell of the sandbox's session, answered as the interpreter's NDJSON stream
 (:mod:`sandcell.e2b.results`), with the cell's output live when the session offers it. Python
-runs as a cell; ``bash`` (the one other language the SDK names and a profile may allow) runs as
-a command. A context is a scope of the session's kernel named by its id: its variables are its
-own (the default context is the kernel's main namespace), its cells run in its working
-directory, restarting it empties it and removing it drops it. It is a namespace, not a process
+runs as a cell, its IPython syntax (``!cmd``, magics) first translated into the plain Python
+that the profile checks and the cell runs (:mod:`sandcell.e2b.ipython`); ``bash`` (the one
+other language the SDK names and a profile may allow) runs as a command. A context is a scope
+of the session's kernel named by its id: its variables are its own (the default context is
+the kernel's main namespace), its cells run in its working directory, restarting it empties it
+and removing it drops it. It is a namespace, not a process
 of its own: imported modules, ``os.environ`` and files are the sandbox's, shared by every
 context (files are shared on E2B too). A bash context runs its commands in its directory.
 """
@@ -23,6 +25,7 @@ from starlette.routing import Route
 from sandcell.e2b.access import sandbox_of, service_of
 from sandcell.e2b.approval import approval_message, needs_approval, ticket_for
 from sandcell.e2b.errors import E2BError, from_exception
+from sandcell.e2b.ipython import IPythonSyntaxError, translate
 from sandcell.e2b.live import Done, follow
 from sandcell.e2b.paths import e2b_path, workspace_relative
 from sandcell.e2b.registry import Context, E2BSandbox
@@ -163,17 +166,29 @@ async def execute(request: Request) -> Response:
     else:
         language = _language(body.language)
     service.check_code(body.code)
+    code = body.code
+    if language == "python":
+        try:
+            code = translate(code)
+        except IPythonSyntaxError as exc:
+            # As IPython answers a magic it does not know: an error of the cell, nothing run.
+            return StreamingResponse(_refused(str(exc)), media_type="application/x-ndjson")
     tenant = admit_cell(service, box)
     stream = _stream(
         service,
         tenant,
         box,
-        body.code,
+        code,
         language=language,
         env=dict(body.env_vars or {}),
         context=context,
     )
     return StreamingResponse(stream, media_type="application/x-ndjson")
+
+
+async def _refused(message: str) -> AsyncIterator[bytes]:
+    yield ndjson(error_message("UsageError", message))
+    yield ndjson({"type": "end_of_execution"})
 
 
 async def create_context(request: Request) -> Response:

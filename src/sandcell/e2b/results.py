@@ -1,8 +1,10 @@
 """A cell's result as the code interpreter's stream: the NDJSON messages ``run_code`` reads.
 
 Pure but for reading image artifacts from the store: the cell's streams (unless they were sent
-live), its rich outputs as results (the last expression's value or table is the main result,
-a figure a PNG), its error (a raised exception with name, value and traceback; a policy denial,
+live), its rich outputs as results in the order the cell showed them (the last expression's
+value or table is the main result; what ``display()`` showed is not; a figure is a PNG and an
+SVG, and its chart's data, validated on the way out of the sandbox, is the result's
+``chart``), its error (a raised exception with name, value and traceback; a policy denial,
 a needed approval or a limit as an error saying why), and the execution count.
 """
 
@@ -14,6 +16,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sandcell.display_chart import CHART_TYPE
 from sandcell.spec import DisplayOutput, Outcome, RunResult
 
 __all__ = ["HeldReport", "error_message", "messages", "ndjson", "stream_message"]
@@ -115,7 +118,8 @@ class HeldReport:
 
 def _result(output: DisplayOutput, read: Callable[[str], bytes]) -> dict[str, Any]:
     data = output.data
-    out: dict[str, Any] = {"type": "result", "is_main_result": output.kind != "figure"}
+    main = output.kind != "figure" and not output.displayed
+    out: dict[str, Any] = {"type": "result", "is_main_result": main}
     if "text/plain" in data:
         out["text"] = data["text/plain"]
     if "text/html" in data:
@@ -123,6 +127,8 @@ def _result(output: DisplayOutput, read: Callable[[str], bytes]) -> dict[str, An
     if "application/json" in data:
         parsed = json.loads(data["application/json"])
         out["data" if output.kind == "table" and isinstance(parsed, dict) else "json"] = parsed
+    if CHART_TYPE in data:
+        out["chart"] = json.loads(data[CHART_TYPE])
     for artifact in output.artifacts:
         blob = read(artifact.sha256)
         if artifact.media_type == "image/png":

@@ -104,7 +104,13 @@ def admit(
             # A package the profile allows from the cache brings its import names with it.
             allowlist = allowlist | {name for p in resolution.packages for name in p.imports}
     findings = [
-        *_checked(request.code, request.language, allowlist, profile.allows_network()),
+        *_checked(
+            request.code,
+            request.language,
+            allowlist,
+            profile.allows_network(),
+            bash=profile.allows_language("bash"),
+        ),
         *package_findings,
     ]
     decision = decide(
@@ -148,26 +154,31 @@ def _offered(runtime: str) -> frozenset[str]:
 
 
 def _checked(
-    code: str, language: Language, allowlist: Collection[str] | None, network: bool
+    code: str,
+    language: Language,
+    allowlist: Collection[str] | None,
+    network: bool,
+    *,
+    bash: bool = True,
 ) -> tuple[Finding, ...]:
     """:func:`check`'s findings, remembered for the programs seen last.
 
-    The checks read nothing but these four arguments (no host state, no clock), so the same
+    The checks read nothing but these arguments (no host state, no clock), so the same
     program under the same allowlist and network gets the same findings: a batch or an agent
     that runs one program many times parses it once. The key is the whole text, not a digest
     of it, so two programs can never share an entry; large programs are not kept.
     """
     frozen = None if allowlist is None else frozenset(allowlist)
     if len(code) > _CACHED_CODE_CHARS:
-        return tuple(check(code, language, allowed_imports=frozen, network=network))
-    return _checked_cached(code, language, frozen, network)
+        return tuple(check(code, language, allowed_imports=frozen, network=network, bash=bash))
+    return _checked_cached(code, language, frozen, network, bash)
 
 
 @lru_cache(maxsize=128)
 def _checked_cached(
-    code: str, language: Language, allowlist: frozenset[str] | None, network: bool
+    code: str, language: Language, allowlist: frozenset[str] | None, network: bool, bash: bool
 ) -> tuple[Finding, ...]:
-    return tuple(check(code, language, allowed_imports=allowlist, network=network))
+    return tuple(check(code, language, allowed_imports=allowlist, network=network, bash=bash))
 
 
 def _local_modules(request: RunRequest) -> set[str]:

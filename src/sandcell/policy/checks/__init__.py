@@ -14,6 +14,7 @@ profile's verdict: allow, deny (outcome ``denied``) or approve (outcome ``awaiti
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from typing import assert_never
 
 from sandcell.policy.checks.findings import (
@@ -26,8 +27,10 @@ from sandcell.policy.checks.findings import (
     Severity,
     Verdict,
     decide,
+    snippet_of,
 )
 from sandcell.policy.checks.python_rules import SAFE_STDLIB, check_python
+from sandcell.policy.checks.shell_escapes import misused, shell_escapes
 from sandcell.policy.checks.shell_rules import check_shell
 from sandcell.spec import Language
 
@@ -49,15 +52,45 @@ __all__ = [
 
 
 def check(
-    code: str, language: Language, *, allowed_imports: Collection[str] | None, network: bool
+    code: str,
+    language: Language,
+    *,
+    allowed_imports: Collection[str] | None,
+    network: bool,
+    bash: bool = True,
 ) -> list[Finding]:
     """Findings for ``code`` in ``language`` (``python`` or ``bash``), in source order.
 
     ``allowed_imports`` is the profile's package allowlist for Python (``None``: any import);
-    ``network`` says whether the profile gives the run a network.
+    ``network`` says whether the profile gives the run a network; ``bash`` whether it allows
+    Bash programs. A Python cell's shell escapes (:mod:`.shell_escapes`) are checked as the
+    Bash programs they are, their findings placed at the escape's line.
     """
     if language == "python":
-        return check_python(code, allowed_imports=allowed_imports, network=network)
+        findings = check_python(code, allowed_imports=allowed_imports, network=network)
+        escapes = _escape_findings(code, network=network, bash=bash)
+        return sorted(findings + escapes, key=lambda f: f.line) if escapes else findings
     if language == "bash":
         return check_shell(code, network=network)
     assert_never(language)
+
+
+def _escape_findings(code: str, *, network: bool, bash: bool) -> list[Finding]:
+    found = misused(code)
+    for escape in shell_escapes(code):
+        if not bash:
+            found.append(
+                Finding(
+                    "py.shell-escape",
+                    "deny",
+                    escape.line,
+                    1,
+                    "this profile does not allow Bash programs, and a shell escape (`!cmd`, "
+                    "`%%bash`) is one: do it in Python, or use a profile that allows Bash",
+                    snippet_of(escape.program.split("\n", 1)[0]),
+                )
+            )
+            continue
+        for f in check_shell(escape.program, network=network):
+            found.append(replace(f, line=escape.line + f.line - 1))
+    return sorted(found, key=lambda f: (f.line, f.column))

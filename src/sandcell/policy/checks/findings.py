@@ -45,6 +45,8 @@ RULES: dict[str, str] = {
     "py.network": "network modules and URLs when the profile has no network",
     "py.path": "path literals outside the workspace and inputs",
     "py.package": "an import of a package neither in the runtime nor allowed from the wheel cache",
+    "py.shell-escape": "a shell escape (`!cmd`) the checks cannot read, or one under a profile "
+    "without Bash (deny); a literal one is checked by the shell rules",
     "sh.syntax": "shell that does not parse (deny: it cannot run)",
     "sh.network": "network tools and /dev/tcp when the profile has no network",
     "sh.package": "package managers: pip, apt-get, npm, conda...",
