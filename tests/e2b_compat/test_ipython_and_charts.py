@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -203,3 +207,24 @@ def test_a_forged_chart_never_reaches_the_client(e2b_service: E2BService) -> Non
         ex = ok(sandbox, forge)
     [result] = ex.results
     assert result.png and result.chart is None
+
+
+def test_an_approved_cell_runs_its_shell_escapes(sbx: Sandbox, e2b_service: E2BService) -> None:
+    # Held for a person (strict asks about sockets); approved, the translation runs once in a
+    # fresh sandbox, where the escape function must exist too.
+    ex = sbx.run_code("import socket\nsocket.gethostname()\n!echo approved-escape")
+    assert ex.error is not None and ex.error.name == "ApprovalRequired"
+    ticket = ex.error.value.split("needs approval ", 1)[1].split(" ", 1)[0]
+    env = {**os.environ, "SANDCELL_HOME": str(e2b_service.proc.home)}
+    env.pop("SANDCELL_URL", None)
+    env.pop("SANDCELL_API_KEY", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "sandcell", "approve", ticket, "--no-service", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    result = json.loads(done.stdout)
+    assert result["outcome"] == "ok", (result["reason"], result["stderr"])
+    assert result["stdout"] == "approved-escape\n"

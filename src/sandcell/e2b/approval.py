@@ -28,7 +28,15 @@ def ticket_for(
     """Queue ``code`` for approval for the sandbox's tenant; the ticket's id."""
     policy = result.policy or {}
     findings = policy.get("findings")
-    request = replace(box.session.request, code=code, language=language, exports=())
+    # A Python cell runs with the display module, as in the session: its outputs, display()
+    # and the shell escapes of its translation (sandcell.e2b.ipython) work when approved.
+    request = replace(
+        box.session.request,
+        code=code,
+        language=language,
+        exports=(),
+        display=language == "python",
+    )
     backend = service.executor.backend_for(box.session.profile).name
     ticket = service.executor.approvals.submit(
         request,
