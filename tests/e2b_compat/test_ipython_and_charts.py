@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from e2b import SandboxException
 from e2b_code_interpreter import Sandbox
 from e2b_code_interpreter.charts import (
     BarChart,
@@ -23,6 +26,7 @@ from e2b_code_interpreter.charts import (
     SuperChart,
 )
 from tests.e2b_compat.conftest import E2BService
+from tests.service.server import ServiceProcess, add_tenant
 
 PLT = "import matplotlib.pyplot as plt\n"
 
@@ -228,3 +232,36 @@ def test_an_approved_cell_runs_its_shell_escapes(sbx: Sandbox, e2b_service: E2BS
     result = json.loads(done.stdout)
     assert result["outcome"] == "ok", (result["reason"], result["stderr"])
     assert result["stdout"] == "approved-escape\n"
+
+
+# -- the gVisor rung ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gvisor_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    if shutil.which("runsc") is None:
+        pytest.skip("gVisor (runsc) is not installed on this host")
+    home = tmp_path_factory.mktemp("e2b-ipython-gvisor-home")
+    key = add_tenant(home, "alice")
+    proc = ServiceProcess(home, args=("--start", "cold", "--backend", "gvisor")).start()
+    yield f"{proc.url}/e2b", key
+    assert proc.stop() == -signal.SIGTERM
+
+
+def test_escapes_display_and_a_chart_on_gvisor(gvisor_url: tuple[str, str]) -> None:
+    url, key = gvisor_url
+    try:
+        sandbox = Sandbox.create(api_key=key, api_url=url, sandbox_url=url)
+    except SandboxException as exc:
+        if "gvisor" in str(exc).lower() and ("unavailable" in str(exc) or "503" in str(exc)):
+            pytest.skip(f"gVisor is not usable on this host: {exc}")
+        raise
+    with sandbox:
+        ex = ok(
+            sandbox,
+            PLT + "!echo on-gvisor\ndisplay(7)\nplt.pie([1, 3], labels=['a', 'b'])\nplt.show()",
+        )
+    assert ex.logs.stdout == ["on-gvisor\n"]
+    assert ex.results[0].text == "7" and not ex.results[0].is_main_result
+    chart = ex.results[1].chart
+    assert isinstance(chart, PieChart) and [w.angle for w in chart.elements] == [90.0, 270.0]
