@@ -4,6 +4,7 @@ the sandboxed program wrote (issue 21)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -356,3 +357,57 @@ def test_binary_changes_are_described_checked_and_refused_by_default(
     )
     assert applied.returncode == 0, applied.stderr
     assert (target / "nul.txt").read_bytes() == b"a\x00b"
+
+
+def test_credentials_stay_on_the_host(
+    executor: Executor,
+    repo: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # Not token-shaped: the output scan would redact a token and hide a leak from this test.
+    subprocess.run(
+        ["git", "remote", "add", "origin", "https://ci:SEKRIT-remote@git.example/o/r.git"],
+        cwd=repo,
+        check=True,
+    )
+    subprocess.run(
+        ["git", "config", "credential.helper", "store --file /SEKRIT-helper"], cwd=repo, check=True
+    )
+    (repo / ".env").write_text("DB_PASSWORD=SEKRIT-env\n")
+    (repo / "sub").mkdir()
+    (repo / "sub" / ".netrc").write_text("machine x login u password SEKRIT-netrc\n")
+    code = (
+        "cat .git/config .env sub/.netrc 2>&1; ls -a . sub; git remote -v; "
+        "echo 'DB_PASSWORD=from-the-sandbox' > .env; echo fixed >> calc.py"
+    )
+    env = _env(executor)
+    ran = run_cli(
+        ["run", "--json", "--profile", "unchecked", "--lang", "bash", "--workdir-from",
+         str(repo), "--export-diff", "-c", code],
+        env=env,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert "SEKRIT" not in out["stdout"] + out["stderr"], out["stdout"]
+    assert "origin\thttps://git.example/o/r.git (fetch)" in out["stdout"]  # git still works
+    assert "left out of the copy of" in ran.stderr
+    for path in (".env", "sub/.netrc", ".git/config"):
+        assert f"  {path}: " in ran.stderr, ran.stderr
+    assert "user and password of a URL" in ran.stderr and "[credential] section" in ran.stderr
+    entry = executor.audit.get(out["run_id"])
+    assert entry is not None
+    recorded = {x["path"] for x in entry.record["workdir"]["left_out"]}  # type: ignore[index]
+    assert recorded == {".env", "sub/.netrc", ".git/config"}
+    # The program's own .env never replaces the host's; the rest of its change applies to a
+    # target that holds the real one.
+    rec = load(executor.audit, executor.store, out["run_id"])
+    by_path = {c.path: c for c in rec.changes}
+    assert not by_path[".env"].applicable and "credentials" in by_path[".env"].flags[0]
+    target = tmp_path / "target"
+    shutil.copytree(repo, target, symlinks=True)
+    with pytest.raises(ApplyError, match=r"\.env"):
+        _no_approval_apply(executor, rec, target)
+    fine = run(executor, repo, "echo fixed >> calc.py")
+    _no_approval_apply(executor, load(executor.audit, executor.store, fine.run_id), target)
+    assert (target / ".env").read_text() == "DB_PASSWORD=SEKRIT-env\n"
+    assert (target / "calc.py").read_text().endswith("fixed\n")

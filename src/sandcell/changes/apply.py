@@ -272,7 +272,8 @@ def apply(
         )
     # Judged again here, against the target as it is now: nothing recorded earlier is trusted.
     written = {c.path: c.new for c in rec.changes if c.new is not None}
-    refused = refusals(before.entries, expected_after(before, rec.changes).entries, written)
+    reached = expected_after(before, rec.changes).entries
+    refused = refusals(before.entries, reached, written, rec.manifest.left_out)
     if refused:
         raise ApplyError(
             f"run {rec.run_id}'s change set cannot be applied to {str(target)!r}; nothing was "

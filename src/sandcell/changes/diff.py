@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sandcell.changes.manifest import Entry, Manifest, is_git
-from sandcell.changes.safety import escaping_links, git_prefix, strip_mode
+from sandcell.changes.safety import LEFT_OUT_FLAG, escaping_links, git_prefix, strip_mode
 from sandcell.errors import ConfigError
 
 MAX_DEPTH = 64
@@ -202,6 +202,7 @@ def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -
         after.pop(old_p, None)
     after.update(new)
     leading_out = escaping_links(manifest.entries, after, new)
+    protected = frozenset(manifest.left_out)
     for p in sorted(set(new) | set(gone) | set(other) | set(repos) | set(leading_out)):
         old = manifest.entries.get(p)
         if p in repos:
@@ -235,6 +236,8 @@ def compute(changes_tar: bytes, manifest: Manifest, snapshot: tarfile.TarFile) -
         flags: tuple[str, ...] = ()
         if p in leading_out:
             flags = (f"symbolic link pointing outside the directory: {leading_out[p]}",)
+        if p in protected:
+            flags = (*flags, LEFT_OUT_FLAG)
         if p not in new:
             # An unchanged link that other changes made lead out: it is the change set's doing.
             out.append(Change(p, "unsupported", old, old, flags=flags))

@@ -75,6 +75,9 @@ class Manifest:
     entries: Mapping[str, Entry]
     git_entries: int = 0
     total_bytes: int = 0
+    left_out: tuple[str, ...] = ()
+    """Paths of ``entries`` the sandbox was not given (credentials the profile keeps on the
+    host, :mod:`sandcell.changes.credentials`): a change set never writes them."""
 
     def to_json(self) -> bytes:
         body = {
@@ -82,6 +85,7 @@ class Manifest:
             "entries": {p: e.to_dict() for p, e in sorted(self.entries.items())},
             "git_entries": self.git_entries,
             "total_bytes": self.total_bytes,
+            "left_out": list(self.left_out),
         }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -104,6 +108,7 @@ class Manifest:
                 entries=entries,
                 git_entries=int(body.get("git_entries", 0)),
                 total_bytes=int(body.get("total_bytes", 0)),
+                left_out=tuple(str(p) for p in body.get("left_out", [])),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"a workdir manifest that does not parse: {exc}") from None

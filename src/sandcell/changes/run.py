@@ -34,7 +34,7 @@ def run_in_workdir(
     else:
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
     limits = request.limits if request.limits is not None else prof.limits_for({})
-    with WorkdirRun(source, limits) as wd:
+    with WorkdirRun(source, limits, leave_out=prof.workdir.leave_out) as wd:
         hook = wd.post_collect(ex.store, ex.export_limits, ex.known_secrets)
         if not export_diff:
             hook = _drop_archive

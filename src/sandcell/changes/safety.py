@@ -10,6 +10,8 @@ state at that moment (nothing recorded earlier is taken on trust). They are:
 * **No special modes.** Set-user-ID, set-group-ID and sticky bits and write permission for
   others are stripped from what the program made (the change set says so), and a change set
   that still asks for them is refused at apply time.
+* **Credentials stay.** A file the sandbox was not given (:mod:`sandcell.changes.credentials`)
+  is never written by a change set.
 * **No link leading out.** A link is resolved as the kernel would, one component at a time,
   through the other links of the tree as it will be after the change (``sub/up -> ..`` makes
   ``x -> sub/up/../file`` leave the directory, though neither looks like it alone). A link that
@@ -25,6 +27,9 @@ from sandcell.changes.manifest import Entry
 
 STRIPPED_BITS = 0o7002
 """Set-user-ID, set-group-ID, sticky, and write for others: never applied."""
+LEFT_OUT_FLAG = (
+    "a file the sandbox was not given (credentials kept on the host): a change set never writes it"
+)
 MAX_LINK_HOPS = 40
 """As the kernel's limit on links followed in one lookup (``ELOOP``)."""
 
@@ -114,12 +119,19 @@ def escaping_links(
 
 
 def refusals(
-    before: Mapping[str, Entry], after: Mapping[str, Entry], written: Mapping[str, Entry]
+    before: Mapping[str, Entry],
+    after: Mapping[str, Entry],
+    written: Mapping[str, Entry],
+    left_out: Iterable[str] = (),
 ) -> list[str]:
     """Every reason the change writing ``written`` (path -> new entry) into a tree in state
-    ``before``, reaching ``after``, must not be applied; empty when it may."""
+    ``before``, reaching ``after``, must not be applied; empty when it may. ``left_out``: the
+    paths the sandbox was not given (never written)."""
     out: list[str] = []
+    protected = frozenset(left_out)
     for path, entry in sorted(written.items()):
+        if path in protected:
+            out.append(f"{path}: {LEFT_OUT_FLAG}")
         prefix = git_prefix(path)
         if prefix is not None:
             out.append(f"{path}: under {prefix!r}, a repository's own files are never applied")

@@ -16,10 +16,26 @@ import io
 import os
 import stat
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell.changes.manifest import Entry, Manifest, is_git, open_root, walk
+from sandcell.changes.credentials import (
+    LeftOut,
+    describe,
+    is_git_config,
+    is_left_out,
+    scrub_git_config,
+)
+from sandcell.changes.manifest import (
+    Entry,
+    Manifest,
+    Walked,
+    entry_of,
+    is_git,
+    open_root,
+    walk,
+)
 from sandcell.errors import ConfigError
 from sandcell.spec import Limits
 
@@ -32,6 +48,8 @@ class Snapshot:
     source: Path
     archive: Path
     manifest: Manifest
+    left_out: tuple[LeftOut, ...] = ()
+    """What the sandbox did not get as it is on the host (credentials)."""
 
 
 class _Hashing(io.RawIOBase):
@@ -72,14 +90,16 @@ def check_fits(source: Path, limits: Limits) -> None:
         )
 
 
-def take(source: Path, archive: Path, limits: Limits) -> Snapshot:
+def take(source: Path, archive: Path, limits: Limits, *, leave_out: Sequence[str] = ()) -> Snapshot:
     """Check that ``source`` fits (:func:`check_fits`), then write it into ``archive`` (a new
     file) and return the snapshot with its manifest (``.git`` copied but not in the manifest).
-    ConfigError when it cannot be read whole (an unreadable entry, a file changing size while
-    it is copied)."""
+    Files named by ``leave_out`` and the credentials in git config files stay on the host
+    (:mod:`sandcell.changes.credentials`); the manifest keeps such files as they are on the
+    host, so that applying compares the whole target. ConfigError when it cannot be read whole
+    (an unreadable entry, a file changing size while it is copied)."""
     source = source.resolve()
     try:
-        return _take(source, archive, limits)
+        return _take(source, archive, limits, tuple(leave_out))
     except (OSError, tarfile.TarError) as exc:
         raise ConfigError(
             f"--workdir-from {str(source)!r} could not be copied: {exc}; make every entry "
@@ -87,10 +107,11 @@ def take(source: Path, archive: Path, limits: Limits) -> Snapshot:
         ) from None
 
 
-def _take(source: Path, archive: Path, limits: Limits) -> Snapshot:
+def _take(source: Path, archive: Path, limits: Limits, leave_out: tuple[str, ...]) -> Snapshot:
     check_fits(source, limits)
     root = open_root(source)
     entries: dict[str, Entry] = {}
+    left_out: list[LeftOut] = []
     git = 0
     total = 0
     try:
@@ -104,7 +125,15 @@ def _take(source: Path, archive: Path, limits: Limits) -> Snapshot:
                 info.mode = stat.S_IMODE(w.st.st_mode)
                 info.mtime = int(w.st.st_mtime)
                 info.uid = info.gid = 0
-                if stat.S_ISLNK(w.st.st_mode):
+                if (
+                    not is_git(w.rel)
+                    and not stat.S_ISDIR(w.st.st_mode)
+                    and is_left_out(w.name, leave_out)
+                ):
+                    entry = entry_of(w)
+                    why = "named by the profile's [workdir] leave_out: not copied"
+                    left_out.append(LeftOut(w.rel, why))
+                elif stat.S_ISLNK(w.st.st_mode):
                     info.type = tarfile.SYMTYPE
                     info.linkname = os.readlink(w.name, dir_fd=w.parent_fd)
                     tar.addfile(info)
@@ -113,6 +142,10 @@ def _take(source: Path, archive: Path, limits: Limits) -> Snapshot:
                     info.type = tarfile.DIRTYPE
                     tar.addfile(info)
                     entry = Entry("dir", info.mode)
+                elif is_git_config(w.rel):
+                    entry, note = _add_git_config(tar, info, w)
+                    if note is not None:
+                        left_out.append(LeftOut(w.rel, note))
                 else:
                     fd = os.open(w.name, _O_FILE, dir_fd=w.parent_fd)
                     try:
@@ -129,4 +162,28 @@ def _take(source: Path, archive: Path, limits: Limits) -> Snapshot:
                 total += entry.size
     finally:
         os.close(root)
-    return Snapshot(source, archive, Manifest(entries=entries, git_entries=git, total_bytes=total))
+    manifest = Manifest(
+        entries=entries,
+        git_entries=git,
+        total_bytes=total,
+        left_out=tuple(x.path for x in left_out if not is_git(x.path)),
+    )
+    return Snapshot(source, archive, manifest, tuple(left_out))
+
+
+def _add_git_config(
+    tar: tarfile.TarFile, info: tarfile.TarInfo, w: Walked
+) -> tuple[Entry, str | None]:
+    """Copy a git config file without its credentials: its entry as it is on the host (what
+    the target is compared with) and what was taken out (None: nothing)."""
+    fd = os.open(w.name, _O_FILE, dir_fd=w.parent_fd)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read()
+    finally:
+        os.close(fd)
+    scrubbed, removed = scrub_git_config(data)
+    info.size = len(scrubbed)
+    tar.addfile(info, io.BytesIO(scrubbed))
+    entry = Entry("file", info.mode, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    return entry, describe(removed) if removed else None

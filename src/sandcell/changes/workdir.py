@@ -18,7 +18,7 @@ import posixpath
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -149,12 +149,14 @@ class WorkdirRun:
     """The snapshot of ``source`` for one run under ``limits``; a context manager that removes
     the snapshot afterwards."""
 
-    def __init__(self, source: Path, limits: Limits) -> None:
+    def __init__(self, source: Path, limits: Limits, *, leave_out: Sequence[str] = ()) -> None:
         if not source.is_dir():
             raise ConfigError(f"--workdir-from {str(source)!r} is not a directory; pass one")
         self._tmp = Path(tempfile.mkdtemp(prefix="sandcell-workdir-"))
         try:
-            self.snapshot = snapshot.take(source, self._tmp / ARCHIVE_INPUT, limits)
+            self.snapshot = snapshot.take(
+                source, self._tmp / ARCHIVE_INPUT, limits, leave_out=leave_out
+            )
         except BaseException:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
@@ -190,6 +192,9 @@ class WorkdirRun:
             "entries": len(m.entries),
             "git_entries": m.git_entries,
             "bytes": m.total_bytes,
+            # What the sandbox did not get as it is here (credentials), so that a test that
+            # failed for want of one is explained.
+            "left_out": [x.to_dict() for x in self.snapshot.left_out],
         }
 
     def post_collect(

@@ -18,6 +18,7 @@ from sandcell.errors import ConfigError
 from sandcell.spec import LANGUAGES, IsolationMode, MiB, RunRequest, RunResult, input_from_path
 
 if TYPE_CHECKING:
+    from sandcell.executor import Executor
     from sandcell.policy.profiles import Profile
     from sandcell.tools.approval import Approver
 
@@ -307,7 +308,29 @@ def handle(args: argparse.Namespace) -> int:
                 rendered = render_outputs(result.outputs, ex.store, out)
             elif args.out is not None and figures:
                 copied += ex.store.copy_out(figures, args.out)
-    return report(result, as_json=args.json, copied=copied, out=args.out, rendered=rendered)
+        left_out = _left_out(ex, result.run_id) if workdir is not None else []
+    code = report(result, as_json=args.json, copied=copied, out=args.out, rendered=rendered)
+    if left_out:
+        from sandcell.validation.terminal import neutralise
+
+        # Said after the run's own output, so that a test that failed for want of one of these
+        # credentials is explained where its failure is read.
+        print(f"sandcell: left out of the copy of {workdir}:", file=sys.stderr)
+        for item in left_out:
+            print(neutralise(f"  {item}"), file=sys.stderr)
+    return code
+
+
+def _left_out(ex: Executor, run_id: str) -> list[str]:
+    """What the run's record says the sandbox did not get of its working directory."""
+    entry = ex.audit.get(run_id)
+    workdir = entry.record.get("workdir") if entry is not None else None
+    items = workdir.get("left_out") if isinstance(workdir, dict) else None
+    return [
+        f"{x.get('path')}: {x.get('why')}"
+        for x in (items if isinstance(items, list) else [])
+        if isinstance(x, dict)
+    ]
 
 
 def terminal_can_answer(*, stdin_used: bool) -> bool:

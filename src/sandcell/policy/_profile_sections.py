@@ -426,6 +426,7 @@ def _check_schema(schema: object) -> None:
 
 BinaryChanges = Literal["refuse", "allow"]
 BINARY_CHANGES: tuple[BinaryChanges, ...] = get_args(BinaryChanges)
+DEFAULT_LEAVE_OUT = (".env", ".env.*", ".netrc", "_netrc", ".git-credentials")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -435,6 +436,10 @@ class WorkdirRules:
     binary_changes: BinaryChanges = "refuse"
     """Whether ``sandcell changes apply`` writes a file whose content is binary (a NUL byte,
     not UTF-8, over 1 MiB): a person cannot review it as a diff. Absent: ``refuse``."""
+    leave_out: tuple[str, ...] = DEFAULT_LEAVE_OUT
+    """Names (``fnmatch`` patterns, no ``/``) of files never copied into the sandbox, at any
+    depth: credentials such as ``.env`` and ``.netrc``. Git config files are always copied
+    without their credentials. Absent: :data:`DEFAULT_LEAVE_OUT`; empty: no file by name."""
 
     def __post_init__(self) -> None:
         if self.binary_changes not in BINARY_CHANGES:
@@ -443,6 +448,14 @@ class WorkdirRules:
                 f"{' or '.join(BINARY_CHANGES)}",
                 "binary_changes",
             )
+        for pattern in self.leave_out:
+            if not pattern or "/" in pattern or pattern in (".", ".."):
+                raise SectionError(
+                    f"leave_out {pattern!r} must be a file name or a pattern of one (no '/'), "
+                    "matched at any depth",
+                    "leave_out",
+                    pattern,
+                )
 
 
 def show_limit(limit: str, value: float) -> str:

@@ -277,7 +277,7 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "ceilings": tuple(LIMIT_KEYS),
         "checks": ("disabled", "severity"),
         "validation": ("result_schema", "result_schema_file", "result_file"),
-        "workdir": ("binary_changes",),
+        "workdir": ("binary_changes", "leave_out"),
     }
 )
 _T = TypeVar("_T")
@@ -429,6 +429,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             "workdir",
             WorkdirRules,
             binary_changes=doc.string(("workdir", "binary_changes")),
+            leave_out=doc.strings(("workdir", "leave_out")),
         ),
     )
 
