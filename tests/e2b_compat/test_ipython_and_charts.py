@@ -69,7 +69,8 @@ def test_magics_and_a_cell_indented_as_a_whole(sbx: Sandbox) -> None:
     timed = ok(sbx, "%time b = sum(range(100))\nb")
     assert timed.text == "4950"
     assert "CPU times: user " in "".join(timed.logs.stdout)
-    assert "Wall time: " in "".join(ok(sbx, "%%time\nc = 3").logs.stdout)
+    cell_timed = ok(sbx, "%%time\nc = 3\nc + 1")
+    assert "Wall time: " in "".join(cell_timed.logs.stdout) and cell_timed.text == "4"
     assert "per loop" in "".join(ok(sbx, "%timeit -n 2 -r 2 sum(range(10))").logs.stdout)
     ok(sbx, "%%writefile note.txt\nfrom a magic\n")
     assert ok(sbx, "open('note.txt').read()").text == "'from a magic\\n'"

@@ -4,6 +4,7 @@ module in this process (its shell escapes run real Bash), and the shell checks i
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import traceback
 from pathlib import Path
@@ -21,6 +22,7 @@ from sandcell.spec import RunRequest
 def run(code: str, tmp_path: Path) -> dict[str, Any]:
     """Translate ``code`` and run it as a cell in a fresh namespace, in ``tmp_path``."""
     ns: dict[str, Any] = {"__name__": "__main__"}
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
     here = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -118,6 +120,12 @@ def test_time_magics_print_times_and_keep_the_value(
     assert shown(tmp_path) == ["10"]
     ns = run("%%time\nz = 3\n!true", tmp_path)
     assert ns["z"] == 3 and "Wall time: " in capfd.readouterr().out
+    # A %%time cell still shows its last value (after the report), unless ; hides it.
+    run("%%time\nw = 4\nw * (\n  2)", tmp_path)
+    assert shown(tmp_path) == ["8"]
+    assert capfd.readouterr().out.startswith("CPU times: ")
+    run("%%time\nw = 5\nw;", tmp_path)
+    assert shown(tmp_path) == []
     run("%timeit -n 3 -r 2 sum(range(10))", tmp_path)
     assert "per loop (mean ± std. dev. of 2 runs, 3 loops each)" in capfd.readouterr().out
 

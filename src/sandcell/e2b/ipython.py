@@ -12,9 +12,10 @@ agents use into plain Python *before* the policy check, so the checks read what 
   (:mod:`sandcell.policy.checks.shell_escapes`);
 * ``%%bash`` / ``%%sh``: the rest of the cell is one such program (run with Bash; a non-zero
   exit raises ``CalledProcessError``, as IPython's script magics do);
-* ``%time STMT``, ``%%time``, ``%timeit [-n N] [-r R] STMT``, ``%pwd``, ``%cd [DIR]``,
-  ``%env [NAME[=VALUE]]``, ``%%writefile [-a] PATH`` become the ``os``, ``time`` and ``timeit``
-  calls that do the same; ``%matplotlib ...`` is nothing (figures are always shown);
+* ``%time STMT``, ``%%time`` (the cell's value still shown), ``%timeit [-n N] [-r R] STMT``,
+  ``%pwd``, ``%cd [DIR]``, ``%env [NAME[=VALUE]]``, ``%%writefile [-a] PATH`` become the ``os``,
+  ``time`` and ``open`` calls that do the same (``%timeit``'s loop written out: ``timeit`` is
+  no module a profile allows); ``%matplotlib ...`` is nothing (figures are always shown);
 * ``%pip`` / ``%conda`` are refused with the route packages take in sandcell, and any other
   magic is refused naming the ones served (:class:`IPythonSyntaxError`).
 
@@ -361,6 +362,32 @@ def _translate_lines(code: str) -> str:
     return "\n".join(out)
 
 
+def _keep_last_value(body: str) -> tuple[str, str]:
+    """``body`` with its last expression's value kept in a name, and the line that shows it
+    after the timing report (IPython's ``%%time`` shows the cell's value); ``""`` when there
+    is none to show (no last expression, one hidden by ``;``, or a body that does not parse,
+    whose error the cell reports when it runs)."""
+    try:
+        tree = ast.parse(body)
+    except (SyntaxError, ValueError, RecursionError):
+        return body, ""
+    last = tree.body[-1] if tree.body else None
+    if not isinstance(last, ast.Expr) or last.end_lineno is None or last.end_col_offset is None:
+        return body, ""
+    lines = body.split("\n")
+    first, end = last.lineno - 1, last.end_lineno - 1
+    # Column offsets count UTF-8 bytes.
+    tail = lines[end].encode()
+    if tail[last.end_col_offset :].decode(errors="replace").lstrip().startswith(";"):
+        return body, ""
+    lines[end] = (tail[: last.end_col_offset] + b")" + tail[last.end_col_offset :]).decode()
+    head = lines[first].encode()
+    lines[first] = (
+        head[: last.col_offset] + f"{_P}_value = (".encode() + head[last.col_offset :]
+    ).decode()
+    return "\n".join(lines), f"\n{_P}_value"
+
+
 def translate(code: str) -> str:
     """The plain Python that runs ``code`` (a notebook cell); raises :class:`IPythonSyntaxError`
     for what is not served. Plain Python comes back unchanged but for a common indent."""
@@ -375,7 +402,8 @@ def translate(code: str) -> str:
             # One line per line of the cell, the magic's own line empty: a finding in the body
             # points at the line it is on.
             return "\n" + done + "\n" * max(len(rest) - 1 - done.count("\n"), 0)
-        return f"{_time_start()}\n{_translate_lines(textwrap.dedent(body))}\n{_time_report()}"
+        timed, value = _keep_last_value(_translate_lines(textwrap.dedent(body)))
+        return f"{_time_start()}\n{timed}\n{_time_report()}{value}"
     if "!" not in code and "%" not in code:
         return textwrap.dedent(code)
     return _translate_lines(textwrap.dedent(code))
