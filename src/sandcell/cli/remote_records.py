@@ -84,17 +84,41 @@ def _is_tool(ident: str) -> bool:
 def _tool_ticket(d: dict[str, Any]) -> ToolTicket:
     from sandcell.policy.tool_tickets import COLUMNS, ToolTicket
 
+    # The service sends the arguments as shown (redacted), their hash, the request line and
+    # whether they are intact; not the exact text, which stays in its store.
     fields: dict[str, Any] = {k: d.get(k) for k in COLUMNS}
+    fields["request_line"] = d.get("request_line")
+    fields["intact"] = bool(d.get("intact"))
     return ToolTicket(**fields)
+
+
+_LISTED = 500
+"""The most approvals of each kind ``approvals list`` shows through a service."""
+_PAGES = 50
+"""Pages followed at most: each looks at a bounded number of rows of the service's stores, so
+the tenant's own may be a few pages in (behind other tenants' tool calls)."""
+
+
+def _paged(remote: Remote, path: str, status: str) -> list[dict[str, Any]]:
+    """Up to :data:`_LISTED` items of a paged listing, following ``X-Next-Cursor``."""
+    found: list[dict[str, Any]] = []
+    query: dict[str, str | int] = {"status": status, "limit": _LISTED}
+    for _ in range(_PAGES):
+        answer = remote.call("GET", path, query=query)
+        found += answer.json()
+        cursor = answer.headers.get("x-next-cursor")  # header names come lowercased
+        if cursor is None or len(found) >= _LISTED:
+            break
+        query = {**query, "cursor": cursor, "limit": _LISTED - len(found)}
+    return found[:_LISTED]
 
 
 def approvals_remote(args: argparse.Namespace, target: Target) -> int:
     remote = Remote(target)
     if args.approvals_command == "list":
         status = "all" if args.all else "pending"
-        query: dict[str, str | int] = {"status": status, "limit": 500}
-        listed = remote.json("GET", "/v1/approvals", query=query)
-        calls = [_tool_ticket(c) for c in remote.json("GET", "/v1/tool-approvals", query=query)]
+        listed = _paged(remote, "/v1/approvals", status)
+        calls = [_tool_ticket(c) for c in _paged(remote, "/v1/tool-approvals", status)]
         if args.json:
             both = [{"kind": "run", **a} for a in listed] + [c.to_dict() for c in calls]
             both.sort(key=lambda d: str(d.get("created_at", "")), reverse=True)

@@ -85,6 +85,8 @@ __all__ = [
 STATUSES = ("pending", "approved", "denied", "ran")
 MIN_PREFIX = 6
 """Shortest id prefix accepted in place of a full ticket id."""
+_BATCH = 500
+"""Ids per ``IN (...)`` of one statement (SQLite's limit on bound parameters is far above)."""
 
 _T = TypeVar("_T")
 _APPLICATION_ID = int.from_bytes(b"sndq", "big")  # tells our file from any other SQLite file
@@ -359,6 +361,20 @@ class ApprovalStore(PrivateStore):
             rows = conn.execute(_SELECT + where + order, args).fetchall()
             return [self._ticket(r) for r in rows]
 
+    def get_many(self, ids: Sequence[str]) -> dict[str, Ticket]:
+        """The tickets with exactly these ids (no prefixes), in one read; missing ids are left
+        out."""
+        found: dict[str, Ticket] = {}
+        with self._txn(write=False) as conn:
+            for start in range(0, len(ids), _BATCH):
+                batch = list(ids[start : start + _BATCH])
+                marks = ", ".join("?" * len(batch))
+                rows = conn.execute(f"{_SELECT} WHERE id IN ({marks})", batch).fetchall()
+                for row in rows:
+                    ticket = self._ticket(row)
+                    found[ticket.id] = ticket
+        return found
+
     def approve(self, id_or_prefix: str, *, by: str, reason: str = "") -> ApprovedRun:
         """Approve a pending ticket; the returned request is verified against the stored hashes."""
         by = _required(by, "the approver (by)")
@@ -461,17 +477,32 @@ class ApprovalStore(PrivateStore):
         self, status: str | None = "pending", limit: int = 50
     ) -> builtins.list[ToolTicket]:
         """Up to ``limit`` tool tickets in ``status`` (any for ``None``), newest first."""
+        return [t for _, t in self.tools_before(status, limit, before=None)]
+
+    def tools_before(
+        self, status: str | None, limit: int, *, before: int | None
+    ) -> builtins.list[tuple[int, ToolTicket]]:
+        """Up to ``limit`` tool tickets in ``status`` (any for ``None``), newest first, each
+        with its position; with ``before`` (a position from an earlier call), only those
+        filed before it: keyset paging, so tickets filed meanwhile never shift a page."""
         if status is not None and status not in TOOL_STATUSES:
             raise ApprovalError(
                 f"unknown status {status!r}; choose one of {', '.join(TOOL_STATUSES)}"
             )
-        where = "" if status is None else " WHERE status = ?"
+        where = [] if status is None else ["status = ?"]
+        args: builtins.list[object] = [] if status is None else [status]
+        if before is not None:
+            where.append("rowid < ?")
+            args.append(before)
+        clause = " WHERE " + " AND ".join(where) if where else ""
+        # rowid grows with every ticket filed (tickets are never deleted): filing order.
+        select = _TOOL_SELECT.replace("SELECT ", "SELECT rowid, ", 1)
         with self._txn() as conn:
             self._expire_overdue(conn)
-            order = " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-            args = (*([status] if status else []), max(limit, 0))
-            rows = conn.execute(_TOOL_SELECT + where + order, args).fetchall()
-            return [self._tool_ticket(r) for r in rows]
+            rows = conn.execute(
+                select + clause + " ORDER BY rowid DESC LIMIT ?", (*args, max(limit, 0))
+            ).fetchall()
+            return [(int(r[0]), self._tool_ticket(r[1:])) for r in rows]
 
     def approve_tool(self, id_or_prefix: str, *, by: str, reason: str = "") -> ToolTicket:
         """Approve a pending tool ticket (the waiting call then goes ahead)."""
@@ -576,8 +607,7 @@ class ApprovalStore(PrivateStore):
         return found == key or (len(key) >= MIN_PREFIX and found.startswith(key))
 
     def _tool_ticket(self, row: Any) -> ToolTicket:
-        col = dict(zip(_TOOL_COLUMNS, row, strict=True))
-        return ToolTicket(**col)
+        return ToolTicket.from_row(dict(zip(_TOOL_COLUMNS, row, strict=True)))
 
     # --- internals ----------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode
 
 from sandcell.tools.records import canonical, digest, text_digest
@@ -99,27 +100,31 @@ class ToolTicket:
     args_json: str | None = None
     """The exact canonical JSON of the arguments, as hashed and as the call runs; None only for
     a ticket filed before sandcell kept it (such a ticket cannot let a call through)."""
+    request_line: str | None = None
+    """``METHOD /path?query`` of an HTTP request (see :func:`request_line`); read from
+    ``args_json`` by :meth:`from_row`."""
+    intact: bool = False
+    """Whether the stored arguments hash to ``args_sha256`` (the row was not edited); False
+    when they were never kept."""
 
-    @property
-    def request_line(self) -> str | None:
-        """``METHOD /path?query`` of an HTTP request (see :func:`request_line`)."""
-        if self.args_json is None:
-            return None
-        return request_line(json.loads(self.args_json))
-
-    @property
-    def intact(self) -> bool:
-        """Whether the stored arguments still hash to ``args_sha256`` (the row was not edited)."""
-        return self.args_json is not None and text_digest(self.args_json) == self.args_sha256
+    @classmethod
+    def from_row(cls, columns: Mapping[str, object]) -> ToolTicket:
+        """The ticket of one row (:data:`COLUMNS`), with what is read from its arguments."""
+        fields: dict[str, Any] = dict(columns)
+        exact = fields.get("args_json")
+        if isinstance(exact, str):
+            fields["intact"] = text_digest(exact) == fields.get("args_sha256")
+            try:
+                fields["request_line"] = request_line(json.loads(exact))
+            except ValueError:  # edited into something that is not JSON: not intact either
+                fields["request_line"] = None
+        return cls(**fields)
 
     def to_dict(self) -> dict[str, object]:
-        """JSON form for ``--json`` output (``kind`` tells it from a run ticket)."""
-        return {
-            "kind": "tool_call",
-            **asdict(self),
-            "request_line": self.request_line,
-            "intact": self.intact,
-        }
+        """JSON form for ``--json`` output (``kind`` tells it from a run ticket); the arguments
+        as shown (redacted), not their exact text."""
+        shown = {k: v for k, v in asdict(self).items() if k != "args_json"}
+        return {"kind": "tool_call", **shown}
 
 
 COLUMNS = (
