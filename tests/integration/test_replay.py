@@ -365,15 +365,71 @@ def test_wrapped_run_is_replayed_as_it_ran_and_says_so(ex: Executor) -> None:
     assert any("wrapped by a batch harness" in n for n in report.plan.notes)
 
 
-def test_workdir_run_is_refused(ex: Executor, tmp_path: Path) -> None:
-    from sandcell.changes.run import run_in_workdir
-
+def _workdir_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "a.txt").write_text("a\n")
+    (repo / "test_a.py").write_text(
+        "import unittest\n\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+        "        self.assertEqual(open('a.txt').read(), 'b\\n')\n"
+    )
+    return repo
+
+
+def test_a_workdir_run_is_replayed_on_its_kept_snapshot(
+    ex: Executor, home: Path, tmp_path: Path
+) -> None:
+    from sandcell.changes.run import run_in_workdir
+
+    repo = _workdir_repo(tmp_path)
+    program = "echo b > a.txt && python3 -m unittest -q 2>/dev/null && echo tests passed"
+    original = run_in_workdir(ex, RunRequest(code=program, language="bash"), repo)
+    assert original.outcome is Outcome.OK and original.stdout == "tests passed\n", original.stdout
+    recorded = _record(ex, original.run_id)["workdir"]
+    assert recorded["program"] == program  # type: ignore[index]
+    kept = recorded["snapshot"]  # type: ignore[index]
+    assert ex.store.has(kept["archive_sha256"])
+    assert kept["tree_sha256"] == recorded["manifest_sha256"]  # type: ignore[index]
+    # The replay runs on the snapshot the run kept, not on what the directory holds now.
+    (repo / "a.txt").write_text("changed since\n")
+
+    report = ex.replay(original.run_id)
+
+    assert report.matched, report.comparison.to_dict()
+    assert report.plan.exact, report.plan.notes
+    changes = next(c for c in report.comparison.checks if c.field == "changes")
+    assert changes.matched and "patch sha256" in changes.original
+    replayed = _record(ex, report.result.run_id)
+    assert replayed["replay_of"] == original.run_id
+    assert replayed["workdir"]["manifest_sha256"] == recorded["manifest_sha256"]  # type: ignore[index]
+    # And through the CLI.
+    env = {**os.environ, "SANDCELL_HOME": str(home)}
+    shown = run_cli(["audit", "replay", original.run_id], env=env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+
+
+def test_a_workdir_replay_with_another_change_set_differs(ex: Executor, tmp_path: Path) -> None:
+    from sandcell.changes.run import run_in_workdir
+
+    repo = _workdir_repo(tmp_path)
+    program = "import os\nopen('a.txt', 'w').write(os.urandom(8).hex())\n"
+    original = run_in_workdir(ex, RunRequest(code=program), repo)
+    assert original.outcome is Outcome.OK, original.stderr
+
+    report = ex.replay(original.run_id)
+
+    assert not report.matched and "changes" in report.comparison.differing
+
+
+def test_a_workdir_run_whose_snapshot_is_gone_is_refused(ex: Executor, tmp_path: Path) -> None:
+    from sandcell.changes.run import run_in_workdir
+
+    repo = _workdir_repo(tmp_path)
     original = run_in_workdir(ex, RunRequest(code="print(open('a.txt').read())"), repo)
     assert original.outcome is Outcome.OK, original.reason
-    with pytest.raises(ReplayRefused, match=r"ran with --workdir-from .*not supported"):
+    kept = _record(ex, original.run_id)["workdir"]["snapshot"]  # type: ignore[index]
+    ex.store.path_for(kept["archive_sha256"]).unlink()
+    with pytest.raises(ReplayRefused, match="no longer in the artifact store"):
         ex.replay(original.run_id)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandcell.changes.workdir import WorkdirRun
+from sandcell.errors import ConfigError
 from sandcell.policy.profiles import Profile, load_profile
 from sandcell.spec import Outcome
 
@@ -34,27 +35,63 @@ def run_in_workdir(
     else:
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
     limits = request.limits if request.limits is not None else prof.limits_for({})
-    with WorkdirRun(source, limits, leave_out=prof.workdir.leave_out) as wd:
-        hook = wd.post_collect(ex.store, ex.export_limits, ex.known_secrets)
-        if not export_diff:
-            hook = _drop_archive
-        extra = dict(kwargs.pop("record_extra", None) or {})
-        result = ex.run(
-            request,
-            profile=prof,
-            wrap=wd.wrap,
-            post_collect=hook,
-            record_extra={
-                **extra,
-                "workdir": {
-                    **wd.record(),
-                    "export_diff": export_diff,
-                    # The record's code is the frame around it (sandcell.changes.program).
-                    "program_sha256": hashlib.sha256(request.code.encode()).hexdigest(),
-                },
+    with WorkdirRun.take(source, limits, leave_out=prof.workdir.leave_out) as wd:
+        return run_prepared(ex, request, wd, prof, export_diff=export_diff, **kwargs)
+
+
+def rerun_in_workdir(
+    ex: Executor,
+    request: RunRequest,
+    recorded: Mapping[str, object],
+    profile: Profile,
+    **kwargs: Any,
+) -> RunResult:
+    """Run ``request`` again on the snapshot a recorded run kept (``recorded``: its record's
+    ``workdir`` section), for a replay (:mod:`sandcell.replay`); ConfigError when the snapshot
+    is gone or was changed."""
+    kept = recorded.get("snapshot")
+    if not isinstance(kept, Mapping):
+        raise ConfigError("the record keeps no snapshot of its working directory")
+    with WorkdirRun.from_store(ex.store, kept) as wd:
+        export_diff = bool(recorded.get("export_diff", True))
+        return run_prepared(ex, request, wd, profile, export_diff=export_diff, **kwargs)
+
+
+def run_prepared(
+    ex: Executor,
+    request: RunRequest,
+    wd: WorkdirRun,
+    prof: Profile,
+    *,
+    export_diff: bool,
+    **kwargs: Any,
+) -> RunResult:
+    """Run ``request`` on the snapshot ``wd`` under ``prof``: the snapshot is kept in the
+    artifact store and the record names it, with the caller's program, so that the run can be
+    replayed (``sandcell audit replay``)."""
+    hook = wd.post_collect(ex.store, ex.export_limits, ex.known_secrets)
+    if not export_diff:
+        hook = _drop_archive
+    extra = dict(kwargs.pop("record_extra", None) or {})
+    result = ex.run(
+        request,
+        profile=prof,
+        wrap=wd.wrap,
+        post_collect=hook,
+        record_extra={
+            **extra,
+            "workdir": {
+                **wd.record(),
+                "export_diff": export_diff,
+                # The record's code is the frame around the program (sandcell.changes.program):
+                # the caller's own program is kept here, for a replay to run it again.
+                "program": request.code,
+                "program_sha256": hashlib.sha256(request.code.encode()).hexdigest(),
+                "snapshot": wd.keep(ex.store),
             },
-            **kwargs,
-        )
+        },
+        **kwargs,
+    )
     if result.outcome is Outcome.AWAITING_APPROVAL:
         # The ticket holds the caller's request, not the snapshot (gone with this call):
         # approved later it would run in an empty directory, so it is closed now.

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 
 from sandcell.artifacts import ArtifactStore, ExportLimits
 from sandcell.changes import snapshot
+from sandcell.changes.credentials import LeftOut
 from sandcell.changes.diff import ChangeSet, compute
+from sandcell.changes.manifest import Manifest
 from sandcell.changes.program import ARCHIVE_INPUT, CHANGES_FILE, wrap
 from sandcell.errors import ConfigError
 from sandcell.policy.checks import check
@@ -64,6 +66,41 @@ def reserve_names(
         if a.path in ARTIFACT_NAMES
     )
     return kept, refused
+
+
+def _digest(kept: Mapping[str, object], key: str) -> str:
+    value = kept.get(key)
+    if not isinstance(value, str) or len(value) != 64:
+        raise ConfigError(f"the record names no {key} of its snapshot")
+    return value
+
+
+def _read_verified(store: ArtifactStore, sha256: str) -> bytes:
+    try:
+        data = store.path_for(sha256).read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"the kept snapshot {sha256[:12]} is no longer in the artifact store ({exc.strerror})"
+        ) from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ConfigError(f"the kept snapshot {sha256[:12]} was changed in the artifact store")
+    return data
+
+
+def _copy_verified(store: ArtifactStore, sha256: str, dest: Path) -> None:
+    """Copy stored content to ``dest`` (a new file), hashing it on the way."""
+    h = hashlib.sha256()
+    try:
+        with store.path_for(sha256).open("rb") as src, dest.open("xb") as out:
+            while chunk := src.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"the kept snapshot {sha256[:12]} is no longer in the artifact store"
+        ) from None
+    if h.hexdigest() != sha256:
+        raise ConfigError(f"the kept snapshot {sha256[:12]} was changed in the artifact store")
 
 
 def store_bytes(store: ArtifactStore, data: bytes, max_bytes: int) -> tuple[str, int]:
@@ -146,21 +183,71 @@ def findings(cs: ChangeSet, known_secrets: tuple[str, ...]) -> list[dict[str, ob
 
 
 class WorkdirRun:
-    """The snapshot of ``source`` for one run under ``limits``; a context manager that removes
-    the snapshot afterwards."""
+    """The snapshot of one run's working directory; a context manager that removes its copy
+    afterwards. Made from a directory (:meth:`take`) or, for a replay, from the snapshot a
+    recorded run kept in the artifact store (:meth:`from_store`)."""
 
-    def __init__(self, source: Path, limits: Limits, *, leave_out: Sequence[str] = ()) -> None:
+    def __init__(self, snap: snapshot.Snapshot, tmp: Path) -> None:
+        self.snapshot = snap
+        self._tmp = tmp
+        self.findings: list[dict[str, object]] = []
+
+    @classmethod
+    def take(cls, source: Path, limits: Limits, *, leave_out: Sequence[str] = ()) -> WorkdirRun:
+        """Snapshot ``source`` (checked against ``limits`` before anything is copied)."""
         if not source.is_dir():
             raise ConfigError(f"--workdir-from {str(source)!r} is not a directory; pass one")
-        self._tmp = Path(tempfile.mkdtemp(prefix="sandcell-workdir-"))
+        tmp = Path(tempfile.mkdtemp(prefix="sandcell-workdir-"))
         try:
-            self.snapshot = snapshot.take(
-                source, self._tmp / ARCHIVE_INPUT, limits, leave_out=leave_out
-            )
+            snap = snapshot.take(source, tmp / ARCHIVE_INPUT, limits, leave_out=leave_out)
         except BaseException:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.findings: list[dict[str, object]] = []
+        return cls(snap, tmp)
+
+    @classmethod
+    def from_store(cls, store: ArtifactStore, kept: Mapping[str, object]) -> WorkdirRun:
+        """The snapshot a run kept (:meth:`keep`'s fields from its record), every byte checked
+        against the hashes the record names; ConfigError when it is gone or was changed."""
+        archive_sha = _digest(kept, "archive_sha256")
+        manifest_sha = _digest(kept, "manifest_artifact_sha256")
+        raw_left = kept.get("left_out")
+        left_out = tuple(
+            LeftOut(str(x.get("path")), str(x.get("why")))
+            for x in (raw_left if isinstance(raw_left, list) else [])
+            if isinstance(x, Mapping)
+        )
+        tmp = Path(tempfile.mkdtemp(prefix="sandcell-workdir-"))
+        try:
+            archive = tmp / ARCHIVE_INPUT
+            _copy_verified(store, archive_sha, archive)
+            manifest = Manifest.from_json(_read_verified(store, manifest_sha))
+            if manifest.sha256 != kept.get("tree_sha256"):
+                raise ConfigError("the kept manifest is not of the tree the record names")
+            source = Path(str(kept.get("source", "")))
+            return cls(snapshot.Snapshot(source, archive, manifest, left_out), tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def keep(self, store: ArtifactStore) -> dict[str, object]:
+        """Store the snapshot (its archive and manifest) in the artifact store, so that a replay
+        rebuilds the very tree the run started from; the fields that name it in the record."""
+        fd = os.open(self.snapshot.archive, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            archive_sha, size = store.put_fd(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        manifest_json = self.snapshot.manifest.to_json()
+        manifest_sha, _ = store_bytes(store, manifest_json, len(manifest_json))
+        return {
+            "source": str(self.snapshot.source),
+            "archive_sha256": archive_sha,
+            "archive_bytes": size,
+            "manifest_artifact_sha256": manifest_sha,
+            "tree_sha256": self.snapshot.manifest.sha256,
+            "left_out": [x.to_dict() for x in self.snapshot.left_out],
+        }
 
     def __enter__(self) -> WorkdirRun:
         return self

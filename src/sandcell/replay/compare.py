@@ -5,7 +5,8 @@ bytes; a short unified diff of the recorded text when they differ), the exported
 path and sha256) and the rich outputs of a ``--display`` run (kind, text forms, images). Shown
 for context, not counted as a difference of the result: the runtime, the backend and the inputs.
 Nothing is left out because it is expected to differ (random seeds, the time): a program that
-prints the time is reported as differing.
+prints the time is reported as differing. For ``--workdir-from`` runs the change set is compared
+too: the tree each started from and its patch (by sha256).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Comparison:
 
 def compare_records(original: Mapping[str, object], replay: Mapping[str, object]) -> Comparison:
     """Compare ``replay``'s record with ``original``'s (see the module docstring)."""
+    workdir = "workdir" in original or "workdir" in replay
     checks = (
         _plain("outcome", original, replay),
         _plain("exit_code", original, replay),
@@ -77,6 +79,7 @@ def compare_records(original: Mapping[str, object], replay: Mapping[str, object]
         _stream("stderr", original, replay),
         _artifacts(original, replay),
         _outputs(original, replay),
+        *((_changes(original, replay),) if workdir else ()),
     )
     context = (
         _nested("runtime", "sha256", original, replay),
@@ -132,6 +135,31 @@ def _artifact_map(record: Mapping[str, object]) -> dict[str, str]:
     if not isinstance(items, list):
         return {}
     return {str(i.get("path")): str(i.get("sha256")) for i in items if isinstance(i, Mapping)}
+
+
+def _changes(a: Mapping[str, object], b: Mapping[str, object]) -> FieldCheck:
+    """The change sets of two ``--workdir-from`` runs, by the sha256 of their patches (which
+    name every path, mode, link target and content hash), and the trees they started from."""
+
+    def named(record: Mapping[str, object]) -> tuple[str, str]:
+        changes, workdir = record.get("workdir_changes"), record.get("workdir")
+        patch = changes.get("patch_sha256") if isinstance(changes, Mapping) else None
+        tree = workdir.get("manifest_sha256") if isinstance(workdir, Mapping) else None
+        return (
+            "no change set" if patch is None else f"patch sha256 {str(patch)[:12]}",
+            "no working directory" if tree is None else f"tree sha256 {str(tree)[:12]}",
+        )
+
+    (pa, ta), (pb, tb) = named(a), named(b)
+    diff = [f"{what}: original {x}, replay {y}" for what, x, y in (("tree", ta, tb),) if x != y]
+    diff += [f"patch: original {pa}, replay {pb}"] if pa != pb else []
+    return FieldCheck(
+        field="changes",
+        matched=not diff,
+        original=f"{pa}; {ta}",
+        replay=f"{pb}; {tb}",
+        diff=tuple(diff),
+    )
 
 
 def _artifacts(a: Mapping[str, object], b: Mapping[str, object]) -> FieldCheck:

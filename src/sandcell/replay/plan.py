@@ -8,7 +8,9 @@ the environment variable names (their values are never recorded: the caller give
 What may differ and is said, not refused: the runtime (the host's interpreter and packages; an
 upgrade would otherwise make every older run unreplayable, and the comparison shows its effect),
 and the backend when the caller overrides it. A session cell is refused: its result depends on
-the interpreter state the earlier cells of its session left, which its record does not hold.
+the interpreter state the earlier cells of its session left, which its record does not hold. A
+``--workdir-from`` run is replayed from what its record keeps: the caller's program, and the
+snapshot of its working directory in the artifact store (by sha256).
 
 Records written before :data:`sandcell.replay.evidence.RECORD_VERSION` lack some fields: the plan
 says which (in :attr:`ReplayPlan.notes`) and marks the replay as not exact.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from sandcell._artifact_store import ArtifactStore
 from sandcell._wheel_cache import WheelCache
+from sandcell.changes.program import ARCHIVE_INPUT, CHANGES_FILE
 from sandcell.errors import ConfigError
 from sandcell.inputs import inspect_input
 from sandcell.policy.profiles import Profile, load_profile
@@ -57,6 +60,9 @@ class ReplayPlan:
     """False when anything in :attr:`notes` makes the replay differ from the original's setup."""
     profile_changed: bool
     runtime_changed: bool
+    workdir: Mapping[str, object] | None = None
+    """The record's ``workdir`` section of a ``--workdir-from`` run: the replay runs the caller's
+    program on the snapshot the run kept in the artifact store (:mod:`sandcell.changes.run`)."""
 
     def record_fields(self) -> dict[str, object]:
         """What the replay's own record says about it (``replay_of`` and ``replay``)."""
@@ -95,15 +101,12 @@ def build_plan(
             "holds, so it cannot be replayed on its own; run the session's cells again in a new "
             "session (sandcell session)"
         )
+    code, language = record.get("code"), record.get("language")
     workdir = record.get("workdir")
     if isinstance(workdir, Mapping):
-        raise ReplayRefused(
-            f"run {run_id} ran with --workdir-from {workdir.get('source')}: its working directory "
-            "was a snapshot that lived only for that run, and its record holds the program that "
-            "unpacked it rather than the caller's code; run it again with sandcell run "
-            "--workdir-from (replay of such runs is not supported)"
-        )
-    code, language = record.get("code"), record.get("language")
+        code = _workdir_program(workdir, store, run_id)
+    else:
+        workdir = None
     if not isinstance(code, str) or language not in LANGUAGES:
         raise ReplayRefused(f"the record of run {run_id} holds no code or language to replay")
     old = record.get("record_version") is None
@@ -112,7 +115,7 @@ def build_plan(
             f"the record predates replay records (version {RECORD_VERSION}): its packages, "
             "Landlock setting and declared result were not recorded"
         )
-    if record.get("wrapped"):
+    if record.get("wrapped") and workdir is None:
         notes.append(
             "the record holds the program as the sandbox ran it (wrapped by a batch harness); "
             "the replay's checks judge that text, where the original's judged the caller's"
@@ -130,7 +133,15 @@ def build_plan(
         raise ReplayRefused(
             f"the record of run {run_id} has unusable limits or mode: {exc}"
         ) from None
-    inputs = tuple(_input(item, run_id) for item in _list(record.get("inputs"), "inputs", run_id))
+    recorded_inputs = _list(record.get("inputs"), "inputs", run_id)
+    if workdir is not None:
+        # The snapshot archive was an input of the frame: the replay gives the kept one again.
+        recorded_inputs = [
+            i
+            for i in recorded_inputs
+            if not (isinstance(i, Mapping) and i.get("name") == ARCHIVE_INPUT)
+        ]
+    inputs = tuple(_input(item, run_id) for item in recorded_inputs)
     stdin = _stdin(record, store, run_id)
     given_env = _env(record, env or {}, run_id)
     if given_env:
@@ -166,6 +177,8 @@ def build_plan(
             "the original reached hosts through its egress proxy; what they answer now may differ"
         )
     exports = _list(record.get("exports", []), "exports", run_id)
+    if workdir is not None:
+        exports = [e for e in exports if e != CHANGES_FILE]
     try:
         request = RunRequest(
             code=code,
@@ -197,7 +210,29 @@ def build_plan(
         exact=not inexact and not notes,
         profile_changed=profile_changed,
         runtime_changed=runtime_changed,
+        workdir=workdir,
     )
+
+
+def _workdir_program(workdir: Mapping[str, object], store: ArtifactStore, run_id: str) -> str:
+    """The caller's program of a ``--workdir-from`` run, once its kept snapshot is checked to be
+    in the store; ReplayRefused for a record that kept neither (made before they were kept)."""
+    program = workdir.get("program")
+    kept = workdir.get("snapshot")
+    if not isinstance(program, str) or not isinstance(kept, Mapping):
+        raise ReplayRefused(
+            f"run {run_id} ran with --workdir-from {workdir.get('source')} before sandcell kept "
+            "the caller's program and the snapshot with the record; run it again with sandcell "
+            "run --workdir-from"
+        )
+    digest = kept.get("archive_sha256")
+    if not isinstance(digest, str) or not store.has(digest):
+        raise ReplayRefused(
+            f"the snapshot of the working directory of run {run_id} ({workdir.get('source')}, "
+            f"sha256 {str(digest)[:12]}) is no longer in the artifact store ({store.root}); run "
+            "it again with sandcell run --workdir-from"
+        )
+    return program
 
 
 def _declared(

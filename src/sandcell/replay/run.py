@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from sandcell.errors import ConfigError
 from sandcell.replay.compare import Comparison, compare_records
 from sandcell.replay.plan import ReplayPlan, ReplayRefused, build_plan
 from sandcell.spec import Outcome, RunResult
@@ -115,16 +116,27 @@ def replay(
             f"{chosen!r}; use an executor built with backend={plan.backend!r}"
             + (f", or override with backend={chosen!r}" if recorded else "")
         )
-    result = executor.run(
-        plan.request,
-        profile=plan.profile,
-        schema=plan.schema,
-        invariants=plan.invariants,
-        result_file=plan.result_file,
-        on_output=on_output,
-        run_id=run_id_of_replay,
-        record_extra=plan.record_fields(),
-    )
+    declared: dict[str, Any] = {
+        "schema": plan.schema,
+        "invariants": plan.invariants,
+        "result_file": plan.result_file,
+        "on_output": on_output,
+        "run_id": run_id_of_replay,
+        "record_extra": plan.record_fields(),
+    }
+    if plan.workdir is not None:
+        from sandcell.changes.run import rerun_in_workdir
+
+        try:
+            result = rerun_in_workdir(
+                executor, plan.request, plan.workdir, plan.profile, **declared
+            )
+        except ConfigError as exc:
+            raise ReplayRefused(
+                f"the working directory of run {plan.run_id} cannot be rebuilt: {exc}"
+            ) from None
+    else:
+        result = executor.run(plan.request, profile=plan.profile, **declared)
     entry = executor.audit.get(result.run_id)
     replayed = entry.record if entry is not None else {}
     pending = None
