@@ -112,10 +112,12 @@ def test_a_cold_run_is_born_inside_its_cgroup(tmp_path: Path) -> None:
             (key,) = [k for k in lines if ctrl in k.split(",")]
             assert lines[key] == "/", f"{ctrl}: {lines[key]} (the sandbox was moved in)"
         assert r.usage.cpu_ms is not None and r.usage.cpu_ms > 0, "the group counted nothing"
-        # A bash run cannot use the python spawner: it is ended, and the run attaches as before.
+        # A bash run cannot use the python spawner: it is ended, and one made for the bash run
+        # starts its bwrap in the run's own group all the same (spawner.spawner_in).
         b = ex.run(RunRequest(code="cat /proc/self/cgroup", language="bash"))
         assert b.outcome is Outcome.OK, b.stderr
-        assert "/sandcell/" in b.stdout, b.stdout
+        pids = [line for line in b.stdout.splitlines() if ":pids:" in line]
+        assert [line.split(":", 2)[2] for line in pids] == ["/"], b.stdout
 
 
 _FORKS = """
@@ -137,20 +139,21 @@ print(n, pids[0].split(":", 2)[2])
 
 def test_the_spawners_bwrap_does_not_take_a_process_of_the_run(tmp_path: Path) -> None:
     # bwrap itself sits in a spawner-born run's group: pids.max is one more than the run's
-    # limit, so the sandbox still gets exactly max_pids (its init, the program, the children).
+    # limit, so the sandbox still gets exactly max_pids (its init, the program, the children);
+    # so does a run whose spare spawner had died, through the one made for it at its start.
     limits = Limits().with_(max_pids=9, wall_time_s=20)
     with _cold_executor(tmp_path) as ex:
         _spawner_waiting(ex)
         born = ex.run(RunRequest(code=_FORKS, limits=limits))
         assert wait_until(SpareCgroup.settled_anywhere, timeout=10), "no spare was made"
         _kill_waiting_spawner(ex)
-        moved = ex.run(RunRequest(code=_FORKS, limits=limits))
-    assert born.outcome is Outcome.OK and moved.outcome is Outcome.OK, (born, moved)
+        remade = ex.run(RunRequest(code=_FORKS, limits=limits))
+    assert born.outcome is Outcome.OK and remade.outcome is Outcome.OK, (born, remade)
     born_n, born_group = born.stdout.split()
-    moved_n, moved_group = moved.stdout.split()
-    assert born_group == "/" and moved_group.startswith("/sandcell/"), (born_group, moved_group)
+    remade_n, remade_group = remade.stdout.split()
+    assert born_group == remade_group == "/", (born_group, remade_group)
     assert int(born_n) == 9 - 2, born.stdout
-    assert moved_n == born_n, "a run moved into its group gets another number of processes"
+    assert remade_n == born_n, "a run whose spawner was made at its start gets another number"
 
 
 def _kill_waiting_spawner(ex: Executor) -> None:
@@ -162,10 +165,11 @@ def _kill_waiting_spawner(ex: Executor) -> None:
     spawner.proc.wait()
 
 
-def test_a_dead_spawner_falls_back_to_moving_the_sandbox(tmp_path: Path) -> None:
+def test_a_dead_spawner_is_replaced_by_one_made_for_the_run(tmp_path: Path) -> None:
     with _cold_executor(tmp_path) as ex:
         _spawner_waiting(ex)
         _kill_waiting_spawner(ex)
         r = ex.run(RunRequest(code=_CGROUPS, limits=Limits().with_(max_pids=9)))
         assert r.outcome is Outcome.OK, r.stderr
-        assert "/sandcell/" in r.stdout, "the run should have been moved into its group"
+        pids = [line for line in r.stdout.splitlines() if ":pids:" in line]
+        assert [line.split(":", 2)[2] for line in pids] == ["/"], "bwrap was not born in the group"

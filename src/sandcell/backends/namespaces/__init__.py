@@ -7,8 +7,9 @@
 3. create the run's cgroup with its limits (on cgroup v1, take one made ahead: ``spare_cgroup.py``,
    with a spawner already inside it that becomes the run's bwrap: ``spawner.py``);
 4. build the bwrap argument list (namespaces, mounts, seccomp) as data;
-5. launch: the sandbox init (the boot, bwrap's ``--as-pid-1``) is moved into the cgroup (or,
-   started by a spawner, checked to be born there) and given its rlimits before it starts the
+5. launch: the sandbox init (the boot, bwrap's ``--as-pid-1``), started by a spawner waiting
+   in the cgroup (as root; ``spawner.py``), is checked to be born there (else moved in: an
+   ordinary user's runs under the workspace helper) and given its rlimits before it starts the
    program; the boot closes inherited descriptors, forks the
    program's process and applies Landlock there;
 6. classify how it ended, read usage, export the declared files, and remove everything (once
@@ -50,7 +51,7 @@ from sandcell.backends.namespaces.prepared import (
 )
 from sandcell.backends.namespaces.runs import RunRegistry
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
-from sandcell.backends.namespaces.spawner import Spawner
+from sandcell.backends.namespaces.spawner import Spawner, spawner_in
 from sandcell.backends.namespaces.warm import WarmConfig, WarmStarter, WarmStats
 from sandcell.backends.namespaces.warm_teardown import Teardown
 from sandcell.errors import IsolationUnavailable
@@ -215,6 +216,20 @@ class NamespacesBackend:
                 ).start()
             try:
                 sandbox.create(self._control_files(request), cgroup=taken.group if taken else None)
+                if (
+                    spawner is None
+                    and sandbox.cgroup is not None
+                    and not self.rootless
+                    and not layers.use_helper
+                ):
+                    # No spare waiting: bwrap is still born in the run's group (spawner.py).
+                    spawner = spawner_in(
+                        sandbox.cgroup,
+                        bwrap=self.bwrap.path,
+                        seccomp_program=self.seccomp_program,
+                        command=command,
+                        max_pids=request.effective_limits.max_pids,
+                    )
             except BaseException:
                 if spawner is not None:
                     spawner.discard()

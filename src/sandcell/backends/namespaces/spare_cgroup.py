@@ -6,7 +6,8 @@ slowest step of preparing a run (measured at 6-10 ms on the shared development h
 few tenths of a millisecond when it is quiet). :class:`SpareCgroup` keeps one empty group,
 created on a background thread with the limits of the last run served; a run takes it, limits
 rewritten where its own differ (as a pooled warm sandbox's are, ``warm_limits.py``), and the next
-one is made while the run runs. A run that finds none creates its own as before.
+one is made while the run runs. A run that finds none creates its own, and as root starts
+its bwrap there through a spawner made for it (``spawner.spawner_in``).
 
 A spare group holds no process but, as root, a spawner blocked in a read (``spawner.py``), so it
 has counted nothing (CPU time, peak memory, OOM and pids events at zero, measured: the

@@ -33,10 +33,11 @@ import os
 import subprocess
 from pathlib import Path
 
+from sandcell.backends.namespaces import cgroups
 from sandcell.backends.namespaces.launcher import Pipes
 from sandcell.errors import InfraError
 
-__all__ = ["EXTRA_PIDS", "Spawner", "in_cgroup"]
+__all__ = ["EXTRA_PIDS", "Spawner", "in_cgroup", "spawner_in"]
 
 EXTRA_PIDS = 1
 """Processes a spawner's group holds beyond the sandbox's: bwrap itself."""
@@ -168,3 +169,34 @@ def in_cgroup(pid: int, dirs: dict[str, Path]) -> bool:
         if own is None or own in ("", "/") or not str(d).endswith(own):
             return False
     return True
+
+
+def spawner_in(
+    group: cgroups.RunCgroup,
+    *,
+    bwrap: str,
+    seccomp_program: bytes | None,
+    command: list[str],
+    max_pids: int,
+) -> Spawner | None:
+    """A spawner started now and moved into the run's own ``group`` (limited to ``max_pids``
+    sandbox processes), whose ``pids.max`` then makes room for bwrap (:data:`EXTRA_PIDS`); None
+    when it could not be (the run then attaches its sandbox as before).
+
+    For a cold run that found no spare: bwrap born outside the group left a window, between its
+    clone and the attach, in which a supervisor SIGKILLed took the outer bwrap with it
+    (``--die-with-parent``) and left the inner one, pid 1 of the sandbox, waiting forever in no
+    cgroup for a parent that was gone. Born in the group, the whole sandbox is where the sweep
+    of a dead supervisor's groups kills it."""
+    try:
+        spawner = Spawner(bwrap, seccomp_program, command)
+    except InfraError:
+        return None
+    try:
+        group.attach(spawner.pid)
+        pids = group.dirs["unified" if group.host.version == 2 else "pids"] / "pids.max"
+        pids.write_text(str(max_pids + EXTRA_PIDS))
+    except (OSError, KeyError):
+        spawner.discard()
+        return None
+    return spawner

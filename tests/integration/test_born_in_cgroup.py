@@ -1,0 +1,57 @@
+"""A cold run's bwrap is born in the run's cgroup, also when no spare group was waiting.
+
+bwrap started outside the group and its sandbox moved in afterwards left a window: a supervisor
+SIGKILLed between bwrap's clone and the move took the outer bwrap with it (``--die-with-parent``)
+and left the inner one, pid 1 of the sandbox, in no cgroup, waiting forever for a parent that was
+gone (found after a soak fault test; reproduced by killing the supervisor as soon as its inner
+bwrap appeared). Born in the group, every process of the sandbox, bwrap included, is where the
+sweep of a dead supervisor's groups kills it. The window itself is a few instructions wide; what
+is checked is what closes it: bwrap is in the group from the start.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sandcell import Executor, Outcome, RunRequest
+from sandcell.backends.namespaces import cgroups, workspace
+
+from .hostscan import children_of
+
+
+def _in_a_run_group(pid: int) -> bool:
+    """Whether ``pid`` sits in a run cgroup of this process (named after its owner tag)."""
+    try:
+        groups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+    return f"/{workspace.owner_tag()}." in groups
+
+
+def test_a_cold_run_without_a_spare_starts_bwrap_in_its_group(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("as an ordinary user the workspace helper starts bwrap; this is root's path")
+    if not isinstance(cgroups.detect(), cgroups.CgroupHost):
+        pytest.skip("this host has no usable cgroups: there is no group to be born in")
+    seen: list[tuple[str, bool]] = []
+    # A fresh executor: its first cold run finds no spare group made ahead.
+    with Executor(home=tmp_path / "home", profile="unchecked") as ex:
+
+        def listen(stream: str, text: str) -> None:
+            if "up" in text and not seen:
+                seen.extend(
+                    (p.comm, _in_a_run_group(p.pid))
+                    for p in children_of(os.getpid())
+                    if p.comm == "bwrap" and not p.zombie
+                )
+                ex.backend.cancel_all("seen")  # type: ignore[attr-defined]
+
+        result = ex.run(
+            RunRequest(code="import time\nprint('up', flush=True)\ntime.sleep(60)"),
+            on_output=listen,
+        )
+    assert result.outcome is Outcome.KILLED, result.reason
+    assert seen == [("bwrap", True)]
