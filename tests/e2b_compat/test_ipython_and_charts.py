@@ -102,6 +102,15 @@ def test_package_magics_are_refused_naming_the_route(sbx: Sandbox) -> None:
     assert unknown.error is not None and "is not served by sandcell" in unknown.error.value
 
 
+def test_the_code_size_limit_holds_for_what_the_translation_runs(sbx: Sandbox) -> None:
+    # 80 KB of %time lines under the 512 KiB limit become megabytes of Python: refused before
+    # the host checks or runs any of it.
+    with pytest.raises(SandboxException, match="over the service's limit") as info:
+        sbx.run_code("%time 1\n" * 10_000)
+    assert "IPython syntax, translated" in str(info.value)
+    assert ok(sbx, "%time 1").text == "1"
+
+
 def test_display_and_show_give_results_in_call_order(sbx: Sandbox) -> None:
     ex = ok(
         sbx,

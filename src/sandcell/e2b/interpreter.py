@@ -34,6 +34,7 @@ from sandcell.e2b.runner import OutputListener, admit_cell, run_in_sandbox
 from sandcell.e2b.shell import run_bash
 from sandcell.e2b.wire import ContextBody, ExecuteBody, parse
 from sandcell.service.core import Service
+from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant
 from sandcell.sessions import Session
 from sandcell.spec import Language, RunResult
@@ -173,6 +174,10 @@ async def execute(request: Request) -> Response:
         except IPythonSyntaxError as exc:
             # As IPython answers a magic it does not know: an error of the cell, nothing run.
             return StreamingResponse(_refused(str(exc)), media_type="application/x-ndjson")
+        if code != body.code:
+            # The limit is on what the host checks and the sandbox runs: a line of magic can
+            # grow a hundredfold.
+            _check_translated(service, code)
     tenant = admit_cell(service, box)
     stream = _stream(
         service,
@@ -184,6 +189,17 @@ async def execute(request: Request) -> Response:
         context=context,
     )
     return StreamingResponse(stream, media_type="application/x-ndjson")
+
+
+def _check_translated(service: Service, code: str) -> None:
+    try:
+        service.check_code(code)
+    except ServiceProblem as exc:
+        raise E2BError(
+            exc.status,
+            f"{exc.detail} (the cell's IPython syntax, translated into the Python that runs; "
+            "use fewer magics, or plain Python)",
+        ) from None
 
 
 async def _refused(message: str) -> AsyncIterator[bytes]:
