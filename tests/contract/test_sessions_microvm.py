@@ -150,6 +150,15 @@ def test_state_outputs_files_exports_and_records(vm_ex: Executor) -> None:
     assert [o.kind for o in figure.outputs] == ["figure"]
     media = sorted(a.media_type for a in figure.outputs[0].artifacts)
     assert media == ["image/png", "image/svg+xml"]
+    # The guest reads the figure's chart data too; display() and shell escapes work there.
+    chart = json.loads(figure.outputs[0].data["application/vnd.sandcell.chart+json"])
+    assert chart["type"] == "line" and chart["elements"][0]["points"][2] == [2.0, 3.0]
+    ordered = s.run("display(1)\n_sandcell_shell('echo from-guest')\n2")
+    assert ordered.stdout == "from-guest\n", ordered.stderr
+    assert [(o.data["text/plain"], o.displayed) for o in ordered.outputs] == [
+        ("1", True),
+        ("2", False),
+    ]
     # Errors and exit statuses end the cell, not the session; tracebacks show the cell only.
     failed = s.run("1 / 0")
     assert failed.outcome is Outcome.ERROR and "ZeroDivisionError" in failed.stderr

@@ -193,8 +193,10 @@ def test_needs_approval_names_the_approval_id(sbx: Sandbox, e2b_service: E2BServ
     assert pending.status == "pending"
     assert "socket" in pending.request.code
     with TenantStore.in_home(e2b_service.proc.home) as tenants:
-        assert tenants.owns("alice", "approval", ticket)
-        assert not tenants.owns("bob", "approval", ticket)
+        # Owned by the tenant's id, never its name.
+        alice, bob = tenants.get("alice").id, tenants.get("bob").id
+        assert tenants.owns(alice, "approval", ticket)
+        assert not tenants.owns(bob, "approval", ticket)
 
 
 # -- files ------------------------------------------------------------------------------------

@@ -98,3 +98,9 @@ def add_tenant(
     with TenantStore.in_home(home) as store:
         _, key = store.add(name, profiles=profiles, **values)
     return key
+
+
+def add_approver(home: Path, tenant: str, name: str = "reviewer") -> str:
+    """An approver key of ``tenant`` (what ``sandcell tenants add-approver`` does)."""
+    with TenantStore.in_home(home) as store:
+        return store.add_approver(tenant, name)

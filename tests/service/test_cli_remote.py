@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from tests.service.server import REPO, ServiceProcess, add_tenant
+from tests.service.server import REPO, ServiceProcess, add_approver, add_tenant
 
 # What differs between two runs of the same program, wherever they ran.
 _PER_RUN = {"run_id", "usage", "started_at", "start", "enforcement"}
@@ -231,7 +231,11 @@ def test_approvals_and_audit_go_through_the_service(
     assert shown.returncode == 0 and "1 | import subprocess" in shown.stdout
     assert "not shown by the service" in shown.stdout
 
-    approved = _cli("approve", approval, "--reason", "fine", "--json", home=tmp_path, env=env)
+    refused = _cli("approve", approval, "--reason", "me", "--json", home=tmp_path, env=env)
+    assert refused.returncode != 0 and "approver key" in refused.stderr
+    # A person approves with the tenant's approver key, not the key that submitted the run.
+    approver = {**env, "SANDCELL_API_KEY": add_approver(home, "cli")}
+    approved = _cli("approve", approval, "--reason", "fine", "--json", home=tmp_path, env=approver)
     assert approved.returncode == 0, approved.stderr
     result = json.loads(approved.stdout)
     assert result["stdout"] == "b'hi\\n'\n"

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from tests.service.server import ServiceProcess, add_tenant
+from tests.service.server import ServiceProcess, add_approver, add_tenant
 
 from sandcell.client import AsyncClient, Client, QuotaExceeded, ServiceError, ServiceUnavailable
 from sandcell.errors import ConfigError, InfraError
@@ -128,16 +128,17 @@ def test_errors_are_sandcells_own(service: ServiceProcess, home: Path) -> None:
 
 def test_async_client_cancel_and_approvals(service: ServiceProcess, home: Path) -> None:
     key = add_tenant(home, "client-async")
+    approver = add_approver(home, "client-async")
 
     async def scenario() -> dict[str, Any]:
-        async with AsyncClient(service.url, key) as c:
+        async with AsyncClient(service.url, key) as c, AsyncClient(service.url, approver) as a:
             slow = await c.submit("import time\ntime.sleep(60)")
             assert await c.cancel(slow)
             killed = await c.wait(slow)
             assert await c.cancel(slow) is False  # finished: nothing to stop
             waiting = await c.run_async("import subprocess\nprint('approved')")
             pending = await c.approvals()
-            approved = await c.approve(pending[0].id, reason="fine")
+            approved = await a.approve(pending[0].id, reason="fine")
             other = await c.run("import subprocess\nprint('no')")
             denied = await c.deny((await c.approvals())[0].id, reason="not today")
             async with await c.session() as s:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import httpx2
-from tests.service.server import ServiceProcess, add_tenant
+from tests.service.server import ServiceProcess, add_approver, add_tenant
 
 SLEEP = "import time\nprint('started', flush=True)\ntime.sleep(60)\nprint('not reached')"
 
@@ -131,7 +131,8 @@ def test_sigterm_drains_runs_in_flight_and_a_restart_loses_nothing(tmp_path: Pat
             assert c.get(f"/v1/artifacts/{sha}").content == b"kept"
             assert c.get(f"/v1/audit/{made['id']}").status_code == 200
             assert c.get("/v1/audit/verify").json()["ok"] is True
-            ran = c.post(f"/v1/approvals/{approval}/approve", json={"reason": "after restart"})
+            with second.client(add_approver(home, "durable")) as a:
+                ran = a.post(f"/v1/approvals/{approval}/approve", json={"reason": "after restart"})
             assert ran.json()["result"]["outcome"] == "ok", ran.text
             assert ran.json()["result"]["stdout"] == "kept\n"
             assert list((home / "service" / "inputs").iterdir()) == []

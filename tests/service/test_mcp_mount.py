@@ -10,13 +10,14 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from tests.service.server import ServiceProcess, add_tenant
+from tests.service.server import ServiceProcess, add_approver, add_tenant
 
 pytest.importorskip("mcp.client.streamable_http", reason="the MCP SDK is not installed")
 
 from mcp import ClientSession
+from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -144,3 +145,47 @@ def test_an_mcp_session_holds_a_sandbox_slot(service: ServiceProcess, home: Path
     anyio.run(scenario)
     with service.client(key) as c:
         assert c.post("/v1/runs", json={"code": "print(3)"}).json()["result"]["stdout"] == "3\n"
+
+
+def test_an_mcp_client_does_not_approve_its_own_run(service: ServiceProcess, home: Path) -> None:
+    """The client holds the tenant's key that submitted the run: asked or not, its answer does
+    not approve it (the profile leaves submitter_may_approve off). The tenant's approver key
+    does, over /v1; at /mcp that key runs nothing."""
+    key = add_tenant(home, "mcp-selfie", profiles=("supervised",))
+    approver = add_approver(home, "mcp-selfie")
+    asked: list[str] = []
+
+    async def yes(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"decision": "approve", "reason": "me"})
+
+    async def scenario() -> dict[str, object]:
+        async with (
+            httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=300)
+            ) as http,
+            streamable_http_client(f"{service.url}/mcp", http_client=http) as (read, write),
+            ClientSession(read, write, elicitation_callback=yes) as session,
+        ):
+            await session.initialize()
+            held = await session.call_tool("run_python", {"code": "print('self-approved')"})
+            return _data(held) | {"text": _text(held)}
+
+    held = anyio.run(scenario)
+    assert asked == []
+    assert held["outcome"] == "awaiting_approval", held
+    assert "approver key" in str(held["text"])
+    approval = str(held["approval_id"]) if "approval_id" in held else None
+    with service.client(key) as c, service.client(approver) as a:
+        [pending] = c.get("/v1/approvals").json()
+        assert approval in (None, pending["id"])
+        assert c.post(f"/v1/approvals/{pending['id']}/approve", json={}).status_code == 403
+        ran = a.post(f"/v1/approvals/{pending['id']}/approve", json={"reason": "read it"})
+        assert ran.status_code == 200, ran.text
+        assert ran.json()["result"]["stdout"] == "self-approved\n"
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    accept = {"Accept": "application/json, text/event-stream"}
+    refused = httpx2.post(
+        f"{service.url}/mcp", json=ping, headers={**accept, "Authorization": f"Bearer {approver}"}
+    )
+    assert refused.status_code == 403 and "runs nothing" in refused.text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from tests.service.server import ServiceProcess, add_tenant
+from tests.service.server import ServiceProcess, add_approver, add_tenant
 
 
 def _404(response: httpx2.Response) -> None:
@@ -91,16 +91,17 @@ def test_another_tenant_sees_none_of_it(
 def test_the_owner_approves_and_denies(
     service: ServiceProcess, home: Path, owner: dict[str, str]
 ) -> None:
-    with service.client(owner["key"]) as c:
+    approver = add_approver(home, "alice", "reviewer")
+    with service.client(owner["key"]) as c, service.client(approver) as a:
         pending = c.get("/v1/approvals").json()
         assert [a["id"] for a in pending] == [owner["approval"]]
         assert "subprocess" in pending[0]["code"]
-        approved = c.post(f"/v1/approvals/{owner['approval']}/approve", json={"reason": "ok"})
+        approved = a.post(f"/v1/approvals/{owner['approval']}/approve", json={"reason": "ok"})
         assert approved.status_code == 200, approved.text
         result = approved.json()["result"]
         assert result["outcome"] == "ok", result
-        assert result["policy"]["approval"]["approved_by"] == "tenant:alice"
-        again = c.post(f"/v1/approvals/{owner['approval']}/approve", json={})
+        assert result["policy"]["approval"]["approved_by"] == "approver:alice/reviewer"
+        again = a.post(f"/v1/approvals/{owner['approval']}/approve", json={})
         assert again.status_code == 409
         waiting = c.post(
             "/v1/runs", json={"code": "import subprocess", "files": {"a.txt": "eA=="}}

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from tests.integration.loopback_http import JsonHandler, serving
-from tests.service.server import REPO, ServiceProcess, add_tenant
+from tests.service.server import REPO, ServiceProcess, add_approver, add_tenant
 
 
 class _Api(JsonHandler):
@@ -48,10 +48,12 @@ allow = ["POST /tickets"]
 approval = "always"
 """
     )
-    return {
+    keys = {
         "ann": add_tenant(home, "tools-ann", profiles=("queued-tools",)),
         "bob": add_tenant(home, "tools-bob", profiles=("queued-tools",)),
     }
+    keys["ann-approver"] = add_approver(home, "tools-ann", "lead")
+    return keys
 
 
 CALL = """
@@ -110,7 +112,11 @@ def test_a_tool_call_is_approved_over_the_api(
     service: ServiceProcess, keys: dict[str, str]
 ) -> None:
     title = f"approve-{time.time_ns()}"
-    with service.client(keys["ann"]) as ann, service.client(keys["bob"]) as bob:
+    with (
+        service.client(keys["ann"]) as ann,
+        service.client(keys["bob"]) as bob,
+        service.client(keys["ann-approver"]) as approver,
+    ):
         run_id = _submit(ann, title)
         ticket = _waiting(ann, title)
         tid = str(ticket["id"])
@@ -126,15 +132,22 @@ def test_a_tool_call_is_approved_over_the_api(
         assert ann.get("/v1/tool-approvals?status=bogus").status_code == 400
         shown = ann.get(f"/v1/tool-approvals/{tid}").json()
         assert title in shown["args_preview"] and len(shown["args_sha256"]) == 64
-        decided = ann.post(f"/v1/tool-approvals/{tid}/approve", json={"reason": "fine"})
+        # The key that submitted the run does not approve its tool call (the profile leaves
+        # submitter_may_approve off); the tenant's approver key does.
+        selfish = ann.post(f"/v1/tool-approvals/{tid}/approve", json={"reason": "me"})
+        assert selfish.status_code == 403, selfish.text
+        assert "approver key" in selfish.json()["detail"]
+        assert ann.get(f"/v1/tool-approvals/{tid}").json()["status"] == "pending"
+        assert tid in [t["id"] for t in approver.get("/v1/tool-approvals").json()]
+        decided = approver.post(f"/v1/tool-approvals/{tid}/approve", json={"reason": "fine"})
         assert decided.status_code == 200, decided.text
         assert decided.json()["status"] == "approved"
-        assert decided.json()["decided_by"] == "tenant:tools-ann"
+        assert decided.json()["decided_by"] == "approver:tools-ann/lead"
         result = _finished(ann, run_id)
         assert result["outcome"] == "ok", result
         answer = json.loads(str(result["stdout"]).splitlines()[-1])
         assert answer["ok"]["body"]["title"] == title and title in _Api.created
-        again = ann.post(f"/v1/tool-approvals/{tid}/approve", json={})
+        again = approver.post(f"/v1/tool-approvals/{tid}/approve", json={})
         assert again.status_code == 409
         assert tid in [t["id"] for t in ann.get("/v1/tool-approvals?status=approved").json()]
         assert tid not in [t["id"] for t in ann.get("/v1/tool-approvals").json()]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from tests.service.server import REPO, ServiceProcess, add_tenant
+from tests.service.server import REPO, ServiceProcess, add_approver, add_tenant
 
 from sandcell.policy.approvals import ApprovalStore
 from sandcell.service.tenants import TenantStore
@@ -95,10 +95,14 @@ def _follow_run(browser: Browser, location: str) -> httpx2.Response:
 
 @pytest.fixture(scope="module")
 def keys(service: ServiceProcess, home: Path) -> dict[str, str]:
-    return {
+    keys = {
         "ann": add_tenant(home, "ann", profiles=("supervised", "analysis")),
         "bob": add_tenant(home, "bob", profiles=("supervised", "analysis")),
     }
+    # Ann's key submits; her approver key approves (the profiles leave submitter_may_approve
+    # off).
+    keys["ann-approver"] = add_approver(home, "ann", "desk")
+    return keys
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +112,7 @@ def approved(service: ServiceProcess, keys: dict[str, str]) -> dict[str, object]
         approval = _approval(api, HOSTILE_CODE, exports=["*.txt"], display=True)
     browser = Browser(service)
     try:
-        token = browser.login(keys["ann"])
+        token = browser.login(keys["ann-approver"])
         approval_page = browser.get(f"/ui/approvals/{approval}")
         answer = browser.post(
             f"/ui/approvals/{approval}/approve", {"csrf": token, "reason": "looked at it"}
@@ -391,7 +395,7 @@ def test_tool_calls_are_decided_in_the_pages(
         bob.close()
     browser = Browser(service)
     try:
-        token = browser.login(keys["ann"])
+        token = browser.login(keys["ann-approver"])
         assert f'href="/ui/tools/{ticket.id}"' in browser.get("/ui/").text
         page = browser.get(f"/ui/tools/{ticket.id}").text
         assert "<script" not in page and "&lt;/pre&gt;&lt;script&gt;alert(3)" in page
@@ -403,7 +407,7 @@ def test_tool_calls_are_decided_in_the_pages(
         browser.close()
     with ApprovalStore(home / "approvals.sqlite3") as store:
         decided = store.get_tool(ticket.id)
-    assert decided.status == "approved" and decided.decided_by == "tenant:ann (browser)"
+    assert decided.status == "approved" and decided.decided_by == "approver:ann/desk (browser)"
 
 
 def test_a_removed_tenant_is_logged_out(service: ServiceProcess, home: Path) -> None:

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.service.server import ServiceProcess, add_tenant
+from tests.service.server import ServiceProcess, add_approver, add_tenant
 from tests.service.ui_chromium import Chromium, chromium_path
 
 pytestmark = pytest.mark.skipif(
@@ -64,7 +64,9 @@ def test_a_person_approves_a_run_in_chromium(
     try:
         browser.goto(f"{service.url}/ui/")
         browser.wait_for("location.pathname === '/ui/login'")
-        browser.type_into("#key", key)
+        # A person logs in with the tenant's approver key (its own key submits, and does not
+        # approve under this profile).
+        browser.type_into("#key", add_approver(home, "carol"))
         browser.click("#login")
         browser.wait_for("location.pathname === '/ui/'")
         assert browser.evaluate("document.cookie") == "", "the session cookie must be HttpOnly"
@@ -100,12 +102,12 @@ def test_a_person_approves_a_run_in_chromium(
         assert browser.wait_for(
             "(i => i.complete && i.naturalWidth > 0)(document.querySelector('figure img'))"
         )
-        assert "tenant:carol (browser)" in browser.text("main")
+        assert "approver:carol/reviewer (browser)" in browser.text("main")
     finally:
         browser.close()
 
     with service.client(key) as api:
         shown = api.get(f"/v1/approvals/{approval}").json()
     assert shown["status"] == "ran"
-    assert shown["decided_by"] == "tenant:carol (browser)"
+    assert shown["decided_by"] == "approver:carol/reviewer (browser)"
     assert shown["decision_reason"] == "reads its own input; the echo is harmless"

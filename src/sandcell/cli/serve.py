@@ -62,7 +62,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a Host name (with any port) /mcp answers besides the loopback ones: the name a "
         "proxy or the LAN reaches this service by; repeatable",
     )
+    s.add_argument(
+        "--metrics-key-file",
+        type=Path,
+        metavar="FILE",
+        help="a file holding the operator key /metrics asks for (Authorization: Bearer KEY), "
+        "from any address; without it /metrics answers loopback and the local socket only",
+    )
     add_backend_option(s)
+
+
+def _metrics_key_sha256(path: Path | None) -> str | None:
+    """The SHA-256 of the key in ``path`` (its first line), or None without a file."""
+    if path is None:
+        return None
+    import hashlib
+
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--metrics-key-file {path}: cannot read it ({exc})") from None
+    if len(key) < 16 or any(c.isspace() for c in key):
+        raise ConfigError(
+            f"--metrics-key-file {path}: the key must be one line of at least 16 characters "
+            "without spaces (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def _host_name(text: str) -> str:
@@ -113,6 +138,7 @@ def handle(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         local_tenant=args.local_tenant,
         allowed_hosts=tuple(_host_name(h) for h in args.allowed_host),
+        metrics_key_sha256=_metrics_key_sha256(args.metrics_key_file),
     )
     if args.local_tenant is not None:
         from sandcell.service.tenants import TenantStore

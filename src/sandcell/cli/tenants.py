@@ -34,8 +34,34 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ls.add_argument("--json", action="store_true")
     rm = ts.add_parser("remove", help="remove a tenant; its key stops working at once")
     rm.add_argument("name")
-    rot = ts.add_parser("rotate-key", help="a new API key; the old one stops working at once")
+    rot = ts.add_parser(
+        "rotate-key",
+        help="a new API key; the old one stops working at once, and the sandboxes opened with "
+        "it end",
+    )
     rot.add_argument("name")
+    sp = ts.add_parser(
+        "set-profiles",
+        help="replace the tenant's profiles; its held runs under one it loses can no longer be "
+        "approved",
+    )
+    sp.add_argument("name")
+    sp.add_argument(
+        "--profile",
+        action="append",
+        required=True,
+        help="a profile the tenant may use (repeat; the first is its default)",
+    )
+    aa = ts.add_parser(
+        "add-approver",
+        help="an approver key for the tenant: it approves and denies the tenant's held runs "
+        "and tool calls (/v1/approvals, /ui), and runs nothing; prints it once",
+    )
+    aa.add_argument("name", help="the tenant")
+    aa.add_argument("approver", help="a name for this approver (recorded with each decision)")
+    ra = ts.add_parser("remove-approver", help="remove an approver key; it stops working at once")
+    ra.add_argument("name", help="the tenant")
+    ra.add_argument("approver")
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -66,15 +92,46 @@ def handle(args: argparse.Namespace) -> int:
         if args.tenants_command == "list":
             tenants = store.list()
             if args.json:
-                print(json.dumps([t.to_dict() for t in tenants]))
+                print(
+                    json.dumps(
+                        [{**t.to_dict(), "approvers": store.approvers(t.id)} for t in tenants]
+                    )
+                )
                 return 0
             for t in tenants:
                 print(
                     f"{t.name:<20} profiles={','.join(t.profiles)} "
                     f"concurrent={t.max_concurrent} per-minute={t.runs_per_minute} "
                     f"cpu-s/day={t.cpu_seconds_per_day} "
-                    f"stored-mb={t.max_stored_bytes // MiB}"
+                    f"stored-mb={t.max_stored_bytes // MiB} "
+                    f"approvers={','.join(store.approvers(t.id)) or '-'}"
                 )
+            return 0
+        if args.tenants_command == "set-profiles":
+            for name in args.profile:
+                load_profile(name)  # an unknown profile is refused now, not at the first run
+            tenant = store.set_profiles(args.name, args.profile)
+            print(
+                f"sandcell: tenant {tenant.name!r} now has profiles {', '.join(tenant.profiles)}",
+                file=sys.stderr,
+            )
+            return 0
+        if args.tenants_command == "add-approver":
+            key = store.add_approver(args.name, args.approver)
+            print(key)
+            print(
+                f"sandcell: approver {args.approver!r} of tenant {args.name!r} added; this is its "
+                "key, shown only now: it approves the tenant's held runs and tool calls and "
+                "runs nothing",
+                file=sys.stderr,
+            )
+            return 0
+        if args.tenants_command == "remove-approver":
+            store.remove_approver(args.name, args.approver)
+            print(
+                f"sandcell: approver {args.approver!r} of tenant {args.name!r} removed",
+                file=sys.stderr,
+            )
             return 0
         if args.tenants_command == "remove":
             store.remove(args.name)
@@ -84,7 +141,7 @@ def handle(args: argparse.Namespace) -> int:
         print(key)
         print(
             f"sandcell: tenant {args.name!r} has a new API key, shown only now; the old one "
-            "no longer works",
+            "no longer works, and a running service ends the sandboxes opened with it",
             file=sys.stderr,
         )
         return 0

@@ -65,13 +65,21 @@ async def create(request: Request) -> Response:
             session=True,
         )
     except BaseException:
-        service.quotas.release(tenant.name)
+        service.quotas.release(tenant.id)
         raise
-    live = LiveSession(tenant=tenant.name, session=session, inputs_dir=None, surface="e2b")
+    live = LiveSession(
+        tenant=tenant.id,
+        session=session,
+        inputs_dir=None,
+        surface="e2b",
+        # The access token handed out below lasts as long as this key: rotating it ends the
+        # sandbox (SandboxRegistry).
+        key_sha256=tenant.key_sha256,
+    )
     service.add_session(live)
     box = E2BSandbox(
         id=session.id,
-        tenant=tenant.name,
+        tenant=tenant.id,
         template=body.template_id,
         live=live,
         token=new_token(),
@@ -107,7 +115,7 @@ async def _setup(service: Service, tenant: Tenant, box: E2BSandbox) -> None:
 async def connect(request: Request) -> Response:
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
-    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    box = registry.owned(tenant.id, request.path_params["sandbox_id"])
     body = parse(ConnectBody, await request.body())
     if body.timeout is not None:
         registry.set_timeout(box, body.timeout)
@@ -117,13 +125,13 @@ async def connect(request: Request) -> Response:
 async def get_info(request: Request) -> Response:
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
-    return JSONResponse(detail_json(registry.owned(tenant.name, request.path_params["sandbox_id"])))
+    return JSONResponse(detail_json(registry.owned(tenant.id, request.path_params["sandbox_id"])))
 
 
 async def set_timeout(request: Request) -> Response:
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
-    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    box = registry.owned(tenant.id, request.path_params["sandbox_id"])
     registry.set_timeout(box, parse(TimeoutBody, await request.body()).timeout)
     return Response(status_code=204)
 
@@ -132,7 +140,7 @@ async def refresh(request: Request) -> Response:
     """Keep the sandbox alive ``duration`` seconds more from now (never shortens it)."""
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
-    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    box = registry.owned(tenant.id, request.path_params["sandbox_id"])
     duration = parse(RefreshBody, await request.body()).duration
     if box.deadline < time.monotonic() + duration:
         registry.set_timeout(box, duration)
@@ -142,7 +150,7 @@ async def refresh(request: Request) -> Response:
 async def kill(request: Request) -> Response:
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
-    box = registry.owned(tenant.name, request.path_params["sandbox_id"])
+    box = registry.owned(tenant.id, request.path_params["sandbox_id"])
     await service.in_thread(lambda: registry.kill(box, "killed by its client"), session=True)
     return Response(status_code=204)
 
@@ -153,7 +161,7 @@ async def list_sandboxes(request: Request) -> Response:
     service, registry = _ctx(request)
     tenant = _tenant(request, service)
     query = ListQuery.of(request.query_params)
-    boxes = [b for b in registry.of_tenant(tenant.name) if query.matches(b)]
+    boxes = [b for b in registry.of_tenant(tenant.id) if query.matches(b)]
     page, next_token = query.page(boxes)
     headers = {"x-next-token": next_token} if next_token is not None else {}
     return JSONResponse([detail_json(b) for b in page], headers=headers)

@@ -101,11 +101,11 @@ async def _stream(
                 result: RunResult = run(code, **extra)
                 return result
             before, after = _env_cells(env)
-            service.own_result(tenant.name, session.run(before))
+            service.own_result(tenant.id, session.run(before))
             try:
                 result = run(code, **extra)
             finally:
-                service.own_result(tenant.name, session.run(after))
+                service.own_result(tenant.id, session.run(after))
             return result
 
         return run_in_sandbox(service, tenant, box, call, on_output=listener)

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from sandcell.e2b.errors import E2BError
+from sandcell.errors import SandcellError
 from sandcell.service.core import LiveSession, Service
 from sandcell.sessions import Session
 
@@ -55,6 +56,7 @@ class E2BSandbox:
 
     id: str
     tenant: str
+    """The id of its tenant (:attr:`Tenant.id`, never its name)."""
     template: str
     live: LiveSession
     token: str
@@ -163,6 +165,10 @@ class SandboxRegistry:
             # Ended on its own (a crash, a limit) or timed out before the reaper came by.
             self._forget(box, box.session.ended or "timeout")
             return None
+        if not self._service.key_current(box.live):
+            # Its token came with a key since rotated (or a tenant since removed): it ends.
+            self._forget(box, "its tenant's key was rotated or the tenant removed")
+            return None
         return box
 
     def _forget(self, box: E2BSandbox, why: str) -> None:
@@ -189,9 +195,15 @@ class SandboxRegistry:
                     self._reaper = None
                     return
             now = time.monotonic()
+            try:
+                keys: dict[str, str] | None = self._service.tenants.keys_now()
+            except SandcellError:  # the store closing with the service: the timeouts still hold
+                keys = None
             for box in boxes:
                 if box.deadline <= now or box.session.ended is not None:
                     self._forget(box, box.session.ended or "its timeout passed")
+                elif keys is not None and keys.get(box.tenant) != box.live.key_sha256:
+                    self._forget(box, "its tenant's key was rotated or the tenant removed")
             with self._lock:
                 later = [b.deadline for b in self._boxes.values()]
             wait = min([_REAP_POLL_S, *(d - time.monotonic() for d in later)])

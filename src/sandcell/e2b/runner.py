@@ -15,7 +15,7 @@ from sandcell.e2b.errors import E2BError
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.live_output import OutputListener
 from sandcell.service.core import Service
-from sandcell.service.tenants import Tenant, TenantError
+from sandcell.service.tenants import Tenant
 from sandcell.sessions import Session
 from sandcell.spec import RunResult
 
@@ -29,10 +29,10 @@ __all__ = [
 
 
 def tenant_of(service: Service, box: E2BSandbox) -> Tenant:
-    try:
-        return service.tenants.get(box.tenant)
-    except TenantError:
-        raise E2BError(401, "the tenant of this sandbox no longer exists") from None
+    tenant = service.tenants.by_id(box.tenant)
+    if tenant is None:
+        raise E2BError(401, "the tenant of this sandbox no longer exists")
+    return tenant
 
 
 def admit_cell(service: Service, box: E2BSandbox) -> Tenant:
@@ -57,7 +57,7 @@ async def run_in_sandbox(
         extra["on_output"] = on_output
     began = time.monotonic()
     result: RunResult = await service.in_thread(lambda: call(box.session, extra), session=True)
-    service.own_result(tenant.name, result)
+    service.own_result(tenant.id, result)
     service.metrics.finished(result.outcome.value, time.monotonic() - began)
     return result
 

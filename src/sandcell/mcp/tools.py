@@ -104,6 +104,11 @@ class McpSettings:
     approvals; each session opened), on the worker thread, inside ``admit``'s context where
     there is one: the service maps results to the tenant (records, artifacts, CPU used) and
     holds a session's sandbox slot until the session ends."""
+    may_approve: Callable[[str | None, Ticket], str | None] | None = None
+    """Called with the tenant and a held run before its client is asked to decide it: None
+    lets the client decide; a reason leaves the run waiting for someone else (the service: the
+    key that submitted a run approves it only where its profile says so). None here: the
+    client's user decides (one local user: stdio)."""
     artifacts: Literal["store", "own"] = "store"
     """``store``: any artifact of the data directory (one local user: stdio); ``own``: only
     those of runs this server made for the same principal (a shared service)."""
@@ -255,6 +260,9 @@ class SandcellTools:
         if not (self.settings.elicit_approvals and _can_elicit(ctx)):
             return await self._content(waiting, note=approval.pending_note(ticket_id))
         ticket = await _thread(self.executor.approvals.get, ticket_id)
+        refused = self._refused_decision(ticket, ctx)
+        if refused is not None:
+            return await self._content(waiting, note=refused)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return approval.input_required(ticket)
         answer: Any = None
@@ -273,6 +281,9 @@ class SandcellTools:
         responses = ctx.input_responses or {}
         raw = responses.get(approval.INPUT_KEY)
         ticket = await _thread(self.executor.approvals.get, ticket_id)
+        refused = self._refused_decision(ticket, ctx)
+        if refused is not None:
+            raise ToolError(refused)
         if not isinstance(raw, ElicitResult) or raw.action == "cancel":
             return self._pending(ticket)
         data = None
@@ -320,6 +331,14 @@ class SandcellTools:
             staged.close()
         self._remember(result, ctx)
         return await self._content(result)
+
+    def _refused_decision(self, ticket: Ticket, ctx: Context) -> str | None:
+        """Why this client may not decide ``ticket`` (None: it may)."""
+        check = self.settings.may_approve
+        if check is None:
+            return None
+        token = get_access_token()
+        return check(token.client_id if token is not None else None, ticket)
 
     def _pending(self, ticket: Ticket) -> CallToolResult:
         return CallToolResult(

@@ -187,6 +187,13 @@ class TomlDoc:
             self.fail(f"{_name(path)} must be {what}, got {value!r}", path)
         return value
 
+    def boolean(self, path: Sequence[str]) -> bool | None:
+        """``true`` or ``false``, or None when absent."""
+        value = self._get(path)
+        if value is not None and not isinstance(value, bool):
+            self.fail(f"{_name(path)} must be true or false, got {value!r}", path)
+        return value
+
     def strings(self, path: Sequence[str]) -> tuple[str, ...] | None:
         """A list of strings as a tuple, or None when absent."""
         value = self._get(path)

@@ -127,6 +127,10 @@ class Profile:
     ``on_findings`` (a run with a ``warning`` finding waits), ``always`` (every run waits).
     A ``deny`` finding stops the run in every mode (``sandcell.policy.checks.findings.decide``).
     Absent: ``on_findings``."""
+    submitter_may_approve: bool = False
+    """Whether, on the service, the key that submitted a run may also approve it (and the tool
+    calls it waits on). Off: only a tenant's approver key (``sandcell tenants add-approver``)
+    approves, so an agent holding the tenant's key cannot approve itself. Absent: false."""
     tools: tuple[ToolDefinition, ...] = ()
     """``[tools.NAME]`` sections: governed tools a run may call through the host's tool gateway
     (:mod:`sandcell.tools`). Absent: none."""
@@ -356,7 +360,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
         ProfileError: naming the file, the line and the reason.
     """
     doc = TomlDoc(source, raw)
-    doc.table((), ("description", "approval", "tools", *_SECTIONS))
+    doc.table((), ("description", "approval", "submitter_may_approve", "tools", *_SECTIONS))
     for section, keys in _SECTIONS.items():
         doc.table((section,), keys)
     severity = doc.table(("checks", "severity"), None)
@@ -380,6 +384,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
         sha256=hashlib.sha256(raw + schema_bytes).hexdigest(),
         description=doc.string(("description",)),
         approval=doc.string(("approval",)),
+        submitter_may_approve=doc.boolean(("submitter_may_approve",)),
         tools=tools,
         filesystem=_rules(
             doc,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from sandcell.service.api_runs import _PROBLEMS
 from sandcell.service.deps import CurrentTenant, ServiceDep
-from sandcell.service.metrics import CONTENT_TYPE
+from sandcell.service.metrics import CONTENT_TYPE, check_metrics_access
 from sandcell.service.models import HealthBody, TenantBody
 
 __all__ = ["router"]
@@ -40,9 +40,13 @@ async def healthz(service: ServiceDep) -> HealthBody:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(service: ServiceDep) -> PlainTextResponse:
+async def metrics(request: Request, service: ServiceDep) -> PlainTextResponse:
     """Prometheus metrics: runs by outcome, latency, runs in flight, queue, sessions, pools.
-    Totals only, no tenant's data, so no key is needed (bind to loopback, as by default)."""
+    Only for the operator: from a loopback address or the local socket, or, where the service
+    has a metrics key (``sandcell serve --metrics-key-file``), with ``Authorization: Bearer``
+    that key, from anywhere (and then only so). Tenant keys do not open it: it names the
+    profiles in use across tenants."""
+    check_metrics_access(request, service.config.metrics_key_sha256)
     return PlainTextResponse(service.metrics.render(service.gauges), media_type=CONTENT_TYPE)
 
 
@@ -51,7 +55,7 @@ async def whoami(service: ServiceDep, tenant: CurrentTenant) -> TenantBody:
     """The caller's tenant: its profiles, its quotas and what it uses of them now."""
     return TenantBody(
         **{k: v for k, v in tenant.to_dict().items()},  # type: ignore[arg-type]
-        in_flight=service.quotas.holding(tenant.name),
-        cpu_seconds_today=service.tenants.cpu_ms_today(tenant.name) / 1000.0,
-        stored_bytes=service.tenants.stored_bytes(tenant.name),
+        in_flight=service.quotas.holding(tenant.id),
+        cpu_seconds_today=service.tenants.cpu_ms_today(tenant.id) / 1000.0,
+        stored_bytes=service.tenants.stored_bytes(tenant.id),
     )

@@ -11,7 +11,8 @@ from fastapi.responses import FileResponse
 from sandcell.policy.approvals import STATUSES, Ticket
 from sandcell.policy.profiles import list_profiles
 from sandcell.service.api_runs import _PROBLEMS, status_body, wait_for
-from sandcell.service.deps import CurrentTenant, ServiceDep
+from sandcell.service.approving import check_may_approve_run
+from sandcell.service.deps import CurrentPrincipal, CurrentTenant, ServiceDep
 from sandcell.service.models import (
     ApprovalBody,
     AuditEntryBody,
@@ -52,7 +53,7 @@ def _approval(ticket: Ticket) -> ApprovalBody:
 def _owned_ticket(service: ServiceDep, tenant: Tenant, approval_id: str) -> Ticket:
     # The exact id only: the store also takes a prefix, which must not let a tenant probe
     # for another's tickets.
-    if not service.tenants.owns(tenant.name, "approval", approval_id):
+    if not service.tenants.owns(tenant.id, "approval", approval_id):
         raise ServiceProblem(404, f"no approval {approval_id!r}")
     return service.executor.approvals.get(approval_id)
 
@@ -62,17 +63,19 @@ def _owned_ticket(service: ServiceDep, tenant: Tenant, approval_id: str) -> Tick
 )
 async def list_approvals(
     service: ServiceDep,
-    tenant: CurrentTenant,
+    principal: CurrentPrincipal,
     status: Annotated[
         str, Query(description=f"one of {', '.join(STATUSES)}, or 'all'")
     ] = "pending",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[ApprovalBody]:
-    """The tenant's runs waiting for approval (or decided: ``status``), newest first."""
+    """The tenant's runs waiting for approval (or decided: ``status``), newest first (the
+    tenant's key or one of its approver keys)."""
+    tenant = principal.tenant
     if status != "all" and status not in STATUSES:
         raise ServiceProblem(400, f"status {status!r}: choose one of {', '.join(STATUSES)}, or all")
     out: list[ApprovalBody] = []
-    for approval_id in service.tenants.owned(tenant.name, "approval", limit=10_000):
+    for approval_id in service.tenants.owned(tenant.id, "approval", limit=10_000):
         ticket = service.executor.approvals.get(approval_id)
         if status in ("all", ticket.status):
             out.append(_approval(ticket))
@@ -85,9 +88,9 @@ async def list_approvals(
     "/approvals/{approval_id}", response_model=ApprovalBody, tags=["approvals"], responses=_PROBLEMS
 )
 async def get_approval(
-    approval_id: str, service: ServiceDep, tenant: CurrentTenant
+    approval_id: str, service: ServiceDep, principal: CurrentPrincipal
 ) -> ApprovalBody:
-    return _approval(_owned_ticket(service, tenant, approval_id))
+    return _approval(_owned_ticket(service, principal.tenant, approval_id))
 
 
 @router.post(
@@ -101,15 +104,19 @@ async def approve(
     body: DecisionBody,
     request: Request,
     service: ServiceDep,
-    tenant: CurrentTenant,
+    principal: CurrentPrincipal,
 ) -> RunStatusBody:
-    """Approve a waiting run and run exactly the stored request; answers with its result."""
+    """Approve a waiting run and run exactly the stored request; answers with its result.
+    Takes one of the tenant's approver keys (the tenant's own key only where the run's
+    profile says ``submitter_may_approve``)."""
+    tenant = principal.tenant
     ticket = _owned_ticket(service, tenant, approval_id)
     if ticket.status != "pending":
         raise ServiceProblem(409, f"approval {approval_id!r} is {ticket.status}, not pending")
+    check_may_approve_run(principal, ticket)
     service.admit(tenant, sandbox=True)
     state = service.new_run(tenant)
-    who = f"tenant:{tenant.name}"
+    who = principal.who
 
     def call(run_id: str) -> RunResult:
         return service.executor.run_approved(ticket.id, by=who, reason=body.reason, run_id=run_id)
@@ -130,18 +137,18 @@ async def approve(
     responses=_PROBLEMS,
 )
 async def deny(
-    approval_id: str, body: DecisionBody, service: ServiceDep, tenant: CurrentTenant
+    approval_id: str, body: DecisionBody, service: ServiceDep, principal: CurrentPrincipal
 ) -> ResultBody:
-    """Deny a waiting run; the denial is recorded as a run that did not happen."""
+    """Deny a waiting run; the denial is recorded as a run that did not happen (the tenant's
+    key, withdrawing its own run, or one of its approver keys)."""
+    tenant = principal.tenant
     ticket = _owned_ticket(service, tenant, approval_id)
     if not body.reason.strip():
         raise ServiceProblem(400, "reason: say why the run is denied")
     result: RunResult = await service.in_thread(
-        lambda: service.executor.deny_approval(
-            ticket.id, reason=body.reason, by=f"tenant:{tenant.name}"
-        )
+        lambda: service.executor.deny_approval(ticket.id, reason=body.reason, by=principal.who)
     )
-    service.own_result(tenant.name, result)
+    service.own_result(tenant.id, result)
     service.drop_inputs(ticket.request)
     return ResultBody.model_validate(result_to_dict(result))
 
@@ -172,7 +179,7 @@ async def list_records(
 ) -> list[AuditSummaryBody]:
     """The tenant's run records, newest first (runs still in flight have none yet)."""
     out = []
-    for run_id in service.tenants.owned(tenant.name, "run", limit=limit, offset=offset):
+    for run_id in service.tenants.owned(tenant.id, "run", limit=limit, offset=offset):
         entry = service.executor.audit.get(run_id)
         if entry is not None:
             out.append(_summary(dict(entry.record)))
@@ -183,7 +190,7 @@ async def list_records(
 async def verify(service: ServiceDep, tenant: CurrentTenant) -> VerifyBody:
     """Check the hash chain; problems are shown for the tenant's own records only."""
     report = await service.in_thread(service.executor.audit.verify)
-    mine = service.tenants.all_owned(tenant.name, "run")
+    mine = service.tenants.all_owned(tenant.id, "run")
     own = [p for p in report.problems if p.run_id in mine]
     records = sum(1 for _ in mine if service.executor.audit.get(_) is not None)
     return VerifyBody(
@@ -198,7 +205,7 @@ async def verify(service: ServiceDep, tenant: CurrentTenant) -> VerifyBody:
 
 @router.get("/audit/{run_id}", response_model=AuditEntryBody, tags=["audit"], responses=_PROBLEMS)
 async def show_record(run_id: str, service: ServiceDep, tenant: CurrentTenant) -> AuditEntryBody:
-    if not service.tenants.owns(tenant.name, "run", run_id):
+    if not service.tenants.owns(tenant.id, "run", run_id):
         raise ServiceProblem(404, f"no record of run {run_id!r}")
     entry = service.executor.audit.get(run_id)
     if entry is None:
@@ -216,7 +223,7 @@ async def show_record(run_id: str, service: ServiceDep, tenant: CurrentTenant) -
 )
 async def get_artifact(sha256: str, service: ServiceDep, tenant: CurrentTenant) -> FileResponse:
     """An artifact's bytes, by the SHA-256 in a result."""
-    if not service.tenants.owns(tenant.name, "artifact", sha256):
+    if not service.tenants.owns(tenant.id, "artifact", sha256):
         raise ServiceProblem(404, f"no artifact {sha256!r}")
     path = service.executor.store.path_for(sha256)
     if not path.is_file():
@@ -230,7 +237,7 @@ async def get_artifact(sha256: str, service: ServiceDep, tenant: CurrentTenant) 
 async def forget_artifact(sha256: str, service: ServiceDep, tenant: CurrentTenant) -> None:
     """Stop keeping an artifact for the tenant (its bytes no longer count against its quota;
     the records that name it are unchanged)."""
-    if not service.tenants.disown(tenant.name, "artifact", sha256):
+    if not service.tenants.disown(tenant.id, "artifact", sha256):
         raise ServiceProblem(404, f"no artifact {sha256!r}")
 
 

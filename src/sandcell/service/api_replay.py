@@ -62,7 +62,7 @@ async def replay_run(
     the comparison (``replay``: matched, what differed, notes)."""
     asked = body or ReplayBody()
     entry = service.executor.audit.get(run_id)
-    if entry is None or not service.tenants.owns(tenant.name, "run", entry.run_id):
+    if entry is None or not service.tenants.owns(tenant.id, "run", entry.run_id):
         raise ServiceProblem(404, f"no run {run_id!r}")
     service.profile_for(tenant, _profile_name(entry.record))
     service.admit(tenant, sandbox=True)

@@ -133,7 +133,7 @@ async def create_run(
 
 def _owned_state(service: Service, tenant: Tenant, run_id: str) -> RunState | None:
     state = service.state_for(tenant, run_id)
-    if state is None and not service.tenants.owns(tenant.name, "run", run_id):
+    if state is None and not service.tenants.owns(tenant.id, "run", run_id):
         raise ServiceProblem(404, f"no run {run_id!r}")
     return state
 

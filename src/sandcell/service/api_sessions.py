@@ -76,11 +76,15 @@ async def create_session(
             session=True,
         )
     except BaseException:
-        service.quotas.release(tenant.name)
+        service.quotas.release(tenant.id)
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    service.add_session(LiveSession(tenant=tenant.name, session=session, inputs_dir=folder))
+    service.add_session(
+        LiveSession(
+            tenant=tenant.id, session=session, inputs_dir=folder, key_sha256=tenant.key_sha256
+        )
+    )
     return _info(session)
 
 
@@ -132,7 +136,7 @@ async def _cell(
     if request is not None:
         await _cancel_if_gone(request, live, work)
     result: RunResult = await work
-    service.own_result(tenant.name, result)
+    service.own_result(tenant.id, result)
     service.metrics.finished(result.outcome.value, time.monotonic() - began)
     if live.session.ended is not None:
         service.end_session(live)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 from sandcell.policy.tool_tickets import TOOL_STATUSES, ToolTicket
 from sandcell.service import tool_approvals
 from sandcell.service.api_runs import _PROBLEMS
-from sandcell.service.deps import CurrentTenant, ServiceDep
+from sandcell.service.deps import CurrentPrincipal, ServiceDep
 from sandcell.service.models import DecisionBody, ToolApprovalBody
 
 __all__ = ["router"]
@@ -30,7 +30,7 @@ def _body(ticket: ToolTicket) -> ToolApprovalBody:
 @router.get("", response_model=list[ToolApprovalBody], responses=_PROBLEMS)
 async def list_tool_approvals(
     service: ServiceDep,
-    tenant: CurrentTenant,
+    principal: CurrentPrincipal,
     status: Annotated[
         str, Query(description=f"one of {', '.join(TOOL_STATUSES)}, or 'all'")
     ] = "pending",
@@ -39,36 +39,37 @@ async def list_tool_approvals(
     """The tool calls the tenant's runs and sessions wait on (or decided: ``status``), newest
     first."""
     tickets = await service.in_thread(
-        lambda: tool_approvals.owned_tickets(service, tenant, status, limit=limit)
+        lambda: tool_approvals.owned_tickets(service, principal.tenant, status, limit=limit)
     )
     return [_body(t) for t in tickets]
 
 
 @router.get("/{ticket_id}", response_model=ToolApprovalBody, responses=_PROBLEMS)
 async def get_tool_approval(
-    ticket_id: str, service: ServiceDep, tenant: CurrentTenant
+    ticket_id: str, service: ServiceDep, principal: CurrentPrincipal
 ) -> ToolApprovalBody:
     """One tool call: the tool, its arguments (secret-shaped values redacted), its deadline."""
-    return _body(tool_approvals.owned_ticket(service, tenant, ticket_id))
+    return _body(tool_approvals.owned_ticket(service, principal.tenant, ticket_id))
 
 
 @router.post("/{ticket_id}/approve", response_model=ToolApprovalBody, responses=_PROBLEMS)
 async def approve_tool_call(
-    ticket_id: str, body: DecisionBody, service: ServiceDep, tenant: CurrentTenant
+    ticket_id: str, body: DecisionBody, service: ServiceDep, principal: CurrentPrincipal
 ) -> ToolApprovalBody:
-    """Let the waiting call go ahead (``reason`` optional, recorded)."""
+    """Let the waiting call go ahead (``reason`` optional, recorded). Takes one of the tenant's
+    approver keys (its own key only where the profile says ``submitter_may_approve``)."""
     decided = await tool_approvals.decide(
-        service, tenant, ticket_id, approve=True, reason=body.reason, by=f"tenant:{tenant.name}"
+        service, principal, ticket_id, approve=True, reason=body.reason
     )
     return _body(decided)
 
 
 @router.post("/{ticket_id}/deny", response_model=ToolApprovalBody, responses=_PROBLEMS)
 async def deny_tool_call(
-    ticket_id: str, body: DecisionBody, service: ServiceDep, tenant: CurrentTenant
+    ticket_id: str, body: DecisionBody, service: ServiceDep, principal: CurrentPrincipal
 ) -> ToolApprovalBody:
     """Refuse the waiting call (``reason`` required, recorded); the program gets the refusal."""
     decided = await tool_approvals.decide(
-        service, tenant, ticket_id, approve=False, reason=body.reason, by=f"tenant:{tenant.name}"
+        service, principal, ticket_id, approve=False, reason=body.reason
     )
     return _body(decided)

@@ -94,6 +94,10 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
 
     app.include_router(api_replay.router)
     app.add_middleware(BodyLimit, max_bytes=service.config.max_body_bytes)
+    from sandcell.service.authenticate import AuthenticateFirst
+
+    # Added last, so outermost: a request's key is checked before BodyLimit reads its body.
+    app.add_middleware(AuthenticateFirst, service=service)
     from sandcell.service.docs_page import docs_route
     from sandcell.service.ui import mount_ui
 

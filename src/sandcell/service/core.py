@@ -12,6 +12,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hmac
 import logging
 import re
 import shutil
@@ -30,6 +31,7 @@ from sandcell.errors import SandcellError
 from sandcell.executor import Executor
 from sandcell.live_output import OutputListener
 from sandcell.policy.profiles import Profile, default_profile_dir, load_profile
+from sandcell.service.local_owner import LOCAL_TENANT
 from sandcell.service.metrics import Metrics
 from sandcell.service.models import RunStatusName
 from sandcell.service.problems import ServiceProblem
@@ -74,6 +76,9 @@ class ServiceConfig:
     None: the built-in ``@local`` (see :mod:`sandcell.service.local_owner`)."""
     allowed_hosts: tuple[str, ...] = ()
     """Host names ``/mcp`` answers besides the loopback ones (a proxy's or a LAN name)."""
+    metrics_key_sha256: str | None = None
+    """The SHA-256 of the operator key ``/metrics`` asks for from any address
+    (``--metrics-key-file``); None: ``/metrics`` answers loopback and the local socket only."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -83,6 +88,7 @@ class RunState:
 
     id: str
     tenant: str
+    """The id of the tenant it runs for (:attr:`Tenant.id`, never its name)."""
     status: RunStatusName = "queued"
     result: dict[str, object] | None = None
     cancel_requested: bool = False
@@ -138,8 +144,12 @@ class RunState:
 @dataclass(slots=True, kw_only=True)
 class LiveSession:
     tenant: str
+    """The id of the tenant it belongs to (:attr:`Tenant.id`, never its name)."""
     session: Session
     inputs_dir: Path | None
+    key_sha256: str = ""
+    """The hash of the tenant key it was opened with: rotating that key (or removing the
+    tenant) ends it (:meth:`Service.reap_sessions`)."""
     released: bool = False
     surface: str = "http"
     """Where it was opened: ``http`` (``/v1/sessions``) or ``mcp`` (an MCP client's, held
@@ -260,7 +270,7 @@ class Service:
     def new_run(self, tenant: Tenant) -> RunState:
         # Mapped to the tenant in the store when it ends (one write per run, see own_result);
         # until then the state in memory answers for it.
-        state = RunState(id=uuid.uuid4().hex, tenant=tenant.name)
+        state = RunState(id=uuid.uuid4().hex, tenant=tenant.id)
         self._forget_finished()
         self.runs[state.id] = state
         return state
@@ -407,7 +417,7 @@ class Service:
 
     def state_for(self, tenant: Tenant, run_id: str) -> RunState | None:
         state = self.runs.get(run_id)
-        if state is None or state.tenant != tenant.name:
+        if state is None or state.tenant != tenant.id:
             return None
         return state
 
@@ -427,13 +437,17 @@ class Service:
             return [
                 live
                 for live in self.sessions.values()
-                if live.tenant == tenant.name and live.surface == "http"
+                if live.tenant == tenant.id and live.surface == "http"
             ]
 
     def session_for(self, tenant: Tenant, session_id: str) -> LiveSession:
         with self._sessions_lock:
             live = self.sessions.get(session_id)
-        if live is None or live.tenant != tenant.name or live.surface != "http":
+        if live is None or live.tenant != tenant.id or live.surface != "http":
+            raise ServiceProblem(404, f"no session {session_id!r}")
+        if live.key_sha256 != tenant.key_sha256:
+            # Opened with a key since rotated: it ends, it is not handed to the new key.
+            self._end_revoked([live])
             raise ServiceProblem(404, f"no session {session_id!r}")
         return live
 
@@ -448,11 +462,43 @@ class Service:
             shutil.rmtree(live.inputs_dir, ignore_errors=True)
 
     def reap_sessions(self) -> None:
-        """Give back the slots of sessions that ended on their own (idle, lifetime)."""
+        """Give back the slots of sessions that ended on their own (idle, lifetime), and end
+        those whose tenant was removed or whose key was rotated since they were opened."""
         with self._sessions_lock:
             ended = [live for live in self.sessions.values() if live.session.ended is not None]
+            live_now = [live for live in self.sessions.values() if live.session.ended is None]
         for live in ended:
             self.end_session(live)
+        if live_now:
+            keys = self.tenants.keys_now()
+            self._end_revoked([s for s in live_now if not self._key_works(s, keys)])
+
+    def key_current(self, live: LiveSession) -> bool:
+        """Whether the key ``live`` was opened with is still its tenant's key (one read of the
+        service's store: an E2B sandbox's calls carry its access token, no key, so this is how
+        they learn that the key it came with was rotated)."""
+        if live.tenant == LOCAL_TENANT:
+            return True
+        tenant = self.tenants.by_id(live.tenant)
+        return tenant is not None and hmac.compare_digest(tenant.key_sha256, live.key_sha256)
+
+    @staticmethod
+    def _key_works(live: LiveSession, keys: Mapping[str, str]) -> bool:
+        if live.tenant == LOCAL_TENANT:
+            return True
+        now = keys.get(live.tenant)
+        return now is not None and hmac.compare_digest(now, live.key_sha256)
+
+    def _end_revoked(self, revoked: list[LiveSession]) -> None:
+        """End sessions opened with a key that no longer works: forgotten at once (nobody
+        reaches them, their slot is given back), closed on a thread of their own (a teardown
+        blocks)."""
+        for live in revoked:
+            log.info("session %s ends: its tenant was removed or its key rotated", live.session.id)
+            self.end_session(live)
+            threading.Thread(
+                target=_close_quietly, args=(live.session,), name="sandcell-revoked", daemon=True
+            ).start()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -537,6 +583,12 @@ class _ProfileCache:
         with self._lock:
             self._found[name] = (profile, self._signature(profile))
         return profile
+
+
+def _close_quietly(session: Session) -> None:
+    with contextlib.suppress(Exception):
+        session.cancel("its tenant's key was rotated or the tenant removed")
+        session.close()
 
 
 def _failure(run_id: str, exc: Exception) -> dict[str, object]:

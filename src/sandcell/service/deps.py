@@ -1,4 +1,11 @@
-"""What every endpoint depends on: the service, and the tenant the request's key belongs to."""
+"""What every endpoint depends on: the service, and the tenant the request's key belongs to.
+
+Two kinds of key: a tenant's API key (it submits: runs, sessions, records) and a tenant's
+approver keys (they decide held runs and tool calls, nothing else). :data:`CurrentTenant` takes
+only the first; :data:`CurrentPrincipal`, what the approval endpoints take, either. The key is
+checked by :class:`sandcell.service.authenticate.AuthenticateFirst` before the request's body is
+read; the principal it found is passed on in the request's scope.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,24 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import Scope
 
 from sandcell.service.core import Service
 from sandcell.service.local_owner import PEER_UID, builtin_local_tenant
 from sandcell.service.problems import ServiceProblem
-from sandcell.service.tenants import Tenant, TenantError
+from sandcell.service.tenants import Principal, Tenant, TenantError
 
-__all__ = ["CurrentTenant", "ServiceDep", "get_service", "get_tenant"]
+__all__ = [
+    "CurrentPrincipal",
+    "CurrentTenant",
+    "ServiceDep",
+    "get_principal",
+    "get_service",
+    "get_tenant",
+]
 
+PRINCIPAL = "sandcell_principal"
+"""Where in the request's scope state the principal found before the body was read is kept."""
 _bearer = HTTPBearer(auto_error=False, description="a tenant's API key (`sandcell tenants add`)")
 
 
@@ -30,25 +47,66 @@ def _service(request: Request) -> Service:
     return service
 
 
-async def get_tenant(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Tenant:
-    """The caller's tenant, or 401: every /v1 request carries ``Authorization: Bearer KEY``,
-    except one from the service's own user over the Unix socket (the local owner)."""
-    challenge = {"WWW-Authenticate": 'Bearer realm="sandcell"'}
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="sandcell"'}
+
+
+def principal_of(service: Service, scope: Scope) -> Principal:
+    """Whose key the request carries (or the local owner's keyless request), or 401. Called
+    once per request, before its body is read (:mod:`sandcell.service.authenticate`)."""
+    credentials = _bearer_key(scope)
     if credentials is None:
-        uid = request.scope.get("state", {}).get(PEER_UID)
+        uid = scope.get("state", {}).get(PEER_UID)
         if isinstance(uid, int):
-            return _local_owner(_service(request), uid, challenge)
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+            tenant = _local_owner(service, uid, CHALLENGE)
+            # The service's own user: the person at the host, who approves with `sandcell
+            # approve` anyway, so it both submits and approves.
+            return Principal(tenant=tenant, role="owner", key_sha256=tenant.key_sha256)
         raise ServiceProblem(
-            401, "send a tenant's API key as 'Authorization: Bearer KEY'", headers=challenge
+            401, "send a tenant's API key as 'Authorization: Bearer KEY'", headers=CHALLENGE
         )
-    tenant = _service(request).tenants.authenticate(credentials.credentials)
-    if tenant is None:
-        raise ServiceProblem(401, "unknown or revoked API key", headers=challenge)
-    return tenant
+    principal = service.tenants.authenticate_principal(credentials)
+    if principal is None:
+        raise ServiceProblem(401, "unknown or revoked API key", headers=CHALLENGE)
+    return principal
+
+
+def _bearer_key(scope: Scope) -> str | None:
+    headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, key = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not key.strip():
+                raise ServiceProblem(
+                    401, "send a tenant's API key as 'Authorization: Bearer KEY'", headers=CHALLENGE
+                )
+            return key.strip()
+    return None
+
+
+async def get_principal(
+    request: Request,
+    # Declared for the OpenAPI document (the security scheme); the key is read from the scope.
+    _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The caller: a tenant's submitter or one of its approvers, or 401."""
+    found = request.scope.get("state", {}).get(PRINCIPAL)
+    if isinstance(found, Principal):
+        return found
+    return principal_of(_service(request), request.scope)
+
+
+async def get_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> Tenant:
+    """The caller's tenant, or 401: every /v1 request carries ``Authorization: Bearer KEY``
+    (the tenant's API key), except one from the service's own user over the Unix socket (the
+    local owner)."""
+    if principal.role == "approver":
+        raise ServiceProblem(
+            403,
+            f"this is an approver key of tenant {principal.tenant.name!r}: it lists, shows, "
+            "approves and denies approvals (/v1/approvals, /v1/tool-approvals) and nothing "
+            "else; send the tenant's API key",
+        )
+    return principal.tenant
 
 
 def _local_owner(service: Service, uid: int, challenge: dict[str, str]) -> Tenant:
@@ -76,3 +134,4 @@ def _local_owner(service: Service, uid: int, challenge: dict[str, str]) -> Tenan
 
 ServiceDep = Annotated[Service, Depends(get_service)]
 CurrentTenant = Annotated[Tenant, Depends(get_tenant)]
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

@@ -82,6 +82,8 @@ def builtin_local_tenant() -> Tenant:
     """The local owner when no ``--local-tenant`` is set: every installed profile (read on each
     request, so a profile added later is usable), ``strict`` first, no quotas."""
     return Tenant(
+        # Its id is its name: it is never added or removed, so no other tenant can take it.
+        id=LOCAL_TENANT,
         name=LOCAL_TENANT,
         profiles=_installed_profiles(),
         max_concurrent=_UNLIMITED,

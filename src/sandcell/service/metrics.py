@@ -6,13 +6,50 @@ library, and the gauges are read from the live objects when scraped rather than 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["LATENCY_BUCKETS_S", "Metrics"]
+from starlette.requests import Request
+
+from sandcell.service.local_owner import PEER_UID
+from sandcell.service.problems import ServiceProblem
+from sandcell.service.server import is_loopback
+
+__all__ = ["LATENCY_BUCKETS_S", "Metrics", "check_metrics_access"]
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def check_metrics_access(request: Request, key_sha256: str | None) -> None:
+    """Refuse a scrape that is not the operator's: 401 without the metrics key where the
+    service has one; else 403 from an address that is not loopback (the local socket is the
+    service's own user)."""
+    if key_sha256 is not None:
+        sent = request.headers.get("authorization", "")
+        scheme, _, key = sent.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            hashlib.sha256(key.strip().encode("utf-8", "surrogatepass")).hexdigest(), key_sha256
+        ):
+            return
+        raise ServiceProblem(
+            401,
+            "/metrics needs the service's metrics key (sandcell serve --metrics-key-file) as "
+            "'Authorization: Bearer KEY'",
+            headers={"WWW-Authenticate": 'Bearer realm="sandcell-metrics"'},
+        )
+    if isinstance(request.scope.get("state", {}).get(PEER_UID), int):
+        return
+    client = request.client.host if request.client is not None else ""
+    if not is_loopback(client):
+        raise ServiceProblem(
+            403,
+            f"/metrics answers loopback addresses only, not {client or 'this client'}; scrape "
+            "it on the host, or start the service with --metrics-key-file to let a scraper "
+            "that sends the key in",
+        )
 
 
 def _label(value: str) -> str:

@@ -41,7 +41,8 @@ class Quotas:
         self._starts: dict[str, deque[float]] = {}
 
     def holding(self, tenant: str) -> int:
-        """Sandboxes the tenant holds now (runs in flight and live sessions)."""
+        """Sandboxes the tenant (by id, as everything here) holds now (runs in flight and live
+        sessions)."""
         with self._lock:
             return self._holding.get(tenant, 0)
 
@@ -49,12 +50,12 @@ class Quotas:
         """Admit one run (``sandbox``: it takes a sandbox of its own, as a run or a session
         does; a session cell runs in its session's) or raise 429. Every admitted ``sandbox``
         start is paired with one :meth:`release`."""
-        cpu_ms, stored = self._store.usage(tenant.name)
+        cpu_ms, stored = self._store.usage(tenant.id)
         self._check_stored(tenant, stored)
         self._check_cpu(tenant, cpu_ms)
         now = time.monotonic()
         with self._lock:
-            holding = self._holding.get(tenant.name, 0)
+            holding = self._holding.get(tenant.id, 0)
             if sandbox and holding >= tenant.max_concurrent:
                 raise _too_many(
                     f"tenant {tenant.name!r} holds {holding} sandboxes, its limit "
@@ -62,7 +63,7 @@ class Quotas:
                     "a session",
                     1,
                 )
-            starts = self._starts.setdefault(tenant.name, deque())
+            starts = self._starts.setdefault(tenant.id, deque())
             while starts and starts[0] <= now - _WINDOW_S:
                 starts.popleft()
             if len(starts) >= tenant.runs_per_minute:
@@ -74,7 +75,7 @@ class Quotas:
                 )
             starts.append(now)
             if sandbox:
-                self._holding[tenant.name] = holding + 1
+                self._holding[tenant.id] = holding + 1
 
     def release(self, tenant: str) -> None:
         with self._lock:

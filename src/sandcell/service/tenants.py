@@ -1,9 +1,19 @@
 """The service's tenants and what each owns, in one private SQLite file in the sandcell home.
 
-A tenant is a name, the SHA-256 of its API key, the profiles it may run under and its quotas.
-Everything a tenant creates through the service (runs, run records, sessions, approvals,
+A tenant is an id, a name, the SHA-256 of its API key, the profiles it may run under and its
+quotas. Everything a tenant creates through the service (runs, run records, sessions, approvals,
 artifacts) is mapped to it here, in the service's own table: the executor's stores know nothing
 of tenants, and the service answers 404 for anything not mapped to the caller.
+
+What the service keys by is the tenant's **id**, 16 random bytes made when the tenant is added
+and never given to another: its name is for people, and a tenant removed and added again under
+the same name is another tenant, which reaches nothing of the first (its live sessions, its
+records, its quota counters, a run of the first still finishing).
+
+A tenant may also have **approver keys** (``sandcell tenants add-approver``): they decide the
+tenant's held runs and tool calls and do nothing else (no runs, no sessions). The tenant's own
+key submits; whether it may also approve is its profile's choice (``submitter_may_approve``),
+off unless a profile turns it on.
 
 Keys are 32 random bytes (urlsafe base64, prefixed ``sc_``), shown once when made. Only their
 SHA-256 is stored: a slow password hash protects low-entropy secrets against guessing, but a
@@ -22,7 +32,7 @@ import re
 import secrets
 import sqlite3
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -30,8 +40,11 @@ from sandcell._sqlite import PrivateStore
 from sandcell.errors import ConfigError
 
 __all__ = [
+    "APPROVER_KEY_PREFIX",
     "KEY_PREFIX",
     "OwnedKind",
+    "Principal",
+    "Role",
     "Tenant",
     "TenantError",
     "TenantStore",
@@ -40,14 +53,28 @@ __all__ = [
 ]
 
 KEY_PREFIX = "sc_"
+APPROVER_KEY_PREFIX = "sca_"
 SERVICE_DB = "service.sqlite3"
 _APPLICATION_ID = 0x53435356  # "SCSV"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 OwnedKind = Literal["run", "session", "approval", "artifact"]
+Role = Literal["submitter", "approver", "owner"]
+"""``submitter``: the tenant's API key; ``approver``: one of its approver keys; ``owner``: the
+service's own user on its Unix socket, who both submits and approves."""
+
+_APPROVERS = """CREATE TABLE approvers (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        key_sha256 TEXT NOT NULL UNIQUE,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    )"""
+"""A tenant's approver keys (``tenant``: its id): each decides its held runs and tool calls."""
 
 _SCHEMA = (
     """CREATE TABLE tenants (
         name TEXT PRIMARY KEY,
+        id TEXT NOT NULL,
         key_sha256 TEXT NOT NULL UNIQUE,
         profiles TEXT NOT NULL,
         max_concurrent INTEGER NOT NULL,
@@ -66,6 +93,7 @@ _SCHEMA = (
         created_at TEXT NOT NULL,
         PRIMARY KEY (kind, id, tenant)
     )""",
+    "CREATE UNIQUE INDEX tenants_by_id ON tenants (id)",
     "CREATE INDEX owned_by_tenant ON owned (tenant, kind, created_at)",
     """CREATE TABLE cpu_usage (
         tenant TEXT NOT NULL,
@@ -73,6 +101,7 @@ _SCHEMA = (
         cpu_ms REAL NOT NULL,
         PRIMARY KEY (tenant, day)
     )""",
+    _APPROVERS,
 )
 
 
@@ -85,6 +114,8 @@ class TenantError(ConfigError):
 class Tenant:
     """One tenant of the service: who it is, what it may run, how much."""
 
+    id: str
+    """What the service keys the tenant's things by; never another tenant's (see the module)."""
     name: str
     profiles: tuple[str, ...]
     """The profiles its runs and sessions may use; the first is its default."""
@@ -97,6 +128,9 @@ class Tenant:
     max_stored_bytes: int
     """Bytes of artifacts it may keep in the store."""
     created_at: str
+    key_sha256: str = field(default="", repr=False)
+    """The hash of its API key as it was read: what a sandbox opened with that key is tied to
+    (it ends when the key is rotated)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -110,9 +144,32 @@ class Tenant:
         }
 
 
-def new_key() -> str:
-    """A fresh API key: ``sc_`` and 32 random bytes, urlsafe base64."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Principal:
+    """Who sent a key: the tenant, and whether as its submitter (its API key) or as one of its
+    approvers (``approver``: the approver's name)."""
+
+    tenant: Tenant
+    role: Role
+    approver: str | None = None
+    key_sha256: str = field(default="", repr=False)
+
+    @property
+    def who(self) -> str:
+        """How a decision names the decider in the record."""
+        if self.role == "approver":
+            return f"approver:{self.tenant.name}/{self.approver}"
+        return f"tenant:{self.tenant.name}"
+
+
+def new_key(prefix: str = KEY_PREFIX) -> str:
+    """A fresh key: ``sc_`` (an approver's: ``sca_``) and 32 random bytes, urlsafe base64."""
+    return prefix + secrets.token_urlsafe(32)
+
+
+def new_tenant_id() -> str:
+    """16 random bytes: never the id of another tenant, however many come and go."""
+    return secrets.token_hex(16)
 
 
 def hash_key(key: str) -> str:
@@ -130,14 +187,15 @@ def today() -> str:
 
 
 _COLUMNS = (
-    "name, profiles, max_concurrent, runs_per_minute, cpu_seconds_per_day, max_stored_bytes, "
-    "created_at"
+    "id, name, profiles, max_concurrent, runs_per_minute, cpu_seconds_per_day, max_stored_bytes, "
+    "created_at, key_sha256"
 )
 
 
 def _tenant(row: Sequence[object]) -> Tenant:
-    name, profiles, conc, rpm, cpu, stored, created = row
+    id_, name, profiles, conc, rpm, cpu, stored, created, key_sha256 = row
     return Tenant(
+        id=str(id_),
         name=str(name),
         profiles=tuple(str(p) for p in json.loads(str(profiles))),
         max_concurrent=int(str(conc)),
@@ -145,7 +203,33 @@ def _tenant(row: Sequence[object]) -> Tenant:
         cpu_seconds_per_day=int(str(cpu)),
         max_stored_bytes=int(str(stored)),
         created_at=str(created),
+        key_sha256=str(key_sha256),
     )
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a store made before tenant ids and approver keys up to date (in the opening
+    transaction): every tenant gets an id, and what it owns and its CPU use move from its name
+    to its id."""
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(tenants)")}
+    if "id" not in columns:
+        conn.execute("ALTER TABLE tenants ADD COLUMN id TEXT")
+        names = [str(r[0]) for r in conn.execute("SELECT name FROM tenants")]
+        for name in names:
+            conn.execute("UPDATE tenants SET id = ? WHERE name = ?", (new_tenant_id(), name))
+        for table in ("owned", "cpu_usage"):
+            conn.execute(
+                f"UPDATE {table} SET tenant = (SELECT id FROM tenants WHERE name = {table}.tenant) "  # noqa: S608
+                "WHERE tenant IN (SELECT name FROM tenants)"
+            )
+        conn.execute("CREATE UNIQUE INDEX tenants_by_id ON tenants (id)")
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'approvers'").fetchone()
+    if found is None:
+        conn.execute(_APPROVERS)
+
+
+def _no_tenant(name: str) -> TenantError:
+    return TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
 
 
 def _positive(value: int, what: str) -> int:
@@ -166,6 +250,7 @@ class TenantStore(PrivateStore):
             application_id=_APPLICATION_ID,
             schema=_SCHEMA,
             advice="point $SANDCELL_HOME (or --home) at another directory",
+            check=_migrate,
         )
 
     @classmethod
@@ -192,7 +277,9 @@ class TenantStore(PrivateStore):
             )
         if not profiles:
             raise TenantError("give the tenant at least one profile (--profile NAME)")
+        key = new_key()
         tenant = Tenant(
+            id=new_tenant_id(),
             name=name,
             profiles=tuple(dict.fromkeys(profiles)),
             max_concurrent=_positive(max_concurrent, "max_concurrent"),
@@ -200,8 +287,8 @@ class TenantStore(PrivateStore):
             cpu_seconds_per_day=_positive(cpu_seconds_per_day, "cpu_seconds_per_day"),
             max_stored_bytes=_positive(max_stored_bytes, "max_stored_bytes"),
             created_at=_now(),
+            key_sha256=hash_key(key),
         )
-        key = new_key()
         with self._txn() as conn:
             if conn.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchone():
                 raise TenantError(
@@ -209,8 +296,9 @@ class TenantStore(PrivateStore):
                     f"`sandcell tenants rotate-key {name}`"
                 )
             conn.execute(
-                f"INSERT INTO tenants ({_COLUMNS}, key_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                f"INSERT INTO tenants ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
                 (
+                    tenant.id,
                     tenant.name,
                     json.dumps(list(tenant.profiles)),
                     tenant.max_concurrent,
@@ -218,7 +306,7 @@ class TenantStore(PrivateStore):
                     tenant.cpu_seconds_per_day,
                     tenant.max_stored_bytes,
                     tenant.created_at,
-                    hash_key(key),
+                    tenant.key_sha256,
                 ),
             )
         return tenant, key
@@ -230,21 +318,40 @@ class TenantStore(PrivateStore):
                 (name,),
             ).fetchone()
         if row is None:
-            raise TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
+            raise _no_tenant(name)
         return _tenant(row)
 
-    def get_with_key(self, name: str, key_sha256: str) -> Tenant | None:
-        """The tenant ``name`` while ``key_sha256`` is still the hash of its key; None once the
-        key is rotated or the tenant removed. What a browser session of ``/ui`` is checked
-        against on every request: it lasts no longer than the key it was opened with."""
-        with self._txn(write=False) as conn:
-            row = conn.execute(
-                f"SELECT {_COLUMNS}, key_sha256 FROM tenants WHERE name = ?",  # noqa: S608
-                (name,),
-            ).fetchone()
-        if row is None or not hmac.compare_digest(str(row[-1]), key_sha256):
+    def by_id(self, tenant_id: str) -> Tenant | None:
+        """The tenant with this id, or None once it is removed."""
+        row = self._read_one(f"SELECT {_COLUMNS} FROM tenants WHERE id = ?", (tenant_id,))  # noqa: S608
+        return None if row is None else _tenant(row)
+
+    def principal_with_key(self, tenant_id: str, key_sha256: str) -> Principal | None:
+        """Who the key of hash ``key_sha256`` is for tenant ``tenant_id`` while it still works;
+        None once it is rotated or removed, or the tenant is. What a browser session of ``/ui``
+        is checked against on every request: it lasts no longer than the key it was opened
+        with."""
+        tenant = self.by_id(tenant_id)
+        if tenant is None:
             return None
-        return _tenant(row[:-1])
+        if hmac.compare_digest(tenant.key_sha256, key_sha256):
+            return Principal(tenant=tenant, role="submitter", key_sha256=key_sha256)
+        row = self._read_one(
+            "SELECT name, key_sha256 FROM approvers WHERE tenant = ? AND key_sha256 = ?",
+            (tenant_id, key_sha256),
+        )
+        if row is None or not hmac.compare_digest(str(row[1]), key_sha256):
+            return None
+        return Principal(
+            tenant=tenant, role="approver", approver=str(row[0]), key_sha256=key_sha256
+        )
+
+    def keys_now(self) -> dict[str, str]:
+        """Tenant id -> the hash of its API key now, for every tenant: what the service checks
+        its live sandboxes against (one opened with a key that no longer works is ended)."""
+        with self._txn(write=False) as conn:
+            rows = conn.execute("SELECT id, key_sha256 FROM tenants").fetchall()
+        return {str(i): str(k) for i, k in rows}
 
     def list(self) -> builtins.list[Tenant]:
         with self._txn(write=False) as conn:
@@ -252,28 +359,100 @@ class TenantStore(PrivateStore):
         return [_tenant(r) for r in rows]
 
     def remove(self, name: str) -> None:
-        """Remove a tenant, its key and its mappings. The run records and artifacts stay in
+        """Remove a tenant, its keys and its mappings. The run records and artifacts stay in
         their stores (the audit chain is never cut), but no tenant reaches them through the
-        service any more: a later tenant of the same name starts with nothing."""
+        service any more: a later tenant of the same name has another id and starts with
+        nothing; a running service ends the removed tenant's live sandboxes."""
         with self._txn() as conn:
-            if conn.execute("DELETE FROM tenants WHERE name = ?", (name,)).rowcount == 0:
-                raise TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
-            conn.execute("DELETE FROM owned WHERE tenant = ?", (name,))
-            conn.execute("DELETE FROM cpu_usage WHERE tenant = ?", (name,))
+            row = conn.execute("SELECT id FROM tenants WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise _no_tenant(name)
+            tenant_id = str(row[0])
+            conn.execute("DELETE FROM tenants WHERE id = ?", (tenant_id,))
+            conn.execute("DELETE FROM approvers WHERE tenant = ?", (tenant_id,))
+            conn.execute("DELETE FROM owned WHERE tenant = ?", (tenant_id,))
+            conn.execute("DELETE FROM cpu_usage WHERE tenant = ?", (tenant_id,))
 
     def rotate_key(self, name: str) -> str:
-        """A new key for ``name``; the old one stops working at once."""
+        """A new key for ``name``; the old one stops working at once, and a running service
+        ends the sandboxes opened with it (an E2B sandbox's access token came with it)."""
         key = new_key()
         with self._txn() as conn:
             cur = conn.execute(
                 "UPDATE tenants SET key_sha256 = ? WHERE name = ?", (hash_key(key), name)
             )
             if cur.rowcount == 0:
-                raise TenantError(f"no tenant {name!r}; `sandcell tenants list` shows them")
+                raise _no_tenant(name)
         return key
 
+    def set_profiles(self, name: str, profiles: Sequence[str]) -> Tenant:
+        """Replace the tenant's profiles (the first is its default). Its held runs under a
+        profile it loses can no longer be approved (:mod:`sandcell.service.approving`)."""
+        if not profiles:
+            raise TenantError("give the tenant at least one profile (--profile NAME)")
+        with self._txn() as conn:
+            cur = conn.execute(
+                "UPDATE tenants SET profiles = ? WHERE name = ?",
+                (json.dumps(list(dict.fromkeys(profiles))), name),
+            )
+            if cur.rowcount == 0:
+                raise _no_tenant(name)
+        return self.get(name)
+
+    # -- approvers -------------------------------------------------------------------------------
+
+    def add_approver(self, tenant_name: str, approver: str) -> str:
+        """A new approver key named ``approver`` for the tenant; returns the key (the only time
+        it exists in clear)."""
+        if not _NAME.match(approver):
+            raise TenantError(
+                f"approver name {approver!r}: use 1-63 lower-case letters, digits, '.', '_' or "
+                "'-', starting with a letter or digit"
+            )
+        key = new_key(APPROVER_KEY_PREFIX)
+        with self._txn() as conn:
+            row = conn.execute("SELECT id FROM tenants WHERE name = ?", (tenant_name,)).fetchone()
+            if row is None:
+                raise _no_tenant(tenant_name)
+            try:
+                conn.execute(
+                    "INSERT INTO approvers (tenant, name, key_sha256, created_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (str(row[0]), approver, hash_key(key), _now()),
+                )
+            except sqlite3.IntegrityError:
+                raise TenantError(
+                    f"tenant {tenant_name!r} has an approver {approver!r}; remove it first "
+                    f"(`sandcell tenants remove-approver {tenant_name} {approver}`) or choose "
+                    "another name"
+                ) from None
+        return key
+
+    def remove_approver(self, tenant_name: str, approver: str) -> None:
+        """Remove an approver key; it stops working at once (its browser sessions too)."""
+        with self._txn() as conn:
+            cur = conn.execute(
+                "DELETE FROM approvers WHERE name = ? AND tenant = "
+                "(SELECT id FROM tenants WHERE name = ?)",
+                (approver, tenant_name),
+            )
+            if cur.rowcount == 0:
+                raise TenantError(
+                    f"tenant {tenant_name!r} has no approver {approver!r}; "
+                    "`sandcell tenants list` shows them"
+                )
+
+    def approvers(self, tenant_id: str) -> builtins.list[str]:
+        """The names of the tenant's approver keys."""
+        with self._txn(write=False) as conn:
+            rows = conn.execute(
+                "SELECT name FROM approvers WHERE tenant = ? ORDER BY name", (tenant_id,)
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
     def authenticate(self, key: str) -> Tenant | None:
-        """The tenant whose key this is, or None.
+        """The tenant whose API key this is, or None (an approver key is not one: it runs
+        nothing).
 
         The row is found by the key's hash (an index lookup whose timing depends only on a
         SHA-256 the caller cannot steer towards a stored one), then the hashes are compared in
@@ -281,14 +460,26 @@ class TenantStore(PrivateStore):
         """
         digest = hash_key(key)
         row = self._read_one(
-            f"SELECT {_COLUMNS}, key_sha256 FROM tenants WHERE key_sha256 = ?",  # noqa: S608
+            f"SELECT {_COLUMNS} FROM tenants WHERE key_sha256 = ?",  # noqa: S608
             (digest,),
         )
         if row is None or not hmac.compare_digest(str(row[-1]), digest):
             return None
-        return _tenant(row[:-1])
+        return _tenant(row)
+
+    def authenticate_principal(self, key: str) -> Principal | None:
+        """Whose key this is, the tenant's own or one of its approvers', or None."""
+        if not key.startswith(APPROVER_KEY_PREFIX):
+            tenant = self.authenticate(key)
+            if tenant is None:
+                return None
+            return Principal(tenant=tenant, role="submitter", key_sha256=tenant.key_sha256)
+        digest = hash_key(key)
+        row = self._read_one("SELECT tenant FROM approvers WHERE key_sha256 = ?", (digest,))
+        return None if row is None else self.principal_with_key(str(row[0]), digest)
 
     # -- ownership -------------------------------------------------------------------------------
+    # Every ``tenant`` here is a tenant's id (never its name: see the module).
 
     def own(self, tenant: str, kind: OwnedKind, ids: Iterable[str], *, size: int = 0) -> None:
         rows = [(kind, i, tenant, size, _now()) for i in ids]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from sandcell.policy.approvals import ApprovalError
 from sandcell.policy.tool_tickets import TOOL_STATUSES, ToolTicket, is_tool_ticket_id
+from sandcell.service.approving import check_may_approve_tool
 from sandcell.service.core import Service
 from sandcell.service.problems import ServiceProblem
-from sandcell.service.tenants import Tenant
+from sandcell.service.tenants import Principal, Tenant
 
 __all__ = ["decide", "owned_ticket", "owned_tickets", "owns"]
 
@@ -27,9 +28,9 @@ def owns(service: Service, tenant: Tenant, ticket: ToolTicket) -> bool:
         return False  # a call nobody can be tied to is no tenant's: decided on the host
     state = service.runs.get(asker)
     if state is not None:
-        return state.tenant == tenant.name
+        return state.tenant == tenant.id
     table = service.tenants
-    return table.owns(tenant.name, "run", asker) or table.owns(tenant.name, "session", asker)
+    return table.owns(tenant.id, "run", asker) or table.owns(tenant.id, "session", asker)
 
 
 def owned_ticket(service: Service, tenant: Tenant, ticket_id: str) -> ToolTicket:
@@ -60,21 +61,26 @@ def owned_tickets(service: Service, tenant: Tenant, status: str, *, limit: int) 
 
 async def decide(
     service: Service,
-    tenant: Tenant,
+    principal: Principal,
     ticket_id: str,
     *,
     approve: bool,
     reason: str,
-    by: str,
+    surface: str = "",
 ) -> ToolTicket:
     """Approve (the waiting call goes ahead) or deny (it is refused, ``reason`` required) the
-    tenant's tool ticket; 409 when it is no longer pending."""
-    ticket = owned_ticket(service, tenant, ticket_id)
+    tenant's tool ticket; 409 when it is no longer pending, 403 when ``principal`` may not
+    approve it (:mod:`sandcell.service.approving`). ``surface`` is added to the decider's
+    name in the record (`` (browser)``)."""
+    ticket = owned_ticket(service, principal.tenant, ticket_id)
+    by = principal.who + surface
     reason = reason.strip()
     if not approve and not reason:
         raise ServiceProblem(400, "reason: say why the call is denied")
     if ticket.status != "pending":
         raise ServiceProblem(409, f"tool call {ticket.id!r} is {ticket.status}, not pending")
+    if approve:
+        check_may_approve_tool(principal, ticket)
     store = service.executor.approvals
 
     def act() -> ToolTicket:

@@ -1,6 +1,11 @@
 """The ``/ui`` pages: log in with a tenant's key, read the approval queue, approve or deny a run
 or a tool call, read a run's record, check the audit chain.
 
+Either of a tenant's keys logs in: its API key (the submitter's) or one of its approver keys.
+Approving takes an approver's session, or the submitter's where the run's profile lets it
+(:mod:`sandcell.service.approving`, the same check as ``/v1``). Anonymous login steps are
+limited per client address (:class:`~sandcell.service.ui.browser_sessions.LoginLimiter`).
+
 A small Starlette application mounted on the service (not FastAPI routes: these are pages, not
 API, and they answer errors as pages, not problem documents). It calls the same
 :class:`~sandcell.service.core.Service` the JSON API does, under the same scoping: an approval,
@@ -26,10 +31,11 @@ from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, Sandc
 from sandcell.policy.approvals import STATUSES, ApprovalError, Ticket
 from sandcell.policy.tool_tickets import ToolTicket
 from sandcell.service import tool_approvals
+from sandcell.service.approving import check_may_approve_run
 from sandcell.service.core import RunState, Service
 from sandcell.service.problems import ServiceProblem
-from sandcell.service.tenants import Tenant, hash_key
-from sandcell.service.ui.browser_sessions import BrowserSession, BrowserSessions
+from sandcell.service.tenants import Principal, Tenant, hash_key
+from sandcell.service.ui.browser_sessions import BrowserSession, BrowserSessions, LoginLimiter
 from sandcell.service.ui.guard import (
     COOKIE,
     FILE_CSP,
@@ -64,6 +70,14 @@ class _LoginRequired(Exception):
     """No session, or one not logged in: the page sends the browser to the login form."""
 
 
+class _TooManyLogins(Exception):
+    """An address past its anonymous login steps (answered 429 with ``Retry-After``)."""
+
+    def __init__(self, wait_s: int) -> None:
+        super().__init__(wait_s)
+        self.wait_s = wait_s
+
+
 def _see_other(path: str) -> RedirectResponse:
     return RedirectResponse(UI_PATH + path, status_code=303)
 
@@ -87,6 +101,12 @@ def _guarded(endpoint: _Endpoint) -> _Endpoint:
             return await endpoint(request)
         except _LoginRequired:
             return _see_other("/login")
+        except _TooManyLogins as exc:
+            return _error_page(
+                429,
+                f"too many login attempts from your address; wait {exc.wait_s} s and try again",
+                {"Retry-After": str(exc.wait_s)},
+            )
         except FormRefused as exc:
             return _error_page(403, f"refused: {exc}")
         except ServiceProblem as exc:
@@ -108,39 +128,54 @@ def _guarded(endpoint: _Endpoint) -> _Endpoint:
 class _Ui:
     """The pages of one service."""
 
-    def __init__(self, service: Service, sessions: BrowserSessions) -> None:
+    def __init__(self, service: Service, sessions: BrowserSessions, logins: LoginLimiter) -> None:
         self.service = service
         self.sessions = sessions
+        self.logins = logins
 
     # -- sessions --------------------------------------------------------------------------
 
     def _session(self, request: Request) -> BrowserSession | None:
         return self.sessions.get(request.cookies.get(COOKIE))
 
-    def _tenant_of(self, session: BrowserSession | None) -> Tenant:
+    def _principal_of(self, session: BrowserSession | None) -> Principal:
         if session is None or session.tenant is None:
             raise _LoginRequired
-        tenant = self.service.tenants.get_with_key(session.tenant, session.key_sha256)
-        if tenant is None:
+        principal = self.service.tenants.principal_with_key(session.tenant, session.key_sha256)
+        if principal is None:
             # Removed, or its key rotated, since login: the session ends with the key.
             self.sessions.end(session.id)
             raise _LoginRequired
-        return tenant
+        return principal
 
     def _logged_in(self, request: Request) -> tuple[BrowserSession, Tenant]:
         session = self._session(request)
-        tenant = self._tenant_of(session)
+        tenant = self._principal_of(session).tenant
         assert session is not None
         return session, tenant
 
-    async def _post(self, request: Request) -> tuple[BrowserSession, Tenant, dict[str, str]]:
+    async def _post(self, request: Request) -> tuple[BrowserSession, Principal, dict[str, str]]:
         """A checked form post of a logged-in session: same origin, the session's token."""
         session = self._session(request)
+        # Checked before the body is read: a post without a logged-in session is not read.
+        if session is None:
+            raise FormRefused("no session: load the page again (or log in) and resend the form")
+        if session.tenant is None:
+            raise _LoginRequired
         form = await read_form(request)
         check_form(request, session, form)
-        tenant = self._tenant_of(session)
-        assert session is not None
-        return session, tenant, form
+        principal = self._principal_of(session)
+        return session, principal, form
+
+    @staticmethod
+    def _address(request: Request) -> str:
+        return request.client.host if request.client is not None else "unix"
+
+    def _limit_login(self, request: Request) -> None:
+        """Count an anonymous login step of the request's address, or refuse it (429)."""
+        wait = self.logins.take(self._address(request))
+        if wait is not None:
+            raise _TooManyLogins(wait)
 
     def _context(self, session: BrowserSession, tenant: Tenant, **extra: Any) -> dict[str, Any]:
         return {"base": UI_PATH, "tenant": tenant.name, "csrf": session.csrf, **extra}
@@ -150,7 +185,7 @@ class _Ui:
     def _ticket(self, tenant: Tenant, approval_id: str) -> Ticket:
         # The exact id only: the store also finds a prefix, which must not let a tenant probe
         # for another's tickets.
-        if not self.service.tenants.owns(tenant.name, "approval", approval_id):
+        if not self.service.tenants.owns(tenant.id, "approval", approval_id):
             raise ServiceProblem(404, f"no approval {approval_id!r}")
         return self.service.executor.approvals.get(approval_id)
 
@@ -160,7 +195,7 @@ class _Ui:
 
     def _record(self, tenant: Tenant, run_id: str) -> dict[str, Any]:
         """The record of a run of the tenant's, with its place in the chain (404 otherwise)."""
-        if not self.service.tenants.owns(tenant.name, "run", run_id):
+        if not self.service.tenants.owns(tenant.id, "run", run_id):
             raise ServiceProblem(404, f"no run {run_id!r}")
         entry = self.service.executor.audit.get(run_id)
         if entry is None:
@@ -176,7 +211,7 @@ class _Ui:
         """The stored file of an artifact the run's record names and the tenant still keeps."""
         found = self._record(tenant, run_id)
         named = [a for a in artifacts_of(found["record"]) if a.sha256 == sha256]
-        if not named or not self.service.tenants.owns(tenant.name, "artifact", sha256):
+        if not named or not self.service.tenants.owns(tenant.id, "artifact", sha256):
             raise ServiceProblem(404, f"no artifact {sha256!r} in run {run_id!r}")
         path = self.service.executor.store.path_for(sha256)
         if not path.is_file():
@@ -201,6 +236,7 @@ class _Ui:
     ) -> Response:
         fresh = session is None
         if session is None:
+            self._limit_login(request)
             session = self.sessions.new(None)
         response = page(
             "login.html",
@@ -212,20 +248,27 @@ class _Ui:
         return response
 
     async def login(self, request: Request) -> Response:
+        # An address past its steps is refused before its form is read or its key looked up;
+        # only a wrong key counts as a step (a person who logs in is not held back).
+        wait = self.logins.wait_s(self._address(request))
+        if wait is not None:
+            raise _TooManyLogins(wait)
         session = self._session(request)
         form = await read_form(request)
         check_form(request, session, form)
         assert session is not None
         key = form.get("key", "").strip()
-        tenant = self.service.tenants.authenticate(key) if key else None
-        if tenant is None:
+        principal = self.service.tenants.authenticate_principal(key) if key else None
+        if principal is None:
+            self._limit_login(request)
             return self._login_page(
                 request, session, status=401, problem="unknown or revoked API key"
             )
         # A new id at login: whatever id the browser had before never becomes a logged-in one.
         self.sessions.end(session.id)
         response = _see_other("/")
-        set_cookie(response, request, self.sessions.new(tenant.name, key_sha256=hash_key(key)))
+        logged_in = self.sessions.new(principal.tenant.id, key_sha256=hash_key(key))
+        set_cookie(response, request, logged_in)
         return response
 
     async def logout(self, request: Request) -> Response:
@@ -247,7 +290,7 @@ class _Ui:
             choices = ", ".join((*STATUSES, "all"))
             raise ServiceProblem(400, f"status {status!r}: choose one of {choices}")
         approvals = []
-        for approval_id in self.service.tenants.owned(tenant.name, "approval", limit=10_000):
+        for approval_id in self.service.tenants.owned(tenant.id, "approval", limit=10_000):
             ticket = self.service.executor.approvals.get(approval_id)
             if status in ("all", ticket.status):
                 approvals.append(approval_view(ticket))
@@ -279,14 +322,16 @@ class _Ui:
         return page("approval.html", self._context(session, tenant, a=approval_view(ticket)))
 
     async def approve(self, request: Request) -> Response:
-        _, tenant, form = await self._post(request)
+        _, principal, form = await self._post(request)
+        tenant = principal.tenant
         ticket = self._ticket(tenant, request.path_params["approval_id"])
         if ticket.status != "pending":
             raise ServiceProblem(409, f"approval {ticket.id!r} is {ticket.status}, not pending")
+        check_may_approve_run(principal, ticket)
         service = self.service
         service.admit(tenant, sandbox=True)
         state = service.new_run(tenant)
-        who = f"tenant:{tenant.name} (browser)"
+        who = f"{principal.who} (browser)"
         reason = form.get("reason", "").strip()
 
         def call(run_id: str) -> RunResult:
@@ -301,18 +346,19 @@ class _Ui:
         return _see_other(f"/runs/{state.id}")
 
     async def deny(self, request: Request) -> Response:
-        _, tenant, form = await self._post(request)
+        _, principal, form = await self._post(request)
+        tenant = principal.tenant
         ticket = self._ticket(tenant, request.path_params["approval_id"])
         reason = form.get("reason", "").strip()
         if not reason:
             raise ServiceProblem(400, "reason: say why the run is denied (the requester reads it)")
         service = self.service
-        who = f"tenant:{tenant.name} (browser)"
+        who = f"{principal.who} (browser)"
         result: RunResult = await service.in_thread(
             lambda: service.executor.deny_approval(ticket.id, reason=reason, by=who)
         )
-        service.own_result(tenant.name, result)
         service.drop_inputs(ticket.request)
+        service.own_result(tenant.id, result)
         return _see_other(f"/approvals/{ticket.id}")
 
     # -- tool calls --------------------------------------------------------------------------
@@ -329,14 +375,14 @@ class _Ui:
         return await self._decide_tool(request, approve=False)
 
     async def _decide_tool(self, request: Request, *, approve: bool) -> Response:
-        _, tenant, form = await self._post(request)
+        _, principal, form = await self._post(request)
         ticket = await tool_approvals.decide(
             self.service,
-            tenant,
+            principal,
             request.path_params["ticket_id"],
             approve=approve,
             reason=form.get("reason", ""),
-            by=f"tenant:{tenant.name} (browser)",
+            surface=" (browser)",
         )
         return _see_other(f"/tools/{ticket.id}")
 
@@ -349,9 +395,7 @@ class _Ui:
         except ValueError:
             raise ServiceProblem(400, "offset: a whole number") from None
         rows = []
-        for run_id in self.service.tenants.owned(
-            tenant.name, "run", limit=_RUNS_PAGE, offset=offset
-        ):
+        for run_id in self.service.tenants.owned(tenant.id, "run", limit=_RUNS_PAGE, offset=offset):
             entry = self.service.executor.audit.get(run_id)
             if entry is not None:
                 rows.append(run_view(entry.record))
@@ -421,7 +465,7 @@ class _Ui:
         session, tenant = self._logged_in(request)
         service = self.service
         report = await service.in_thread(service.executor.audit.verify)
-        mine = service.tenants.all_owned(tenant.name, "run")
+        mine = service.tenants.all_owned(tenant.id, "run")
         own = [p for p in report.problems if p.run_id in mine]
         return page(
             "audit.html",
@@ -449,7 +493,7 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 def create_ui(service: Service) -> Starlette:
     """The pages of ``service``, to mount at :data:`~sandcell.service.ui.guard.UI_PATH`."""
-    ui = _Ui(service, BrowserSessions())
+    ui = _Ui(service, BrowserSessions(), LoginLimiter())
 
     def get(path: str, endpoint: _Endpoint) -> Route:
         return Route(path, _guarded(endpoint), methods=["GET"])
