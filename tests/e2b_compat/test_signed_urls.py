@@ -11,8 +11,10 @@ import httpx
 import pytest
 from e2b_code_interpreter import Sandbox
 from tests.e2b_compat.conftest import E2BService
+from tests.service.server import add_tenant
 
 from sandcell.e2b.signed_urls import signature_for
+from sandcell.service.tenants import TenantStore
 
 
 @pytest.fixture()
@@ -83,3 +85,19 @@ def test_a_url_is_refused_once_its_sandbox_ends(e2b_service: E2BService) -> None
     assert httpx.get(url, timeout=120).status_code == 200
     sbx.kill()
     assert httpx.get(url, timeout=120).status_code == 401
+
+
+def test_a_url_is_refused_once_its_tenants_key_is_rotated(e2b_service: E2BService) -> None:
+    keys = [add_tenant(e2b_service.proc.home, "dora")]
+    sbx = Sandbox.create(api_key=keys[0], api_url=e2b_service.url, sandbox_url=e2b_service.url)
+    try:
+        sbx.files.write("/home/user/kept.txt", "kept")
+        url = sbx.download_url("/home/user/kept.txt", use_signature_expiration=3600)
+        assert httpx.get(url, timeout=120).status_code == 200
+        with TenantStore.in_home(e2b_service.proc.home) as store:
+            keys.append(store.rotate_key("dora"))
+        # The sandbox came with the old key, and so did the token that signed the URL.
+        assert httpx.get(url, timeout=120).status_code == 401
+    finally:
+        # Already ended by the rotation: the kill finds nothing.
+        assert Sandbox.kill(sbx.sandbox_id, api_key=keys[-1], api_url=e2b_service.url) is False

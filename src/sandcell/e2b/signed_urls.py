@@ -5,7 +5,8 @@ The SDK signs the URL itself, with the sandbox's access token: ``v1_`` and the u
 SHA-256 of ``path:operation:user:token`` (``:expiration`` appended when the URL expires). So a
 signature holds for one sandbox (its token), one path, one operation (``read`` for a download,
 ``write`` for an upload) and, when given, until its expiration (Unix seconds). It stops holding
-when the sandbox ends, whatever ends it: only live sandboxes' tokens are tried.
+when the sandbox ends, whatever ends it (its tenant's key rotated included, which ends the
+sandboxes opened with the old key): only live sandboxes' tokens are tried.
 
 The SDK builds the URL from ``E2B_SANDBOX_URL`` joined with ``/files``, which drops the URL's
 own path: the service answers ``/files`` at its root as well as under ``/e2b``. The URL names
