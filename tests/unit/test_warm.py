@@ -150,6 +150,7 @@ def test_zygote_parts_are_compiled_for_the_template() -> None:
 def test_what_starts_cold(request_kw: dict[str, object], why: str) -> None:
     starter = WarmStarter.__new__(WarmStarter)  # the check needs no template
     starter.config = WarmConfig()
+    starter._stamp = None  # the default runtime: not a stored build
     reason = starter.unservable(RunRequest(**request_kw))  # type: ignore[arg-type]
     assert reason is not None and why in reason
     assert starter.unservable(RunRequest(code="print(1)")) is None
@@ -162,6 +163,7 @@ def test_what_starts_cold(request_kw: dict[str, object], why: str) -> None:
 def test_a_template_serves_its_own_runtime_only() -> None:
     starter = WarmStarter.__new__(WarmStarter)
     starter.config = WarmConfig(mode="pool", runtime="minimal")
+    starter._stamp = None  # its build's changes: tests/integration/test_runtime_changed.py
     assert starter.unservable(RunRequest(code="print(1)", runtime="minimal")) is None
     for other in (None, "default", "datascience"):
         reason = starter.unservable(RunRequest(code="print(1)", runtime=other))

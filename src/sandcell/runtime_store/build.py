@@ -169,8 +169,12 @@ def build(
         else:
             if final.exists():
                 # Stored under this hash but no longer hashing to it: changed since; replaced.
+                # Moved aside first, never removed in place: a process looking the runtime up
+                # meanwhile finds the changed tree (refused), no tree, or the new one, never a
+                # half-removed one; a service's warm template sees the new directory
+                # (runtime_store/stamp.py).
                 say(f"the stored tree {final} was changed since it was built; replacing it")
-                _remove_tree(final)
+                os.rename(final, staging / "replaced")
             os.rename(staging / "tree", final)
         _write_atomic(base / "sha256" / f"{summary.sha256}.json", manifest.to_json())
         pointer = f'{{"tree_sha256": "{summary.sha256}", "lock_sha256": "{lock.sha256}"}}\n'

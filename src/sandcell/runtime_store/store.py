@@ -215,7 +215,9 @@ def list_runtimes() -> list[StoredRuntime]:
     return list(found.values())
 
 
-_verified: dict[str, str] = {}
+_verified: dict[str, tuple[int, int]] = {}
+"""Trees verified by this process, by hash: the (device, inode) of the directory then, so that
+a tree replaced under a running process (a rebuild of a changed tree) is verified again."""
 _verify_lock = threading.Lock()
 
 
@@ -239,14 +241,23 @@ def verify(stored: StoredRuntime, *, full: bool = False) -> None:
             _build_hint(stored.manifest.name),
         )
     with _verify_lock:
-        if not full and tree_sha in _verified:
+        try:
+            top = os.stat(stored.tree)
+        except OSError as exc:
+            raise IsolationUnavailable(
+                f"runtime {stored.manifest.name}",
+                f"its files ({stored.tree}) cannot be read: {exc.strerror}",
+                _build_hint(stored.manifest.name),
+            ) from None
+        identity = (top.st_dev, top.st_ino)
+        if not full and _verified.get(tree_sha) == identity:
             return
         print_ = fingerprint(stored.tree)
         cache = _cache_file(tree_sha)
         if not full:
             try:
                 if cache.read_text().strip() == print_:
-                    _verified[tree_sha] = print_
+                    _verified[tree_sha] = identity
                     return
             except OSError:
                 pass
@@ -259,7 +270,7 @@ def verify(stored: StoredRuntime, *, full: bool = False) -> None:
                 f"rebuild it (the build replaces the changed tree): "
                 f"{_build_hint(stored.manifest.name)}",
             )
-        _verified[tree_sha] = print_
+        _verified[tree_sha] = identity
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_name(f".{cache.name}.{os.getpid()}")

@@ -76,7 +76,12 @@ from sandcell.backends.namespaces.template import (
 from sandcell.backends.namespaces.warm_drive import drive
 from sandcell.backends.namespaces.warm_limits import PoolLimits
 from sandcell.backends.namespaces.warm_request import LandlockPlans, input_trees, request_doc
-from sandcell.backends.namespaces.warm_runtime import importable_preload, runtime_mismatch
+from sandcell.backends.namespaces.warm_runtime import (
+    importable_preload,
+    runtime_changed,
+    runtime_mismatch,
+    runtime_stamp,
+)
 from sandcell.backends.namespaces.warm_teardown import Teardown, destroyer
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.run_sockets import PROXY_PORT, SandboxSockets
@@ -153,7 +158,9 @@ class WarmStarter:
     def __init__(self, backend: NamespacesBackend, config: WarmConfig) -> None:
         self.backend = backend
         self.config = config
-        # One runtime per template: runs in another start cold (``unservable``).
+        # One runtime per template: runs in another start cold (``unservable``), and so do
+        # runs once the store no longer holds the build it was made from.
+        self._stamp = runtime_stamp(config.runtime)
         self.runtime = runtime_for("python", config.runtime)
         self.preload = importable_preload(config.preload, config.runtime)
         """What the template imports: ``config.preload`` less what the runtime lacks."""
@@ -306,7 +313,9 @@ class WarmStarter:
             return f"{request.language} programs start cold (the template is a python interpreter)"
         if request.packages:
             return "runs with packages from the wheel cache start cold"
-        return runtime_mismatch(request, self.config.runtime, self.config.mode)
+        return runtime_mismatch(request, self.config.runtime, self.config.mode) or runtime_changed(
+            self._stamp, self.config.mode
+        )
 
     def run(
         self,
