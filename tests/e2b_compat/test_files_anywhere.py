@@ -163,5 +163,17 @@ def test_the_profile_judges_a_file_operation_as_code_touching_its_path(
             )
         strict.files.write("/tmp/ok.txt", "tmp is the sandbox's")
         assert strict.files.read("/tmp/ok.txt") == "tmp is the sandbox's"
+        # A workspace file the profile does not let out is not let out by another path.
+        strict.files.write("/home/user/job/script.py", "print(1)")
+        ex = strict.run_code("import os\nos.symlink(os.path.abspath('job/script.py'), '/tmp/l')")
+        assert ex.error is None, ex.error
+        with pytest.raises(SandboxException, match="does not allow exporting"):
+            strict.files.read("/tmp/l")
+        strict.files.write("/home/user/ok.csv", "a,b\n")
+        assert (
+            strict.run_code("import os\nos.symlink(os.path.abspath('ok.csv'), '/tmp/c')").error
+            is None
+        )
+        assert strict.files.read("/tmp/c") == "a,b\n"
     finally:
         strict.kill()

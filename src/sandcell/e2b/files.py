@@ -93,7 +93,12 @@ async def read_path(request: Request, box: E2BSandbox, path: str) -> Response:
     # Sent back hex-encoded on stdout, so the file may be at most half the stdout limit.
     stdout_bytes = box.session.request.effective_limits.stdout_bytes
     most = max((stdout_bytes - _READ_MARGIN) // 2, 0)
-    reply = await _op(request, box, "read", path, str(most))
+    reply = await _op(
+        request, box, "read", path, json.dumps({"most": most, "workspace": box.workspace})
+    )
+    workspace_file = reply.get("workspace_file")
+    if isinstance(workspace_file, str):
+        return await _export(request, box, path, workspace_file)
     try:
         data = bytes.fromhex(str(reply["hex"]))
     except (KeyError, ValueError):

@@ -105,11 +105,17 @@ def _sandcell_e2b(op, path, arg):
         if op == "stat":
             return {{"entry": entry(path)}}
         if op == "read":
+            spec = json.loads(arg)
             if os.path.isdir(path):
                 return {{"error": "isdir"}}
+            # A workspace file reached by another path (a link, /proc/self/cwd/...) is read
+            # as the export it is when named directly, under the profile's export rules.
+            real, home = os.path.realpath(path), os.path.realpath(spec["workspace"])
+            if real.startswith(home + os.sep):
+                return {{"workspace_file": real[len(home) + 1:]}}
             with open(path, "rb") as f:
-                data = f.read(int(arg) + 1)
-            if len(data) > int(arg):
+                data = f.read(spec["most"] + 1)
+            if len(data) > spec["most"]:
                 return {{"error": "toobig"}}
             return {{"hex": data.hex()}}
         if op == "remove":
@@ -177,7 +183,7 @@ def _judged(paths: list[str]) -> str:
 def cell_for(op: Op, path: str, arg: str = "") -> str:
     """The cell doing ``op`` on ``path``, absolute as the sandbox sees it (``arg``: the JSON
     ``{"data": base64, "metadata": {...}}`` of a write, the absolute destination of a rename,
-    the depth of a listing, the most bytes a read may return)."""
+    the depth of a listing, the JSON ``{"most": bytes, "workspace": path}`` of a read)."""
     judged = _judged([path, arg] if op == "rename" else [path])
     return judged + _BODY.format(op=op, path=path, arg=arg, mark=MARK)
 
