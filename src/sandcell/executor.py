@@ -29,6 +29,7 @@ from sandcell.backends.registry import BackendName, check_name, create_backend, 
 from sandcell.display import DisplayCollection, take_outputs
 from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.home import data_dir as data_dir  # noqa: PLC0414 - re-exported from its old home
+from sandcell.home_guard import HomeGuard
 from sandcell.inputs import inspect_inputs
 from sandcell.packages import WheelCache
 from sandcell.policy.approvals import (
@@ -185,10 +186,19 @@ class Executor:
         self.store = store or ArtifactStore(base / "artifacts")
         self.approvals = approvals or ApprovalStore(base / "approvals.sqlite3")
         self.wheels = WheelCache(base / "wheels")
+        # The stores' directory (when they are in it): a run starts only while it is still the
+        # one opened here, so that its record is kept (home_guard.py).
+        self._home = HomeGuard.of(base) if base.is_dir() else None
         self.export_limits = export_limits or ExportLimits()
         self.known_secrets = tuple(host_secrets() if known_secrets is None else known_secrets)
         self.tool_approver = tool_approver
         self.resolver = resolver
+
+    def check_home(self) -> None:
+        """Refuse to start anything once the home this executor opened is deleted or replaced
+        (its records would be lost). Raises AuditError then."""
+        if self._home is not None:
+            self._home.check()
 
     def backend_for(self, profile: Profile, *, runtime: str | None = None) -> Backend:
         """The backend a run under ``profile`` in ``runtime`` (None: the profile's) gets: the
@@ -327,6 +337,7 @@ class Executor:
         ``post_collect`` reshapes what the run exported while its workspace still exists (the
         patch workflow, :mod:`sandcell.changes`).
         """
+        self.check_home()
         prof = self._profile(profile) if profile is not None else self.profile
         # A wrapped run's record holds the wrapped program, which the checks never judged: a
         # replay of it has to say so (sandcell.replay.plan).
@@ -433,6 +444,7 @@ class Executor:
         """
         from sandcell.sessions import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_LIFETIME_S, Session
 
+        self.check_home()
         return Session(
             self,
             profile=profile,
@@ -458,6 +470,7 @@ class Executor:
 
         The profile must still be the one the run was submitted under (same content hash).
         """
+        self.check_home()
         ticket = self.approvals.get(approval_id)
         source = str(ticket.profile.get("source") or "")
         # A built-in is loaded by name; a user profile from the file it was loaded from.

@@ -284,6 +284,7 @@ class Session:
         cell_scope = CellScope(name=scope, cwd=cwd) if scope is not None else None
         with self._lock:
             self._check_alive()
+            self.executor.check_home()  # a cell whose record would be lost does not run
             limits = self.request.effective_limits
             if timeout_s is not None:
                 limits = limits.with_(wall_time_s=timeout_s)
