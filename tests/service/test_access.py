@@ -223,6 +223,26 @@ def test_a_request_without_a_good_key_is_refused_before_its_body(
         assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
 
 
+@pytest.mark.parametrize(
+    "credential",
+    [
+        "",
+        "X-API-KEY: sc_not-a-key\r\n",
+        "E2b-Sandbox-Id: nosuchsandbox\r\nX-Access-Token: wrong\r\n",
+    ],
+)
+@pytest.mark.parametrize("path", ["/e2b/sandboxes", "/e2b/files?path=/home/user/x", "/files"])
+def test_an_e2b_request_without_a_good_credential_is_refused_before_its_body(
+    service: ServiceProcess, credential: str, path: str
+) -> None:
+    answer = _head_only(
+        service,
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"{credential}Content-Length: 1000000\r\n\r\n",
+    )
+    assert answer.split(b" ", 2)[1] in (b"401", b"502"), answer[:200]
+
+
 # -- item 20: /metrics --------------------------------------------------------------------------
 
 

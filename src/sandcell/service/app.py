@@ -94,10 +94,6 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
 
     app.include_router(api_replay.router)
     app.add_middleware(BodyLimit, max_bytes=service.config.max_body_bytes)
-    from sandcell.service.authenticate import AuthenticateFirst
-
-    # Added last, so outermost: a request's key is checked before BodyLimit reads its body.
-    app.add_middleware(AuthenticateFirst, service=service)
     from sandcell.service.docs_page import docs_route
     from sandcell.service.ui import mount_ui
 
@@ -110,6 +106,11 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
     # /files: where the E2B SDK points its signed download and upload URLs (they drop the
     # /e2b of E2B_SANDBOX_URL), the same files endpoints as /e2b/files (sandcell.e2b.signed_urls).
     app.router.routes.append(Route("/files", endpoint=e2b, methods=["GET", "POST"]))
+    from sandcell.service.authenticate import AuthenticateFirst
+
+    # Added after BodyLimit, so outside it: a request's key (an E2B sandbox's token) is checked
+    # before BodyLimit reads its body.
+    app.add_middleware(AuthenticateFirst, service=service, e2b_reached=e2b.state.registry.reached)
     app.router.routes.append(docs_route(app))
     if mcp_app is not None:
         # The MCP app as the ASGI endpoint of exactly /mcp, not a mount: it keeps its own path

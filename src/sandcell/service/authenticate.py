@@ -9,14 +9,23 @@ or revoked key is answered 401 and the connection closed, its body never read. T
 found is handed to the endpoint in the request's scope (:data:`sandcell.service.deps.PRINCIPAL`),
 so the key is looked up once. ``/ui`` bodies (its forms, the login with the key among them) are
 refused past the form limit by their declared length, before they are read.
+
+E2B requests that carry a body (``/e2b/...`` and the signed-URL ``/files``) are checked the same
+way, by what E2B sends: a tenant's key in ``X-API-KEY``, or a sandbox's id and access token
+(``E2b-Sandbox-Id`` with ``X-Access-Token`` or ``E2B-Traffic-Access-Token``); a wrong one, or
+none at all, is answered in E2B's error shape before the body is read. A signed upload URL
+(``?signature=``) is checked by the E2B app itself, against every live sandbox's token.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandcell.e2b import E2B_PATH
 from sandcell.service.core import Service
 from sandcell.service.deps import PRINCIPAL, principal_of
 from sandcell.service.mcp_mount import MCP_PATH
@@ -30,6 +39,23 @@ def _needs_key(path: str) -> bool:
     return path in (MCP_PATH, "/v1") or path.startswith("/v1/")
 
 
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+E2BCheck = Callable[[str, str | None], object]
+"""Raises the E2B app's error when a sandbox id and its token do not match a live sandbox."""
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _is_e2b(path: str) -> bool:
+    return path.startswith(E2B_PATH + "/") or path == "/files"
+
+
 def _declared_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers") or ():
         if name == b"content-length" and value.isdigit():
@@ -41,9 +67,12 @@ class AuthenticateFirst:
     """ASGI middleware, outermost: the key of a ``/v1`` or ``/mcp`` request is checked before
     its body is read; a ``/ui`` body declared over the form limit is refused unread."""
 
-    def __init__(self, app: ASGIApp, *, service: Service) -> None:
+    def __init__(
+        self, app: ASGIApp, *, service: Service, e2b_reached: E2BCheck | None = None
+    ) -> None:
         self.app = app
         self.service = service
+        self.e2b_reached = e2b_reached
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -66,6 +95,11 @@ class AuthenticateFirst:
                 )
                 return
             scope.setdefault("state", {})[PRINCIPAL] = principal
+        elif _is_e2b(path) and scope.get("method") in _BODY_METHODS:
+            refused = self._e2b_refusal(scope)
+            if refused is not None:
+                await _refuse_e2b(send, *refused)
+                return
         elif path == UI_PATH or path.startswith(UI_PATH + "/"):
             declared = _declared_length(scope)
             if declared is not None and declared > MAX_FORM_BYTES:
@@ -74,6 +108,47 @@ class AuthenticateFirst:
                 )
                 return
         await self.app(scope, receive, send)
+
+    def _e2b_refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """Why an E2B request with a body is refused before it is read (None: it goes on)."""
+        key = _header(scope, b"x-api-key")
+        if key is not None:
+            if self.service.tenants.authenticate(key) is None:
+                return 401, "unknown or revoked API key"
+            return None
+        sandbox_id = _header(scope, b"e2b-sandbox-id")
+        token = _header(scope, b"x-access-token") or _header(scope, b"e2b-traffic-access-token")
+        if sandbox_id and token is not None:
+            if self.e2b_reached is not None:
+                try:
+                    self.e2b_reached(sandbox_id, token)
+                except Exception as exc:  # the E2B app's own error: its status and words
+                    status = getattr(exc, "status", 401)
+                    return int(status), str(getattr(exc, "message", exc))
+            return None
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if "signature" in query or _header(scope, b"authorization") is not None:
+            return None  # a signed URL or another scheme: the E2B app decides
+        return 401, (
+            "send a tenant's API key as X-API-KEY (E2B_API_KEY), or the sandbox's id and access "
+            "token (E2b-Sandbox-Id, X-Access-Token)"
+        )
+
+
+async def _refuse_e2b(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"code": status, "message": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _refuse(send: Send, status: int, detail: str, headers: dict[str, str]) -> None:
