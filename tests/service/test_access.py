@@ -92,8 +92,8 @@ def test_rotating_a_key_ends_the_sandboxes_opened_with_it(
         after = api.get("/contexts", headers=envd)
         assert after.status_code == 502, after.text
     with service.client(new) as c:
+        assert c.get("/v1/sessions").json() == []  # not listed to the new key, and ended
         assert c.get(f"/v1/sessions/{session}").status_code == 404
-        assert c.get("/v1/sessions").json() == []
         assert c.get("/v1/tenant").json()["in_flight"] == 0
 
 

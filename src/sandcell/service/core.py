@@ -434,11 +434,14 @@ class Service:
 
     def live_sessions(self, tenant: Tenant) -> list[LiveSession]:
         with self._sessions_lock:
-            return [
+            mine = [
                 live
                 for live in self.sessions.values()
                 if live.tenant == tenant.id and live.surface == "http"
             ]
+        # Opened with a key since rotated: ended, not listed to the new key.
+        self._end_revoked([live for live in mine if live.key_sha256 != tenant.key_sha256])
+        return [live for live in mine if live.key_sha256 == tenant.key_sha256]
 
     def session_for(self, tenant: Tenant, session_id: str) -> LiveSession:
         with self._sessions_lock:
