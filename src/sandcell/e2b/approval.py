@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.service.core import Service
+from sandcell.service.kept_bytes import held_bytes
 from sandcell.spec import Language, RunResult
 
 __all__ = ["approval_message", "needs_approval", "ticket_for"]
@@ -46,7 +47,8 @@ def ticket_for(
         else [],
         why=str(policy.get("reason") or "the profile asks for a person's approval"),
     )
-    service.tenants.own(box.tenant, "approval", [ticket.id])
+    # Counted against the tenant's stored bytes until decided (sandcell.service.quotas).
+    service.tenants.own(box.tenant, "approval", [ticket.id], size=held_bytes(ticket))
     return ticket.id
 
 

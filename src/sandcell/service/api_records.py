@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from sandcell.policy.approvals import STATUSES, Ticket
@@ -13,6 +13,7 @@ from sandcell.policy.profiles import list_profiles
 from sandcell.service.api_runs import _PROBLEMS, status_body, wait_for
 from sandcell.service.approving import check_may_approve_run
 from sandcell.service.deps import CurrentPrincipal, CurrentTenant, ServiceDep
+from sandcell.service.kept_bytes import kept_stdin
 from sandcell.service.models import (
     ApprovalBody,
     AuditEntryBody,
@@ -23,7 +24,9 @@ from sandcell.service.models import (
     RunStatusBody,
     VerifyBody,
 )
+from sandcell.service.paging import MAX_LIMIT, NEXT_CURSOR, send_cursor
 from sandcell.service.problems import ServiceProblem
+from sandcell.service.run_approvals import owned_approvals_page
 from sandcell.service.tenants import Tenant
 from sandcell.spec import RunResult, result_to_dict
 
@@ -62,26 +65,27 @@ def _owned_ticket(service: ServiceDep, tenant: Tenant, approval_id: str) -> Tick
     "/approvals", response_model=list[ApprovalBody], tags=["approvals"], responses=_PROBLEMS
 )
 async def list_approvals(
+    *,
     service: ServiceDep,
     principal: CurrentPrincipal,
+    response: Response,
     status: Annotated[
         str, Query(description=f"one of {', '.join(STATUSES)}, or 'all'")
     ] = "pending",
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+    cursor: Annotated[
+        str | None, Query(description=f"where to go on: the {NEXT_CURSOR} of the page before")
+    ] = None,
 ) -> list[ApprovalBody]:
     """The tenant's runs waiting for approval (or decided: ``status``), newest first (the
-    tenant's key or one of its approver keys)."""
+    tenant's key or one of its approver keys). One page: a header ``X-Next-Cursor`` (and
+    ``Link``) says where the next one starts; a page may be short and still have one."""
     tenant = principal.tenant
-    if status != "all" and status not in STATUSES:
-        raise ServiceProblem(400, f"status {status!r}: choose one of {', '.join(STATUSES)}, or all")
-    out: list[ApprovalBody] = []
-    for approval_id in service.tenants.owned(tenant.id, "approval", limit=10_000):
-        ticket = service.executor.approvals.get(approval_id)
-        if status in ("all", ticket.status):
-            out.append(_approval(ticket))
-        if len(out) >= limit:
-            break
-    return out
+    found = await service.in_thread(
+        lambda: owned_approvals_page(service, tenant, status, limit=limit, cursor=cursor)
+    )
+    send_cursor(response, found, f"/v1/approvals?status={status}&limit={limit}&")
+    return [_approval(t) for t in found.items]
 
 
 @router.get(
@@ -116,6 +120,7 @@ async def approve(
     check_may_approve_run(principal, ticket)
     service.admit(tenant, sandbox=True)
     state = service.new_run(tenant)
+    state.stdin = kept_stdin(ticket.request)
     who = principal.who
 
     def call(run_id: str) -> RunResult:
@@ -123,7 +128,7 @@ async def approve(
 
     def cleanup(result: RunResult | None) -> None:
         if result is not None:  # it ran (or was refused for good): the inputs are done with
-            service.drop_inputs(ticket.request)
+            service.settle_approval(tenant.id, ticket)
 
     service.start(state, call, cleanup=cleanup)
     await wait_for(request, service, state)
@@ -149,7 +154,7 @@ async def deny(
         lambda: service.executor.deny_approval(ticket.id, reason=body.reason, by=principal.who)
     )
     service.own_result(tenant.id, result)
-    service.drop_inputs(ticket.request)
+    service.settle_approval(tenant.id, ticket)
     return ResultBody.model_validate(result_to_dict(result))
 
 
@@ -178,28 +183,30 @@ async def list_records(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[AuditSummaryBody]:
     """The tenant's run records, newest first (runs still in flight have none yet)."""
-    out = []
-    for run_id in service.tenants.owned(tenant.id, "run", limit=limit, offset=offset):
-        entry = service.executor.audit.get(run_id)
-        if entry is not None:
-            out.append(_summary(dict(entry.record)))
-    return out
+
+    def read() -> list[AuditSummaryBody]:
+        out = []
+        for run_id in service.tenants.owned(tenant.id, "run", limit=limit, offset=offset):
+            entry = service.executor.audit.get(run_id)
+            if entry is not None:
+                out.append(_summary(dict(entry.record)))
+        return out
+
+    # Up to `limit` reads of the log: in a worker thread, not on the event loop.
+    found: list[AuditSummaryBody] = await service.in_thread(read)
+    return found
 
 
 @router.get("/audit/verify", response_model=VerifyBody, tags=["audit"], responses=_PROBLEMS)
 async def verify(service: ServiceDep, tenant: CurrentTenant) -> VerifyBody:
-    """Check the hash chain; problems are shown for the tenant's own records only."""
-    report = await service.in_thread(service.executor.audit.verify)
-    mine = service.tenants.all_owned(tenant.id, "run")
-    own = [p for p in report.problems if p.run_id in mine]
-    records = sum(1 for _ in mine if service.executor.audit.get(_) is not None)
+    """Check the hash chain; problems are shown for the tenant's own records only. It runs in
+    a process of its own, one at a time per tenant (429 while the tenant's previous one runs)."""
+    found = await service.audit_verifications.verify(tenant.id)
     return VerifyBody(
-        ok=report.ok,
-        records=records,
-        problems=[
-            {"kind": p.kind, "seq": p.seq, "run_id": p.run_id, "detail": p.detail} for p in own
-        ],
-        other_problems=len(report.problems) - len(own),
+        ok=found.ok,
+        records=found.records,
+        problems=list(found.problems),
+        other_problems=found.other_problems,
     )
 
 

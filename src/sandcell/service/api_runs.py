@@ -17,6 +17,7 @@ from sandcell.runtime_ref import ref_from_record
 from sandcell.service.core import RunState, Service
 from sandcell.service.deps import CurrentTenant, ServiceDep
 from sandcell.service.fast_json import FastJSONResponse
+from sandcell.service.kept_bytes import kept_stdin, submission_bytes
 from sandcell.service.models import CancelBody, Problem, ResultBody, RunBody, RunStatusBody
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant
@@ -102,11 +103,12 @@ async def create_run(
             display=body.display,
             runtime=body.runtime,
         )
-        service.admit(tenant, sandbox=True)
+        service.admit(tenant, sandbox=True, adding=submission_bytes(run_request))
     except BaseException:
         _cleanup(folder)(None)
         raise
     state = service.new_run(tenant)
+    state.stdin = kept_stdin(run_request)
     # Only an asynchronous run has an id to subscribe to while it runs: its output is streamed.
     on_output = None if body.wait else service.output_listener(state)
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from sandcell.policy.tool_tickets import TOOL_STATUSES, ToolTicket
 from sandcell.service import tool_approvals
 from sandcell.service.api_runs import _PROBLEMS
 from sandcell.service.deps import CurrentPrincipal, ServiceDep
 from sandcell.service.models import DecisionBody, ToolApprovalBody
+from sandcell.service.paging import MAX_LIMIT, NEXT_CURSOR, send_cursor
 
 __all__ = ["router"]
 
@@ -29,19 +30,28 @@ def _body(ticket: ToolTicket) -> ToolApprovalBody:
 
 @router.get("", response_model=list[ToolApprovalBody], responses=_PROBLEMS)
 async def list_tool_approvals(
+    *,
     service: ServiceDep,
     principal: CurrentPrincipal,
+    response: Response,
     status: Annotated[
         str, Query(description=f"one of {', '.join(TOOL_STATUSES)}, or 'all'")
     ] = "pending",
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+    cursor: Annotated[
+        str | None, Query(description=f"where to go on: the {NEXT_CURSOR} of the page before")
+    ] = None,
 ) -> list[ToolApprovalBody]:
     """The tool calls the tenant's runs and sessions wait on (or decided: ``status``), newest
-    first."""
-    tickets = await service.in_thread(
-        lambda: tool_approvals.owned_tickets(service, principal.tenant, status, limit=limit)
+    first. One page: a header ``X-Next-Cursor`` (and ``Link``) says where the next one starts;
+    a page may be short and still have one."""
+    found = await service.in_thread(
+        lambda: tool_approvals.owned_tickets_page(
+            service, principal.tenant, status, limit=limit, cursor=cursor
+        )
     )
-    return [_body(t) for t in tickets]
+    send_cursor(response, found, f"/v1/tool-approvals?status={status}&limit={limit}&")
+    return [_body(t) for t in found.items]
 
 
 @router.get("/{ticket_id}", response_model=ToolApprovalBody, responses=_PROBLEMS)

@@ -30,7 +30,10 @@ import anyio.to_thread
 from sandcell.errors import SandcellError
 from sandcell.executor import Executor
 from sandcell.live_output import OutputListener
+from sandcell.policy.approvals import Ticket
 from sandcell.policy.profiles import Profile, default_profile_dir, load_profile
+from sandcell.service.audit_verification import AuditVerifications
+from sandcell.service.kept_bytes import held_bytes
 from sandcell.service.local_owner import LOCAL_TENANT
 from sandcell.service.metrics import Metrics
 from sandcell.service.models import RunStatusName
@@ -38,7 +41,7 @@ from sandcell.service.problems import ServiceProblem
 from sandcell.service.quotas import Quotas
 from sandcell.service.tenants import Tenant, TenantStore
 from sandcell.sessions import Session
-from sandcell.spec import InputFile, RunRequest, RunResult, result_to_dict
+from sandcell.spec import InputFile, Outcome, RunRequest, RunResult, result_to_dict
 
 __all__ = ["RunState", "Service", "ServiceConfig"]
 
@@ -99,6 +102,8 @@ class RunState:
     events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     output_chars: int = 0
     """Live output kept in :attr:`events` so far (at most :data:`OUTPUT_KEPT_CHARS`)."""
+    stdin: tuple[str, int] | None = None
+    """``(sha256, size)`` of its stdin, which its record keeps: counted as the tenant's."""
 
     def kept_chars(self) -> int:
         """The output this state holds: its result's streams and its live output events."""
@@ -194,6 +199,9 @@ class Service:
         self._profiles_used: set[str] = set()
         self._profiles = _ProfileCache()
         self.inputs_root = config.home / "service" / "inputs"
+        self.audit_verifications = AuditVerifications(
+            audit=executor.audit.path, service_db=self.tenants.path
+        )
 
     # -- profiles and inputs -----------------------------------------------------------------
 
@@ -260,12 +268,15 @@ class Service:
 
     # -- runs -----------------------------------------------------------------------------------
 
-    def admit(self, tenant: Tenant, *, sandbox: bool) -> None:
+    def admit(self, tenant: Tenant, *, sandbox: bool, adding: int = 0) -> None:
         """Take the quota for one start (see :meth:`Quotas.start`), after giving back the slots
-        of sessions that ended on their own; 429 over a quota."""
+        of sessions that ended on their own; 429 over a quota (``adding``: the bytes it may
+        leave stored, :func:`~sandcell.service.kept_bytes.submission_bytes`)."""
         if sandbox:
             self.reap_sessions()
-        self.quotas.start(tenant, sandbox=sandbox)
+        self.quotas.start(
+            tenant, sandbox=sandbox, adding=adding, settle=lambda: self.settle_decided(tenant.id)
+        )
 
     def new_run(self, tenant: Tenant) -> RunState:
         # Mapped to the tenant in the store when it ends (one write per run, see own_result);
@@ -368,7 +379,7 @@ class Service:
         store) and its JSON form, so that the event loop has only the answer left to do."""
         result = call(state.id)
         try:
-            self.own_result(state.tenant, result, state.id)
+            self.own_result(state.tenant, result, state.id, stdin=state.stdin)
         except SandcellError as exc:
             # The run happened and is recorded; only the tenant's view of it is missing.
             log.error(
@@ -376,14 +387,26 @@ class Service:
             )
         return result, result_to_dict(result)
 
-    def own_result(self, tenant: str, result: RunResult, run_id: str | None = None) -> None:
-        """Map what the run made to its tenant: its record(s), its approval, its artifacts."""
+    def own_result(
+        self,
+        tenant: str,
+        result: RunResult,
+        run_id: str | None = None,
+        *,
+        stdin: tuple[str, int] | None = None,
+    ) -> None:
+        """Map what the run made to its tenant: its record(s), its approval, its artifacts,
+        the stdin its record keeps (``stdin``: its sha256 and size), each with the bytes it
+        counts against the tenant's stored-bytes quota (a held run: its request and inputs)."""
         approval = (result.policy or {}).get("approval")
         found = None
         if isinstance(approval, Mapping):
             found = approval.get("id") or approval.get("approval_id")
         artifacts = [(a.sha256, a.size) for a in result.artifacts]
         artifacts += [(a.sha256, a.size) for o in result.outputs for a in o.artifacts]
+        ran = result.outcome not in (Outcome.AWAITING_APPROVAL, Outcome.DENIED)
+        if stdin is not None and ran and self.executor.store.path_for(stdin[0]).is_file():
+            artifacts.append(stdin)  # kept by its sha256 with the record, as an artifact is
         cpu_ms = result.usage.cpu_ms if result.usage.cpu_ms is not None else result.usage.wall_ms
         self.tenants.record_run(
             tenant,
@@ -393,6 +416,26 @@ class Service:
             artifacts=artifacts,
             cpu_ms=cpu_ms,
         )
+        if isinstance(found, str) and result.outcome is Outcome.AWAITING_APPROVAL:
+            held = held_bytes(self.executor.approvals.get(found))
+            self.tenants.set_size(tenant, "approval", found, held)
+
+    def settle_decided(self, tenant: str) -> bool:
+        """Settle the tenant's held runs that were decided without the service knowing (on the
+        host's command line, or an E2B cell's approval); whether any was."""
+        held = self.tenants.counted(tenant, "approval")
+        decided = [
+            t for t in self.executor.approvals.get_many(held).values() if t.status != "pending"
+        ]
+        for ticket in decided:
+            self.settle_approval(tenant, ticket)
+        return bool(decided)
+
+    def settle_approval(self, tenant: str, ticket: Ticket) -> None:
+        """A held run was decided (it ran, or was denied): its uploaded inputs are deleted and
+        it no longer counts against the tenant's stored bytes."""
+        self.drop_inputs(ticket.request)
+        self.tenants.set_size(tenant, "approval", ticket.id, 0)
 
     def cancel(self, state: RunState) -> None:
         """Ask for the run to stop; it ends ``killed`` (and is recorded) once its sandbox is

@@ -1,5 +1,10 @@
 """Per-tenant quotas: sandboxes at once, runs per minute, CPU seconds per day, stored bytes.
 
+Stored bytes are what the service keeps for a tenant: artifacts, each run's stdin (kept by its
+sha256 in the artifact store so that the run can be replayed, owned as an artifact), and runs
+held for approval (their stored request, stdin included, and their uploaded input files) until
+they are decided. A submission is refused when what it may leave stored would go over.
+
 Sandboxes at once and the rate window live in memory (a restart forgives a minute's runs and
 ends every session anyway); CPU per day and stored bytes live in the service store. Over a
 quota, :meth:`Quotas.acquire` raises a 429 problem with ``Retry-After``.
@@ -12,6 +17,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant, TenantStore
@@ -46,12 +52,26 @@ class Quotas:
         with self._lock:
             return self._holding.get(tenant, 0)
 
-    def start(self, tenant: Tenant, *, sandbox: bool) -> None:
+    def start(
+        self,
+        tenant: Tenant,
+        *,
+        sandbox: bool,
+        adding: int = 0,
+        settle: Callable[[], bool] | None = None,
+    ) -> None:
         """Admit one run (``sandbox``: it takes a sandbox of its own, as a run or a session
-        does; a session cell runs in its session's) or raise 429. Every admitted ``sandbox``
-        start is paired with one :meth:`release`."""
+        does; a session cell runs in its session's) or raise 429. ``adding``: the bytes the
+        submission may leave stored (its stdin, kept with its record; its uploaded inputs,
+        kept while it waits for approval), refused if they would go over the stored-bytes
+        quota. ``settle``: called once when over that quota, to stop counting what is no
+        longer kept (runs held for approval that were decided elsewhere, as on the host's
+        command line); True if it freed anything, and the quota is checked again. Every
+        admitted ``sandbox`` start is paired with one :meth:`release`."""
         cpu_ms, stored = self._store.usage(tenant.id)
-        self._check_stored(tenant, stored)
+        if settle is not None and self._over(tenant, stored, adding) and settle():
+            stored = self._store.stored_bytes(tenant.id)
+        self._check_stored(tenant, stored, adding)
         self._check_cpu(tenant, cpu_ms)
         now = time.monotonic()
         with self._lock:
@@ -95,11 +115,25 @@ class Quotas:
             )
 
     @staticmethod
-    def _check_stored(tenant: Tenant, stored: int) -> None:
-        if stored >= tenant.max_stored_bytes:
-            raise _too_many(
-                f"tenant {tenant.name!r} keeps {stored} bytes of artifacts, its limit "
-                f"(max_stored_bytes {tenant.max_stored_bytes}); delete some with "
-                "DELETE /v1/artifacts/{sha256}",
-                3600,
-            )
+    def _over(tenant: Tenant, stored: int, adding: int) -> bool:
+        limit = tenant.max_stored_bytes
+        return not (stored < limit and stored + adding <= limit)
+
+    def _check_stored(self, tenant: Tenant, stored: int, adding: int) -> None:
+        limit = tenant.max_stored_bytes
+        if not self._over(tenant, stored, adding):
+            return
+        kept = self._store.stored_by_kind(tenant.id)
+        what = (
+            f"tenant {tenant.name!r} keeps {stored} bytes ({kept['artifact']} of artifacts and "
+            f"kept stdin, {kept['approval']} of runs waiting for approval with their inputs)"
+        )
+        if stored < limit:
+            what += f"; this submission would add {adding} (its stdin and input files)"
+        raise _too_many(
+            f"{what}, over its limit (max_stored_bytes {limit}). Free space: delete artifacts "
+            "you no longer need with DELETE /v1/artifacts/{sha256} (a run's kept stdin is one, "
+            "by the stdin_sha256 of its record), and approve or deny the runs waiting for "
+            "approval (/v1/approvals); or send less",
+            3600,
+        )

@@ -58,6 +58,8 @@ SERVICE_DB = "service.sqlite3"
 _APPLICATION_ID = 0x53435356  # "SCSV"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 OwnedKind = Literal["run", "session", "approval", "artifact"]
+"""Of these, ``artifact`` and ``approval`` rows carry sizes that count against a tenant's
+``max_stored_bytes``."""
 Role = Literal["submitter", "approver", "owner"]
 """``submitter``: the tenant's API key; ``approver``: one of its approver keys; ``owner``: the
 service's own user on its Unix socket, who both submits and approves."""
@@ -126,7 +128,7 @@ class Tenant:
     cpu_seconds_per_day: int
     """CPU seconds its runs may use per UTC day."""
     max_stored_bytes: int
-    """Bytes of artifacts it may keep in the store."""
+    """Bytes it may keep: artifacts, kept stdin, and held approvals with their inputs."""
     created_at: str
     key_sha256: str = field(default="", repr=False)
     """The hash of its API key as it was read: what a sandbox opened with that key is tied to
@@ -531,6 +533,28 @@ class TenantStore(PrivateStore):
             ).fetchall()
         return [str(r[0]) for r in rows]
 
+    def owned_after(
+        self, tenant: str, kind: OwnedKind, *, after: str | None, limit: int
+    ) -> builtins.list[str]:
+        """Ids of ``kind`` the tenant owns, newest first, starting past ``after`` (an id of
+        the tenant's, from the page before; None for the first page)."""
+        where = "tenant = ? AND kind = ?"
+        args: builtins.list[object] = [tenant, kind]
+        if after is not None:
+            # Keyset paging: what is added meanwhile never shifts a page.
+            where += (
+                " AND (created_at, rowid) < (SELECT created_at, rowid FROM owned "
+                "WHERE tenant = ? AND kind = ? AND id = ?)"
+            )
+            args += [tenant, kind, after]
+        with self._txn(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT id FROM owned WHERE {where} "  # noqa: S608 (constant text)
+                "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
     def all_owned(self, tenant: str, kind: OwnedKind) -> set[str]:
         with self._txn(write=False) as conn:
             rows = conn.execute(
@@ -539,12 +563,39 @@ class TenantStore(PrivateStore):
         return {str(r[0]) for r in rows}
 
     def stored_bytes(self, tenant: str) -> int:
+        """Bytes that count against the tenant's ``max_stored_bytes`` (see
+        :meth:`stored_by_kind`)."""
+        return sum(self.stored_by_kind(tenant).values())
+
+    def stored_by_kind(self, tenant: str) -> dict[str, int]:
+        """What the tenant keeps, by kind: ``artifact`` (exported files, and kept stdin, an
+        artifact by its sha256) and ``approval`` (held runs: the stored request, stdin
+        included, and their uploaded inputs, until decided)."""
         with self._txn(write=False) as conn:
-            row = conn.execute(
-                "SELECT coalesce(sum(size), 0) FROM owned WHERE tenant = ? AND kind = 'artifact'",
+            rows = conn.execute(
+                "SELECT kind, coalesce(sum(size), 0) FROM owned WHERE tenant = ? "
+                "AND kind IN ('artifact', 'approval') GROUP BY kind",
                 (tenant,),
-            ).fetchone()
-        return int(row[0])
+            ).fetchall()
+        found = {str(kind): int(size) for kind, size in rows}
+        return {kind: found.get(kind, 0) for kind in ("artifact", "approval")}
+
+    def counted(self, tenant: str, kind: OwnedKind) -> builtins.list[str]:
+        """Ids of ``kind`` of the tenant's that count some bytes now."""
+        with self._txn(write=False) as conn:
+            rows = conn.execute(
+                "SELECT id FROM owned WHERE tenant = ? AND kind = ? AND size > 0", (tenant, kind)
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def set_size(self, tenant: str, kind: OwnedKind, id_: str, size: int) -> None:
+        """Change how many bytes one thing of the tenant's counts (0: it keeps its mapping and
+        no longer counts, as a decided approval)."""
+        with self._txn() as conn:
+            conn.execute(
+                "UPDATE owned SET size = ? WHERE kind = ? AND id = ? AND tenant = ?",
+                (max(0, size), kind, id_, tenant),
+            )
 
     def record_run(
         self,
@@ -588,7 +639,8 @@ class TenantStore(PrivateStore):
         checks, on every run's path."""
         row = self._read_one(
             "SELECT (SELECT cpu_ms FROM cpu_usage WHERE tenant = ? AND day = ?), "
-            "(SELECT coalesce(sum(size), 0) FROM owned WHERE tenant = ? AND kind = 'artifact')",
+            "(SELECT coalesce(sum(size), 0) FROM owned WHERE tenant = ? "
+            "AND kind IN ('artifact', 'approval'))",
             (tenant, today(), tenant),
         )
         assert row is not None  # a SELECT of two scalar subqueries has one row

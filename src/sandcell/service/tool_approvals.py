@@ -12,14 +12,15 @@ from sandcell.policy.approvals import ApprovalError
 from sandcell.policy.tool_tickets import TOOL_STATUSES, ToolTicket, is_tool_ticket_id
 from sandcell.service.approving import check_may_approve_tool
 from sandcell.service.core import Service
+from sandcell.service.paging import MAX_SCAN, Page
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Principal, Tenant
 
-__all__ = ["decide", "owned_ticket", "owned_tickets", "owns"]
+__all__ = ["decide", "owned_ticket", "owned_tickets", "owned_tickets_page", "owns"]
 
-_SCAN = 2000
-"""Tool tickets looked through for a tenant's list (newest first): the store holds every
-tenant's, and the ones waiting are the newest."""
+_BATCH = 200
+"""Tool tickets read from the store at a time while a page is built."""
+_CURSOR_PREFIX = "p"
 
 
 def owns(service: Service, tenant: Tenant, ticket: ToolTicket) -> bool:
@@ -50,13 +51,52 @@ def owned_ticket(service: Service, tenant: Tenant, ticket_id: str) -> ToolTicket
 
 
 def owned_tickets(service: Service, tenant: Tenant, status: str, *, limit: int) -> list[ToolTicket]:
-    """The tenant's tool tickets in ``status`` (or ``all``), newest first."""
+    """The tenant's tool tickets in ``status`` (or ``all``), newest first: the first page."""
+    return list(owned_tickets_page(service, tenant, status, limit=limit, cursor=None).items)
+
+
+def owned_tickets_page(
+    service: Service, tenant: Tenant, status: str, *, limit: int, cursor: str | None
+) -> Page[ToolTicket]:
+    """A page of the tenant's tool tickets in ``status`` (or ``all``), newest first, past
+    ``cursor``; it looks at no more than :data:`~sandcell.service.paging.MAX_SCAN` tickets
+    of the store (every tenant's), so it may be short and still have a next cursor. The
+    cursor is a position in the store, never another tenant's ticket id. Blocking (reads the
+    stores): call it in a worker thread."""
     if status != "all" and status not in TOOL_STATUSES:
         raise ServiceProblem(
             400, f"status {status!r}: choose one of {', '.join(TOOL_STATUSES)}, or all"
         )
-    found = service.executor.approvals.list_tools(None if status == "all" else status, _SCAN)
-    return [t for t in found if owns(service, tenant, t)][:limit]
+    before = _position(cursor)
+    store = service.executor.approvals
+    wanted = None if status == "all" else status
+    mine: dict[str, bool] = {}  # by run id: the tickets of one run come together
+    out: list[ToolTicket] = []
+    scanned = 0
+    while len(out) < limit and scanned < MAX_SCAN:
+        batch = store.tools_before(wanted, min(_BATCH, MAX_SCAN - scanned), before=before)
+        if not batch:
+            return Page(out, None)
+        for position, ticket in batch:
+            scanned += 1
+            before = position
+            key = ticket.run_id or ""
+            if key not in mine:
+                mine[key] = owns(service, tenant, ticket)
+            if mine[key]:
+                out.append(ticket)
+                if len(out) >= limit:
+                    break
+    return Page(out, f"{_CURSOR_PREFIX}{before}")
+
+
+def _position(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    digits = cursor.removeprefix(_CURSOR_PREFIX)
+    if not cursor.startswith(_CURSOR_PREFIX) or not digits.isdecimal() or len(digits) > 18:
+        raise ServiceProblem(400, "cursor: not a cursor of this listing; list again without it")
+    return int(digits)
 
 
 async def decide(

@@ -33,7 +33,10 @@ from sandcell.policy.tool_tickets import ToolTicket
 from sandcell.service import tool_approvals
 from sandcell.service.approving import check_may_approve_run
 from sandcell.service.core import RunState, Service
+from sandcell.service.kept_bytes import kept_stdin
+from sandcell.service.paging import Page
 from sandcell.service.problems import ServiceProblem
+from sandcell.service.run_approvals import owned_approvals_page
 from sandcell.service.tenants import Principal, Tenant, hash_key
 from sandcell.service.ui.browser_sessions import BrowserSession, BrowserSessions, LoginLimiter
 from sandcell.service.ui.guard import (
@@ -49,6 +52,7 @@ from sandcell.service.ui.guard import (
 )
 from sandcell.service.ui.render import page
 from sandcell.service.ui.views import (
+    RunView,
     approval_view,
     artifacts_of,
     run_view,
@@ -289,19 +293,22 @@ class _Ui:
         if status != "all" and status not in STATUSES:
             choices = ", ".join((*STATUSES, "all"))
             raise ServiceProblem(400, f"status {status!r}: choose one of {choices}")
-        approvals = []
-        for approval_id in self.service.tenants.owned(tenant.id, "approval", limit=10_000):
-            ticket = self.service.executor.approvals.get(approval_id)
-            if status in ("all", ticket.status):
-                approvals.append(approval_view(ticket))
-            if len(approvals) >= _LIST_LIMIT:
-                break
-        tools = [
-            tool_ticket_view(t)
-            for t in tool_approvals.owned_tickets(
-                self.service, tenant, "pending", limit=_LIST_LIMIT
+        service = self.service
+        cursor = request.query_params.get("cursor") or None
+        tools_cursor = request.query_params.get("tools_cursor") or None
+
+        def read() -> tuple[Page[Ticket], Page[ToolTicket]]:
+            # Pages of a bounded cost, off the event loop (as /v1/approvals and
+            # /v1/tool-approvals).
+            runs = owned_approvals_page(service, tenant, status, limit=_LIST_LIMIT, cursor=cursor)
+            calls = tool_approvals.owned_tickets_page(
+                service, tenant, "pending", limit=_LIST_LIMIT, cursor=tools_cursor
             )
-        ]
+            return runs, calls
+
+        runs, calls = await service.in_thread(read)
+        approvals = [approval_view(t) for t in runs.items]
+        tools = [tool_ticket_view(t) for t in calls.items]
         return page(
             "queue.html",
             self._context(
@@ -311,6 +318,8 @@ class _Ui:
                 statuses=(*STATUSES, "all"),
                 approvals=approvals,
                 tools=tools,
+                next_cursor=runs.next_cursor,
+                tools_next_cursor=calls.next_cursor,
             ),
         )
 
@@ -331,6 +340,7 @@ class _Ui:
         service = self.service
         service.admit(tenant, sandbox=True)
         state = service.new_run(tenant)
+        state.stdin = kept_stdin(ticket.request)
         who = f"{principal.who} (browser)"
         reason = form.get("reason", "").strip()
 
@@ -339,7 +349,7 @@ class _Ui:
 
         def cleanup(result: RunResult | None) -> None:
             if result is not None:  # it ran (or was refused for good): the inputs are done with
-                service.drop_inputs(ticket.request)
+                service.settle_approval(tenant.id, ticket)
 
         # The run goes on without the browser: its page follows it until it has a record.
         service.start(state, call, cleanup=cleanup)
@@ -357,8 +367,8 @@ class _Ui:
         result: RunResult = await service.in_thread(
             lambda: service.executor.deny_approval(ticket.id, reason=reason, by=who)
         )
-        service.drop_inputs(ticket.request)
         service.own_result(tenant.id, result)
+        service.settle_approval(tenant.id, ticket)
         return _see_other(f"/approvals/{ticket.id}")
 
     # -- tool calls --------------------------------------------------------------------------
@@ -394,11 +404,18 @@ class _Ui:
             offset = max(0, int(request.query_params.get("offset", "0")))
         except ValueError:
             raise ServiceProblem(400, "offset: a whole number") from None
-        rows = []
-        for run_id in self.service.tenants.owned(tenant.id, "run", limit=_RUNS_PAGE, offset=offset):
-            entry = self.service.executor.audit.get(run_id)
-            if entry is not None:
-                rows.append(run_view(entry.record))
+        service = self.service
+
+        def read() -> list[RunView]:
+            # A page of reads of the log: in a worker thread, not on the event loop.
+            found = []
+            for run_id in service.tenants.owned(tenant.id, "run", limit=_RUNS_PAGE, offset=offset):
+                entry = service.executor.audit.get(run_id)
+                if entry is not None:
+                    found.append(run_view(entry.record))
+            return found
+
+        rows: list[RunView] = await service.in_thread(read)
         return page(
             "runs.html",
             self._context(
@@ -464,18 +481,17 @@ class _Ui:
     async def audit(self, request: Request) -> Response:
         session, tenant = self._logged_in(request)
         service = self.service
-        report = await service.in_thread(service.executor.audit.verify)
-        mine = service.tenants.all_owned(tenant.id, "run")
-        own = [p for p in report.problems if p.run_id in mine]
+        # The API's verification (/v1/audit/verify): its own process, one per tenant at a time.
+        found = await service.audit_verifications.verify(tenant.id)
         return page(
             "audit.html",
             self._context(
                 session,
                 tenant,
-                ok=report.ok,
-                count=report.count,
-                problems=own,
-                other_problems=len(report.problems) - len(own),
+                ok=found.ok,
+                count=found.count,
+                problems=found.problems,
+                other_problems=found.other_problems,
             ),
         )
 
