@@ -3,8 +3,8 @@ answering ``/healthz`` while the verification runs, one verification per tenant 
 
 The log is real (an audit log in the service's home, its chain hashed as sandcell hashes it)
 and large enough that verifying it is seconds of work; the test waits for the event it needs
-(the tenant's verification is in progress: a second request says so, naming it), never for a
-time."""
+(the tenant's verification is in progress: a request sent with it is refused, naming it), never
+for a time."""
 
 from __future__ import annotations
 
@@ -72,44 +72,45 @@ def test_healthz_answers_while_a_tenant_verifies_a_large_log(
 ) -> None:
     service, key, other = loaded
     answers: list[httpx2.Response] = []
+    answered = threading.Condition()
 
     def verify() -> None:
         with service.client(key) as c:
-            answers.append(c.get("/v1/audit/verify"))
+            answer = c.get("/v1/audit/verify")
+        with answered:
+            answers.append(answer)
+            answered.notify_all()
 
-    first = threading.Thread(target=verify)
-    first.start()
+    # The tenant asks twice at once: one request verifies, the other is refused at once, naming
+    # the verification in progress. That refusal is the event this test waits for.
+    both = [threading.Thread(target=verify) for _ in range(2)]
+    for thread in both:
+        thread.start()
     try:
-        with service.client(key) as tenant, service.client(None) as anyone:
-            # The event: the tenant's verification is in progress (a second one is refused,
-            # naming it). Until the first answers, keep asking.
-            running = None
-            while running is None and first.is_alive():
-                again = tenant.get("/v1/audit/verify")
-                if again.status_code == 429:
-                    running = again.headers["X-Sandcell-Verification"]
-                else:
-                    assert again.status_code == 200, again.text
-            assert running is not None, (
-                "the verification was never seen in progress: each request ran one of its own "
-                f"(first answer: {answers[0].status_code if answers else None})"
-            )
+        with answered:
+            answered.wait_for(lambda: len(answers) >= 1, timeout=600)
+        refused = answers[0]
+        assert refused.status_code == 429, (
+            f"the second request was not refused while the first verified: {refused.text}"
+        )
+        running = refused.headers["X-Sandcell-Verification"]
+        with service.client(None) as anyone, service.client(other) as bystander:
             assert anyone.get("/healthz").status_code == 200
-            # Another tenant is served meanwhile, and may verify too.
-            with service.client(other) as bystander:
-                assert bystander.get("/v1/profiles").status_code == 200
-            # Still the same verification: /healthz answered while it ran.
+            assert bystander.get("/v1/profiles").status_code == 200  # another tenant is served
+        # Still the same verification: /healthz answered while it ran.
+        with service.client(key) as tenant:
             still = tenant.get("/v1/audit/verify")
-            assert still.status_code == 429, still.text
-            assert still.headers["X-Sandcell-Verification"] == running
-            assert "in progress" in still.json()["detail"]
+        assert still.status_code == 429, still.text
+        assert still.headers["X-Sandcell-Verification"] == running
+        assert "in progress" in still.json()["detail"]
     finally:
-        first.join()
-    [done] = answers
+        for thread in both:
+            thread.join()
+    done = answers[1]
     assert done.status_code == 200, done.text
     body = done.json()
     assert body["ok"] is True and body["records"] == RECORDS and body["problems"] == []
-    # Once it has answered, the tenant may verify again.
+    # Another tenant verifies too: the whole chain, none of it its own.
     with service.client(other) as bystander:
         theirs = bystander.get("/v1/audit/verify").json()
         assert theirs["ok"] is True and theirs["records"] == 0
