@@ -132,6 +132,8 @@ def test_a_tool_call_is_approved_over_the_api(
         assert ann.get("/v1/tool-approvals?status=bogus").status_code == 400
         shown = ann.get(f"/v1/tool-approvals/{tid}").json()
         assert title in shown["args_preview"] and len(shown["args_sha256"]) == 64
+        # The whole call: its request line, never redacted, and arguments that match the hash.
+        assert shown["request_line"] == "POST /tickets" and shown["intact"] is True
         # The key that submitted the run does not approve its tool call (the profile leaves
         # submitter_may_approve off); the tenant's approver key does.
         selfish = ann.post(f"/v1/tool-approvals/{tid}/approve", json={"reason": "me"})
@@ -174,6 +176,7 @@ def test_a_tool_call_is_listed_shown_and_denied_with_the_cli(
         shown = _cli("approvals", "show", tid, home=home, key=keys["ann"])
         assert shown.returncode == 0 and "(a tool call, not a run)" in shown.stdout
         assert "tool      tickets.request" in shown.stdout and title in shown.stdout
+        assert "\nrequest   POST /tickets\n" in shown.stdout and "WARNING" not in shown.stdout
         other = _cli("approvals", "show", tid, home=home, key=keys["bob"])
         assert other.returncode == 78 and "no tool call" in other.stderr
         out = _cli("approve", tid, "--out", str(home / "o"), home=home, key=keys["ann"])
