@@ -24,7 +24,15 @@ def _rendered(template: str, tmp_path: Path, **context: object) -> str:
     view = tool_ticket_view(ticket)
     values = {"base": "/ui", "tenant": "ann", "csrf": "x", "t": view, **context}
     if template == "queue.html":
-        values = {**values, "tools": [view], "approvals": [], "status": "pending", "statuses": ()}
+        values = {
+            **values,
+            "tools": [view],
+            "approvals": [],
+            "status": "pending",
+            "statuses": (),
+            "next_cursor": None,
+            "tools_next_cursor": None,
+        }
     return bytes(page(template, values).body).decode()
 
 
