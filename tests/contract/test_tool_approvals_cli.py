@@ -168,10 +168,11 @@ def test_approve_from_another_terminal_then_audit_show_lists_everything(
 
     text = sandcell(home, "approvals", "list")
     (line,) = [ln for ln in text.stdout.splitlines() if ln.startswith(tid)]
-    assert "tool" in line and "pending" in line and "tickets.request" in line
+    assert "tool" in line and "pending" in line and "tickets.request POST /tickets" in line
     shown = sandcell(home, "approvals", "show", tid)
     assert f"approval  {tid}  pending  (a tool call, not a run)" in shown.stdout
-    assert '"title":"from the cli"' in shown.stdout
+    assert "\nrequest   POST /tickets\n" in shown.stdout
+    assert '"title": "from the cli"' in shown.stdout
     # Run options make no sense for a tool call: refused, and the ticket still waits.
     wrong = sandcell(home, "approve", tid, "--out", str(home / "x"))
     assert wrong.returncode != 0 and "is a tool call, not a run" in wrong.stderr
@@ -255,7 +256,9 @@ def test_a_person_at_the_runs_terminal_answers_there(
                 asked += chunk
             assert time.monotonic() < deadline, asked
         assert "tickets.request (profile outside) needs approval" in asked
-        assert '"title":"from the cli"' in asked
+        # The whole call: the request line first, then every argument, one per line.
+        assert "sandcell:   request POST /tickets\n" in asked
+        assert '"title": "from the cli"' in asked
         os.write(controller, f"{answer}\n".encode())
         stdout, rest = run.communicate(timeout=120)
     finally:
