@@ -47,7 +47,7 @@ def test_a_cold_run_without_a_spare_starts_bwrap_in_its_group(tmp_path: Path) ->
                     for p in children_of(os.getpid())
                     if p.comm == "bwrap" and not p.zombie
                 )
-                ex.backend.cancel_all("seen")  # type: ignore[attr-defined]
+                ex.backend.cancel_all("seen")
 
         result = ex.run(
             RunRequest(code="import time\nprint('up', flush=True)\ntime.sleep(60)"),
