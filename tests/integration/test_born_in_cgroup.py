@@ -1,4 +1,5 @@
-"""A cold run's bwrap is born in the run's cgroup, also when no spare group was waiting.
+"""A cold run's bwrap is born in the run's cgroup, also when no spare group was waiting; so is
+a session's.
 
 bwrap started outside the group and its sandbox moved in afterwards left a window: a supervisor
 SIGKILLed between bwrap's clone and the move took the outer bwrap with it (``--die-with-parent``)
@@ -55,3 +56,23 @@ def test_a_cold_run_without_a_spare_starts_bwrap_in_its_group(tmp_path: Path) ->
         )
     assert result.outcome is Outcome.KILLED, result.reason
     assert seen == [("bwrap", True)]
+
+
+def test_a_sessions_bwrap_is_born_in_its_group(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("as an ordinary user the workspace helper starts bwrap; this is root's path")
+    if not isinstance(cgroups.detect(), cgroups.CgroupHost):
+        pytest.skip("this host has no usable cgroups: there is no group to be born in")
+    with (
+        Executor(home=tmp_path / "home", profile="unchecked") as ex,
+        ex.session() as s,
+    ):
+        assert s.run("x = 41").outcome is Outcome.OK
+        bwraps = [
+            (p.comm, _in_a_run_group(p.pid))
+            for p in children_of(os.getpid())
+            if p.comm == "bwrap" and not p.zombie
+        ]
+        # The kernel sees its group's limits, bwrap's process aside: a cell still runs.
+        assert s.run("print(x + 1)").stdout == "42\n"
+    assert bwraps == [("bwrap", True)]

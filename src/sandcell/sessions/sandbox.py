@@ -60,6 +60,7 @@ from sandcell.backends.namespaces.prepared import (
     PreparedSandbox,
     boot_command,
 )
+from sandcell.backends.namespaces.spawner import Spawner, spawner_in
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
@@ -199,15 +200,23 @@ class SessionSandbox:
         self._keeper_done.set()
 
     def _launch(self) -> None:
-        pipes = Pipes(self.backend.seccomp_program)
-        kernel_end: socket.socket | None = None
+        host_end, kernel_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock = host_end
+        kernel_end: socket.socket | None = kernel_sock
+        spawner: Spawner | None = None
+        pipes: Pipes | None = None
         try:
+            spawner = self._spawner(kernel_sock.fileno())
+            pipes = spawner.pipes if spawner is not None else Pipes(self.backend.seccomp_program)
             fds = pipes.fds()
             argv = self.prepared.argv(self._command(), fds)
-            host_end, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._sock = host_end
-            self.proc = spawn(argv, pipes=pipes, stdin=kernel_end.fileno(), helper=self.helper)
-            kernel_end.close()
+            if spawner is not None:
+                self.prepared.born_in_cgroup = True
+                self.proc = spawner.start(argv, b"")
+                spawner = None  # bwrap now, ended with the session
+            else:
+                self.proc = spawn(argv, pipes=pipes, stdin=kernel_sock.fileno(), helper=self.helper)
+            kernel_sock.close()
             kernel_end = None
             pid = read_sandbox_pid(pipes.info_r, self.proc, time.monotonic() + SETUP_TIMEOUT_S)
             if pid is None:
@@ -220,9 +229,28 @@ class SessionSandbox:
             # The status pipe stays open for the session: the boot reports the kernel's end there.
             self._status_r = os.dup(pipes.status_r)
         finally:
+            if spawner is not None:
+                spawner.discard()  # not started: it exits
             if kernel_end is not None:
                 kernel_end.close()
-            pipes.close_all()
+            if pipes is not None:
+                pipes.close_all()
+
+    def _spawner(self, stdin_fd: int) -> Spawner | None:
+        """As root, a spawner waiting in the session's cgroup to become its bwrap (None: bwrap
+        is started and its sandbox moved in): a server SIGKILLed while the sandbox starts then
+        leaves nothing outside the group the sweep removes (``spawner.spawner_in``)."""
+        group = self.prepared.cgroup
+        if group is None or self.backend.rootless or self.prepared.layers.use_helper:
+            return None
+        return spawner_in(
+            group,
+            bwrap=self.backend.bwrap.path,
+            seccomp_program=self.backend.seccomp_program,
+            command=self._command(),
+            max_pids=self.prepared.limits.max_pids,
+            stdin_fd=stdin_fd,
+        )
 
     def _early_stderr(self) -> str:
         if self.proc is None or self.proc.stderr is None:

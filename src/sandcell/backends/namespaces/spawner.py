@@ -51,12 +51,23 @@ _NOT_STARTED = 125
 class Spawner:
     """One waiting spawner and the launch descriptors it holds (see module)."""
 
-    def __init__(self, bwrap: str, seccomp_program: bytes | None, command: list[str]) -> None:
+    def __init__(
+        self,
+        bwrap: str,
+        seccomp_program: bytes | None,
+        command: list[str],
+        *,
+        stdin_fd: int | None = None,
+    ) -> None:
         """Start the spawner for the bwrap at ``bwrap`` and the sandbox ``command`` (bwrap reads
         only options from its arguments memfd: the command is on its line, so it is fixed now).
-        Raises InfraError if it cannot start."""
+        ``stdin_fd``: the sandbox's standard input, fixed now (a session's kernel socket); by
+        default a memfd that :meth:`start` fills. Raises InfraError if it cannot start."""
         self.pipes = Pipes(seccomp_program)
-        self._stdin = os.memfd_create("sandcell-stdin", os.MFD_CLOEXEC)
+        self._fixed_stdin = stdin_fd is not None
+        self._stdin = (
+            -1 if stdin_fd is not None else os.memfd_create("sandcell-stdin", os.MFD_CLOEXEC)
+        )
         go_r, self._go_w = os.pipe2(os.O_CLOEXEC)
         args = self.pipes.fds().args
         assert args is not None
@@ -72,7 +83,7 @@ class Spawner:
             self.proc = subprocess.Popen(
                 [_SHELL, "-c", script, bwrap, *command],
                 executable=_SHELL,
-                stdin=self._stdin,
+                stdin=stdin_fd if stdin_fd is not None else self._stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=(*self.pipes.fds().passed(), go_r),
@@ -113,13 +124,17 @@ class Spawner:
         InfraError, starting nothing, when ``argv`` is not :meth:`argv`."""
         if argv != self.argv():
             raise InfraError(f"the spawner was made for {self.argv()!r}, not {argv!r}")
-        view = memoryview(stdin)
-        while view:
-            n = os.write(self._stdin, view)
-            view = view[n:]
-        os.lseek(self._stdin, 0, os.SEEK_SET)  # the spawner's fd 0 shares this offset
-        os.close(self._stdin)
-        self._stdin = -1
+        if self._fixed_stdin:
+            if stdin:
+                raise InfraError("this spawner's standard input was fixed when it was made")
+        else:
+            view = memoryview(stdin)
+            while view:
+                n = os.write(self._stdin, view)
+                view = view[n:]
+            os.lseek(self._stdin, 0, os.SEEK_SET)  # the spawner's fd 0 shares this offset
+            os.close(self._stdin)
+            self._stdin = -1
         try:
             os.write(self._go_w, b"\n")
         except OSError as exc:  # it died since it was taken: nothing started
@@ -178,6 +193,7 @@ def spawner_in(
     seccomp_program: bytes | None,
     command: list[str],
     max_pids: int,
+    stdin_fd: int | None = None,
 ) -> Spawner | None:
     """A spawner started now and moved into the run's own ``group`` (limited to ``max_pids``
     sandbox processes), whose ``pids.max`` then makes room for bwrap (:data:`EXTRA_PIDS`); None
@@ -187,9 +203,9 @@ def spawner_in(
     clone and the attach, in which a supervisor SIGKILLed took the outer bwrap with it
     (``--die-with-parent``) and left the inner one, pid 1 of the sandbox, waiting forever in no
     cgroup for a parent that was gone. Born in the group, the whole sandbox is where the sweep
-    of a dead supervisor's groups kills it."""
+    of a dead supervisor's groups kills it. ``stdin_fd`` as for :class:`Spawner`."""
     try:
-        spawner = Spawner(bwrap, seccomp_program, command)
+        spawner = Spawner(bwrap, seccomp_program, command, stdin_fd=stdin_fd)
     except InfraError:
         return None
     try:
