@@ -81,12 +81,21 @@ class _Kernel:
         kernel_end.close()
         self.seq = 0
 
-    def recv(self) -> dict[str, object]:
+    def message(self) -> dict[str, object]:
         return recv_message(self.host, max_bytes=1 << 20, timeout_s=60)
+
+    def recv(self) -> dict[str, object]:
+        """The next reply, past the ``started`` a cell that starts sends first."""
+        while True:
+            msg = self.message()
+            if msg.get("op") != "started":
+                return msg
 
     def cell(self, code: str, *, interrupt: bool = False) -> dict[str, object]:
         self.seq += 1
         self.host.sendall(encode({"op": "cell", "id": self.seq, "code": code}))
+        # The host interrupts a cell only once it has said this (cell_interrupt.py).
+        assert self.message() == {"op": "started", "id": self.seq}
         if interrupt:
             assert self.proc.stdout is not None
             assert self.proc.stdout.readline() == b"looping\n"
@@ -97,7 +106,7 @@ class _Kernel:
 @pytest.fixture
 def kernel() -> Iterator[_Kernel]:
     k = _Kernel()
-    hello = k.recv()
+    hello = k.message()
     assert hello["op"] == "hello" and hello["display"] is False
     yield k
     k.host.close()
