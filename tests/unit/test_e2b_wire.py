@@ -141,7 +141,13 @@ def test_messages_of_a_value_and_a_figure() -> None:
 def test_file_operation_replies() -> None:
     ok = result(Outcome.OK, stdout=f"noise\n{MARK}" + '{"entries": []}\n')
     assert reply_of(ok, "/home/user") == {"entries": []}
-    for error, status in (("missing", 404), ("exists", 409), ("outside", 400)):
+    for error, status in (
+        ("missing", 404),
+        ("exists", 409),
+        ("notdir", 400),
+        ("denied", 403),
+        ("toobig", 413),
+    ):
         bad = result(Outcome.OK, stdout=f"{MARK}" + json.dumps({"error": error}) + "\n")
         with pytest.raises(E2BError) as info:
             reply_of(bad, "/home/user/x")

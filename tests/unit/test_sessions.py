@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from sandcell.errors import ConfigError
 from sandcell.sessions import registry
 from sandcell.sessions.cell_sandbox import CellScope, kernel_message
-from sandcell.sessions.channel import ChannelError, FrameDecoder, encode, recv_message
+from sandcell.sessions.channel import ChannelError, FrameDecoder, encode
 
 KERNEL = Path(__file__).resolve().parents[2] / "src/sandcell/backends/namespaces/_kernel.py"
 
@@ -80,9 +81,21 @@ class _Kernel:
         )
         kernel_end.close()
         self.seq = 0
+        # One decoder for the channel's life: the kernel sends "started" and "done" back to
+        # back, and one read may hold both (a decoder per message would drop the second).
+        self.decoder = FrameDecoder(max_bytes=1 << 20)
+        self.received: list[dict[str, object]] = []
 
     def message(self) -> dict[str, object]:
-        return recv_message(self.host, max_bytes=1 << 20, timeout_s=60)
+        while not self.received:
+            if not select.select([self.host], [], [], 60)[0]:
+                raise ChannelError("the kernel did not answer within 60 s")
+            chunk = self.host.recv(65536)
+            if not chunk:
+                raise ChannelError("the kernel closed the channel")
+            self.decoder.feed(chunk)
+            self.received += self.decoder.messages()
+        return self.received.pop(0)
 
     def recv(self) -> dict[str, object]:
         """The next reply, past the ``started`` a cell that starts sends first."""
