@@ -240,6 +240,53 @@ def test_exports_return_matching_files_with_hash_and_size(sandbox: Sandbox) -> N
     assert r["rejected_exports"] == []
 
 
+def test_the_workspace_is_also_the_home_other_sandboxes_use(sandbox: Sandbox) -> None:
+    # /home/user is the same workspace, mounted twice (code written for E2B expects it): what is
+    # written through one path is read through the other, a file written there is exported, and
+    # its size counts towards the one workspace limit.
+    r = sandbox.run(
+        _code(
+            """
+            import json, os
+            os.makedirs("/home/user/out", exist_ok=True)
+            with open("/home/user/out/a.txt", "w") as f:
+                f.write("via home")
+            with open("/sandbox/b.txt", "w") as f:
+                f.write("via sandbox")
+            os.chdir("/home/user")
+            fd = os.open("/home/user/fill.bin", os.O_CREAT | os.O_WRONLY, 0o600)
+            error = None
+            try:
+                for _ in range(12):
+                    os.write(fd, b"w" * (1024 * 1024))
+            except OSError as exc:
+                error = exc.errno
+            os.close(fd)
+            os.remove("/sandbox/fill.bin")
+            print(json.dumps({
+                "a": open("/sandbox/out/a.txt").read(),
+                "b": open("/home/user/b.txt").read(),
+                "cwd": os.getcwd(),
+                "listed": sorted(os.listdir("/home/user")),
+                "errno": error,
+            }))
+            """
+        ),
+        exports=["out/*.txt"],
+        workspace_mb=8,
+    )
+    assert r["outcome"] == "ok", r
+    seen = _seen(r)
+    assert seen == {
+        "a": "via home",
+        "b": "via sandbox",
+        "cwd": "/home/user",
+        "listed": ["b.txt", "out"],
+        "errno": 28,
+    }, seen
+    assert [a["path"] for a in r["artifacts"]] == ["out/a.txt"]  # type: ignore[index]
+
+
 def test_no_exports_without_globs(sandbox: Sandbox) -> None:
     r = sandbox.run("open('a.txt', 'w').write('x')")
     assert r["outcome"] == "ok", r

@@ -177,3 +177,26 @@ def test_the_profile_judges_a_file_operation_as_code_touching_its_path(
         assert strict.files.read("/tmp/c") == "a,b\n"
     finally:
         strict.kill()
+
+
+def test_code_commands_and_shell_escapes_start_in_the_home(e2b_service: E2BService) -> None:
+    # The default profile (strict): the home is a path code may use without asking anyone.
+    sandbox = Sandbox.create(
+        api_key=e2b_service.alice, api_url=e2b_service.url, sandbox_url=e2b_service.url
+    )
+    try:
+        ex = sandbox.run_code("import os\nprint(os.getcwd())")
+        assert ex.error is None, ex.error
+        assert ex.logs.stdout == ["/home/user\n"]
+        assert sandbox.commands.run("pwd").stdout == "/home/user\n"
+        ex = sandbox.run_code("!pwd")
+        assert ex.error is None, ex.error
+        assert "".join(ex.logs.stdout) == "/home/user\n"
+        written = sandbox.run_code(
+            "with open('/home/user/made.txt', 'w') as f:\n    f.write('by code')"
+        )
+        assert written.error is None, written.error
+        assert sandbox.files.read("made.txt") == "by code"
+        assert [e.path for e in sandbox.files.list("/home/user")] == ["/home/user/made.txt"]
+    finally:
+        sandbox.kill()

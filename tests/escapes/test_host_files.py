@@ -55,21 +55,37 @@ def test_blocks_root_home(attack: Attack) -> None:
 
 
 def test_blocks_host_home_dirs(attack: Attack) -> None:
-    """/home must be absent or empty: no host user's home directory is in the sandbox."""
+    """/home holds nothing of the host: only ``user``, which is the sandbox's own workspace
+    mounted again (bwrap.SANDBOX_HOME), never a host user's home of that name."""
     homes = sorted(
-        {p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")}
+        ({p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")} - {"/home/user"})
         | {"/home/sandcell-test"}
     )
     body = f"""
+    def _is_the_workspace(path):
+        # Not samefile: gVisor gives each mount of the one directory its own device number.
+        marker = "/sandbox/.home-probe"
+        with open(marker, "w") as f:
+            f.write("probe")
+        try:
+            with open(os.path.join(path, ".home-probe")) as f:
+                return f.read() == "probe"
+        except OSError:
+            return False
+        finally:
+            os.remove(marker)
+
     try:
         names = os.listdir("/home")
     except OSError as exc:
         blocked("list /home", errname(exc))
     else:
-        if names:
+        if names != ["user"]:
             breach(f"/home lists {{names!r}}")
+        elif not _is_the_workspace("/home/user"):
+            breach("/home/user is not the sandbox's workspace")
         else:
-            blocked("list /home", "empty")
+            blocked("list /home", "only the workspace, at /home/user")
     for path in {homes!r}:
         attempt(f"stat {{path}}", lambda path=path: os.stat(path))
     """
@@ -407,7 +423,12 @@ print("WHERE " + json.dumps(where))
 def _host_paths(*extra: str) -> list[str]:
     """Host paths that must not appear inside: the checkout, the venv (as started and resolved),
     a base interpreter outside /usr, homes, and the unprivileged user's staging area."""
-    paths = {str(REPO), sys.prefix, os.path.realpath(sys.prefix), "/root", "/home", *extra}
+    # Each host home, not /home itself: the sandbox has a /home, holding only its own workspace
+    # at /home/user (bwrap.SANDBOX_HOME; test_blocks_host_home_dirs), whatever the host has.
+    homes = {p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")}
+    homes |= {f"/home/{name}" for name in (os.listdir("/home") if os.path.isdir("/home") else ())}
+    homes = (homes | {"/home/sandcell-test"}) - {"/home/user"}
+    paths = {str(REPO), sys.prefix, os.path.realpath(sys.prefix), "/root", *homes, *extra}
     base = os.path.realpath(sys.base_prefix)
     if not base.startswith("/usr"):
         paths.add(base)

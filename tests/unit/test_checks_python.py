@@ -312,7 +312,8 @@ def test_network_quiet_on_url_parsing() -> None:
     [
         "open('/etc/passwd')",
         "from pathlib import Path\nPath('/root/.ssh/id_rsa').read_text()",
-        "import pandas as pd\npd.read_csv('/home/user/data.csv')",
+        "import pandas as pd\npd.read_csv('/home/alice/data.csv')",
+        "open('/home/user/../alice/x')",
         "open('../../etc/passwd')",
         "import os\nos.listdir('/')",
         "open('~/.netrc')",
@@ -329,7 +330,9 @@ def test_paths_outside_roots(code: str) -> None:
 def test_paths_inside_roots_are_quiet() -> None:
     code = (
         "open('/inputs/a.csv')\nopen('/sandbox/out/b.txt', 'w')\nopen('/tmp/c')\n"
-        "open('data.csv')\nopen('/dev/null')\nprint('/etc/passwd')"
+        "open('data.csv')\nopen('/dev/null')\nprint('/etc/passwd')\n"
+        # The workspace again (bwrap.SANDBOX_HOME), where E2B code reads and writes.
+        "open('/home/user/data.csv')\nopen('/home/user/out/d.txt', 'w')"
     )
     assert rules(code, allowed=None) == set()
 

@@ -13,7 +13,13 @@ import pytest
 
 from sandcell._runtime_view import HostPython, neutral_view
 from sandcell.backends.namespaces import cgroups
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, BwrapPlan, args_via_fd, build_argv
+from sandcell.backends.namespaces.bwrap import (
+    SANDBOX_HOME,
+    SANDBOX_WORKDIR,
+    BwrapPlan,
+    args_via_fd,
+    build_argv,
+)
 from sandcell.backends.namespaces.rlimits import plan_rlimits
 from sandcell.errors import AuditError, ConfigError, InfraError, IsolationUnavailable
 from sandcell.spec import (
@@ -171,7 +177,11 @@ def test_only_the_workspace_is_bound_writable() -> None:
     plan = _plan()
     ops, _ = _parse(build_argv(plan))
     writable = [(o, a) for o, a in ops if o in ("--bind", "--dev-bind", "--bind-try")]
-    assert writable == [("--bind", (str(plan.workspace), SANDBOX_WORKDIR))]
+    # The workspace, twice: at its own path and at the home E2B code expects.
+    assert writable == [
+        ("--bind", (str(plan.workspace), SANDBOX_WORKDIR)),
+        ("--bind", (str(plan.workspace), SANDBOX_HOME)),
+    ]
     assert ("--chdir", (SANDBOX_WORKDIR,)) in ops
     assert SANDBOX_WORKDIR == "/sandbox"
 

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.fs_cells import cell_for, reply_of
 from sandcell.e2b.listing import ListQuery
+from sandcell.e2b.paths import HOME
 from sandcell.e2b.registry import E2BSandbox, SandboxRegistry, new_token
 from sandcell.e2b.runner import run_cell
 from sandcell.e2b.wire import (
@@ -102,7 +103,13 @@ async def _setup(service: Service, tenant: Tenant, box: E2BSandbox) -> None:
     """Learn where the workspace is inside the sandbox, and give the kernel the sandbox's
     environment variables (commands get them on their own)."""
     service.admit(tenant, sandbox=False)
-    code = cell_for("pwd", "")
+    # Every rung shows the workspace at /home/user too (bwrap.SANDBOX_HOME): E2B code starts
+    # there, as it would in an E2B sandbox, and the kernel's directory is the workspace's path
+    # from then on.
+    # PWD too: the home and /sandbox are one directory, so a shell would trust an inherited
+    # PWD=/sandbox and print that.
+    code = f"import os as _o\n_o.chdir({HOME!r})\n_o.environ['PWD'] = {HOME!r}\ndel _o\n"
+    code += cell_for("pwd", "")
     if box.env:
         code = f"import os as _o\n_o.environ.update({box.env!r})\ndel _o\n" + code
     reply = reply_of(await run_cell(service, tenant, box, code), "/")

@@ -25,6 +25,7 @@ from typing import Any
 from sandcell.backends.namespaces.bwrap import (
     PACKAGES_DIR,
     SANDBOX_GID,
+    SANDBOX_HOME,
     SANDBOX_HOSTNAME,
     SANDBOX_UID,
     SANDBOX_WORKDIR,
@@ -125,7 +126,7 @@ def mount_points(plan: BundlePlan) -> tuple[str, ...]:
     """Directories the root must hold for the mounts of ``plan`` (the root is read-only, so
     they are made on the host before the sandbox starts): each runtime mount's parent, and
     the mount point itself where the caller finds the source is a directory."""
-    points = ["/proc", "/dev", "/sys", "/tmp", "/etc", SANDBOX_WORKDIR, CONTROL_DIR]
+    points = ["/proc", "/dev", "/sys", "/tmp", "/etc", SANDBOX_WORKDIR, SANDBOX_HOME, CONTROL_DIR]
     points += [str(Path(dest).parent) for _, dest in plan.mounts]
     points += [str(Path(dest).parent) for _, dest in plan.files]
     if plan.inputs:
@@ -185,6 +186,7 @@ def build_config(plan: BundlePlan) -> dict[str, Any]:
             "options": ["ro", "nosuid", "nodev", "noexec", "mode=555", "size=4096"],
         },
         _bind(plan.workspace, SANDBOX_WORKDIR, writable=True),
+        _bind(plan.workspace, SANDBOX_HOME, writable=True),
         _bind(plan.control_dir, CONTROL_DIR),
     ]
     mounts += [_bind(host, f"/inputs/{name}") for host, name in plan.inputs]

@@ -348,7 +348,7 @@ def warm_kernel_paths(runner_pid: int) -> None:
     warm = {"inputs": [], "code": "pass\n", "code_path": "/sandcell/main.py"}
     lim = {"workspace_bytes": 1 << 20, "workspace_inodes": 64, "tmp_bytes": 1 << 20}
     start_workspace(warm, lim)
-    for target in (b"/sandcell", b"/dev/shm", b"/tmp", b"/sandbox"):
+    for target in (b"/sandcell", b"/dev/shm", b"/tmp", b"/home/user", b"/sandbox"):
         _libc.umount2(target, 0)
     reseed(os.urandom(64), credit=False)
     set_identity({"time_ns": time.time_ns(), "hostname": socket.gethostname()})
@@ -465,6 +465,8 @@ def start_workspace(job: Job, lim: Job) -> None:
     if job.get("packages"):
         remount_ro("/packages")
     tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
+    # The workspace again where code written for other sandboxes expects its home (E2B's).
+    mount("/sandbox", "/home/user", "", MS_BIND)
     # The image's runtime is under /opt (nothing under /tmp): the run's /tmp hides nothing.
     tmpfs("/tmp", lim["tmp_bytes"], 16384, 0o1777)
     # POSIX shared memory (multiprocessing's locks and queues), capped like /tmp.

@@ -321,7 +321,8 @@ def plan_root(runtime: str | None = None) -> RootPlan:
     generated.append((INTERPRETER_FILE, py.sandbox_python.encode(), 0o644))
     # /etc/fonts: matplotlib finds fonts quietly; C.utf8: the locale every program gets.
     trees += [d for d in ("/etc/fonts", "/usr/lib/locale/C.utf8") if os.path.isdir(d)]
-    dirs: tuple[str, ...] = ("/proc", "/sys", "/dev", "/tmp", "/sandbox", "/inputs", "/packages")
+    dirs: tuple[str, ...] = ("/proc", "/sys", "/dev", "/tmp", "/sandbox", "/home/user", "/inputs")
+    dirs += ("/packages",)
     dirs += ("/sandcell", "/run")
     return RootPlan(
         trees=tuple(trees),

@@ -173,6 +173,9 @@ def _prepare() -> None:
         os.close(fd)
     _tmpfs("/dev/shm", "mode=1777")
     _tmpfs("/sandbox", "mode=755")
+    # The workspace again at the home other sandboxes use (bwrap.SANDBOX_HOME): the same
+    # tmpfs, so the request's remount of /sandbox sizes both.
+    _mount("/sandbox", "/home/user", None, MS_BIND, None)
     _tmpfs("/sandcell", "mode=755")
     # Mounted now, not with the request: a Landlock rule applied before the request (a pooled
     # program's) must be on this tmpfs's root, as rules on a mount point are hidden by the mount.

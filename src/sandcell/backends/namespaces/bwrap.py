@@ -27,9 +27,13 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 SANDBOX_HOSTNAME = "sandcell"
 SANDBOX_WORKDIR = "/sandbox"
+"""The writable working directory inside the sandbox (a name hosts rarely use, see build_argv)."""
+SANDBOX_HOME = "/home/user"
+"""The same workspace again, where code written for other sandboxes (E2B's) expects its home
+and files: a second mount of the one directory, not a copy or a link, so that ``os.getcwd()``
+there says ``/home/user`` and every limit and export rule of the workspace holds through it."""
 PACKAGES_DIR = "/packages"
 """Where packages from the wheel cache appear, read-only, one directory each."""
-"""The writable working directory inside the sandbox (a name hosts rarely use, see build_argv)."""
 SOCKETS_DIR = SANDBOX_DIR
 """Where a run's socket directory appears (``run_sockets.SANDBOX_DIR``)."""
 
@@ -168,6 +172,7 @@ def build_argv(plan: BwrapPlan) -> list[str]:
     # which only a memory cgroup would bound, and the rlimits mode has none.
     a += ["--perms", "1777", "--size", str(plan.tmp_bytes), "--tmpfs", "/dev/shm"]
     a += ["--bind", str(plan.workspace), SANDBOX_WORKDIR]
+    a += ["--bind", str(plan.workspace), SANDBOX_HOME]
     a += ["--ro-bind", str(plan.control_dir), "/sandcell"]
     for host_path, name in plan.inputs:
         a += ["--ro-bind", str(host_path), f"/inputs/{name}"]

@@ -217,7 +217,7 @@ def build_template_argv(spec: TemplateSpec) -> list[str]:
         a += ["--symlink", f"/proc/self/fd/{i}", f"/dev/{name}"]
     a += ["--symlink", "/proc/self/fd", "/dev/fd", "--dir", "/dev/shm", "--remount-ro", "/dev"]
     # Mount points of the children's own mounts.
-    a += ["--dir", "/sandbox", "--dir", "/inputs"]
+    a += ["--dir", "/sandbox", "--dir", "/home/user", "--dir", "/inputs"]
     # A run's socket directory (run_sockets.SANDBOX_DIR, /run/sandcell) is moved into the run's
     # own /sandcell tmpfs: /run leads there, and leads nowhere (ENOENT) in a run without one,
     # as a cold run has no /run. The read-only root cannot get a /run per run.

@@ -131,7 +131,7 @@ def check_python(
     *,
     allowed_imports: Collection[str] | None,
     network: bool,
-    readable_roots: Sequence[str] = ("/sandbox", "/inputs", "/tmp"),
+    readable_roots: Sequence[str] = ("/sandbox", "/home/user", "/inputs", "/tmp"),
 ) -> list[Finding]:
     """Check Python source; return the findings in source order.
 

@@ -88,7 +88,7 @@ _MESSAGES: dict[str, tuple[str, Severity, str]] = {
 
 
 def check_shell(
-    code: str, *, network: bool, writable_roots: Sequence[str] = ("/sandbox", "/tmp")
+    code: str, *, network: bool, writable_roots: Sequence[str] = ("/sandbox", "/home/user", "/tmp")
 ) -> list[Finding]:
     """Check a bash script; return the findings in source order.
 
