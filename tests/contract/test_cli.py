@@ -105,9 +105,13 @@ def test_run_bash(home: Path) -> None:
     # runtime at its fixed neutral path.
     cut = rest.index("--")
     listing, opt = set(rest[:cut]), rest[cut + 1 :]
-    assert {"sandbox", "tmp", "proc", "dev", "usr"} <= listing, listing
-    assert not listing & {"root", "home", "var", "srv", "mnt", "boot"}, listing
+    assert {"sandbox", "tmp", "proc", "dev", "usr", "home"} <= listing, listing
+    assert not listing & {"root", "var", "srv", "mnt", "boot"}, listing
     assert opt == ["sandcell"], opt
+    # /home holds the workspace again, at /home/user (bwrap.SANDBOX_HOME), and nothing else.
+    p = sandcell(home, "run", "--lang", "bash", "-c", "ls -a /home; touch x; ls /home/user")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [".", "..", "user", "x"], p.stdout
 
 
 def test_input_env_and_stdin_flags(home: Path, tmp_path: Path) -> None:
