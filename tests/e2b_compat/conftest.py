@@ -4,12 +4,15 @@ variables that point the official SDKs at it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from e2b import SandboxException
+from e2b_code_interpreter import Sandbox
 from tests.service.server import ServiceProcess, add_tenant
 
 
@@ -42,6 +45,29 @@ def e2b_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BService
     proc = ServiceProcess(home, args=("--start", "cold")).start()
     yield E2BService(proc=proc, alice=alice, bob=bob)
     assert proc.stop() == -signal.SIGTERM
+
+
+@pytest.fixture(scope="package")
+def gvisor_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A second service, on the gVisor rung: its E2B URL and tenant alice's key."""
+    if shutil.which("runsc") is None:
+        pytest.skip("gVisor (runsc) is not installed on this host")
+    home = tmp_path_factory.mktemp("e2b-gvisor-home")
+    key = add_tenant(home, "alice")
+    proc = ServiceProcess(home, args=("--start", "cold", "--backend", "gvisor")).start()
+    yield f"{proc.url}/e2b", key
+    assert proc.stop() == -signal.SIGTERM
+
+
+def gvisor_sandbox(gvisor_service: tuple[str, str]) -> Sandbox:
+    """A sandbox of the gVisor service; a skip, saying why, where this host cannot run gVisor."""
+    url, key = gvisor_service
+    try:
+        return Sandbox.create(api_key=key, api_url=url, sandbox_url=url)
+    except SandboxException as exc:
+        if "gvisor" in str(exc).lower() and ("unavailable" in str(exc) or "503" in str(exc)):
+            pytest.skip(f"gVisor is not usable on this host: {exc}")
+        raise
 
 
 @pytest.fixture(autouse=True)

@@ -3,35 +3,13 @@
 
 from __future__ import annotations
 
-import shutil
-import signal
-from collections.abc import Iterator
-
 import pytest
 from e2b import CommandExitException, SandboxException
-from e2b_code_interpreter import Sandbox
-from tests.service.server import ServiceProcess, add_tenant
-
-
-@pytest.fixture(scope="module")
-def gvisor_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    if shutil.which("runsc") is None:
-        pytest.skip("gVisor (runsc) is not installed on this host")
-    home = tmp_path_factory.mktemp("e2b-gvisor-home")
-    key = add_tenant(home, "alice")
-    proc = ServiceProcess(home, args=("--start", "cold", "--backend", "gvisor")).start()
-    yield f"{proc.url}/e2b", key
-    assert proc.stop() == -signal.SIGTERM
+from tests.e2b_compat.conftest import gvisor_sandbox
 
 
 def test_a_sandbox_on_gvisor(gvisor_service: tuple[str, str]) -> None:
-    url, key = gvisor_service
-    try:
-        sbx = Sandbox.create(api_key=key, api_url=url, sandbox_url=url)
-    except SandboxException as exc:
-        if "gvisor" in str(exc).lower() and ("unavailable" in str(exc) or "503" in str(exc)):
-            pytest.skip(f"gVisor is not usable on this host: {exc}")
-        raise
+    sbx = gvisor_sandbox(gvisor_service)
     try:
         # gVisor's own kernel answers (its sentry reports release 4.4.0), not the host's.
         assert sbx.run_code("import platform\nplatform.release()").text == "'4.4.0'"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,8 +23,7 @@ from e2b_code_interpreter.charts import (
     ScatterChart,
     SuperChart,
 )
-from tests.e2b_compat.conftest import E2BService
-from tests.service.server import ServiceProcess, add_tenant
+from tests.e2b_compat.conftest import E2BService, gvisor_sandbox
 
 PLT = "import matplotlib.pyplot as plt\n"
 
@@ -247,25 +244,8 @@ def test_an_approved_cell_runs_its_shell_escapes(sbx: Sandbox, e2b_service: E2BS
 # -- the gVisor rung ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gvisor_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    if shutil.which("runsc") is None:
-        pytest.skip("gVisor (runsc) is not installed on this host")
-    home = tmp_path_factory.mktemp("e2b-ipython-gvisor-home")
-    key = add_tenant(home, "alice")
-    proc = ServiceProcess(home, args=("--start", "cold", "--backend", "gvisor")).start()
-    yield f"{proc.url}/e2b", key
-    assert proc.stop() == -signal.SIGTERM
-
-
-def test_escapes_display_and_a_chart_on_gvisor(gvisor_url: tuple[str, str]) -> None:
-    url, key = gvisor_url
-    try:
-        sandbox = Sandbox.create(api_key=key, api_url=url, sandbox_url=url)
-    except SandboxException as exc:
-        if "gvisor" in str(exc).lower() and ("unavailable" in str(exc) or "503" in str(exc)):
-            pytest.skip(f"gVisor is not usable on this host: {exc}")
-        raise
+def test_escapes_display_and_a_chart_on_gvisor(gvisor_service: tuple[str, str]) -> None:
+    sandbox = gvisor_sandbox(gvisor_service)
     with sandbox:
         ex = ok(
             sandbox,

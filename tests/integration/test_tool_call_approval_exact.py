@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.approval_person import person
 from tests.integration.loopback_http import JsonHandler, serving
 
 from sandcell.policy.approvals import ApprovalStore
@@ -70,25 +69,6 @@ approval = "always"
     return ToolGateway(profile="exact", tools=profile.tools, approver=approver, environ={})
 
 
-def _person(path: Path, decide: Callable[[ApprovalStore, ToolTicket], None]) -> threading.Thread:
-    """Another terminal: waits for the pending ticket (polling the store, as `approvals list`
-    would) and decides it."""
-
-    def run() -> None:
-        with ApprovalStore(path) as s:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                pending = s.list_tools()
-                if pending:
-                    decide(s, pending[0])
-                    return
-                time.sleep(0.02)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
 PADDED = {
     # Sorted keys put "json" first: a preview cut at 2,000 characters showed only padding.
     "json": {"note": "routine cleanup " + "." * 6000},
@@ -113,9 +93,9 @@ def test_the_person_sees_the_whole_call_and_exactly_that_call_runs(
         s.approve_tool(ticket.id, by="ann@host")
 
     _Api.seen.clear()
-    person = _person(store.path, read_then_approve)
+    deciding = person(store.path, read_then_approve)
     answer = _call(_gateway(api, QueueApprover(store, timeout_s=60, poll_s=0.02)), PADDED)
-    person.join()
+    deciding.join()
     assert answer["ok"], answer
     [text] = shown
     # The request line is on a line of its own, before the arguments, and the whole padding
@@ -149,9 +129,9 @@ def test_a_ticket_whose_stored_arguments_were_edited_lets_no_call_through(
         s.approve_tool(ticket.id, by="mallory@host")
 
     _Api.seen.clear()
-    person = _person(store.path, forge)
+    deciding = person(store.path, forge)
     answer = _call(_gateway(api, QueueApprover(store, timeout_s=60, poll_s=0.02)), PADDED)
-    person.join()
+    deciding.join()
     assert not answer["ok"] and _Api.seen == []
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.approval_person import person
 
 from sandcell.errors import ConfigError
 from sandcell.policy.approvals import ApprovalStore
@@ -32,24 +33,6 @@ def path(tmp_path: Path) -> Path:
 def store(path: Path) -> Iterator[ApprovalStore]:
     with ApprovalStore(path) as s:
         yield s
-
-
-def person(path: Path, decide: Callable[[ApprovalStore, ToolTicket], object]) -> threading.Thread:
-    """A thread that waits for the first pending tool ticket and decides it."""
-
-    def run() -> None:
-        with ApprovalStore(path) as s:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                pending = s.list_tools()
-                if pending:
-                    decide(s, pending[0])
-                    return
-                time.sleep(0.05)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def test_a_call_waits_until_a_person_approves(path: Path, store: ApprovalStore) -> None:
