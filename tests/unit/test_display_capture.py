@@ -691,3 +691,12 @@ def test_displayed_is_true_or_absent(out: Path, store: ArtifactStore, flag: byte
         b'{"kind": "value", "data": {"text/plain": "x"}, "files": [], "displayed": ' + flag + b"}"
     )
     assert any("displayed, when given, must be true" in r for r in reasons(out, store))
+
+
+def test_the_host_holds_charts_to_the_caps_the_sandbox_reads_them_under() -> None:
+    # Two copies by necessity (the display module is standalone inside the sandbox, and the
+    # backends package imports the host side): this keeps them one value.
+    from sandcell import display_chart
+
+    for name in ("CHART_TYPE", "MAX_CHART_ELEMENTS", "MAX_CHART_POINTS"):
+        assert getattr(display_chart, name) == getattr(_display, name), name

@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from sandcell.tools.records import canonical, digest, text_digest
+from sandcell.tools.records import canonical, text_digest
 from sandcell.validation.redact import Redactor
 
 __all__ = [
@@ -166,7 +166,7 @@ def args_preview(args: Mapping[str, object]) -> tuple[str, str, int]:
     text = canonical_args(args)
     pretty = json.dumps(dict(args), sort_keys=True, ensure_ascii=False, indent=2)
     shown, _ = _REDACTOR.scan_text(pretty)
-    return shown, digest(dict(args)), len(text.encode("utf-8", "surrogatepass"))
+    return shown, text_digest(text), len(text.encode("utf-8", "surrogatepass"))
 
 
 def request_line(args: object) -> str | None:

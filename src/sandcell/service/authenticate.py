@@ -29,7 +29,7 @@ from sandcell.e2b import E2B_PATH
 from sandcell.service.core import Service
 from sandcell.service.deps import PRINCIPAL, principal_of
 from sandcell.service.mcp_mount import MCP_PATH
-from sandcell.service.problems import PROBLEM_JSON, ServiceProblem
+from sandcell.service.problems import ServiceProblem, problem_response
 from sandcell.service.ui.guard import MAX_FORM_BYTES, UI_PATH
 
 __all__ = ["AuthenticateFirst"]
@@ -83,15 +83,19 @@ class AuthenticateFirst:
             try:
                 principal = principal_of(self.service, scope)
             except ServiceProblem as exc:
-                await _refuse(send, exc.status, exc.detail, exc.headers or {})
+                await _refuse(
+                    scope, receive, send, exc.status, exc.detail, headers=exc.headers or {}
+                )
                 return
             if path == MCP_PATH and principal.role == "approver":
                 await _refuse(
+                    scope,
+                    receive,
                     send,
                     403,
                     "an approver key decides approvals (/v1/approvals, /ui) and runs nothing; "
                     "send the tenant's API key to /mcp",
-                    {},
+                    headers={},
                 )
                 return
             scope.setdefault("state", {})[PRINCIPAL] = principal
@@ -103,9 +107,8 @@ class AuthenticateFirst:
         elif path == UI_PATH or path.startswith(UI_PATH + "/"):
             declared = _declared_length(scope)
             if declared is not None and declared > MAX_FORM_BYTES:
-                await _refuse(
-                    send, 413, f"a form of these pages is at most {MAX_FORM_BYTES} bytes", {}
-                )
+                limit = f"a form of these pages is at most {MAX_FORM_BYTES} bytes"
+                await _refuse(scope, receive, send, 413, limit, headers={})
                 return
         await self.app(scope, receive, send)
 
@@ -151,27 +154,9 @@ async def _refuse_e2b(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _refuse(send: Send, status: int, detail: str, headers: dict[str, str]) -> None:
-    titles = {401: "Unauthorized", 403: "Forbidden", 413: "Content Too Large"}
-    body = json.dumps(
-        {
-            "type": "about:blank",
-            "title": titles.get(status, "Error"),
-            "status": status,
-            "detail": detail,
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", PROBLEM_JSON.encode()),
-                (b"content-length", str(len(body)).encode()),
-                # The body was not read: the connection cannot carry another request.
-                (b"connection", b"close"),
-                *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _refuse(
+    scope: Scope, receive: Receive, send: Send, status: int, detail: str, *, headers: dict[str, str]
+) -> None:
+    # The body was not read: the connection cannot carry another request.
+    response = problem_response(status, detail, headers={**headers, "connection": "close"})
+    await response(scope, receive, send)

@@ -6,7 +6,6 @@ library, and the gauges are read from the live objects when scraped rather than 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +15,7 @@ from starlette.requests import Request
 from sandcell.service.local_owner import PEER_UID
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.server import is_loopback
+from sandcell.service.tenants import hash_key
 
 __all__ = ["LATENCY_BUCKETS_S", "Metrics", "check_metrics_access"]
 
@@ -30,9 +30,7 @@ def check_metrics_access(request: Request, key_sha256: str | None) -> None:
     if key_sha256 is not None:
         sent = request.headers.get("authorization", "")
         scheme, _, key = sent.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            hashlib.sha256(key.strip().encode("utf-8", "surrogatepass")).hexdigest(), key_sha256
-        ):
+        if scheme.lower() == "bearer" and hmac.compare_digest(hash_key(key.strip()), key_sha256):
             return
         raise ServiceProblem(
             401,

@@ -16,7 +16,7 @@ from sandcell.service.paging import MAX_SCAN, Page
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Principal, Tenant
 
-__all__ = ["decide", "owned_ticket", "owned_tickets", "owned_tickets_page", "owns"]
+__all__ = ["decide", "owned_ticket", "owned_tickets_page", "owns"]
 
 _BATCH = 200
 """Tool tickets read from the store at a time while a page is built."""
@@ -48,11 +48,6 @@ def owned_ticket(service: Service, tenant: Tenant, ticket_id: str) -> ToolTicket
     if ticket.id != ticket_id or not owns(service, tenant, ticket):
         raise missing
     return ticket
-
-
-def owned_tickets(service: Service, tenant: Tenant, status: str, *, limit: int) -> list[ToolTicket]:
-    """The tenant's tool tickets in ``status`` (or ``all``), newest first: the first page."""
-    return list(owned_tickets_page(service, tenant, status, limit=limit, cursor=None).items)
 
 
 def owned_tickets_page(

@@ -173,15 +173,16 @@ class ConfinedChecks:
         Raises:
             ConfigError: when the schema cannot be used (a ``$ref`` that does not resolve).
         """
-        return self._ask(
-            {
-                "op": "check",
-                "schema": schema,
-                "value": value,
-                "subject": subject,
-                "invariants": list(invariants),
-            }
-        )
+        request: dict[str, object] = {
+            "op": "check",
+            "schema": schema,
+            "value": value,
+            "invariants": list(invariants),
+        }
+        # The result can be MiBs: sent once, unless the invariants see another form of it.
+        if invariants and subject is not value:
+            request["subject"] = subject
+        return self._ask(request)
 
     def check_schema(self, schema: Mapping[str, object]) -> None:
         """Check that ``schema`` is a valid JSON Schema (:func:`~sandcell.validation.check_schema`)

@@ -37,7 +37,7 @@ from sandcell.service.kept_bytes import kept_stdin
 from sandcell.service.paging import Page
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.run_approvals import owned_approvals_page
-from sandcell.service.tenants import Principal, Tenant, hash_key
+from sandcell.service.tenants import Principal, Tenant
 from sandcell.service.ui.browser_sessions import BrowserSession, BrowserSessions, LoginLimiter
 from sandcell.service.ui.guard import (
     COOKIE,
@@ -271,7 +271,7 @@ class _Ui:
         # A new id at login: whatever id the browser had before never becomes a logged-in one.
         self.sessions.end(session.id)
         response = _see_other("/")
-        logged_in = self.sessions.new(principal.tenant.id, key_sha256=hash_key(key))
+        logged_in = self.sessions.new(principal.tenant.id, key_sha256=principal.key_sha256)
         set_cookie(response, request, logged_in)
         return response
 
