@@ -272,8 +272,8 @@ def apply(
         )
     # Judged again here, against the target as it is now: nothing recorded earlier is trusted.
     written = {c.path: c.new for c in rec.changes if c.new is not None}
-    reached = expected_after(before, rec.changes).entries
-    refused = refusals(before.entries, reached, written, rec.manifest.left_out)
+    expected = expected_after(before, rec.changes)
+    refused = refusals(before.entries, expected.entries, written, rec.manifest.left_out)
     if refused:
         raise ApplyError(
             f"run {rec.run_id}'s change set cannot be applied to {str(target)!r}; nothing was "
@@ -316,7 +316,6 @@ def apply(
     finally:
         os.close(root_fd)
     after = tree_state(target)
-    expected = expected_after(rec.manifest, rec.changes)
     apply_id = "apply-" + uuid.uuid4().hex
     audit.append(
         {

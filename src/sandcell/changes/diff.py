@@ -106,21 +106,25 @@ def check_path(rel: str) -> str:
     return rel
 
 
+def _decoded(data: bytes) -> tuple[str | None, str | None]:
+    """``data`` as text and None, or None and why it is shown as binary (decoded once)."""
+    if b"\x00" in data:
+        return None, "holds a NUL byte"
+    if len(data) > MAX_TEXT_DIFF_BYTES:
+        return None, f"over {MAX_TEXT_DIFF_BYTES // (1 << 20)} MiB"
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+
+
 def binary_reason(data: bytes) -> str | None:
     """Why ``data`` is shown as binary rather than as a text diff, or None for text."""
-    if b"\x00" in data:
-        return "holds a NUL byte"
-    if len(data) > MAX_TEXT_DIFF_BYTES:
-        return f"over {MAX_TEXT_DIFF_BYTES // (1 << 20)} MiB"
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return "not UTF-8"
-    return None
+    return _decoded(data)[1]
 
 
 def _text(data: bytes) -> str | None:
-    return data.decode("utf-8") if binary_reason(data) is None else None
+    return _decoded(data)[0]
 
 
 def _lines(text: str) -> list[str]:
