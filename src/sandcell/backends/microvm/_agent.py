@@ -1180,8 +1180,17 @@ class KernelRelay:
 
     def from_kernel(self) -> None:
         assert self.ctl is not None
-        # The kernel flushes a cell's output before it replies: relay that output first (a
-        # bounded drain: a process the cell left writing cannot hold the reply back).
+        try:
+            data = self.ctl.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        # The kernel flushes a cell's output before it replies, so once the reply is read all
+        # that output is in the pipes: relay it first. Drained after the read, not before: a
+        # quick cell can print and reply between a drain and the read (its "started" message
+        # woke this up). The drain is bounded: a process the cell left writing cannot hold the
+        # reply back.
         for fd in list(self.outs):
             for _ in range(64):
                 if fd not in self.outs or not select.select([fd], [], [], 0)[0]:
@@ -1190,12 +1199,6 @@ class KernelRelay:
         # The host keeps a cell's output until its reply: what is held goes before it.
         for batch in self.batches.values():
             batch.flush()
-        try:
-            data = self.ctl.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
         if not data:
             self.ctl.close()
             self.ctl = None
