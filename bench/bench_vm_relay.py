@@ -6,8 +6,9 @@ the agent channel, both measured natively in this process (no guest, no TCG).
 In a microVM the program's connection goes bridge -> the guest agent's ``egress.sock`` ->
 ``R`` frames over the virtio-serial channel -> the host's relay thread -> the proxy's socket.
 Here the channel is a socket pair, and the guest side is the agent's own ``Forwarder`` code
-(``_agent.py``) on a thread, so the difference between the variants is the relay's framing and
-credit flow control, not the emulation. Variants, interleaved in shuffled order each round:
+(``microvm/guest/forward.py``) on a thread, so the difference between the variants is the
+relay's framing and credit flow control, not the emulation. Variants, interleaved in shuffled
+order each round:
 
 - ``proxy-socket``: plain HTTP to the proxy's Unix socket (the baseline);
 - ``vm-relay``: the same request to the forwarder's socket, carried over the channel.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import http.server
-import importlib.util
 import json
 import os
 import random
@@ -34,9 +34,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 from sandcell.backends.microvm import channel, relay
+from sandcell.backends.microvm.guest.forward import Forwarder
+from sandcell.backends.microvm.guest.port import Port
 from sandcell.network.addresses import MapResolver
 from sandcell.network.allowlist import parse_allowlist
 from sandcell.network.caps import ProxyLimits
@@ -83,25 +84,15 @@ def _get(conn: http.client.HTTPConnection, target: str) -> int:
     return total
 
 
-def _agent() -> ModuleType:
-    path = Path(channel.__file__).with_name("_agent.py")
-    spec = importlib.util.spec_from_file_location("sandcell_bench_agent", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _guest(host_dir: Path, guest_dir: Path) -> tuple[relay.Pump, threading.Event]:
     """The agent's forwarder on a thread, joined to a host relay by a socket pair."""
-    agent = _agent()
     host_sock, guest_sock = socket.socketpair()
-    port = object.__new__(agent.Port)
+    port = object.__new__(Port)
     port.fd = guest_sock.fileno()
     port.buf = bytearray()
     port.early = []
     os.set_blocking(port.fd, False)
-    fwd = agent.Forwarder(port)
+    fwd = Forwarder(port)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(guest_dir / "egress.sock"))
     listener.listen(128)

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import threading
 import time
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from sandcell.backends.microvm import channel
 from sandcell.backends.microvm.channel import ChannelError, FrameReader, encode
-
-AGENT = Path(channel.__file__).with_name("_agent.py")
-
-
-def _agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sandcell_test_agent", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from sandcell.backends.microvm.guest import files as guest_files
+from sandcell.backends.microvm.guest.port import Port
 
 
 def test_frames_round_trip_in_any_split() -> None:
@@ -54,9 +43,8 @@ def test_chunks_split_large_data() -> None:
 def test_handshake_with_the_real_agent_code_survives_noise() -> None:
     """The host greets, the agent (its own code, over a socket pair) answers; garbage before
     the greeting (bytes of a restore) is skipped, and frames after it parse on both sides."""
-    agent = _agent()
     host_sock, guest_sock = socket.socketpair()
-    port = object.__new__(agent.Port)
+    port = object.__new__(Port)
     port.fd = guest_sock.fileno()
     port.buf = bytearray()
     port.early = []
@@ -92,10 +80,9 @@ def test_handshake_times_out_on_a_silent_guest() -> None:
 
 
 def test_agent_export_globs_match_like_the_host() -> None:
-    agent = _agent()
-    assert agent.glob_match(["out", "a.png"], ["out/*.png"])
-    assert agent.glob_match(["a", "b", "c.csv"], ["**/*.csv"])
-    assert agent.glob_match(["c.csv"], ["**/*.csv"])
-    assert not agent.glob_match(["out", "a.txt"], ["out/*.png"])
-    assert agent._may_descend(["out"], ["out/*.png"])
-    assert not agent._may_descend(["other"], ["out/*.png"])
+    assert guest_files.glob_match(["out", "a.png"], ["out/*.png"])
+    assert guest_files.glob_match(["a", "b", "c.csv"], ["**/*.csv"])
+    assert guest_files.glob_match(["c.csv"], ["**/*.csv"])
+    assert not guest_files.glob_match(["out", "a.txt"], ["out/*.png"])
+    assert guest_files._may_descend(["out"], ["out/*.png"])
+    assert not guest_files._may_descend(["other"], ["out/*.png"])

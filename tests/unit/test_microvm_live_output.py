@@ -2,7 +2,7 @@
 goes on the port, when, and never more than the cap) and the host's side (what reaches the run's
 output sink, in order, while the run is still going, never more than the cap).
 
-The guest half runs the agent's own code (``_agent.py`` loaded as a file, as in the guest) on a
+The guest half runs the agent's own code (the guest package, ``microvm/guest``) on a
 FIFO standing in for its port; the host half runs :func:`drive` against a thread that speaks the
 agent's side of the channel over a socket pair. A real VM is ``tests/contract/
 test_microvm_live_output.py``'s.
@@ -11,43 +11,32 @@ test_microvm_live_output.py``'s.
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import json
 import os
 import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from sandcell.backends.microvm import channel
 from sandcell.backends.microvm.drive import drive, keep
+from sandcell.backends.microvm.guest import batch as guest_batch
+from sandcell.backends.microvm.guest.port import Port
 from sandcell.spec import Limits, RunRequest
-
-AGENT = Path(__file__).resolve().parents[2] / "src/sandcell/backends/microvm/_agent.py"
-
-
-def _agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sandcell_guest_agent", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Port:
     """The agent's port on a FIFO; ``frames()`` parses what the agent wrote so far."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.agent = _agent()
         fifo = tmp_path / "port"
         os.mkfifo(fifo)
         self.reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         # Room for a whole batch and its header: the test reads only after the agent wrote.
         fcntl.fcntl(self.reader, fcntl.F_SETPIPE_SZ, 1 << 20)
-        self.port = self.agent.Port(str(fifo))
+        self.port = Port(str(fifo))
         self.parser = channel.FrameReader()
 
     def frames(self) -> list[tuple[bytes, bytes]]:
@@ -70,28 +59,28 @@ def port(tmp_path: Path) -> Iterator[_Port]:
 
 
 def test_small_writes_are_held_then_sent_together(port: _Port) -> None:
-    batch = port.agent.Batch(port.port, b"O", 1000)
+    batch = guest_batch.Batch(port.port, b"O", 1000)
     for line in (b"a\n", b"b\n", b"c\n"):
         batch.add(line)
     assert port.frames() == [], "small writes went out one by one"
     assert batch.since is not None
     batch.flush_due(batch.since)  # not yet due
     assert port.frames() == []
-    batch.flush_due(batch.since + port.agent.BATCH_DELAY_S)
+    batch.flush_due(batch.since + guest_batch.BATCH_DELAY_S)
     assert port.frames() == [(b"O", b"a\nb\nc\n")]
     assert batch.wait(0.0) is None, "nothing is held after a flush"
 
 
 def test_a_large_read_goes_at_once(port: _Port) -> None:
-    batch = port.agent.Batch(port.port, b"E", 1 << 20)
-    data = b"x" * port.agent.BATCH_BYTES
+    batch = guest_batch.Batch(port.port, b"E", 1 << 20)
+    data = b"x" * guest_batch.BATCH_BYTES
     batch.add(data)
     assert port.frames() == [(b"E", data)]
 
 
 def test_never_more_than_the_cap_and_the_cap_passed_goes_at_once(port: _Port) -> None:
     # The agent's cap is the host's plus one byte: that byte tells the host the cap was passed.
-    batch = port.agent.Batch(port.port, b"O", 11)
+    batch = guest_batch.Batch(port.port, b"O", 11)
     batch.add(b"0123456789")
     assert port.frames() == []
     batch.add(b"abcdef")
@@ -102,7 +91,7 @@ def test_never_more_than_the_cap_and_the_cap_passed_goes_at_once(port: _Port) ->
 
 
 def test_a_new_cell_sends_what_is_held_first_and_gets_its_own_cap(port: _Port) -> None:
-    batch = port.agent.Batch(port.port, b"O", 4)
+    batch = guest_batch.Batch(port.port, b"O", 4)
     batch.add(b"abc")
     batch.reset(4)
     assert port.frames() == [(b"O", b"abc")]
@@ -111,11 +100,10 @@ def test_a_new_cell_sends_what_is_held_first_and_gets_its_own_cap(port: _Port) -
 
 
 def test_the_select_wait_is_bounded_by_what_is_held(port: _Port) -> None:
-    agent = port.agent
-    idle, busy = agent.Batch(port.port, b"O", 100), agent.Batch(port.port, b"E", 100)
-    assert agent.select_timeout([idle, busy], 1.0) == 1.0
+    idle, busy = guest_batch.Batch(port.port, b"O", 100), guest_batch.Batch(port.port, b"E", 100)
+    assert guest_batch.select_timeout([idle, busy], 1.0) == 1.0
     busy.add(b"x")
-    assert agent.select_timeout([idle, busy], 1.0) <= agent.BATCH_DELAY_S
+    assert guest_batch.select_timeout([idle, busy], 1.0) <= guest_batch.BATCH_DELAY_S
 
 
 def test_keep_tells_the_sink_only_what_fits() -> None:

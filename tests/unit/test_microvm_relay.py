@@ -1,12 +1,11 @@
 """The run's sockets carried over the agent channel: the host's relay (``relay.py``) against the
-guest agent's own forwarder code (``_agent.py``) over a socket pair, with real Unix-socket
+guest agent's own forwarder code (``guest/forward.py``) over a socket pair, with real Unix-socket
 services on the host side; and the host's relay against a hostile guest's frames."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import os
 import select
 import socket
@@ -15,24 +14,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
 
-from sandcell.backends.microvm import channel, relay
+from sandcell.backends.microvm import relay
 from sandcell.backends.microvm.channel import Channel, ChannelError, encode
+from sandcell.backends.microvm.guest import bridge as guest_bridge
+from sandcell.backends.microvm.guest import forward as guest_forward
+from sandcell.backends.microvm.guest.port import Port
 from sandcell.run_sockets import SandboxSockets
-
-AGENT = Path(channel.__file__).with_name("_agent.py")
-
-
-def _agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sandcell_relay_test_agent", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Service:
@@ -78,8 +68,8 @@ class _Link:
 
     pump: relay.Pump
     chan: Channel
-    fwd: Any
-    """The agent's ``Forwarder`` (a module loaded from a file: no static type)."""
+    fwd: guest_forward.Forwarder
+    """The agent's forwarder."""
     guest_dir: Path
     stop: threading.Event
 
@@ -99,14 +89,13 @@ def host_dir(tmp_path: Path) -> Path:
 
 @contextlib.contextmanager
 def _link(host_dir: Path, guest_dir: Path) -> Iterator[_Link]:
-    agent = _agent()
     host_sock, guest_sock = socket.socketpair()
-    port = object.__new__(agent.Port)
+    port = object.__new__(Port)
     port.fd = guest_sock.fileno()
     port.buf = bytearray()
     port.early = []
     os.set_blocking(port.fd, False)
-    fwd = agent.Forwarder(port)
+    fwd = guest_forward.Forwarder(port)
     guest_dir.mkdir()
     for name, target in (("egress.sock", b"e"), ("tools.sock", b"t")):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -362,9 +351,8 @@ def test_a_guest_flooding_other_frames_is_not_read_past_the_cap(host_dir: Path) 
 def test_the_agent_keeps_the_relay_s_window_and_limits() -> None:
     """The agent imports nothing: its copy of the flow control must match the host's, or the
     host would take a well-behaved guest for a hostile one."""
-    agent = _agent()
-    assert agent.RELAY_WINDOW == relay.WINDOW
-    assert agent.RELAY_CHUNK <= relay.CHUNK
-    assert agent.RELAY_MAX_CONNECTIONS == relay.MAX_CONNECTIONS
-    assert agent.RELAY_ID.size == relay.ID.size
-    assert agent.GUEST_PYTHON == relay.GUEST_PYTHON
+    assert guest_forward.RELAY_WINDOW == relay.WINDOW
+    assert guest_forward.RELAY_CHUNK <= relay.CHUNK
+    assert guest_forward.RELAY_MAX_CONNECTIONS == relay.MAX_CONNECTIONS
+    assert guest_forward.RELAY_ID.size == relay.ID.size
+    assert guest_bridge.GUEST_PYTHON == relay.GUEST_PYTHON

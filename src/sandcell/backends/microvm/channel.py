@@ -8,7 +8,8 @@ echoes it, sends ``SCGO <nonce>``, and frames start after the guest's ``SCREADY 
 A frame is one type byte, a 4-byte big-endian length and at most :data:`MAX_FRAME` bytes of
 payload. Everything read from the guest is hostile: a length over the cap, an unknown type or a
 stream that ends mid-frame is a protocol error (:class:`ChannelError`), never trusted.
-The guest agent (``_agent.py``) carries its own copy of these few lines, as it imports nothing.
+The guest agent (``guest/port.py``) carries its own copy of these few lines, as it imports
+nothing of sandcell.
 """
 
 from __future__ import annotations

@@ -57,11 +57,15 @@ _VERIFIED_NAME = ".verified.json"
 TOOL_PACKAGES = ("bash", "coreutils", "grep", "sed", "mawk", "findutils", "diffutils", "gzip")
 """Debian packages whose programs the guest gets, for bash runs."""
 _STDLIB_SKIP = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3")
+_GUEST_PACKAGE = Path(__file__).with_name("guest")
 _AGENT_FILES = {
     "agent.py": Path(__file__).with_name("_agent.py"),
+    **{f"guest/{p.name}": p for p in sorted(_GUEST_PACKAGE.glob("*.py"))},
     "runner.py": Path(__file__).with_name("_runner.py"),
     "display.py": Path(__file__).parents[1] / "namespaces" / "_display.py",
 }
+"""The guest-side files under /opt/sandcell: the agent's entry script and its package
+(``guest/``, which the entry imports), the runner and the display module."""
 _FIX_BUILD = "run scripts/install-vm (once, as root), then: sandcell vm build"
 
 
@@ -98,8 +102,8 @@ class Manifest:
     bash: str
     built_at: str
     agent_sha256: str = ""
-    """The hash of the guest agent, runner and display module baked in (:func:`agent_sha256`);
-    empty in manifests written before it was recorded."""
+    """The hash of the guest agent (entry script and package), runner and display module baked
+    in (:func:`agent_sha256`); empty in manifests written before it was recorded."""
     runtime: str = DEFAULT_RUNTIME
     """The runtime the image was built from (manifests written before runtimes had names hold
     the default one)."""

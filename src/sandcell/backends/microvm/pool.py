@@ -5,7 +5,7 @@ the preload imported, saved: ``snapshot.py``). ``mode="template"`` restores a cl
 at call time; ``mode="pool"`` keeps ``pool_size`` clones restored ahead, through the handshake
 and then paused (an idle TCG guest would cost several percent of a host CPU each), and resumes
 one per run. Every clone serves exactly one run and is destroyed after it; the job it receives
-carries fresh entropy, the wall clock and a new hostname (see ``_agent.py``). While a run holds
+carries fresh entropy, the wall clock and a new hostname (see ``guest/job.py``). While a run holds
 the refill (:meth:`WarmVMs.refill_held`) and a clone is still ready, the next one is restored
 after that run's result, not during it: on a host with few cores a restore (QEMU's start, the
 guest's warm-up) would take the CPU the run's guest needs.
