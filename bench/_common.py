@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from sandcell.backends.namespaces.bwrap import find_bwrap
+from sandcell.backends.host.bubblewrap import find_bwrap
 from sandcell.runtimes import common_env, python_runtime
 
 __all__ = [

@@ -247,7 +247,7 @@ def _llm_sandbox(key: str, sessions: int) -> Variant | VariantInfo:
     except ImportError as exc:
         why = f"llm-sandbox is not installed ({exc}); pip install -e '.[bench]'"
         return VariantInfo(key, label, isolation, False, why)
-    from sandcell.backends.namespaces.bwrap import find_bwrap
+    from sandcell.backends.host.bubblewrap import find_bwrap
     from sandcell.runtimes import python_runtime
 
     rt = python_runtime()

@@ -55,7 +55,7 @@ from _common import run_pool as _pool  # noqa: E402
 from _stats import p90  # noqa: E402
 
 from sandcell import Executor, Outcome, RunRequest  # noqa: E402
-from sandcell.backends.namespaces.bwrap import find_bwrap  # noqa: E402
+from sandcell.backends.host.bubblewrap import find_bwrap  # noqa: E402
 from sandcell.runtimes import python_runtime  # noqa: E402
 
 WORKLOADS: dict[str, str] = {

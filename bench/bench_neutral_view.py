@@ -31,7 +31,7 @@ os.environ["SANDCELL_RUNS"] = os.path.join(_HOME, "runs")
 from _common import Runner, bwrap_argv, interleaved_latency, subprocess_runner  # noqa: E402
 
 from sandcell import Executor, RunRequest  # noqa: E402
-from sandcell.backends.namespaces import neutral_sources  # noqa: E402
+from sandcell.backends.host import neutral_sources  # noqa: E402
 from sandcell.spec import input_from_path  # noqa: E402
 
 _shipped = neutral_sources.plan

@@ -39,7 +39,7 @@ from sandcell import RunRequest, WarmConfig
 from sandcell.backends.base import Backend
 from sandcell.backends.registry import create_backend
 from sandcell.errors import SandcellError
-from sandcell.runtime_store import find
+from sandcell.runtimes.store import find
 from sandcell.spec import DEFAULT_RUNTIME
 
 MiB = 1024 * 1024

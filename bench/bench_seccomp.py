@@ -27,13 +27,13 @@ import struct
 import subprocess
 import sys
 
-from sandcell.backends.namespaces.seccomp import (
+from sandcell.backends.host.seccomp import (
     AUDIT_ARCH,
     SYSCALL_NUMBERS,
     build_policy,
     native_arch,
 )
-from sandcell.backends.namespaces.seccomp.bpf import SECCOMP_RET_ALLOW, FilterSpec, compile_filter
+from sandcell.backends.host.seccomp.bpf import SECCOMP_RET_ALLOW, FilterSpec, compile_filter
 
 _CHILD = r"""
 import ctypes, json, os, socket, struct, sys, time

@@ -135,7 +135,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _versions() -> dict[str, str]:
-    from sandcell.backends.namespaces.bwrap import find_bwrap
+    from sandcell.backends.host.bubblewrap import find_bwrap
 
     bw = find_bwrap()
     out = subprocess.run([bw.path, "--version"], capture_output=True, text=True, check=False)

@@ -193,7 +193,7 @@ def descendants(pid: int) -> list[int]:
 
 def _cgroup_dirs(tags: Sequence[str]) -> list[str]:
     """Run cgroups of the supervisors ``tags`` (v1: one per controller; v2: one)."""
-    from sandcell.backends.namespaces.cgroups import CgroupHost, detect
+    from sandcell.backends.host.cgroups import CgroupHost, detect
 
     host = detect()
     bases = list(host.bases.values()) if isinstance(host, CgroupHost) else []
@@ -439,7 +439,7 @@ def soak_executor(
 ) -> dict[str, object]:
     """The load through one in-process :class:`Executor` (warm pool) on ``backend``, then the
     books."""
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
     from sandcell.executor import Executor
 
     me = os.getpid()

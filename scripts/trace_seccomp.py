@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sandcell.backends.namespaces.bwrap import find_bwrap
-from sandcell.backends.namespaces.seccomp import build_policy, build_setup_policy, native_arch
+from sandcell.backends.host.bubblewrap import find_bwrap
+from sandcell.backends.host.seccomp import build_policy, build_setup_policy, native_arch
 
 _CALL = re.compile(r"^(\d+) +(?:<\.\.\. (\w+) resumed>|(\w+)\()")
 _RET = re.compile(r"= (\d+)(?: /\* (\d+) in strace's PID NS \*/)?\s*$")

@@ -35,7 +35,7 @@ from sandcell import (
     input_from_path,
     result_to_dict,
 )
-from sandcell.backends.namespaces import WarmConfig
+from sandcell.backends.warm import WarmConfig
 from sandcell.spec import MiB
 
 UNPRIV_USER = os.environ.get("SANDCELL_TEST_USER", "sandcell-test")
@@ -106,7 +106,7 @@ def runtime_required(name: str) -> None:
     """Skip a test that needs the built runtime ``name`` where it is not built, unless CI
     requires sandboxes (``.ci/run`` builds every shipped runtime): then fail."""
     from sandcell.errors import ConfigError
-    from sandcell.runtime_store import find
+    from sandcell.runtimes.store import find
 
     try:
         find(name)
@@ -532,7 +532,7 @@ def _expected_user_mode(env: UnprivEnv) -> tuple[IsolationMode | None, str]:
             raise AssertionError(
                 f"SANDCELL_TEST_USER_MODE={declared!r}: give strict or rlimits"
             ) from None
-    from sandcell.backends.namespaces.cgroups import GROUP_PREFIX, V1_CONTROLLERS
+    from sandcell.backends.host.cgroups import GROUP_PREFIX, V1_CONTROLLERS
 
     v1: dict[str, Path] = {}
     for line in Path("/proc/self/mounts").read_text().splitlines():

@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandcell.artifacts import ArtifactStore, ExportLimits
     from sandcell.audit import AuditLog
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
     from sandcell.errors import (
         AuditError,
         ConfigError,

@@ -25,8 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from sandcell.backends.namespaces import bwrap as bw
-from sandcell.backends.namespaces import cgroups, landlock, seccomp
+from sandcell.backends.host import bubblewrap as bw
+from sandcell.backends.host import cgroups, landlock, seccomp
 from sandcell.backends.registry import LADDER, PROTECTS, BackendName, probe
 from sandcell.errors import IsolationUnavailable
 from sandcell.runtimes import _root_layout, bash_runtime, python_runtime

@@ -47,8 +47,8 @@ from sandcell.replay.evidence import (
     packages_record,
 )
 from sandcell.run_sockets import RunSockets
-from sandcell.runtime_ref import runtime_record, runtime_ref
 from sandcell.runtimes import Runtime, runtime_for
+from sandcell.runtimes.ref import runtime_record, runtime_ref
 from sandcell.spec import (
     DEFAULT_RUNTIME,
     Artifact,
@@ -76,7 +76,7 @@ from sandcell.validation import (
 if TYPE_CHECKING:
     import pydantic
 
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
     from sandcell.live_output import LiveOutput, OutputListener
     from sandcell.network.addresses import Resolver
     from sandcell.replay import ReplayReport
@@ -265,7 +265,7 @@ class Executor:
         """Stop the run ``run_id`` (an id given to :meth:`run`) if it is in flight now; it ends
         ``killed`` like under :meth:`cancel_all`. False when it is not (yet, or any more)
         running: a caller that wants it stopped calls again until ``run`` has returned."""
-        from sandcell.backends.namespaces.runs import RunRegistry
+        from sandcell.backends.host.runs import RunRegistry
 
         registries = (getattr(b, "runs", None) for b in list(self._backends.values()))
         return any(r.cancel(run_id, reason) for r in registries if isinstance(r, RunRegistry))

@@ -29,7 +29,7 @@ from tests.conftest import REPO, UnprivEnv, backend_unavailable, run_as_user, ru
 
 from sandcell import Executor
 from sandcell.audit import AuditLog
-from sandcell.backends.namespaces import cgroups
+from sandcell.backends.host import cgroups
 from sandcell.batch import BatchProgress, load_tasks, run_batch
 from sandcell.errors import AuditError, IsolationUnavailable
 from sandcell.spec import IsolationMode

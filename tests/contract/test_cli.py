@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import run_cli
 
 from sandcell import Executor, RunRequest, RunResult
-from sandcell.backends.namespaces import cgroups
+from sandcell.backends.host import cgroups
 from sandcell.cli import main
 from sandcell.errors import IsolationUnavailable
 from sandcell.status import EXIT_CONFIG, EXIT_MEMORY_LIMIT, EXIT_OUTPUT_LIMIT, EXIT_TIMEOUT
@@ -108,7 +108,7 @@ def test_run_bash(home: Path) -> None:
     assert {"sandbox", "tmp", "proc", "dev", "usr", "home"} <= listing, listing
     assert not listing & {"root", "var", "srv", "mnt", "boot"}, listing
     assert opt == ["sandcell"], opt
-    # /home holds the workspace again, at /home/user (bwrap.SANDBOX_HOME), and nothing else.
+    # /home holds the workspace again, at /home/user (layout.SANDBOX_HOME), and nothing else.
     p = sandcell(home, "run", "--lang", "bash", "-c", "ls -a /home; touch x; ls /home/user")
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [".", "..", "user", "x"], p.stdout

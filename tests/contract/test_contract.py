@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import CONTRACT_PARAMS, SANDBOX_PARAMS, Sandbox, make_sandbox
 
 from sandcell.artifacts import ArtifactStore
-from sandcell.backends.namespaces import landlock
+from sandcell.backends.host import landlock
 from sandcell.spec import IsolationMode
 
 MiB = 1024 * 1024

@@ -24,8 +24,8 @@ from tests.conftest import UnprivEnv, run_as_user
 
 from sandcell import Executor, Limits, Outcome, RunRequest, input_from_path
 from sandcell.backends.base import BackendResult
-from sandcell.backends.namespaces import cgroups, workspace
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.host import cgroups, workspace
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
 from sandcell.spec import IsolationMode, MiB
 

@@ -27,7 +27,7 @@ import pytest
 
 from sandcell import Outcome, RunRequest, input_from_path
 from sandcell.backends.base import BackendResult, Collector
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
 from sandcell.network import bridge
 from sandcell.run_sockets import BRIDGE_FILE, EGRESS_SOCKET, TOOLS_FILE, SandboxSockets

@@ -22,7 +22,7 @@ import pytest
 
 from sandcell import Executor, Limits, RunRequest, input_from_path
 from sandcell.backends.microvm import MicroVMBackend, layout, machine, probe, sweep
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
 from sandcell.spec import Outcome
 

@@ -20,7 +20,7 @@ from tests.unit.test_packages import make_wheel
 
 from sandcell import Executor, RunRequest
 from sandcell.backends.microvm import MicroVMBackend, probe
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import ConfigError
 from sandcell.packages import CachedPackage, WheelCache
 from sandcell.spec import Outcome

@@ -17,7 +17,7 @@ from sandcell import RunRequest
 from sandcell.backends.microvm import MicroVMBackend, layout, probe
 from sandcell.backends.microvm.pool import WarmVMs
 from sandcell.backends.microvm.vm import VM
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.warm import WarmConfig
 
 status = probe()
 pytestmark = pytest.mark.skipif(not status.usable, reason=f"microVM backend: {status.detail}")

@@ -15,10 +15,10 @@ import pytest
 from tests.conftest import backend_unavailable, runtime_required
 
 from sandcell.backends.base import BackendResult
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
-from sandcell.runtime_store import find
 from sandcell.runtimes import python_runtime
+from sandcell.runtimes.store import find
 from sandcell.sessions.bash_cell import bash_cell
 from sandcell.spec import Limits, Outcome, RunRequest
 

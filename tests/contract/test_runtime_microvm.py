@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import backend_unavailable, runtime_required
 
 from sandcell import Executor, Limits, RunRequest
+from sandcell.backends.host.warm_runtime import importable_preload
 from sandcell.backends.microvm import (
     MicroVMBackend,
     image,
@@ -31,8 +32,7 @@ from sandcell.backends.microvm import (
     qemu,
     snapshot,
 )
-from sandcell.backends.namespaces.warm import WarmConfig
-from sandcell.backends.namespaces.warm_runtime import importable_preload
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.runtimes import python_runtime
 from sandcell.spec import MiB, Outcome

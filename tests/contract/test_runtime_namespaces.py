@@ -26,10 +26,11 @@ import pytest
 from tests.conftest import runtime_required
 
 from sandcell.backends.base import BackendResult
-from sandcell.backends.namespaces import NamespacesBackend, WarmConfig
-from sandcell.runtime_store import find
+from sandcell.backends.namespaces import NamespacesBackend
+from sandcell.backends.namespaces.session import SessionSandbox
+from sandcell.backends.warm import WarmConfig
+from sandcell.runtimes.store import find
 from sandcell.sessions.bash_cell import bash_cell
-from sandcell.sessions.sandbox import SessionSandbox
 from sandcell.spec import Limits, Outcome, RunRequest
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ _AS_USER = textwrap.dedent(
     """
     import json, sys, uuid
     from sandcell.backends.namespaces import NamespacesBackend, WarmConfig
-    from sandcell.sessions.sandbox import SessionSandbox
+    from sandcell.backends.namespaces.session import SessionSandbox
     from sandcell.spec import IsolationMode, Limits, RunRequest
     start, runtime, mode, code = sys.argv[1:5]
     request = RunRequest(code=code, runtime=runtime, mode=IsolationMode(mode),

@@ -21,7 +21,7 @@ from tests.conftest import UnprivEnv, run_as_user, run_cli
 from tests.integration import hostscan
 
 from sandcell import Executor, Limits, Outcome
-from sandcell.backends.namespaces import workspace
+from sandcell.backends.host import workspace
 from sandcell.errors import ConfigError
 from sandcell.sessions import Session, SessionEnded
 from sandcell.spec import MiB
@@ -180,7 +180,7 @@ def test_idle_time_starts_when_the_sandbox_is_up(
     # A start longer than the idle timeout (a microVM booting cold under emulation takes
     # seconds), made so here by delaying the real sandbox's start: the session must still take
     # its first cell, not end idle the moment it opens.
-    from sandcell.sessions.sandbox import SessionSandbox
+    from sandcell.backends.namespaces.session import SessionSandbox
 
     start = SessionSandbox.start
 

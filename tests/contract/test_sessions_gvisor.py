@@ -22,7 +22,7 @@ from tests.conftest import UnprivEnv, backend_unavailable, ladder_executor, run_
 from tests.integration import hostscan
 
 from sandcell import Executor, Limits, Outcome
-from sandcell.backends.namespaces import workspace
+from sandcell.backends.host import workspace
 from sandcell.sessions import Session, SessionEnded
 from sandcell.spec import MiB
 

@@ -445,7 +445,7 @@ def test_torn_down_off_the_call_path_yet_nothing_left(
     from tests.integration.test_leaks import _assert_clean
 
     from sandcell import WarmConfig
-    from sandcell.backends.namespaces import workspace
+    from sandcell.backends.host import workspace
 
     runs = tmp_path / "runs"
     monkeypatch.setenv("SANDCELL_RUNS", str(runs))

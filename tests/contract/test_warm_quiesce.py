@@ -25,7 +25,8 @@ import pytest
 from tests.escapes.conftest import processes_with
 
 from sandcell import Executor, Limits, RunRequest, RunResult, WarmConfig
-from sandcell.backends.namespaces import NamespacesBackend, cgroups, workspace
+from sandcell.backends.host import cgroups, workspace
+from sandcell.backends.namespaces import NamespacesBackend
 
 
 def _freezer_host() -> cgroups.CgroupHost:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandcell import Executor, RunRequest
-from sandcell.backends.namespaces import workspace
+from sandcell.backends.host import workspace
 from sandcell.runtimes import python_runtime
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def test_blocks_root_home(attack: Attack) -> None:
 
 def test_blocks_host_home_dirs(attack: Attack) -> None:
     """/home holds nothing of the host: only ``user``, which is the sandbox's own workspace
-    mounted again (bwrap.SANDBOX_HOME), never a host user's home of that name."""
+    mounted again (layout.SANDBOX_HOME), never a host user's home of that name."""
     homes = sorted(
         ({p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")} - {"/home/user"})
         | {"/home/sandcell-test"}
@@ -424,7 +424,7 @@ def _host_paths(*extra: str) -> list[str]:
     """Host paths that must not appear inside: the checkout, the venv (as started and resolved),
     a base interpreter outside /usr, homes, and the unprivileged user's staging area."""
     # Each host home, not /home itself: the sandbox has a /home, holding only its own workspace
-    # at /home/user (bwrap.SANDBOX_HOME; test_blocks_host_home_dirs), whatever the host has.
+    # at /home/user (layout.SANDBOX_HOME; test_blocks_host_home_dirs), whatever the host has.
     homes = {p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")}
     homes |= {f"/home/{name}" for name in (os.listdir("/home") if os.path.isdir("/home") else ())}
     homes = (homes | {"/home/sandcell-test"}) - {"/home/user"}

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandcell.backends.namespaces import seccomp
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
+from sandcell.backends.host import seccomp
+from sandcell.backends.host.layout import SANDBOX_WORKDIR
 
 if TYPE_CHECKING:
     from .conftest import Attack

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell.backends.namespaces import cgroups
+from sandcell.backends.host import cgroups
 
 V1_CGROUP_ROOT = Path("/sys/fs/cgroup")
 

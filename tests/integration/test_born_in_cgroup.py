@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandcell import Executor, Outcome, RunRequest
-from sandcell.backends.namespaces import cgroups, workspace
+from sandcell.backends.host import cgroups, workspace
 
 from .hostscan import children_of
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sandcell import Executor, IsolationMode, Limits, RunRequest
-from sandcell.backends.namespaces import NamespacesBackend, workspace
+from sandcell.backends.host import workspace
+from sandcell.backends.namespaces import NamespacesBackend
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
 from sandcell.spec import Outcome, RunResult
 

@@ -34,7 +34,8 @@ import pytest
 
 from conftest import UnprivEnv, run_as_user, settle_pools
 from sandcell import Executor, IsolationMode, Limits, RunRequest
-from sandcell.backends.namespaces import NamespacesBackend, workspace
+from sandcell.backends.host import workspace
+from sandcell.backends.namespaces import NamespacesBackend
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
 from sandcell.spec import MiB, Outcome
 

@@ -19,10 +19,10 @@ import pytest
 from tests.conftest import runtime_required
 
 from sandcell import Executor, Outcome, RunRequest
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
-from sandcell.runtime_store import find, verify
-from sandcell.runtime_store.stamp import TreeStamp
+from sandcell.runtimes.store import find, verify
+from sandcell.runtimes.store.stamp import TreeStamp
 
 NAME = "minimal"
 

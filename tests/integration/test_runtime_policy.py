@@ -18,7 +18,7 @@ from sandcell.errors import ConfigError
 from sandcell.policy.approvals import request_from_dict, request_to_dict
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import load_profile, parse_profile
-from sandcell.runtime_store import find
+from sandcell.runtimes.store import find
 from sandcell.spec import Limits
 
 SANDCELL = [sys.executable, "-m", "sandcell"]

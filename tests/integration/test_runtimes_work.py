@@ -32,11 +32,11 @@ from tests.conftest import (
 )
 
 from sandcell import Executor, IsolationMode, RunRequest, input_from_path
-from sandcell.backends.namespaces import WarmConfig
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
 from sandcell.policy.profiles import Profile, load_profile
-from sandcell.runtime_store import build, find, shipped_lock
-from sandcell.runtime_store.store import forget_verified
+from sandcell.runtimes.store import build, find, shipped_lock
+from sandcell.runtimes.store.store import forget_verified
 from sandcell.spec import Limits, Outcome
 
 RUNTIME = "datascience"

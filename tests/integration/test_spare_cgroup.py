@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sandcell import Executor, RunRequest
-from sandcell.backends.namespaces import NamespacesBackend, cgroups, workspace
+from sandcell.backends.host import cgroups, workspace
+from sandcell.backends.namespaces import NamespacesBackend
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
 from sandcell.spec import Limits, Outcome
 

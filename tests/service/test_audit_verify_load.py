@@ -18,8 +18,8 @@ import httpx2
 import pytest
 from tests.service.server import ServiceProcess, add_tenant
 
-from sandcell._audit_chain import GENESIS_HASH, canonical_json, chain_hash
 from sandcell.audit import AuditLog
+from sandcell.audit.chain import GENESIS_HASH, canonical_json, chain_hash
 from sandcell.service.tenants import TenantStore
 
 RECORDS = 150_000

@@ -3,7 +3,7 @@ the others are not."""
 
 from __future__ import annotations
 
-from sandcell.backends.namespaces.runs import RunRegistry
+from sandcell.backends.host.runs import RunRegistry
 
 
 def test_cancel_reaches_one_run_only() -> None:

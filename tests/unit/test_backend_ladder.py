@@ -107,7 +107,7 @@ def test_the_executor_refuses_a_rung_below_the_minimum(
 
 @needs_root
 def test_warm_with_a_backend_object_is_refused(tmp_path: Path) -> None:
-    from sandcell.backends.namespaces import WarmConfig
+    from sandcell.backends.warm import WarmConfig
 
     with pytest.raises(ConfigError, match="backend built by name"):
         Executor(home=tmp_path, backend=NamespacesBackend(), warm=WarmConfig())

@@ -331,7 +331,7 @@ def test_paths_inside_roots_are_quiet() -> None:
     code = (
         "open('/inputs/a.csv')\nopen('/sandbox/out/b.txt', 'w')\nopen('/tmp/c')\n"
         "open('data.csv')\nopen('/dev/null')\nprint('/etc/passwd')\n"
-        # The workspace again (bwrap.SANDBOX_HOME), where E2B code reads and writes.
+        # The workspace again (layout.SANDBOX_HOME), where E2B code reads and writes.
         "open('/home/user/data.csv')\nopen('/home/user/out/d.txt', 'w')"
     )
     assert rules(code, allowed=None) == set()

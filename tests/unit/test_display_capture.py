@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from sandcell.artifacts import ArtifactStore
-from sandcell.backends.namespaces import _display
-from sandcell.backends.namespaces._display import run_cell, user_traceback
+from sandcell.backends.inside import _display
+from sandcell.backends.inside._display import run_cell, user_traceback
 from sandcell.cli.render import render_outputs
 from sandcell.display import (
     DISPLAY_DIRNAME,
@@ -696,7 +696,7 @@ def test_displayed_is_true_or_absent(out: Path, store: ArtifactStore, flag: byte
 def test_the_host_holds_charts_to_the_caps_the_sandbox_reads_them_under() -> None:
     # Two copies by necessity (the display module is standalone inside the sandbox, and the
     # backends package imports the host side): this keeps them one value.
-    from sandcell import display_chart
+    from sandcell.display import chart as display_chart
 
     for name in ("CHART_TYPE", "MAX_CHART_ELEMENTS", "MAX_CHART_POINTS"):
         assert getattr(display_chart, name) == getattr(_display, name), name

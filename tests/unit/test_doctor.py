@@ -15,7 +15,7 @@ import pytest
 from sandcell import doctor
 from sandcell.backends import registry
 from sandcell.backends.base import BackendStatus
-from sandcell.backends.namespaces.cgroups import CgroupHost
+from sandcell.backends.host.cgroups import CgroupHost
 from sandcell.doctor import Check, DoctorReport, diagnose, render
 from sandcell.errors import IsolationUnavailable
 

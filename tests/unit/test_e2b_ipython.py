@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandcell.backends.namespaces._display import run_cell
+from sandcell.backends.inside._display import run_cell
 from sandcell.e2b.ipython import IPythonSyntaxError, translate
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import load_profile

@@ -118,10 +118,10 @@ def test_module_level_imports_have_no_cycle() -> None:
 def test_the_old_circle_is_gone() -> None:
     modules = _modules()
     circle = ["sandcell.executor", "sandcell.packages", "sandcell.policy.gate"]
-    for name in ["sandcell._wheel_cache", "sandcell._runtime_lock", *circle[1:]]:
+    for name in ["sandcell.packages.wheel_cache", "sandcell.packages.runtime_lock", *circle[1:]]:
         deps = _top_level_imports(name, modules[name], modules)
         assert "sandcell.executor" not in deps, f"{name} imports the executor"
-    source = modules["sandcell._wheel_cache"].read_text(encoding="utf-8")
+    source = modules["sandcell.packages.wheel_cache"].read_text(encoding="utf-8")
     assert "sandcell.executor" not in source, "the wheel cache reaches into the executor"
 
 

@@ -23,10 +23,11 @@ from types import ModuleType
 
 import pytest
 
-from sandcell.backends.namespaces import landlock as L
+from sandcell.backends import inside
+from sandcell.backends.host import landlock as L
 from sandcell.errors import ConfigError, IsolationUnavailable
 
-BOOT = Path(L.__file__).with_name("_boot.py")
+BOOT = inside.BOOT_SCRIPT
 ABI = L.probe_abi()
 needs_landlock = pytest.mark.skipif(ABI is None, reason=f"Landlock not available: {L._probe()[1]}")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from sandcell._runtime_view import host_hooks
-from sandcell.backends.namespaces import neutral_bytecode, neutral_sources
+from sandcell.backends.host import neutral_bytecode, neutral_sources
 from sandcell.backends.namespaces.template import TemplateSpec, build_template_argv
 from sandcell.runtimes import Runtime
+from sandcell.runtimes.view import host_hooks
 
 HOME = "/home/alice/proj"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sandcell.backends.namespaces.launcher import Launched
-from sandcell.backends.namespaces.observe import classify
+from sandcell.backends.host.observe import classify
+from sandcell.backends.host.process import Launched
 from sandcell.spec import Limits, Outcome, RunRequest
 
 

@@ -20,15 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.backends import inside
+from sandcell.backends.host import landlock as L
 from sandcell.backends.namespaces import bwrap, outside, warm_request
-from sandcell.backends.namespaces import landlock as L
 from sandcell.errors import ConfigError
 from sandcell.network import bridge as bridge_module
 from sandcell.run_sockets import PROXY_PORT, SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import runtime_for
 from sandcell.spec import RunRequest
 
-BOOT = Path(L.__file__).with_name("_boot.py")
+BOOT = inside.BOOT_SCRIPT
 ABI = L.probe_abi()
 SOCKETS = SandboxSockets(host_dir=Path("/tmp/sandcell-x"), egress=True, tools=True)
 _UNSHARE = ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc")

@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from sandcell._runtime_view import HostPython, neutral_view
-from sandcell.backends.namespaces import cgroups
-from sandcell.backends.namespaces.bwrap import (
-    SANDBOX_HOME,
-    SANDBOX_WORKDIR,
-    BwrapPlan,
-    args_via_fd,
-    build_argv,
-)
-from sandcell.backends.namespaces.rlimits import plan_rlimits
+from sandcell.backends.host import cgroups
+from sandcell.backends.host.layout import SANDBOX_HOME, SANDBOX_WORKDIR
+from sandcell.backends.host.rlimits import plan_rlimits
+from sandcell.backends.namespaces.bwrap import BwrapPlan, args_via_fd, build_argv
 from sandcell.errors import AuditError, ConfigError, InfraError, IsolationUnavailable
+from sandcell.runtimes.view import HostPython, neutral_view
 from sandcell.spec import (
     Artifact,
     Enforcement,

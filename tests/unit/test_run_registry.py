@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from sandcell.backends.namespaces.launcher import StopPipe
-from sandcell.backends.namespaces.runs import RunRegistry
+from sandcell.backends.host.process import StopPipe
+from sandcell.backends.host.runs import RunRegistry
 from sandcell.errors import ConfigError
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sandcell.runtime_ref import ref_from_record, runtime_record, runtime_ref
 from sandcell.runtimes import runtime_for
+from sandcell.runtimes.ref import ref_from_record, runtime_record, runtime_ref
 from sandcell.spec import RuntimeRef
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from sandcell.errors import ConfigError, IsolationUnavailable
-from sandcell.runtime_store import SHIPPED, build, find, list_runtimes, shipped_lock, verify
-from sandcell.runtime_store.locks import Lock, parse
-from sandcell.runtime_store.store import StoredRuntime, forget_verified, python_tag
+from sandcell.runtimes.store import SHIPPED, build, find, list_runtimes, shipped_lock, verify
+from sandcell.runtimes.store.locks import Lock, parse
+from sandcell.runtimes.store.store import StoredRuntime, forget_verified, python_tag
 
 REPO = Path(__file__).resolve().parents[2]
 

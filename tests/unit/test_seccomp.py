@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from tests.unit.seccomp_ref import decode, run_bpf, seccomp_data
 
-from sandcell.backends.namespaces import seccomp
-from sandcell.backends.namespaces.seccomp import (
+from sandcell.backends.host import seccomp
+from sandcell.backends.host.seccomp import (
     ALLOWED,
     AUDIT_ARCH,
     SECCOMP_RET_ALLOW,

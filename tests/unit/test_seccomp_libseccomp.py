@@ -22,7 +22,7 @@ from tests.unit.seccomp_ref import (
     seccomp_data,
 )
 
-from sandcell.backends.namespaces.seccomp import (
+from sandcell.backends.host.seccomp import (
     AUDIT_ARCH,
     SECCOMP_RET_ALLOW,
     SECCOMP_RET_ERRNO,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from sandcell.backends.namespaces.cgroups import CgroupUsage
+from sandcell.backends.host.cgroups import CgroupUsage
 from sandcell.sessions.verdict import classify_cell
 from sandcell.spec import IsolationMode, Limits, Outcome
 

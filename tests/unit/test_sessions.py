@@ -23,7 +23,7 @@ from sandcell.sessions import registry
 from sandcell.sessions.cell_sandbox import CellScope, kernel_message
 from sandcell.sessions.channel import ChannelError, FrameDecoder, encode
 
-KERNEL = Path(__file__).resolve().parents[2] / "src/sandcell/backends/namespaces/_kernel.py"
+KERNEL = Path(__file__).resolve().parents[2] / "src/sandcell/backends/inside/_kernel.py"
 
 
 def test_frames_decode_across_chunk_boundaries() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandcell import ConfigError, RunRequest, WarmConfig
-from sandcell.backends.namespaces import seccomp
+from sandcell.backends.host import seccomp
 from sandcell.backends.namespaces.template import (
     THREAD_ENV,
     ZYGOTE_PARTS,
@@ -198,7 +198,7 @@ def test_runtime_mounts_under_tmp_are_kept_when_a_run_gets_its_own_tmp() -> None
 
 
 def test_preload_keeps_what_the_runtime_can_import() -> None:
-    from sandcell.backends.namespaces.warm_runtime import importable_preload
+    from sandcell.backends.host.warm_runtime import importable_preload
 
     # The default runtime is this environment: numpy and pandas stay, as before.
     preload = ("numpy", "pandas", "json", "os.path")

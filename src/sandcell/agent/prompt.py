@@ -24,7 +24,7 @@ from sandcell.agent.protocol import ANSWER_TAG
 from sandcell.agent.tool_api import ToolOperation, render_api
 from sandcell.policy._profile_sections import RUNTIME_IMPORTS
 from sandcell.policy.profiles import Profile
-from sandcell.runtime_offer import offer
+from sandcell.runtimes.offer import offer
 from sandcell.spec import InputFile, Limits, MiB
 from sandcell.validation import Redactor
 

@@ -22,7 +22,7 @@ from sandcell.errors import ConfigError, IsolationUnavailable
 
 if TYPE_CHECKING:
     from sandcell.backends.base import Backend, BackendStatus
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
 
 BackendName = Literal["namespaces", "gvisor", "microvm"]
 LADDER: tuple[BackendName, ...] = get_args(BackendName)

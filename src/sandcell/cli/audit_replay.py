@@ -85,11 +85,11 @@ def _show(report: dict[str, object], outcome: str, *, as_json: bool) -> int:
 
 
 def _replay_here(args: argparse.Namespace, home: Path, env: dict[str, str]) -> int:
-    from sandcell._artifact_store import ArtifactStore
-    from sandcell._wheel_cache import WheelCache
+    from sandcell.artifacts.store import ArtifactStore
     from sandcell.audit import AuditLog
     from sandcell.errors import IsolationUnavailable
     from sandcell.executor import Executor
+    from sandcell.packages.wheel_cache import WheelCache
     from sandcell.replay import ReplayRefused, build_plan, load_original
 
     # Planned first, so that a refusal (changed profile or input, unknown run) comes before any

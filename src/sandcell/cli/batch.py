@@ -38,7 +38,7 @@ from sandcell.errors import ConfigError
 from sandcell.spec import IsolationMode
 
 if TYPE_CHECKING:
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
     from sandcell.batch import BatchSummary
 
 _PLAIN_EVERY_S = 5.0
@@ -120,7 +120,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def warm_config(args: argparse.Namespace) -> WarmConfig | None:
     """The executor's warm-start option from ``--start``, ``--preload`` and ``--pool-size``."""
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
 
     preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
     if args.start == "cold":

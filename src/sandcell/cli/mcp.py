@@ -102,7 +102,7 @@ def handle(args: argparse.Namespace) -> int:
     )
     warm = None
     if args.start != "cold":
-        from sandcell.backends.namespaces.warm import WarmConfig
+        from sandcell.backends.warm import WarmConfig
 
         warm = WarmConfig(mode=args.start, pool_size=1)
     with Executor(home=args.home, profile=args.profile, backend=args.backend, warm=warm) as ex:

@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def handle(args: argparse.Namespace) -> int:
-    from sandcell.backends.namespaces import NamespacesBackend, WarmConfig
+    from sandcell.backends.namespaces import NamespacesBackend
+    from sandcell.backends.warm import WarmConfig
 
     preload = tuple(m for m in args.preload.split(",") if m)
     config = WarmConfig(mode=args.mode, preload=preload, pool_size=args.size)

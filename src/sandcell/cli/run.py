@@ -261,7 +261,7 @@ def handle(args: argparse.Namespace) -> int:
         schema = load_schema(Path(args.schema))
     warm = None
     if args.start not in (None, "cold"):
-        from sandcell.backends.namespaces.warm import WarmConfig
+        from sandcell.backends.warm import WarmConfig
 
         # One program per process: a replacement for the taken sandbox would only compete with
         # the run for CPU and be destroyed unused at exit.

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
-from sandcell.runtime_store import (
+from sandcell.runtimes.store import (
     SHIPPED,
     Lock,
     StoredRuntime,

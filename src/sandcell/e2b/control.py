@@ -103,7 +103,7 @@ async def _setup(service: Service, tenant: Tenant, box: E2BSandbox) -> None:
     """Learn where the workspace is inside the sandbox, and give the kernel the sandbox's
     environment variables (commands get them on their own)."""
     service.admit(tenant, sandbox=False)
-    # Every rung shows the workspace at /home/user too (bwrap.SANDBOX_HOME): E2B code starts
+    # Every rung shows the workspace at /home/user too (layout.SANDBOX_HOME): E2B code starts
     # there, as it would in an E2B sandbox, and the kernel's directory is the workspace's path
     # from then on.
     # PWD too: the home and /sandbox are one directory, so a shell would trust an inherited

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sandcell.display_chart import CHART_TYPE
+from sandcell.display.chart import CHART_TYPE
 from sandcell.spec import DisplayOutput, Outcome, RunResult
 
 __all__ = ["HeldReport", "error_message", "messages", "ndjson", "stream_message"]

@@ -24,7 +24,7 @@ from mcp.types import (
     TextContent,
 )
 
-from sandcell._artifact_store import ArtifactStore
+from sandcell.artifacts.store import ArtifactStore
 from sandcell.spec import Artifact, MiB, Outcome, RunResult, result_to_dict
 
 _NOT_RUN = frozenset({Outcome.DENIED, Outcome.INFRA_ERROR})

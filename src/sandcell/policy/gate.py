@@ -19,7 +19,7 @@ from sandcell.packages import WheelCache, imports_of, resolve_packages
 from sandcell.policy._profile_sections import RUNTIME_IMPORTS
 from sandcell.policy.checks import Decision, Finding, check, decide
 from sandcell.policy.profiles import Profile
-from sandcell.runtime_offer import DEFAULT_OFFER
+from sandcell.runtimes.offer import DEFAULT_OFFER
 from sandcell.spec import DEFAULT_RUNTIME, Language, RunRequest
 
 _CACHED_CODE_CHARS = 64 * 1024
@@ -148,7 +148,7 @@ def _runtime_of(request: RunRequest, profile: Profile) -> str:
 def _offered(runtime: str) -> frozenset[str]:
     if runtime == DEFAULT_RUNTIME:
         return frozenset(DEFAULT_OFFER)  # no metadata to read: the common case stays cheap
-    from sandcell.runtime_offer import offer
+    from sandcell.runtimes.offer import offer
 
     return offer(runtime).offered
 

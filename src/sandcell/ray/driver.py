@@ -42,7 +42,7 @@ from sandcell.ray.nodes import Node, no_nodes_hint, sandcell_nodes
 from sandcell.ray.worker import NodeInfo, NodeWorker, TaskOutput
 
 if TYPE_CHECKING:
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
     from sandcell.policy.profiles import Profile
 
 _START_TIMEOUT_S = 120.0

@@ -21,7 +21,7 @@ from sandcell.batch.tasks import Task
 from sandcell.home import data_dir
 
 if TYPE_CHECKING:
-    from sandcell.backends.namespaces.warm import WarmConfig
+    from sandcell.backends.warm import WarmConfig
     from sandcell.policy.profiles import Profile
 
 

@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandcell._audit_chain import canonical_json
+from sandcell.audit.chain import canonical_json
 
 MAX_DIFF_LINES = 20
 """Lines of a stdout or stderr diff shown; the rest is counted."""

@@ -21,8 +21,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandcell._artifact_store import ArtifactStore
-from sandcell._wheel_cache import WheelCache
+from sandcell.artifacts.store import ArtifactStore
+from sandcell.packages.wheel_cache import WheelCache
 
 RECORD_VERSION = 2
 """``record_version`` of records that hold everything a replay needs; absent before."""

@@ -23,11 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell._artifact_store import ArtifactStore
-from sandcell._wheel_cache import WheelCache
+from sandcell.artifacts.store import ArtifactStore
 from sandcell.changes.program import ARCHIVE_INPUT, CHANGES_FILE
 from sandcell.errors import ConfigError
 from sandcell.inputs import inspect_input
+from sandcell.packages.wheel_cache import WheelCache
 from sandcell.policy.profiles import Profile, load_profile
 from sandcell.replay.evidence import RECORD_VERSION
 from sandcell.runtimes import runtime_for
@@ -410,7 +410,7 @@ def _runtime_ref(recorded: Mapping[str, object], notes: list[str]) -> str | None
     if not isinstance(name, str) or not name:
         return None
     if isinstance(tree, str) and tree:
-        from sandcell.runtime_store import find
+        from sandcell.runtimes.store import find
 
         try:
             find(f"{name}@{tree}")

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sandcell.runtime_ref import ref_from_record
+from sandcell.runtimes.ref import ref_from_record
 from sandcell.service.core import RunState, Service
 from sandcell.service.deps import CurrentTenant, ServiceDep
 from sandcell.service.fast_json import FastJSONResponse

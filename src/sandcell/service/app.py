@@ -48,7 +48,7 @@ def make_service(
 
     warm = None
     if start != "cold":
-        from sandcell.backends.namespaces.warm import WarmConfig
+        from sandcell.backends.warm import WarmConfig
 
         warm = WarmConfig(mode=start, pool_size=pool_size)
     executor = Executor(home=config.home, backend=backend, warm=warm)

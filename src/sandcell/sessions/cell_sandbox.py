@@ -1,14 +1,14 @@
 """What a session needs of a backend: one live sandbox that runs cells, and how to get one.
 
 A session (:mod:`sandcell.sessions.session`) owns the policy, the record, the idle and lifetime
-watchdog; a :class:`CellSandbox` owns the isolation. Each backend that keeps a sandbox alive
-across cells provides one: the namespaces backend's is :class:`~sandcell.sessions.sandbox.
+watchdog; a :class:`CellSandbox` owns the isolation. Each backend that keeps a sandbox alive across
+cells provides one: the namespaces backend's is :class:`~sandcell.backends.namespaces.session.
 SessionSandbox`; another backend offers its own through a ``session_sandbox(request,
 session_id=...)`` method (gVisor's: :class:`~sandcell.backends.gvisor.session.
 GVisorSessionSandbox`; the microVM's: :class:`~sandcell.backends.microvm.session.
-VMSessionSandbox`). All of them speak the kernel's channel (:mod:`sandcell.sessions.channel`)
-to ``_kernel.py`` and judge a cell with :func:`sandcell.sessions.verdict.classify_cell`, so a
-cell's outcome means the same on every rung.
+VMSessionSandbox`). All of them speak the kernel's channel (:mod:`sandcell.sessions.channel`) to
+``_kernel.py`` and judge a cell with :func:`sandcell.sessions.verdict.classify_cell`, so a cell's
+outcome means the same on every rung.
 
 The workspace is reached through the sandbox, never as a host path the session walks itself: on
 a microVM it lives in the guest, and files cross only through the backend's transfer and then the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from sandcell._artifact_store import ArtifactStore
+from sandcell.artifacts.store import ArtifactStore
 from sandcell.backends.base import Backend, Collector, OutputSink
 from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError
@@ -244,7 +244,7 @@ def open_cell_sandbox(
     from sandcell.backends.namespaces import NamespacesBackend
 
     if isinstance(backend, NamespacesBackend):
-        from sandcell.sessions.sandbox import SessionSandbox
+        from sandcell.backends.namespaces.session import SessionSandbox
 
         return SessionSandbox(backend, request, session_id=session_id, sockets=sockets)
     opener: SessionOpener | None = getattr(backend, "session_sandbox", None)

@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sandcell.backends.namespaces import workspace
+from sandcell.backends.host import workspace
 from sandcell.errors import ConfigError, InfraError
 
 _ID = re.compile(r"^[0-9a-f]{8,32}$")

@@ -60,8 +60,11 @@ def _error(exc: BaseException) -> dict[str, object]:
     return {"ok": False, "error": str(exc), "kind": kind}
 
 
-class _Stop(Exception):
-    """SIGTERM or SIGINT: end the session and exit."""
+class _Stop(BaseException):
+    """SIGTERM or SIGINT: end the session and exit.
+
+    A BaseException, as KeyboardInterrupt is: a request's ``except SandcellError`` (or any
+    handler of errors) must not turn the signal into an error reply and serve on."""
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -147,7 +150,7 @@ def serve(
 
 
 def _owner() -> str:
-    from sandcell.backends.namespaces import workspace
+    from sandcell.backends.host import workspace
 
     return workspace.owner_tag()
 

@@ -7,7 +7,7 @@
 
 Every cell goes through the policy gate under the session's profile before it is sent (a denied
 cell does not run and the session goes on), runs in the session's one sandbox (see
-:mod:`sandcell.sessions.sandbox`; on the microVM backend one VM, see
+:mod:`sandcell.backends.namespaces.session`; on the microVM backend one VM, see
 :mod:`sandcell.backends.microvm.session`) and becomes one run in the record, with the session's
 id in ``RunResult.session_id``. A cell has its own wall-time limit; memory, processes and CPU
 time are limits of the whole session. A watchdog ends the session after ``idle_timeout_s``
@@ -16,10 +16,9 @@ when it was opened); a cell still running at the end of life is ended with
 it. Once ended, nothing of the session is left on the host: no process, cgroup, mount or
 directory.
 
-Security limitations: see :mod:`sandcell.sessions.sandbox`. State persisting between cells is the
-point of a session, so a cell sees everything earlier cells left, including anything a hostile
-cell planted; a session is one trust domain, never shared between users or tasks.
-"""
+Security limitations: see :mod:`sandcell.backends.namespaces.session`. State persisting between
+cells is the point of a session, so a cell sees everything earlier cells left, including anything a
+hostile cell planted; a session is one trust domain, never shared between users or tasks."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import signal
 
-from sandcell.backends.namespaces import cgroups
-from sandcell.backends.namespaces.launcher import decode_wait
+from sandcell.backends.host import cgroups
+from sandcell.backends.host.process import decode_wait
 from sandcell.spec import IsolationMode, Limits, Outcome
 
 INTERRUPT_GRACE_S = 2.0

@@ -68,13 +68,13 @@ from sandcell.backends.base import (
 from sandcell.backends.gvisor import proctree, runsc
 from sandcell.backends.gvisor.sandbox import AGENT_SCRIPT, GSandbox, Host, fixed_for
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, supervise
-from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
-from sandcell.backends.namespaces import sweep as namespaces_sweep
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
-from sandcell.backends.namespaces.launcher import Launched, StopPipe
-from sandcell.backends.namespaces.observe import observed
-from sandcell.backends.namespaces.runs import RunRegistry
-from sandcell.backends.namespaces.warm import WarmConfig
+from sandcell.backends.host import cgroups, landlock, seccomp, workspace
+from sandcell.backends.host.layout import SANDBOX_WORKDIR
+from sandcell.backends.host.observe import observed
+from sandcell.backends.host.process import Launched, StopPipe
+from sandcell.backends.host.runs import RunRegistry
+from sandcell.backends.host.sweep import sweep as host_sweep
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import IsolationUnavailable
 from sandcell.run_sockets import SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 from sandcell.spec import (
@@ -432,7 +432,7 @@ def sweep(rs: runsc.Runsc | None = None) -> list[str]:
             runsc.delete(rs, cid)
             runsc.forget(rs, cid)
             removed.append(f"container {cid}")
-    removed += namespaces_sweep()
+    removed += host_sweep()
     return removed
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandcell.backends.namespaces.bwrap import (
+from sandcell.backends.host.layout import (
+    CONTROL_DIR,
     PACKAGES_DIR,
     SANDBOX_GID,
     SANDBOX_HOME,
@@ -30,7 +31,6 @@ from sandcell.backends.namespaces.bwrap import (
     SANDBOX_UID,
     SANDBOX_WORKDIR,
 )
-from sandcell.backends.namespaces.prepared import CONTROL_DIR
 from sandcell.run_sockets import SANDBOX_DIR
 from sandcell.spec import IsolationMode, Limits
 

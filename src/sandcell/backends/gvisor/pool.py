@@ -42,12 +42,12 @@ from sandcell.backends.gvisor import proctree
 from sandcell.backends.gvisor._agent import READY
 from sandcell.backends.gvisor.plan import POOL_CEILINGS, plan_rlimits
 from sandcell.backends.gvisor.sandbox import GSandbox, Host, fixed_for_pool
-from sandcell.backends.namespaces.warm import WarmConfig
-from sandcell.backends.namespaces.warm_runtime import (
+from sandcell.backends.host.warm_runtime import (
     importable_preload,
     runtime_mismatch,
     runtime_name,
 )
+from sandcell.backends.warm import WarmConfig
 from sandcell.errors import SandcellError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import python_runtime

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell.backends.namespaces import workspace
+from sandcell.backends.host import workspace
 from sandcell.errors import IsolationUnavailable
 
 PLATFORM = "ptrace"

@@ -50,18 +50,20 @@ from pathlib import Path
 
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor import proctree, runsc
-from sandcell.backends.namespaces import cgroups, landlock, neutral_sources, workspace
-from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_GID, SANDBOX_UID
-from sandcell.backends.namespaces.launcher import HelperChannel, reap
-from sandcell.backends.namespaces.prepared import (
+from sandcell.backends.host import cgroups, landlock, neutral_sources, workspace
+from sandcell.backends.host.layout import (
     CONTROL_DIR,
     CONTROL_DISPLAY,
     CONTROL_PLAN,
     DISPLAY_DIR,
+    PACKAGES_DIR,
+    SANDBOX_GID,
+    SANDBOX_UID,
     displays,
 )
-from sandcell.backends.namespaces.runtime_mounts import support_files
-from sandcell.backends.namespaces.warm_runtime import runtime_name
+from sandcell.backends.host.process import HelperChannel, reap
+from sandcell.backends.host.runtime_mounts import support_files
+from sandcell.backends.host.warm_runtime import runtime_name
 from sandcell.errors import InfraError, IsolationUnavailable
 from sandcell.run_sockets import (
     BRIDGE_FILE,
@@ -79,7 +81,7 @@ CONTROL_BOOT = "boot.pyc"
 CONTROL_SECCOMP = "seccomp.bpf"
 AGENT_SCRIPT = Path(__file__).with_name("_agent.py")
 SETPRIV = shutil.which("setpriv")
-MOUNT_HELPER = Path(workspace.__file__).with_name("_mount_helper.py")
+MOUNT_HELPER = workspace.MOUNT_HELPER
 """The namespaces backend's workspace helper: it runs rootless runsc the way it runs bwrap."""
 _MS_REMOUNT = 0x20
 _MS_NOSUID = 0x2

@@ -61,20 +61,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell._artifact_store import ArtifactStore
+from sandcell.artifacts.store import ArtifactStore
 from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.gvisor import cpu_reader
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
 from sandcell.backends.gvisor.sandbox import GSandbox, bridge_argv, fixed_for, sockets_env
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, decode, trailer_tail
-from sandcell.backends.namespaces import landlock
-from sandcell.backends.namespaces.bwrap import PACKAGES_DIR, SANDBOX_WORKDIR
-from sandcell.backends.namespaces.prepared import (
+from sandcell.backends.host import landlock
+from sandcell.backends.host.layout import (
     CONTROL_BOOT,
     CONTROL_DIR,
     CONTROL_DISPLAY,
     CONTROL_PLAN,
+    PACKAGES_DIR,
+    SANDBOX_WORKDIR,
 )
 from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs
 from sandcell.errors import InfraError

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from sandcell.backends.base import OutputSink
 from sandcell.backends.gvisor._agent import EXIT, STARTED
 from sandcell.backends.gvisor.sandbox import GSandbox
-from sandcell.backends.namespaces.launcher import Launched, StopPipe
+from sandcell.backends.host.process import Launched, StopPipe
 from sandcell.spec import Limits
 
 CPU_POLL_S = 0.05

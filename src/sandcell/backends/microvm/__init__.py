@@ -57,6 +57,8 @@ from sandcell.backends.base import (
     OutputSink,
     started_cold,
 )
+from sandcell.backends.host.runs import RunRegistry
+from sandcell.backends.host.sweep import sweep as host_sweep
 from sandcell.backends.microvm import (
     accel,
     guest_packages,
@@ -70,9 +72,7 @@ from sandcell.backends.microvm import (
 from sandcell.backends.microvm.drive import Ended, classify, drive
 from sandcell.backends.microvm.pool import WarmVMs, runtime_of
 from sandcell.backends.microvm.vm import VM
-from sandcell.backends.namespaces import sweep as namespaces_sweep
-from sandcell.backends.namespaces.runs import RunRegistry
-from sandcell.backends.namespaces.warm import WarmConfig, WarmStats
+from sandcell.backends.warm import WarmConfig, WarmStats
 from sandcell.errors import InfraError, IsolationUnavailable, SandcellError
 from sandcell.run_sockets import SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 from sandcell.spec import (
@@ -433,7 +433,7 @@ def sweep() -> list[str]:
             removed.append(str(entry))
     # The jails' cgroups are named like the namespaces backend's (owner tag first): its sweep
     # kills and removes those of dead supervisors.
-    removed += namespaces_sweep()
+    removed += host_sweep()
     return removed
 
 

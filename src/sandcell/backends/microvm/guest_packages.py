@@ -7,7 +7,7 @@ program's ``sys.path``, after the runtime's own site-packages, as the namespaces
 
 What is sent is what the cache vouches for: each directory must be an entry of a wheel cache
 whose kept wheel still has the SHA-256 its lock records, the extracted tree must match that
-wheel's RECORD (:func:`sandcell._wheels.tree_problems`), and every file is read once, into
+wheel's RECORD (:func:`sandcell.packages.wheels.tree_problems`), and every file is read once, into
 memory, and its bytes checked against the RECORD digest before they are sent, so a file changed
 after the check is refused rather than sent. The tmpfs lives in guest RAM: :func:`guest_bytes`
 is what it takes, a cold VM gets that much more memory, and more than :data:`MAX_BYTES` is
@@ -26,10 +26,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell._wheel_cache import CachedPackage, WheelCache, sha256_file
-from sandcell._wheels import _target, tree_problems, wheel_record
 from sandcell.backends.microvm import channel
 from sandcell.errors import ConfigError
+from sandcell.packages.wheel_cache import CachedPackage, WheelCache, sha256_file
+from sandcell.packages.wheels import _target, tree_problems, wheel_record
 
 __all__ = ["MAX_BYTES", "NONE", "PACKAGES_DIR", "GuestPackages", "load"]
 

@@ -42,9 +42,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from sandcell.backends import inside
+from sandcell.backends.host import neutral_bytecode
+from sandcell.backends.host.layout import ETC_FILES
 from sandcell.backends.microvm import initramfs, layout
-from sandcell.backends.namespaces import neutral_bytecode
-from sandcell.backends.namespaces.bwrap import ETC_FILES
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
 from sandcell.runtimes import bash_runtime, python_runtime
 from sandcell.spec import DEFAULT_RUNTIME
@@ -62,7 +63,7 @@ _AGENT_FILES = {
     "agent.py": Path(__file__).with_name("_agent.py"),
     **{f"guest/{p.name}": p for p in sorted(_GUEST_PACKAGE.glob("*.py"))},
     "runner.py": Path(__file__).with_name("_runner.py"),
-    "display.py": Path(__file__).parents[1] / "namespaces" / "_display.py",
+    "display.py": inside.DISPLAY_SCRIPT,
 }
 """The guest-side files under /opt/sandcell: the agent's entry script and its package
 (``guest/``, which the entry imports), the runner and the display module."""

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandcell.backends.host import cgroups, workspace
+from sandcell.backends.host.bubblewrap import find_bwrap
 from sandcell.backends.microvm import qemu
-from sandcell.backends.namespaces import cgroups, workspace
-from sandcell.backends.namespaces.bwrap import find_bwrap
 from sandcell.errors import IsolationUnavailable
 
 QEMU_OVERHEAD_BYTES = 384 << 20

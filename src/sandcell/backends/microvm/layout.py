@@ -23,7 +23,7 @@ from pathlib import Path
 
 import platformdirs
 
-from sandcell.runtime_store.locks import check_name
+from sandcell.runtimes.store.locks import check_name
 from sandcell.spec import DEFAULT_RUNTIME
 
 SYSTEM_DIR = Path("/var/lib/sandcell/vm")

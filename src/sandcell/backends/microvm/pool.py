@@ -38,11 +38,10 @@ import threading
 import time
 from collections.abc import Iterator
 
+from sandcell.backends.host.warm_runtime import importable_preload
 from sandcell.backends.microvm import channel, machine, snapshot
 from sandcell.backends.microvm.vm import VM
-from sandcell.backends.namespaces.pool import PoolStats, idle_memory
-from sandcell.backends.namespaces.warm import WarmConfig, WarmStats
-from sandcell.backends.namespaces.warm_runtime import importable_preload
+from sandcell.backends.warm import PoolStats, WarmConfig, WarmStats, idle_memory
 from sandcell.errors import InfraError
 from sandcell.spec import DEFAULT_RUNTIME, Limits, RunRequest, StartInfo
 

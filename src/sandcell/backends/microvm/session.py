@@ -49,8 +49,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell._artifact_store import ArtifactStore
+from sandcell.artifacts.store import ArtifactStore
+from sandcell.backends import inside
 from sandcell.backends.base import Collector, OutputSink
+from sandcell.backends.host.cgroups import CgroupUsage
+from sandcell.backends.host.warm_runtime import importable_preload
 from sandcell.backends.microvm import channel, guest_packages, layout, machine, relay, snapshot
 from sandcell.backends.microvm.drive import NO_RELAY, job_doc
 from sandcell.backends.microvm.pool import SNAPSHOT_MEMORY_BYTES, WarmVMs
@@ -62,9 +65,7 @@ from sandcell.backends.microvm.transfer import (
     input_items,
 )
 from sandcell.backends.microvm.vm import VM
-from sandcell.backends.namespaces.cgroups import CgroupUsage
-from sandcell.backends.namespaces.warm import WarmConfig
-from sandcell.backends.namespaces.warm_runtime import importable_preload
+from sandcell.backends.warm import WarmConfig
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
@@ -96,9 +97,8 @@ TRANSFER_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 """How long the guest has to report its processes stopped at close (TCG on a busy host)."""
 MAX_FILES = 20_000
-_NS_DIR = Path(__file__).resolve().parents[1] / "namespaces"
-_KERNEL_SOURCE = _NS_DIR / "_kernel.py"
-_DISPLAY_SOURCE = _NS_DIR / "_display.py"
+_KERNEL_SOURCE = inside.KERNEL_SCRIPT
+_DISPLAY_SOURCE = inside.DISPLAY_SCRIPT
 _OUT_DIR = re.compile(r"^/tmp/\.sandcell-outputs/[0-9]{1,15}$")
 _SIGKILL_STATUS = 9
 """The wait status of a process killed by SIGKILL: what a VM that stopped means for its kernel."""

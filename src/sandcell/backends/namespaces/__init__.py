@@ -38,22 +38,21 @@ import threading
 from collections.abc import Mapping
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink, started_cold
-from sandcell.backends.namespaces import cgroups, landlock, outside, seccomp, workspace
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR, find_bwrap
-from sandcell.backends.namespaces.launcher import Pipes, StopPipe, launch
-from sandcell.backends.namespaces.observe import observed
-from sandcell.backends.namespaces.prepared import (
-    CONTROL_DISPLAY,
-    Layers,
-    PreparedSandbox,
-    boot_command,
-    displays,
-)
-from sandcell.backends.namespaces.runs import RunRegistry
+from sandcell.backends.host import cgroups, landlock, seccomp, workspace
+from sandcell.backends.host.bubblewrap import find_bwrap
+from sandcell.backends.host.layout import CONTROL_DISPLAY, SANDBOX_WORKDIR, displays
+from sandcell.backends.host.observe import observed
+from sandcell.backends.host.process import StopPipe
+from sandcell.backends.host.runs import RunRegistry
+from sandcell.backends.host.sweep import sweep
+from sandcell.backends.namespaces import outside
+from sandcell.backends.namespaces.launcher import Pipes, launch
+from sandcell.backends.namespaces.prepared import Layers, PreparedSandbox, boot_command
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
 from sandcell.backends.namespaces.spawner import Spawner, spawner_in
-from sandcell.backends.namespaces.warm import WarmConfig, WarmStarter, WarmStats
+from sandcell.backends.namespaces.warm import WarmStarter
 from sandcell.backends.namespaces.warm_teardown import Teardown
+from sandcell.backends.warm import WarmConfig, WarmStats
 from sandcell.errors import IsolationUnavailable
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import Runtime, code_path, runtime_for
@@ -376,22 +375,6 @@ class NamespacesBackend:
         return Enforcement(
             backend=self.name, layers=ll, mode=request.mode, weakened=tuple(weakened)
         )
-
-
-def sweep() -> list[str]:
-    """Remove what dead supervisors left: run directories, mounts, cgroups. Returns what went."""
-    removed = [str(p) for p in workspace.sweep_runs()]
-    host = cgroups.detect()
-    if isinstance(host, cgroups.CgroupHost):
-        for _ctrl, group in cgroups.stale_groups(host):
-            owner = group.name.partition(".")[0]
-            if workspace.owner_alive(owner):
-                continue
-            rc = cgroups.RunCgroup(host, group.name, freezer=True)
-            rc.kill_all()
-            if rc.remove():
-                removed.append(str(group))
-    return sorted(set(removed))
 
 
 __all__ = ["NamespacesBackend", "WarmConfig", "WarmStats", "sweep"]

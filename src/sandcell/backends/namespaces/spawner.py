@@ -33,7 +33,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from sandcell.backends.namespaces import cgroups
+from sandcell.backends.host import cgroups
 from sandcell.backends.namespaces.launcher import Pipes
 from sandcell.errors import InfraError
 

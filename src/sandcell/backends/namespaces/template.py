@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandcell.backends.namespaces import cgroups, neutral_sources
-from sandcell.backends.namespaces.bwrap import SANDBOX_GID, SANDBOX_HOSTNAME, SANDBOX_UID
-from sandcell.backends.namespaces.runtime_mounts import bind_args
+from sandcell.backends.host import cgroups, neutral_sources, workspace
+from sandcell.backends.host.layout import SANDBOX_GID, SANDBOX_HOSTNAME, SANDBOX_UID
+from sandcell.backends.host.runtime_mounts import bind_args
 from sandcell.errors import InfraError
 from sandcell.runtimes import Runtime
 
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("_zygote.py")
-_MOUNT_HELPER = Path(__file__).with_name("_mount_helper.py")
+_MOUNT_HELPER = workspace.MOUNT_HELPER
 ZYGOTE_PARTS = ("base", "program", "init")
 """The zygote's other parts (``_zygote_<part>.py``), loaded by ``_zygote.py`` in this order."""
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")

@@ -50,21 +50,26 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink
-from sandcell.backends.namespaces import cgroups, landlock, seccomp, workspace
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
-from sandcell.backends.namespaces.launcher import StopPipe
-from sandcell.backends.namespaces.observe import observed
-from sandcell.backends.namespaces.pool import PoolStats, WarmPool, idle_memory
-from sandcell.backends.namespaces.runtime_mounts import support_files
+from sandcell.backends.host import cgroups, landlock, seccomp, workspace
+from sandcell.backends.host.layout import SANDBOX_WORKDIR
+from sandcell.backends.host.observe import observed
+from sandcell.backends.host.process import StopPipe
+from sandcell.backends.host.runtime_mounts import support_files
+from sandcell.backends.host.warm_runtime import (
+    importable_preload,
+    runtime_changed,
+    runtime_mismatch,
+    runtime_stamp,
+)
+from sandcell.backends.namespaces.pool import WarmPool
 from sandcell.backends.namespaces.template import (
     Armed,
     Template,
@@ -76,14 +81,9 @@ from sandcell.backends.namespaces.template import (
 from sandcell.backends.namespaces.warm_drive import drive
 from sandcell.backends.namespaces.warm_limits import PoolLimits
 from sandcell.backends.namespaces.warm_request import LandlockPlans, input_trees, request_doc
-from sandcell.backends.namespaces.warm_runtime import (
-    importable_preload,
-    runtime_changed,
-    runtime_mismatch,
-    runtime_stamp,
-)
 from sandcell.backends.namespaces.warm_teardown import Teardown, destroyer
-from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
+from sandcell.backends.warm import WarmConfig, WarmStats, idle_memory
+from sandcell.errors import InfraError, IsolationUnavailable
 from sandcell.run_sockets import PROXY_PORT, SandboxSockets
 from sandcell.runtimes import common_env, runtime_for
 from sandcell.spec import RunRequest, StartInfo
@@ -92,64 +92,6 @@ if TYPE_CHECKING:
     from sandcell.backends.namespaces import NamespacesBackend
 
 __all__ = ["WarmConfig", "WarmStarter", "WarmStats"]
-
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WarmConfig:
-    """How python runs start: from a template, or from a pool of children forked ahead."""
-
-    mode: Literal["template", "pool"] = "template"
-    """``template``: fork at call time; ``pool``: take a child forked ahead of time."""
-    preload: tuple[str, ...] = ("numpy", "pandas")
-    """Modules the template imports once (trusted runtime code, never the program's)."""
-    pool_size: int = 4
-    """Children kept waiting in ``pool`` mode."""
-    start_timeout_s: float = 120.0
-    """How long the template may take to import ``preload``."""
-    take_timeout_s: float = 30.0
-    """How long a run waits for a pooled child before it starts cold."""
-    refill: bool = True
-    """``pool`` mode: replace each child a run takes. False for a process that runs one program
-    (``sandcell run``): the pool is filled once, ahead of the run, and a replacement would only
-    take CPU from that run and be destroyed unused (the microVM and gVisor pools honour it)."""
-    runtime: str | None = None
-    """The runtime (``sandcell runtime list``) the template or pool is made of; None:
-    ``default``. A run in another runtime starts cold. ``preload`` names that the runtime does
-    not have are left out, not an error (``minimal`` has no numpy)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("template", "pool"):
-            raise ConfigError(f"warm start mode {self.mode!r}: choose 'template' or 'pool'")
-        if isinstance(self.preload, str):
-            raise ConfigError("preload is a tuple of module names, not one string")
-        for name in self.preload:
-            if not _MODULE.match(name):
-                raise ConfigError(f"preload: {name!r} is not a module name")
-        if not 1 <= self.pool_size <= 256:
-            raise ConfigError(f"pool_size must be between 1 and 256, got {self.pool_size}")
-        if self.start_timeout_s <= 0 or self.take_timeout_s <= 0:
-            raise ConfigError("warm start timeouts must be positive")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WarmStats:
-    """What :meth:`WarmStarter.stats` reports."""
-
-    mode: str
-    template_id: str | None
-    template_pid: int | None
-    """Host pid of the template process (unchanged across runs while it lives)."""
-    template_state: Mapping[str, Any]
-    """The template's own report: threads, number of modules, sys.modules digest."""
-    template_pss_bytes: int
-    template_restarts: int
-    runs: int
-    fallbacks: int
-    pool: PoolStats | None
-    cgroup_prefix: str
-    """Start of the names of this starter's pooled cgroups (the owner tag, then its own tag)."""
 
 
 class WarmStarter:

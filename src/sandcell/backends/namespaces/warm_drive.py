@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from sandcell.backends.base import Collector, OutputSink
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
-from sandcell.backends.namespaces.launcher import Launched, _stdin_fd
+from sandcell.backends.host.layout import SANDBOX_WORKDIR
+from sandcell.backends.host.process import Launched
+from sandcell.backends.namespaces.launcher import _stdin_fd
 from sandcell.backends.namespaces.template import WarmChild, send_message
 from sandcell.errors import InfraError
 from sandcell.spec import RunRequest

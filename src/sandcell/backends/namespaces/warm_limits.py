@@ -6,7 +6,7 @@ usually share them), so that a take rarely has a limit to rewrite.
 
 from __future__ import annotations
 
-from sandcell.backends.namespaces import cgroups
+from sandcell.backends.host import cgroups
 from sandcell.backends.namespaces.template import Armed
 from sandcell.errors import InfraError
 from sandcell.spec import Limits

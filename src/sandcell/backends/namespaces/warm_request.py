@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sandcell.backends.namespaces import _trees, landlock, outside
-from sandcell.backends.namespaces.bwrap import SANDBOX_WORKDIR
-from sandcell.backends.namespaces.rlimits import plan_rlimits
+from sandcell.backends.host import landlock
+from sandcell.backends.host.layout import SANDBOX_WORKDIR
+from sandcell.backends.host.rlimits import plan_rlimits
+from sandcell.backends.namespaces import _trees, outside
 from sandcell.display import DISPLAY_DIRNAME
 from sandcell.errors import InfraError
 from sandcell.run_sockets import PROXY_PORT, SandboxSockets

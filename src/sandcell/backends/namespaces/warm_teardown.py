@@ -6,7 +6,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from sandcell.backends.namespaces import cgroups
+from sandcell.backends.host import cgroups
 from sandcell.backends.namespaces.template import WarmChild
 
 __all__ = ["Teardown", "destroyer"]

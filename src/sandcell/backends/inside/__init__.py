@@ -1,0 +1,16 @@
+"""The programs that run inside every rung's sandbox, shipped as source and run there by path.
+
+Each is a standalone script that imports nothing of sandcell (the sandbox has only the runtime):
+``_boot.py`` applies the last isolation layers and starts the program, ``_kernel.py`` is a
+session's long-lived interpreter, ``_display.py`` runs a cell as a notebook would and writes its
+rich outputs. The namespaces backend, gVisor and the microVM guest run the same files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+BOOT_SCRIPT = _HERE / "_boot.py"
+KERNEL_SCRIPT = _HERE / "_kernel.py"
+DISPLAY_SCRIPT = _HERE / "_display.py"
