@@ -1,4 +1,4 @@
-"""Outcomes and errors to exit codes: the one place the mapping lives.
+"""Outcomes and errors to exit codes, as :mod:`sandcell.wire` (the one wire table) maps them.
 
 ======================  =========================================================
 exit code               meaning
@@ -17,6 +17,9 @@ exit code               meaning
 78                      configuration or isolation error (EX_CONFIG): fix the request or host
 ======================  =========================================================
 
+An error's exit code is its row's in :mod:`sandcell.wire`: 75 for what a retry can mend (an
+``InfraError``, a service's 429 ``QuotaExceeded``, a ``ModelError``), 78 for the rest.
+
 A program that itself exits with 120-255 is indistinguishable without ``--json``, whose ``outcome``
 field is authoritative.
 
@@ -33,54 +36,51 @@ trustworthy result); 3 (``EXIT_BUDGET``) ``budget_steps``, ``budget_tokens`` or
 
 from __future__ import annotations
 
-from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
-from sandcell.spec import Outcome, RunResult
+from sandcell import wire
+from sandcell.errors import SandcellError
+from sandcell.spec import RunResult
+from sandcell.wire import (
+    EXIT_AWAITING_APPROVAL,
+    EXIT_CONFIG,
+    EXIT_DENIED,
+    EXIT_INFRA,
+    EXIT_INVALID_OUTPUT,
+    EXIT_MEMORY_LIMIT,
+    EXIT_OUTPUT_LIMIT,
+    EXIT_TIMEOUT,
+)
 
-EXIT_OUTPUT_LIMIT = 120
-EXIT_MEMORY_LIMIT = 121
-EXIT_INVALID_OUTPUT = 122
-EXIT_DENIED = 123
-EXIT_TIMEOUT = 124
-EXIT_AWAITING_APPROVAL = 125
+__all__ = [
+    "EXIT_AWAITING_APPROVAL",
+    "EXIT_BATCH_FAILED",
+    "EXIT_BUDGET",
+    "EXIT_CONFIG",
+    "EXIT_DENIED",
+    "EXIT_INFRA",
+    "EXIT_INVALID_OUTPUT",
+    "EXIT_MEMORY_LIMIT",
+    "EXIT_OUTPUT_LIMIT",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "exit_code_for",
+    "exit_code_for_batch",
+    "exit_code_for_error",
+    "exit_code_for_stop",
+]
+
 EXIT_USAGE = 2
-EXIT_INFRA = 75
-EXIT_CONFIG = 78
 EXIT_BATCH_FAILED = 1
 EXIT_BUDGET = 3
 
 
 def exit_code_for(result: RunResult) -> int:
     """The CLI exit status for a finished run."""
-    match result.outcome:
-        case Outcome.OK:
-            return 0
-        case Outcome.ERROR:
-            return result.exit_code or 1
-        case Outcome.TIMEOUT:
-            return EXIT_TIMEOUT
-        case Outcome.MEMORY_LIMIT:
-            return EXIT_MEMORY_LIMIT
-        case Outcome.OUTPUT_LIMIT:
-            return EXIT_OUTPUT_LIMIT
-        case Outcome.KILLED:
-            return 128 + (result.signal or 9)
-        case Outcome.INFRA_ERROR:
-            return EXIT_INFRA
-        case Outcome.INVALID_OUTPUT:
-            return EXIT_INVALID_OUTPUT
-        case Outcome.DENIED:
-            return EXIT_DENIED
-        case Outcome.AWAITING_APPROVAL:
-            return EXIT_AWAITING_APPROVAL
+    return wire.exit_code_for_result(result)
 
 
 def exit_code_for_error(exc: SandcellError) -> int:
     """The CLI exit status for a run that could not be attempted."""
-    if isinstance(exc, ConfigError | IsolationUnavailable):
-        return EXIT_CONFIG
-    if isinstance(exc, InfraError):
-        return EXIT_INFRA
-    return EXIT_CONFIG
+    return wire.error_wire(exc).exit_code
 
 
 def exit_code_for_batch(*, all_passed: bool, interrupted_by: int | None) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
+from sandcell.errors import ConfigError, InfraError
 
 if TYPE_CHECKING:
     from typing import BinaryIO
@@ -224,10 +224,12 @@ class Remote:
         """One request; the answer when it is a success (2xx) or its status is in ``accept``.
 
         Raises:
-            InfraError: when the service cannot be reached, or it failed (5xx), or a quota
-                refused the request (429: safe to retry later).
-            ConfigError: when it refused the request (4xx), with the service's reason.
-            IsolationUnavailable: when the isolation the run needs is unavailable there.
+            InfraError: when the service cannot be reached, or it failed (5xx:
+                ``ServiceUnavailable``).
+            QuotaExceeded: when a quota refused the request (429: retry later; exit 75).
+            ServiceError: when it refused the request (4xx), with the service's reason.
+            IsolationUnavailable: when the isolation the run needs is unavailable there
+                (``ServiceIsolationUnavailable``).
         """
         url = self.target.prefix + _quote(path)
         if query:
@@ -322,16 +324,6 @@ def _exactly(reader: BinaryIO, size: int) -> bytes:
     return data
 
 
-class _Unavailable(IsolationUnavailable):
-    """The service's 503 for isolation it cannot provide, with the service's own sentence."""
-
-    def __init__(self, message: str) -> None:
-        RuntimeError.__init__(self, message)
-        self.layer = "service"
-        self.reason = message
-        self.fix = ""
-
-
 def _problem(answer: Response, target: Target) -> Exception:
     """The error for a problem+json answer, carrying the service's sentence."""
     detail = ""
@@ -349,20 +341,36 @@ def _problem(answer: Response, target: Target) -> Exception:
         detail = answer.body[:200].decode("utf-8", "replace") or f"HTTP {answer.status}"
     if fields:
         detail += " (" + "; ".join(fields) + ")"
+    # The client's classes, chosen as the client chooses them: a 429 exits 75 here as the
+    # client's QuotaExceeded is retryable (sandcell.wire). Imported here, on the way out, since
+    # the client package costs more to import than a command takes.
+    from sandcell.client.errors import (
+        QuotaExceeded,
+        ServiceError,
+        ServiceIsolationUnavailable,
+        ServiceUnavailable,
+        answer_class,
+    )
+
     status = answer.status
+    kind = answer_class(status, detail)
+    if kind is ServiceIsolationUnavailable:
+        return ServiceIsolationUnavailable(detail, status=status)
+    if kind is ServiceUnavailable:
+        where = "" if status == 503 else f"the service at {target.where} failed: "
+        return ServiceUnavailable(where + detail, status=status)
+    if kind is QuotaExceeded:
+        after = answer.headers.get("retry-after")
+        wait = f"; retry after {after} s" if after else ""
+        return QuotaExceeded(
+            f"over the tenant's quota at {target.where}: {detail}{wait}",
+            detail=detail,
+            retry_after_s=float(after) if after and after.isdigit() else None,
+        )
     if status == 401:
-        return ConfigError(
+        message = (
             f"the service at {target.where} refused the key in {ENV_KEY}: {detail}; set it to a "
             "tenant's key (sandcell tenants add), or run here with --no-service"
         )
-    if status == 429:
-        after = answer.headers.get("retry-after")
-        wait = f"; retry after {after} s" if after else ""
-        return InfraError(f"over the tenant's quota at {target.where}: {detail}{wait}")
-    if status == 503:
-        if "Fix:" in detail:
-            return _Unavailable(detail)
-        return InfraError(detail)
-    if status >= 500:
-        return InfraError(f"the service at {target.where} failed: {detail}")
-    return ConfigError(detail)
+        return ServiceError(message, status=status, detail=detail)
+    return ServiceError(detail, status=status, detail=detail)

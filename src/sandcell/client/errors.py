@@ -3,9 +3,14 @@
 A problem document (4xx) is a :class:`ServiceError`, a :class:`~sandcell.errors.ConfigError`
 carrying the status and the service's ``detail`` (what was wrong and how to fix it); over a
 quota (429) it is a :class:`QuotaExceeded` with the ``Retry-After`` delay; a cell sent to a
-session that has ended is :class:`~sandcell.sessions.SessionEnded`, as in-process. A 5xx, a
-service that cannot be reached or a connection that broke is a :class:`ServiceUnavailable`,
-an :class:`~sandcell.errors.InfraError` (safe to retry: nothing ran, or the run is recorded).
+session that has ended is :class:`~sandcell.sessions.SessionEnded`, as in-process. A 503
+whose detail carries an isolation fix is a :class:`ServiceIsolationUnavailable`, an
+:class:`~sandcell.errors.IsolationUnavailable` as in-process (no retry mends it). Any other
+5xx, a service that cannot be reached or a connection that broke is a
+:class:`ServiceUnavailable`, an :class:`~sandcell.errors.InfraError` (safe to retry: nothing
+ran, or the run is recorded). :func:`answer_class` is that choice, which the command line
+(:mod:`sandcell.cli.remote`) makes the same way; each class's exit code and retry are its row in
+:mod:`sandcell.wire`.
 """
 
 from __future__ import annotations
@@ -13,9 +18,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from sandcell.errors import ConfigError, InfraError
+from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
 
-__all__ = ["QuotaExceeded", "ServiceError", "ServiceUnavailable", "error_for"]
+__all__ = [
+    "QuotaExceeded",
+    "ServiceError",
+    "ServiceIsolationUnavailable",
+    "ServiceUnavailable",
+    "answer_class",
+    "error_for",
+]
 
 
 class ServiceError(ConfigError):
@@ -52,6 +64,30 @@ class ServiceUnavailable(InfraError):
         self.status = status
 
 
+class ServiceIsolationUnavailable(IsolationUnavailable):
+    """The service cannot enforce the isolation the request needs (a 503 with a fix): the
+    service's sentence, which names the missing piece and the fix, is the message."""
+
+    def __init__(self, message: str, *, status: int = 503) -> None:
+        RuntimeError.__init__(self, message)
+        self.layer = "service"
+        self.reason = message
+        self.fix = ""
+        self.status = status
+
+
+def answer_class(status: int, detail: str) -> type[SandcellError]:
+    """The class of error for a non-2xx answer with ``detail``; the one choice the client and
+    the command line make alike."""
+    if status == 503 and "Fix:" in detail:
+        return ServiceIsolationUnavailable
+    if status >= 500:
+        return ServiceUnavailable
+    if status == 429:
+        return QuotaExceeded
+    return ServiceError
+
+
 def _problem(body: bytes) -> tuple[str, tuple[Mapping[str, object], ...]]:
     """The detail and field errors of a problem document; the raw text if it is not one."""
     try:
@@ -79,13 +115,16 @@ def error_for(
     """The exception for a non-2xx answer to ``what`` (e.g. ``POST /v1/runs``) from the
     service at ``where``."""
     detail, errors = _problem(body)
-    if status >= 500:
+    kind = answer_class(status, detail)
+    if kind is ServiceIsolationUnavailable:
+        return ServiceIsolationUnavailable(detail, status=status)
+    if kind is ServiceUnavailable:
         return ServiceUnavailable(
             f"the sandcell service at {where} failed ({status}) on {what}: "
             f"{detail or 'no detail'}; the service's log has the cause",
             status=status,
         )
-    if status == 429:
+    if kind is QuotaExceeded:
         wait = _retry_after(headers.get("retry-after"))
         hint = f"; retry in {wait:g} s" if wait is not None else ""
         return QuotaExceeded(

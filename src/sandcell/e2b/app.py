@@ -28,6 +28,7 @@ from sandcell.e2b.unserved import unserved_routes
 from sandcell.errors import SandcellError
 from sandcell.service.core import Service
 from sandcell.service.problems import ServiceProblem
+from sandcell.wire import error_wire
 
 __all__ = ["e2b_app"]
 
@@ -55,8 +56,10 @@ def _respond(request: Request, err: E2BError) -> Response:
 async def _on_error(request: Request, exc: Exception) -> Response:
     err = from_exception(exc)
     if err is None:
+        # Kept to the log (sandcell.wire: not public); the client gets the row's sentence.
         log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-        err = E2BError(500, "the service failed to answer; its log has the details")
+        row = error_wire(exc)
+        err = E2BError(row.e2b_status, row.detail)
     return _respond(request, err)
 
 

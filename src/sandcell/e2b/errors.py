@@ -2,7 +2,8 @@
 
 The control plane and envd's HTTP endpoints answer ``{"code": STATUS, "message": TEXT}`` (the
 SDK raises a raw JSON error on any other body); envd's Connect RPCs answer a Connect error code.
-One :class:`E2BError` carries both, so a route raises it and its surface picks the form.
+One :class:`E2BError` carries both, so a route raises it and its surface picks the form. What
+sandcell's own errors become is their row in :mod:`sandcell.wire`.
 """
 
 from __future__ import annotations
@@ -11,28 +12,13 @@ from collections.abc import Mapping
 
 from starlette.responses import JSONResponse
 
-from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
-from sandcell.service.problems import ServiceProblem
-from sandcell.sessions import SessionEnded
+from sandcell.errors import SandcellError
+from sandcell.wire import SDK_RETRIED, connect_code, error_wire
 
 __all__ = ["E2BError", "connect_code", "from_exception", "json_error"]
 
-_CONNECT_CODES = {
-    400: "invalid_argument",
-    401: "unauthenticated",
-    403: "permission_denied",
-    404: "not_found",
-    409: "already_exists",
-    413: "resource_exhausted",
-    429: "resource_exhausted",
-    501: "unimplemented",
-    502: "unavailable",
-    503: "unavailable",
-    504: "deadline_exceeded",
-}
 
-
-class E2BError(Exception):
+class E2BError(SandcellError):
     """A failure to answer with ``status`` and ``message`` (and, for a Connect RPC, ``code``)."""
 
     def __init__(
@@ -50,11 +36,6 @@ class E2BError(Exception):
         self.headers = dict(headers or {})
 
 
-def connect_code(status: int) -> str:
-    """The Connect error code for an HTTP status."""
-    return _CONNECT_CODES.get(status, "internal" if status >= 500 else "unknown")
-
-
 def json_error(err: E2BError) -> JSONResponse:
     return JSONResponse(
         {"code": err.status, "message": err.message}, status_code=err.status, headers=err.headers
@@ -66,18 +47,15 @@ def from_exception(exc: Exception) -> E2BError | None:
     failure that is not the client's to see."""
     if isinstance(exc, E2BError):
         return exc
-    if isinstance(exc, ServiceProblem):
-        headers = dict(exc.headers)
-        if exc.status == 429:
-            # The SDK retries a 429 three times; a quota does not lift within its retries.
-            headers["Should-Retry"] = "false"
-        return E2BError(exc.status, exc.detail, headers=headers)
-    if isinstance(exc, SessionEnded):
-        return E2BError(502, f"the sandbox was not found: {exc}")
-    if isinstance(exc, IsolationUnavailable | InfraError):
-        return E2BError(503, str(exc), headers={"Should-Retry": "false"})
-    if isinstance(exc, ConfigError):
-        return E2BError(400, str(exc))
-    if isinstance(exc, SandcellError):
+    if not isinstance(exc, SandcellError):
         return None
-    return None
+    row = error_wire(exc)
+    if not row.public:
+        return None
+    headers = dict(getattr(exc, "headers", None) or {})
+    if row.e2b_status in SDK_RETRIED:
+        # The SDK retries these three times at once; what sandcell refused does not change
+        # within its retries (a quota, an ended sandbox, a host without the isolation).
+        headers["Should-Retry"] = "false"
+    message = row.e2b_message.format(str(exc))
+    return E2BError(row.e2b_status, message, code=row.connect, headers=headers)

@@ -35,6 +35,7 @@ from sandcell.service.core import Service
 from sandcell.service.tenants import Tenant
 from sandcell.sessions import Session
 from sandcell.spec import Outcome, RunResult
+from sandcell.wire import outcome_wire
 
 __all__ = ["process_routes"]
 
@@ -120,11 +121,10 @@ def _ending(service: Service, box: E2BSandbox, command: str, done: Done) -> list
     if needs_approval(result):
         ticket = ticket_for(service, box, result, command, "bash")
         return [*out, end_of_stream(E2BError(403, approval_message(ticket, result)))]
-    if result.outcome is Outcome.DENIED:
-        return [*out, end_of_stream(E2BError(403, result.reason))]
-    if result.outcome is Outcome.TIMEOUT:
-        timeout = E2BError(504, f"the command ran out of time: {result.reason}")
-        return [*out, end_of_stream(timeout)]
+    refused = outcome_wire(result.outcome).e2b_status  # denied 403, timeout 504
+    if refused is not None:
+        said = "the command ran out of time: " if result.outcome is Outcome.TIMEOUT else ""
+        return [*out, end_of_stream(E2BError(refused, said + result.reason))]
     code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
     end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
     if result.outcome not in (Outcome.OK, Outcome.ERROR):

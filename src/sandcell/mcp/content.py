@@ -26,10 +26,7 @@ from mcp.types import (
 
 from sandcell.artifacts.store import ArtifactStore
 from sandcell.spec import Artifact, MiB, Outcome, RunResult, result_to_dict
-
-_NOT_RUN = frozenset({Outcome.DENIED, Outcome.INFRA_ERROR})
-"""Outcomes where the tool call failed (the code never ran): reported with isError. A program
-that ran and failed (error, timeout, a limit) is a result, not a failed call."""
+from sandcell.wire import outcome_wire
 
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "image/svg+xml")
 _IMAGE_ORDER = ("image/png", "image/svg+xml")
@@ -82,7 +79,11 @@ def run_content(
             )
         )
     return CallToolResult(
-        content=blocks, structured_content=structured, is_error=result.outcome in _NOT_RUN
+        content=blocks,
+        structured_content=structured,
+        # Failed only where the code never ran (denied, infra_error): a program that ran and
+        # failed (error, timeout, a limit) is a result, not a failed call.
+        is_error=outcome_wire(result.outcome).mcp_is_error,
     )
 
 

@@ -5,7 +5,8 @@
 policy profiles and ``get_artifact`` returns a stored file. The executor is synchronous: every
 call to it runs on a worker thread, so one slow run never blocks the server's event loop.
 
-Errors are tool results with ``isError`` and a sentence saying what was wrong and how to fix it
+Errors are tool results with ``isError`` and a sentence saying what was wrong and how to fix it,
+then the error's code and whether a retry can help, from :mod:`sandcell.wire`
 (:func:`_tool_errors`); nothing of a traceback reaches the client.
 """
 
@@ -42,6 +43,7 @@ from sandcell.policy.approvals import Ticket
 from sandcell.policy.profiles import Profile, list_profiles, load_profile
 from sandcell.sessions import Session
 from sandcell.spec import Artifact, IsolationMode, Language, Outcome, RunRequest, RunResult
+from sandcell.wire import mcp_message
 
 log = logging.getLogger("sandcell.mcp")
 
@@ -130,7 +132,7 @@ def _tool_errors(tool: str) -> Iterator[None]:
         raise
     except SandcellError as exc:
         # The SDK prefixes "Error executing tool NAME: ".
-        raise ToolError(str(exc)) from None
+        raise ToolError(mcp_message(exc)) from None
     except Exception:
         log.exception("tool %s failed", tool)
         raise ToolError(
@@ -556,10 +558,10 @@ class SandcellTools:
                     if guard is not None and what is not None:
                         stack.enter_context(guard(tenant, what))
                 except SandcellError:
-                    raise
+                    raise  # a quota's 429 problem included: its row says "refused: ..."
                 except Exception as exc:
-                    # The hook's own refusal (an HTTP 429 problem, say): its words, as a tool
-                    # error, not an internal failure.
+                    # Another hook's own refusal: its words, as a tool error, not an internal
+                    # failure.
                     detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
                     raise ConfigError(f"refused: {detail}") from None
                 out = fn(*args, **kwargs)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sandcell.errors import SandcellError
+
 _TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _TARGET = re.compile(rb"^[\x21-\x7e]+$")
 _FIELD_VALUE = re.compile(rb"^[\t\x20-\x7e\x80-\xff]*$")
@@ -34,7 +36,7 @@ header may not name them, since removing them after the checks would let the ser
 request (and the body as a second request) otherwise than the proxy did."""
 
 
-class HeadError(Exception):
+class HeadError(SandcellError):
     """A head the proxy will not act on; ``status`` is the HTTP answer to give."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+from sandcell.errors import SandcellError
 from sandcell.network.caps import Budget
 from sandcell.network.http_head import HeadError
 
@@ -42,7 +43,7 @@ class Flow:
         return self.idle_s - (time.monotonic() - self.last)
 
 
-class Stop(Exception):
+class Stop(SandcellError):
     """The relay ended early; ``end`` says why, ``up`` in which direction (for a cap)."""
 
     def __init__(self, end: End, *, up: bool = True) -> None:

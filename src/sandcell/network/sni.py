@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sandcell.errors import SandcellError
+
 MAX_HELLO_BYTES = 64 * 1024
 """The most bytes of the tunnel read to find the ClientHello (records with their headers)."""
 
@@ -44,11 +46,11 @@ class Hello:
     """The lower-case host name the client asked for; None when it sent none."""
 
 
-class _Malformed(Exception):
+class _Malformed(SandcellError):
     """Raised inside the parser; becomes ``Hello.problem``."""
 
 
-class _Short(Exception):
+class _Short(SandcellError):
     """The data ended inside a structure that claims to continue."""
 
 

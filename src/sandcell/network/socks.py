@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 
+from sandcell.errors import SandcellError
 from sandcell.network.http_head import Authority
 from sandcell.network.relay import Flow, read_exactly
 
@@ -29,7 +30,7 @@ COMMAND_NOT_SUPPORTED = 0x07
 ADDRESS_NOT_SUPPORTED = 0x08
 
 
-class SocksError(Exception):
+class SocksError(SandcellError):
     """A SOCKS request the proxy will not serve: ``code`` is the reply (None: no reply fits,
     just close), ``status`` the HTTP status of the same refusal (for the record)."""
 

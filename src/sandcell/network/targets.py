@@ -12,11 +12,12 @@ import socket
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from sandcell.errors import SandcellError
 from sandcell.network.addresses import Resolver, address_problem, resolve_pinned
 from sandcell.network.allowlist import Allowlist, HostError, IPAddress, normalise_host
 
 
-class Refusal(Exception):
+class Refusal(SandcellError):
     """The proxy will not make this connection; ``status`` is the HTTP answer."""
 
     def __init__(self, status: int, reason: str) -> None:

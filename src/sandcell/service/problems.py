@@ -1,7 +1,8 @@
 """Errors as ``application/problem+json`` (RFC 9457), and the body-size guard.
 
 Every failure a client can cause gets a 4xx saying what was wrong; anything unexpected is
-logged here with its traceback and answered 500 with no internals in the body.
+logged here with its traceback and answered 500 with no internals in the body. A sandcell
+error's status and whether its sentence may be shown are its row in :mod:`sandcell.wire`.
 """
 
 from __future__ import annotations
@@ -17,36 +18,18 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandcell.errors import (
-    AuditError,
-    ConfigError,
-    InfraError,
-    IsolationUnavailable,
-    SandcellError,
-)
-from sandcell.sessions import SessionEnded
+from sandcell.errors import AuditError, SandcellError
+from sandcell.wire import error_wire, title
 
 __all__ = ["BodyLimit", "ServiceProblem", "install_handlers", "problem_response"]
 
 log = logging.getLogger("sandcell.service")
 PROBLEM_JSON = "application/problem+json"
-_TITLES = {
-    400: "Bad request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not found",
-    405: "Method not allowed",
-    409: "Conflict",
-    413: "Content too large",
-    422: "Invalid request",
-    429: "Too many requests",
-    500: "Internal error",
-    503: "Unavailable",
-}
 
 
-class ServiceProblem(Exception):
-    """A failure to answer as a problem document with ``status``."""
+class ServiceProblem(SandcellError):
+    """A failure to answer as a problem document with ``status`` (its row in
+    :mod:`sandcell.wire` follows the status)."""
 
     def __init__(
         self, status: int, detail: str, *, headers: Mapping[str, str] | None = None
@@ -66,7 +49,7 @@ def problem_response(
 ) -> JSONResponse:
     body: dict[str, object] = {
         "type": "about:blank",
-        "title": _TITLES.get(status, "Error"),
+        "title": title(status),
         "status": status,
         "detail": detail,
     }
@@ -114,18 +97,14 @@ def install_handlers(app: FastAPI) -> None:
         return problem_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     async def on_sandcell(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, SessionEnded):
-            return problem_response(409, str(exc))
-        if isinstance(exc, IsolationUnavailable | InfraError):
-            return problem_response(503, str(exc))
-        if isinstance(exc, ConfigError):
-            count(request, 400)
-            return problem_response(400, str(exc))
+        row = error_wire(exc)
+        if row.public:
+            if row.http_status == 400:  # a refused request; an ended session is not one
+                count(request, row.http_status)
+            return problem_response(row.http_status, str(exc))
         if isinstance(exc, AuditError):
             log.error("audit log error on %s %s: %s", request.method, request.url.path, exc)
-            return problem_response(
-                500, "the run records could not be read or written; the service's log says why"
-            )
+            return problem_response(row.http_status, row.detail)
         return await on_unexpected(request, exc)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -219,7 +198,7 @@ class BodyLimit:
         body = json.dumps(
             {
                 "type": "about:blank",
-                "title": _TITLES[413],
+                "title": title(413),
                 "status": 413,
                 "detail": f"the request body is over {self.max_bytes} bytes; send less "
                 "(large inputs belong in files of a session)",

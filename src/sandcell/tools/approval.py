@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from sandcell.errors import SandcellError
 from sandcell.tools.records import canonical, text_digest
 
 
@@ -61,7 +62,7 @@ Approver = Callable[[ApprovalRequest], ApprovalDecision | None]
 :class:`NoApproval` to refuse with a reason of its own."""
 
 
-class NoApproval(Exception):
+class NoApproval(SandcellError):
     """Nobody approved, for the reason in the message (the call record carries it)."""
 
 

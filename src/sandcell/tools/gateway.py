@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from sandcell.errors import ConfigError, InfraError
+from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.tools.approval import ApprovalRequest, Approver, ask
 from sandcell.tools.counters import CallCounter
 from sandcell.tools.definitions import HttpTool, ToolDefinition
@@ -66,7 +66,7 @@ MAX_SOCKET_PATH = 107
 _FRAME_OVERHEAD = 4096  # the request's own fields around the arguments
 
 
-class _Refused(Exception):
+class _Refused(SandcellError):
     def __init__(self, decision: Decision, reason: str, approver: str | None = None) -> None:
         super().__init__(reason)
         self.decision, self.reason, self.approver = decision, reason, approver

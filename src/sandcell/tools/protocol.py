@@ -18,12 +18,14 @@ import struct
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sandcell.errors import SandcellError
+
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 """No frame is larger, whatever a tool's limits say."""
 
 
-class ProtocolError(ValueError):
+class ProtocolError(SandcellError, ValueError):
     """A frame or request the gateway refuses; the message is shown to the program."""
 
 

@@ -6,8 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from sandcell.errors import SandcellError
 
-class UpstreamError(Exception):
+
+class UpstreamError(SandcellError):
     """The upstream could not be reached, failed, or answered too much; shown to the program
     (after redaction), so the message must not carry the credential."""
 

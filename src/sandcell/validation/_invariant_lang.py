@@ -12,7 +12,7 @@ import builtins
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from sandcell.errors import ConfigError
+from sandcell.errors import ConfigError, SandcellError
 
 MAX_STEPS = 1_000_000
 """Most expression nodes one invariant may evaluate: a nested comprehension over a large
@@ -95,7 +95,7 @@ _CONSTRUCTS: Mapping[type[ast.AST], str] = {
 }
 
 
-class Failure(Exception):
+class Failure(SandcellError):
     """An invariant cannot be evaluated on this value (a type error the language itself finds)."""
 
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sandcell.errors import ConfigError
+from sandcell.errors import ConfigError, SandcellError
 
 __all__ = ["ConfinedChecks", "ConfinedVerdict", "ConfinementLimits", "default_checks"]
 
@@ -67,7 +67,7 @@ class ConfinedVerdict:
     were not evaluated (the schema failed, or the check went over a limit)."""
 
 
-class _WorkerGone(Exception):
+class _WorkerGone(SandcellError):
     """The worker died or was killed; the message is the line the result reports."""
 
 

@@ -21,6 +21,8 @@ import struct
 import time
 from typing import TYPE_CHECKING
 
+from sandcell.errors import SandcellError
+
 if TYPE_CHECKING:
     from sandcell.backends.microvm.relay import Pump
 
@@ -47,7 +49,7 @@ WARMED = b"p"
 GUEST_TYPES = frozenset({STDOUT, STDERR, EXIT, FILE, DATA, SKIPPED, DONE, FAILED, WARMED})
 
 
-class ChannelError(Exception):
+class ChannelError(SandcellError):
     """The guest broke the protocol or the stream ended; the message says how."""
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandcell.backends.microvm import channel
+from sandcell.errors import SandcellError
 from sandcell.spec import InputFile
 
 MAX_DEPTH = 64
@@ -30,7 +31,7 @@ STAND_IN_TARGET = "sandcell: a symbolic link in the guest, not followed"
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class TransferError(Exception):
+class TransferError(SandcellError):
     """The guest sent something the sink refuses; the message says what."""
 
 

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandcell.errors import SandcellError
 from sandcell.service.ui.browser_sessions import BrowserSession
 
 __all__ = [
@@ -52,7 +53,7 @@ _HEADERS: tuple[tuple[bytes, bytes], ...] = (
 MAX_FORM_BYTES = 64 * 1024
 
 
-class FormRefused(Exception):
+class FormRefused(SandcellError):
     """A form post that fails the origin or CSRF checks (answered 403)."""
 
 

@@ -70,11 +70,11 @@ _REFRESH_S = 1
 _Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-class _LoginRequired(Exception):
+class _LoginRequired(SandcellError):
     """No session, or one not logged in: the page sends the browser to the login form."""
 
 
-class _TooManyLogins(Exception):
+class _TooManyLogins(SandcellError):
     """An address past its anonymous login steps (answered 429 with ``Retry-After``)."""
 
     def __init__(self, wait_s: int) -> None:
