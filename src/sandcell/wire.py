@@ -7,7 +7,8 @@ whether a retry can help. :func:`error_wire` walks the exception's MRO, so a sub
 as its parent unless it has a row of its own. The surfaces (:mod:`sandcell.status`,
 :mod:`sandcell.service.problems`, :mod:`sandcell.e2b.errors`, :mod:`sandcell.mcp.tools`,
 :mod:`sandcell.mcp.content`, :mod:`sandcell.client.errors`, :mod:`sandcell.cli.remote`) read
-it and keep no mapping of their own.
+it and keep no mapping of their own (as do the approval pages, :mod:`sandcell.service.ui.pages`,
+and the E2B command stream's ending, :mod:`sandcell.e2b.process`).
 
 Errors (``code``: the row's name, shown in MCP tool errors)::
 
@@ -44,6 +45,10 @@ Decisions where the surfaces used to disagree:
   on a status the SDK would retry (429, 502, 503, 504): the SDK retries three times at once,
   which no quota, ended sandbox or host without the isolation outlives.
 * ``ModelError`` exits 75, as ``sandcell ask`` does for the stop reason ``model_error``.
+* A row the service keeps to its log (``public`` False: internal, audit, model errors) reaches
+  a remote client as a 500 it cannot tell from a passing failure: ``ServiceUnavailable``,
+  exit 75. Exceptions used only inside one module (a proxy's refusal, a guest channel's
+  protocol error) are in the tree too and answer as ``internal`` should one ever escape.
 
 The problem document's ``type`` stays ``about:blank`` (its ``title`` is the status's), so the
 HTTP body is what it was; the row's ``code`` names the class in MCP errors and the docs.
@@ -71,17 +76,27 @@ from sandcell.spec import Outcome, RunResult
 __all__ = [
     "CONNECT_CODES",
     "ERRORS",
+    "EXIT_AWAITING_APPROVAL",
+    "EXIT_CONFIG",
+    "EXIT_DENIED",
+    "EXIT_INFRA",
+    "EXIT_INVALID_OUTPUT",
+    "EXIT_MEMORY_LIMIT",
+    "EXIT_OUTPUT_LIMIT",
+    "EXIT_TIMEOUT",
     "OUTCOMES",
     "SDK_RETRIED",
     "TITLES",
     "ErrorWire",
     "OutcomeWire",
+    "class_wire",
     "connect_code",
     "error_wire",
     "exit_code_for_result",
     "mcp_message",
     "outcome_wire",
     "public_message",
+    "title",
 ]
 
 EXIT_OUTPUT_LIMIT = 120

@@ -42,6 +42,7 @@ from sandcell.service.quotas import Quotas
 from sandcell.service.tenants import Tenant, TenantStore
 from sandcell.sessions import Session
 from sandcell.spec import InputFile, Outcome, RunRequest, RunResult, result_to_dict
+from sandcell.wire import error_wire
 
 __all__ = ["RunState", "Service", "ServiceConfig"]
 
@@ -340,7 +341,7 @@ class Service:
         except Exception as exc:
             # The executor raises only for a request it cannot accept at all, or a store that
             # failed; the client of an asynchronous run learns it from the run's status.
-            if not isinstance(exc, SandcellError):
+            if not error_wire(exc).public:  # kept to the log (sandcell.wire)
                 log.error("run %s of tenant %s failed", state.id, state.tenant, exc_info=exc)
             state.error = exc
             with contextlib.suppress(Exception):

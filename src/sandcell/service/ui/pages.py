@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
+from sandcell.errors import SandcellError
 from sandcell.policy.approvals import STATUSES, ApprovalError, Ticket
 from sandcell.policy.tool_tickets import ToolTicket
 from sandcell.service import tool_approvals
@@ -59,6 +59,7 @@ from sandcell.service.ui.views import (
     tool_ticket_view,
 )
 from sandcell.spec import RunResult
+from sandcell.wire import error_wire
 
 __all__ = ["create_ui"]
 
@@ -97,8 +98,9 @@ def _error_page(status: int, detail: str, headers: dict[str, str] | None = None)
 
 def _guarded(endpoint: _Endpoint) -> _Endpoint:
     """Answer every failure of a page as a page: the login form for a browser that is not
-    logged in, 403 for a refused form, the status and text of a service problem, and 500 with
-    no internals for anything unexpected (logged with its traceback)."""
+    logged in, 403 for a refused form, the status and text of a service problem, a sandcell
+    error's status in :mod:`sandcell.wire` (as the API answers it), and 500 with no internals
+    for anything unexpected (logged with its traceback)."""
 
     async def handle(request: Request) -> Response:
         try:
@@ -116,15 +118,14 @@ def _guarded(endpoint: _Endpoint) -> _Endpoint:
         except ServiceProblem as exc:
             return _error_page(exc.status, exc.detail, exc.headers)
         except ApprovalError as exc:
-            return _error_page(409, str(exc))
-        except ConfigError as exc:
-            return _error_page(400, str(exc))
-        except (IsolationUnavailable, InfraError) as exc:
-            return _error_page(503, str(exc))
+            return _error_page(409, str(exc))  # decided meanwhile: the page's own conflict
         except Exception as exc:
+            row = error_wire(exc)  # the API's status for the same error (sandcell.wire)
+            if row.public:
+                return _error_page(row.http_status, str(exc))
             kind = "sandcell error" if isinstance(exc, SandcellError) else "unexpected error"
             log.error("%s on %s %s", kind, request.method, request.url.path, exc_info=exc)
-            return _error_page(500, "the service failed to answer; its log has the details")
+            return _error_page(row.http_status, row.detail)
 
     return handle
 
