@@ -8,21 +8,22 @@ output as it is written (small writes gathered for a few tens of milliseconds): 
 under its cap is handed to the run's output sink as it arrives (:func:`keep`). A guest image
 built before live output speaks the same frames (one per read) but its runner holds a Python
 program's stderr until the end: the output is the same, less of it live (``sandcell vm build``
-renews the image). :func:`classify` turns what was observed into the run's outcome, in the same
-order of precedence as the namespaces backend.
+renews the image). :func:`classify` hands what was observed to the outcome classifier every rung
+shares.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandcell.backends.base import OutputSink
+from sandcell.backends.host.outcome import Seen
+from sandcell.backends.host.outcome import classify as outcome_of
 from sandcell.backends.microvm import channel, relay
 from sandcell.backends.microvm.guest_packages import NONE, PACKAGES_DIR, GuestPackages
 from sandcell.backends.microvm.transfer import FileSink, TransferError, input_frames, input_items
@@ -52,6 +53,8 @@ class Ended:
     """The agent sent its exit report."""
     failure: str | None = None
     """Why the run could not go on (the agent's message, a protocol error, the VM's end)."""
+    vm_stopped: bool = False
+    """The VM stopped during the run (its kernel crashed or QEMU died)."""
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     stdout_truncated: bool = False
@@ -203,6 +206,7 @@ def drive(
             except channel.ChannelTimeout:
                 if not alive() and not chan.pending:  # type: ignore[operator]
                     ended.failure = "the VM stopped during the run"
+                    ended.vm_stopped = True
                     break
                 continue
             if kind in caps:
@@ -308,31 +312,28 @@ def _message(payload: bytes) -> str:
 def classify(
     ended: Ended, request: RunRequest, *, cancel_reason: str | None, console: str
 ) -> tuple[Outcome, str]:
-    """The outcome and its reason, with the namespaces backend's precedence."""
+    """The outcome and its reason, by the classifier every rung shares
+    (:func:`sandcell.backends.host.outcome.classify`)."""
     lim = request.effective_limits
-    if ended.stopped_by == "cancelled":
-        return Outcome.KILLED, f"cancelled: {cancel_reason or 'no reason given'}"
-    if not ended.started or (ended.failure and not ended.reported and ended.stopped_by is None):
-        why = ended.failure or "the program did not start"
-        if ended.started and "stopped during the run" in why:
-            return Outcome.KILLED, f"{why} (guest kernel crash or QEMU died): {console}"
-        return Outcome.INFRA_ERROR, f"{why}{': ' + console if console else ''}"
-    if ended.stopped_by == "wall_time":
-        return Outcome.TIMEOUT, f"wall-time limit of {lim.wall_time_s:g} s reached"
-    if ended.stopped_by in ("stdout", "stderr"):
-        cap = lim.stdout_bytes if ended.stopped_by == "stdout" else lim.stderr_bytes
-        return Outcome.OUTPUT_LIMIT, f"{ended.stopped_by} exceeded its cap of {cap} bytes"
-    if ended.oom_kill:
-        return Outcome.MEMORY_LIMIT, f"memory limit of {lim.memory_bytes} bytes reached"
-    sig = ended.signal
-    cpu_out = ended.cpu_ms is not None and ended.cpu_ms >= lim.cpu_time_s * 1000 * 0.98
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_out):
-        return Outcome.TIMEOUT, f"CPU-time limit of {lim.cpu_time_s} s reached"
-    if sig is not None:
-        return Outcome.KILLED, f"killed by signal {sig} ({signal.Signals(sig).name})"
-    if ended.exit_code == 0:
-        return Outcome.OK, "exited with status 0"
-    return Outcome.ERROR, f"exited with status {ended.exit_code}"
+    seen = Seen(
+        subject="run",
+        limits=lim,
+        mode=request.mode,
+        wall_time_s=lim.wall_time_s,
+        started=ended.started,
+        stopped_by="cancel" if ended.stopped_by == "cancelled" else ended.stopped_by,
+        cancel_reason=cancel_reason,
+        reported=ended.reported,
+        failure=ended.failure,
+        sandbox_died=ended.vm_stopped,
+        detail=console,
+        exit_code=ended.exit_code,
+        signal=ended.signal,
+        oom_killed=bool(ended.oom_kill),
+        cpu_ms=ended.cpu_ms,
+    )
+    outcome, reason, _, _ = outcome_of(seen)
+    return outcome, reason
 
 
 __all__ = ["Ended", "classify", "drive", "job_doc", "keep"]
