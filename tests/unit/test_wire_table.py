@@ -369,3 +369,16 @@ def test_the_table_is_printable() -> None:
             cells = line.split()
             assert str(row.exit_code) in cells and str(row.http_status) in cells, line
             assert row.connect in cells and ("yes" if row.retryable else "no") in cells, line
+
+
+@pytest.mark.parametrize(("outcome", "code"), [(Outcome.OK, 0), (Outcome.ERROR, 3)])
+def test_the_fast_entry_exits_as_the_table(outcome: Outcome, code: int | None) -> None:
+    # sandcell._entry prints a plain ok/error answer without importing the table (it must
+    # start fast): its exit status must still be the row's.
+    from sandcell._entry import _print_plain
+    from sandcell.spec import result_to_dict
+
+    result = _result(outcome, exit_code=code)
+    body = json.dumps({"result": result_to_dict(result)}).encode()
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    assert _print_plain(answer, as_json=False) == status.exit_code_for(result)
