@@ -1,11 +1,12 @@
 """When the host interrupts one cell: once, and only after the kernel said the cell started.
 
-Each rung's cell loop decides at most one reason to stop a cell (its wall time, an output cap,
-a cancel), and each reason must reach the cell as exactly one SIGINT. A SIGINT the kernel gets
-before it started the cell is ignored there (between cells an interrupt must not kill the
-kernel), so an interrupt sent too early would be lost; re-sending it until the cell answers
-(as the loops once did) lands a second KeyboardInterrupt inside the cell's own handler for the
-first whenever the reply is slow to come back. Instead the kernel says ``started`` once its
+The cell loop (:func:`sandcell.sessions.cell_loop.supervise_cell`, the same on every rung)
+decides at most one reason to stop a cell (its wall time, an output cap, a cancel), and each
+reason must reach the cell as exactly one SIGINT. A SIGINT the kernel gets before it started
+the cell is ignored there (between cells an interrupt must not kill the kernel), so an
+interrupt sent too early would be lost; re-sending it until the cell answers (as the loops once
+did) lands a second KeyboardInterrupt inside the cell's own handler for the first whenever the
+reply is slow to come back. Instead the kernel says ``started`` once its
 SIGINT handler interrupts the cell, and the interrupt waits for that message.
 """
 

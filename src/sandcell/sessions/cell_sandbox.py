@@ -7,8 +7,9 @@ SessionSandbox`; another backend offers its own through a ``session_sandbox(requ
 session_id=...)`` method (gVisor's: :class:`~sandcell.backends.gvisor.session.
 GVisorSessionSandbox`; the microVM's: :class:`~sandcell.backends.microvm.session.
 VMSessionSandbox`). All of them speak the kernel's channel (:mod:`sandcell.sessions.channel`) to
-``_kernel.py`` and judge a cell with :func:`sandcell.sessions.verdict.classify_cell`, so a cell's
-outcome means the same on every rung.
+``_kernel.py``, watch a cell with one loop (:func:`sandcell.sessions.cell_loop.supervise_cell`,
+each through its own small adapter) and judge it with
+:func:`sandcell.sessions.verdict.classify_cell`, so a cell's outcome means the same on every rung.
 
 The workspace is reached through the sandbox, never as a host path the session walks itself: on
 a microVM it lives in the guest, and files cross only through the backend's transfer and then the

@@ -56,12 +56,13 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.artifacts.store import ArtifactStore
+from sandcell.backends import inside
 from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.gvisor import cpu_reader
 from sandcell.backends.gvisor import plan as bundle_plan
@@ -81,7 +82,7 @@ from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import common_env, python_runtime
-from sandcell.sessions.cell_interrupt import CellInterrupt
+from sandcell.sessions.cell_loop import CellRung, supervise_cell
 from sandcell.sessions.cell_sandbox import (
     CappedOutput,
     CellRun,
@@ -90,12 +91,7 @@ from sandcell.sessions.cell_sandbox import (
     kernel_message,
 )
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
-from sandcell.sessions.verdict import (
-    CANCEL_POLL_S,
-    INTERRUPT_GRACE_S,
-    CellCancel,
-    classify_cell,
-)
+from sandcell.sessions.verdict import CellCancel, classify_cell
 from sandcell.spec import Enforcement, Outcome, RejectedExport, RunRequest, Usage
 
 if TYPE_CHECKING:
@@ -107,7 +103,7 @@ END_WAIT_S = 5.0
 OUTPUTS_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
 """Where the kernel writes each cell's rich outputs (``OUTPUTS_DIR/<cell id>``)."""
 
-_KERNEL_SOURCE = Path(landlock.__file__).with_name("_kernel.py")
+_KERNEL_SOURCE = inside.KERNEL_SCRIPT
 _CONTROL_KERNEL = "kernel.pyc"
 _READ_CHUNK = 65536
 _TRAILER = re.compile(re.escape(EXIT) + rb"(\d{1,10})\n\Z")
@@ -331,21 +327,6 @@ class GVisorSessionSandbox:
         self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
         return err.add(chunk)
 
-    def _interrupt(self) -> None:
-        """SIGINT to the kernel, inside the sentry."""
-        if self.kernel_pid is None:
-            return
-        rs = self.host.runsc
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run(
-                rs.argv("kill", "--pid", str(self.kernel_pid), self.sb.container_id, "INT"),
-                capture_output=True,
-                timeout=10,
-                check=False,
-                env={},
-                stdin=subprocess.DEVNULL,
-            )
-
     def _drain(self, out: CappedOutput, err: CappedOutput, *, until_eof_s: float = 0.0) -> None:
         """Read what is already in the output pipes (written before the reply, so the cell's);
         with ``until_eof_s``, wait that long for the sandbox to close them."""
@@ -404,79 +385,23 @@ class GVisorSessionSandbox:
         ``on_output`` is told the cell's output as it is read."""
         if self.ended is not None:
             raise InfraError(f"the session's sandbox has ended: {self.ended}")
-        assert self._sock is not None
         self._cell_seq += 1
-        cell_id = self._cell_seq
         out = CappedOutput(self.limits.stdout_bytes, stream="stdout", on_output=on_output)
         # The agent's exit trailer ends stderr when the kernel dies: never passed on live.
         err = CappedOutput(
             self.limits.stderr_bytes, stream="stderr", on_output=on_output, hold=trailer_tail
         )
         cpu_ms = cpu_reader(self.sb)
-        cpu_limit_ms = self.limits.cpu_time_s * 1000
         cpu0 = cpu_ms()
-        t0 = time.monotonic()
-        # A sandbox that is gone refuses the cell; the loop below reports how it ended.
-        with contextlib.suppress(OSError):
-            self._sock.sendall(encode(kernel_message(cell_id, code, scope)))
-        deadline = t0 + timeout_s
-        next_cpu = t0
-        stopped_by: str | None = None
-        reply: dict[str, object] | None = None
-        ended_why: str | None = None
-        interrupt = CellInterrupt(cell_id)
-        while reply is None:
-            msg = self._next_message()
-            if msg is not None:
-                if msg.get("op") == "done" and msg.get("id") == cell_id:
-                    reply = msg
-                elif interrupt.saw(msg):
-                    self._interrupt()
-                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
-                continue
-            now = time.monotonic()
-            if hard_deadline is not None and now >= hard_deadline:
-                ended_why = "lifetime"
-                break
-            if now >= next_cpu:
-                used = cpu_ms()
-                if used is not None and used - self._cpu_base >= cpu_limit_ms:
-                    self._cpu_out = True
-                    ended_why = "kernel"
-                    break
-                next_cpu = now + CPU_POLL_S
-            if cancel is not None and cancel.reason is not None and stopped_by in (None, "cancel"):
-                if stopped_by is None:
-                    stopped_by, deadline = "cancel", now + INTERRUPT_GRACE_S
-                if interrupt.request():
-                    self._interrupt()
-                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
-            limit = min(deadline, next_cpu)
-            if hard_deadline is not None:
-                limit = min(limit, hard_deadline)
-            if cancel is not None and stopped_by in (None, "cancel"):
-                limit = min(limit, now + CANCEL_POLL_S)
-            event = self._pump(out, err, limit - now)
-            if event == "ended":
-                ended_why = "kernel"
-                break
-            if event in ("stdout", "stderr") and stopped_by is None:
-                stopped_by = event
-                if interrupt.request():
-                    self._interrupt()
-                deadline = time.monotonic() + INTERRUPT_GRACE_S
-            elif event is None and time.monotonic() >= deadline:
-                if stopped_by is None:
-                    stopped_by = "wall_time"
-                    if interrupt.request():
-                        self._interrupt()
-                    deadline = time.monotonic() + INTERRUPT_GRACE_S
-                else:
-                    ended_why = "grace"
-                    break
-        if reply is not None:
-            self._drain(out, err)
-        wall_ms = (time.monotonic() - t0) * 1000
+        end = supervise_cell(
+            _Cell(self, out, err, cpu_ms),
+            encode(kernel_message(self._cell_seq, code, scope)),
+            cell_id=self._cell_seq,
+            timeout_s=timeout_s,
+            hard_deadline=hard_deadline,
+            cancel=cancel,
+        )
+        ended_why = end.ended_why
         cg = self.sb.cgroup.usage() if self.sb.cgroup is not None else None
         cpu1 = cpu_ms()
         if ended_why is not None:
@@ -487,13 +412,13 @@ class GVisorSessionSandbox:
             if cg is not None and cg.cpu_ms is not None:
                 cpu1 = cg.cpu_ms
         usage = Usage(
-            wall_ms=round(wall_ms, 3),
+            wall_ms=round(end.wall_ms, 3),
             cpu_ms=round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None,
             peak_memory_bytes=cg.peak_memory_bytes if cg is not None else None,
         )
         outcome, reason, code_, sig = classify_cell(
-            reply=reply,
-            stopped_by=stopped_by,
+            reply=end.reply,
+            stopped_by=end.stopped_by,
             ended_why=ended_why,
             timeout_s=timeout_s,
             limits=self.limits,
@@ -514,7 +439,7 @@ class GVisorSessionSandbox:
         err.flush()
         return CellRun.of(
             (outcome, reason, code_, sig),
-            reply=reply,
+            reply=end.reply,
             out=out,
             err=err,
             usage=usage,
@@ -611,6 +536,60 @@ class GVisorSessionSandbox:
             self._keeper_stop.set()
             self._keeper_done.wait(timeout=10)
         return exported
+
+
+class _Cell(CellRung):
+    """One cell as :func:`~sandcell.sessions.cell_loop.supervise_cell` reaches it: the
+    channel's socket, the container's output, SIGINT through ``runsc kill``, and the
+    session's CPU time polled from the host (gVisor does not enforce RLIMIT_CPU)."""
+
+    check_every_s = CPU_POLL_S
+
+    def __init__(
+        self,
+        sandbox: GVisorSessionSandbox,
+        out: CappedOutput,
+        err: CappedOutput,
+        cpu_ms: Callable[[], float | None],
+    ) -> None:
+        self.sandbox, self.out, self.err, self.cpu_ms = sandbox, out, err, cpu_ms
+
+    def send(self, message: bytes) -> None:
+        assert self.sandbox._sock is not None
+        with contextlib.suppress(OSError):
+            self.sandbox._sock.sendall(message)
+
+    def next_message(self) -> dict[str, object] | None:
+        return self.sandbox._next_message()
+
+    def pump(self, timeout_s: float) -> str | None:
+        return self.sandbox._pump(self.out, self.err, timeout_s)
+
+    def interrupt(self) -> None:
+        """SIGINT to the kernel, inside the sentry."""
+        sandbox = self.sandbox
+        if sandbox.kernel_pid is None:
+            return
+        rs = sandbox.host.runsc
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                rs.argv("kill", "--pid", str(sandbox.kernel_pid), sandbox.sb.container_id, "INT"),
+                capture_output=True,
+                timeout=10,
+                check=False,
+                env={},
+                stdin=subprocess.DEVNULL,
+            )
+
+    def exhausted(self) -> bool:
+        used = self.cpu_ms()
+        limit_ms = self.sandbox.limits.cpu_time_s * 1000
+        if used is not None and used - self.sandbox._cpu_base >= limit_ms:
+            self.sandbox._cpu_out = True
+        return self.sandbox._cpu_out
+
+    def settle(self) -> None:
+        self.sandbox._drain(self.out, self.err)
 
 
 def _remove_outputs(ws_fd: int) -> None:

@@ -18,10 +18,11 @@ bounded decoder (:mod:`sandcell.sessions.channel`), files by :class:`~.transfer.
 the host's export checks (``collect``) or :func:`sandcell.display.read_outputs` on the host copy.
 
 A cell's wall time is enforced from here with an interrupt (``I``: SIGINT to the kernel, the
-state kept); a kernel that does not return within :data:`INTERRUPT_GRACE_S`, the session's end of
-life, or a kernel that died ends the session, and the VM is killed. Verdicts come from
-:func:`sandcell.sessions.verdict.classify_cell` with the guest cgroup's usage, so a cell's outcome
-means the same on every rung.
+state kept) by the loop every rung shares (:func:`sandcell.sessions.cell_loop.supervise_cell`);
+a kernel that does not return within :data:`~sandcell.sessions.verdict.INTERRUPT_GRACE_S`, the
+session's end of life, or a kernel that died ends the session, and the VM is killed. Verdicts
+come from :func:`sandcell.sessions.verdict.classify_cell` with the guest cgroup's usage, so a
+cell's outcome means the same on every rung.
 
 The VM is acquired on a keeper thread that lives until teardown: the jailed QEMU's bubblewrap dies
 with the thread that started it (``--die-with-parent``), so a session opened from a short-lived
@@ -69,7 +70,7 @@ from sandcell.backends.warm import WarmConfig
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.sessions.cell_interrupt import CellInterrupt
+from sandcell.sessions.cell_loop import CellRung, supervise_cell
 from sandcell.sessions.cell_sandbox import (
     CappedOutput,
     CellRun,
@@ -78,12 +79,7 @@ from sandcell.sessions.cell_sandbox import (
     kernel_message,
 )
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
-from sandcell.sessions.verdict import (
-    CANCEL_POLL_S,
-    INTERRUPT_GRACE_S,
-    CellCancel,
-    classify_cell,
-)
+from sandcell.sessions.verdict import CellCancel, classify_cell
 from sandcell.spec import Artifact, Enforcement, RejectedExport, RunRequest, StartInfo, Usage
 
 if TYPE_CHECKING:
@@ -416,77 +412,33 @@ class VMSessionSandbox:
         if self.ended is not None or self.vm is None:
             raise InfraError(f"the session's VM has ended: {self.ended}")
         self._cell_seq += 1
-        cell_id = self._cell_seq
         # What each keeps goes to ``on_output`` as it arrives (the agent sends it as written).
         out = CappedOutput(self.limits.stdout_bytes, stream="stdout", on_output=on_output)
         err = CappedOutput(self.limits.stderr_bytes, stream="stderr", on_output=on_output)
         cpu0 = self._cpu_ms()
-        t0 = time.monotonic()
-        message = encode(kernel_message(cell_id, code, scope))
-        for i in range(0, len(message), channel.MAX_FRAME):
-            self._send(CELL, message[i : i + channel.MAX_FRAME])
-        deadline = t0 + timeout_s
-        stopped_by: str | None = None
-        reply: dict[str, object] | None = None
-        ended_why: str | None = None
-        interrupt = CellInterrupt(cell_id)
-        while reply is None:
-            if self._messages:
-                msg = self._messages.pop(0)
-                if msg.get("op") == "done" and msg.get("id") == cell_id:
-                    reply = msg
-                elif interrupt.saw(msg):
-                    self._send(INTERRUPT)
-                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
-                continue
-            now = time.monotonic()
-            if hard_deadline is not None and now >= hard_deadline:
-                ended_why = "lifetime"
-                break
-            if cancel is not None and cancel.reason is not None and stopped_by in (None, "cancel"):
-                if stopped_by is None:
-                    stopped_by, deadline = "cancel", now + INTERRUPT_GRACE_S
-                if interrupt.request():
-                    self._send(INTERRUPT)
-                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
-            limit = min(deadline, hard_deadline) if hard_deadline is not None else deadline
-            if cancel is not None and stopped_by in (None, "cancel"):
-                limit = min(limit, now + CANCEL_POLL_S)
-            event = self._pump(out, err, limit - now)
-            if event == "ended" and not self._messages:
-                ended_why = "kernel"
-                break
-            if event in ("stdout", "stderr") and stopped_by is None:
-                stopped_by = event
-                if interrupt.request():
-                    self._send(INTERRUPT)
-                deadline = time.monotonic() + INTERRUPT_GRACE_S
-            elif event is None and time.monotonic() >= deadline:
-                if stopped_by is None:
-                    stopped_by = "wall_time"
-                    if interrupt.request():
-                        self._send(INTERRUPT)
-                    deadline = time.monotonic() + INTERRUPT_GRACE_S
-                else:
-                    ended_why = "grace"
-                    break
-        wall_ms = (time.monotonic() - t0) * 1000
-        if reply is not None:
-            self._await_stats()
+        end = supervise_cell(
+            _Cell(self, out, err),
+            encode(kernel_message(self._cell_seq, code, scope)),
+            cell_id=self._cell_seq,
+            timeout_s=timeout_s,
+            hard_deadline=hard_deadline,
+            cancel=cancel,
+        )
+        ended_why = end.ended_why
         if ended_why is not None:
             self._kill()
         cg = self._usage()
         cpu1 = cg.cpu_ms
         usage = Usage(
-            wall_ms=round(wall_ms, 3),
+            wall_ms=round(end.wall_ms, 3),
             cpu_ms=round(max(cpu1 - cpu0, 0.0), 3)
             if cpu0 is not None and cpu1 is not None
             else None,
             peak_memory_bytes=cg.peak_memory_bytes,
         )
         outcome, reason, code_, sig = classify_cell(
-            reply=reply,
-            stopped_by=stopped_by,
+            reply=end.reply,
+            stopped_by=end.stopped_by,
             ended_why=ended_why,
             timeout_s=timeout_s,
             limits=self.limits,
@@ -500,7 +452,7 @@ class VMSessionSandbox:
             self.ended = reason
         return CellRun.of(
             (outcome, reason, code_, sig),
-            reply=reply,
+            reply=end.reply,
             out=out,
             err=err,
             usage=usage,
@@ -703,6 +655,35 @@ class VMSessionSandbox:
             self._keeper_stop.set()
             self._keeper_done.wait(timeout=10)
         return exported
+
+
+class _Cell(CellRung):
+    """One cell as :func:`~sandcell.sessions.cell_loop.supervise_cell` reaches it: ``C``
+    frames out, the kernel's messages and output in frames, ``I`` to interrupt, and after the
+    reply the usage the agent sends with it. Messages queued with the kernel's end are read
+    first: a quick cell's output, reply and end arrive in one batch of frames."""
+
+    reads_past_end = True
+
+    def __init__(self, sandbox: VMSessionSandbox, out: CappedOutput, err: CappedOutput) -> None:
+        self.sandbox, self.out, self.err = sandbox, out, err
+
+    def send(self, message: bytes) -> None:
+        for i in range(0, len(message), channel.MAX_FRAME):
+            self.sandbox._send(CELL, message[i : i + channel.MAX_FRAME])
+
+    def next_message(self) -> dict[str, object] | None:
+        messages = self.sandbox._messages
+        return messages.pop(0) if messages else None
+
+    def pump(self, timeout_s: float) -> str | None:
+        return self.sandbox._pump(self.out, self.err, timeout_s)
+
+    def interrupt(self) -> None:
+        self.sandbox._send(INTERRUPT)
+
+    def settle(self) -> None:
+        self.sandbox._await_stats()
 
 
 def _json_object(payload: bytes) -> dict[str, object] | None:

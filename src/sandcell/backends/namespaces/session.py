@@ -55,7 +55,7 @@ from sandcell.backends.namespaces.spawner import Spawner, spawner_in
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.sessions.cell_interrupt import CellInterrupt
+from sandcell.sessions.cell_loop import CellRung, supervise_cell
 from sandcell.sessions.cell_sandbox import (
     CappedOutput,
     CellRun,
@@ -64,12 +64,7 @@ from sandcell.sessions.cell_sandbox import (
     kernel_message,
 )
 from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
-from sandcell.sessions.verdict import (
-    CANCEL_POLL_S,
-    INTERRUPT_GRACE_S,
-    CellCancel,
-    classify_cell,
-)
+from sandcell.sessions.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
 from sandcell.spec import Enforcement, RunRequest, Usage
 
 SETUP_TIMEOUT_S = 60.0
@@ -381,64 +376,19 @@ class SessionSandbox:
         ``on_output`` is told the cell's output as it is read."""
         if self.ended is not None:
             raise InfraError(f"the session's sandbox has ended: {self.ended}")
-        assert self._sock is not None
         self._cell_seq += 1
-        cell_id = self._cell_seq
         out = CappedOutput(self.limits.stdout_bytes, stream="stdout", on_output=on_output)
         err = CappedOutput(self.limits.stderr_bytes, stream="stderr", on_output=on_output)
         cpu0 = self._cpu_ms()
-        t0 = time.monotonic()
-        # A kernel that is gone refuses the cell; the loop below reports how it ended.
-        with contextlib.suppress(OSError):
-            self._sock.sendall(encode(kernel_message(cell_id, code, scope)))
-        deadline = t0 + timeout_s
-        stopped_by: str | None = None
-        reply: dict[str, object] | None = None
-        ended_why: str | None = None
-        interrupt = CellInterrupt(cell_id)
-        while reply is None:
-            msg = self._next_message()
-            if msg is not None:
-                if msg.get("op") == "done" and msg.get("id") == cell_id:
-                    reply = msg
-                elif interrupt.saw(msg):
-                    self._interrupt()
-                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
-                continue
-            now = time.monotonic()
-            if hard_deadline is not None and now >= hard_deadline:
-                ended_why = "lifetime"
-                break
-            if cancel is not None and cancel.reason is not None and stopped_by in (None, "cancel"):
-                if stopped_by is None:
-                    stopped_by, deadline = "cancel", now + INTERRUPT_GRACE_S
-                if interrupt.request():
-                    self._interrupt()
-                    deadline = max(deadline, time.monotonic() + INTERRUPT_GRACE_S)
-            limit = min(deadline, hard_deadline) if hard_deadline is not None else deadline
-            if cancel is not None and stopped_by in (None, "cancel"):
-                limit = min(limit, now + CANCEL_POLL_S)
-            event = self._pump(out, err, limit - now)
-            if event == "ended":
-                ended_why = "kernel"
-                break
-            if event in ("stdout", "stderr") and stopped_by is None:
-                stopped_by = event
-                if interrupt.request():
-                    self._interrupt()
-                deadline = time.monotonic() + INTERRUPT_GRACE_S
-            elif event is None and time.monotonic() >= deadline:
-                if stopped_by is None:
-                    stopped_by = "wall_time"
-                    if interrupt.request():
-                        self._interrupt()
-                    deadline = time.monotonic() + INTERRUPT_GRACE_S
-                else:
-                    ended_why = "grace"
-                    break
-        if reply is not None:
-            self._drain(out, err)
-        wall_ms = (time.monotonic() - t0) * 1000
+        end = supervise_cell(
+            _Cell(self, out, err),
+            encode(kernel_message(self._cell_seq, code, scope)),
+            cell_id=self._cell_seq,
+            timeout_s=timeout_s,
+            hard_deadline=hard_deadline,
+            cancel=cancel,
+        )
+        ended_why = end.ended_why
         cg = self.cgroup.usage() if self.cgroup is not None else None
         if ended_why is not None:
             self._kill()
@@ -446,13 +396,13 @@ class SessionSandbox:
             self._drain(out, err)
         cpu1 = self._cpu_ms(cg)
         usage = Usage(
-            wall_ms=round(wall_ms, 3),
+            wall_ms=round(end.wall_ms, 3),
             cpu_ms=round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None,
             peak_memory_bytes=cg.peak_memory_bytes if cg is not None else self._peak_rss(),
         )
         outcome, reason, code_, sig = classify_cell(
-            reply=reply,
-            stopped_by=stopped_by,
+            reply=end.reply,
+            stopped_by=end.stopped_by,
             ended_why=ended_why,
             timeout_s=timeout_s,
             limits=self.limits,
@@ -466,17 +416,12 @@ class SessionSandbox:
             self.ended = reason
         return CellRun.of(
             (outcome, reason, code_, sig),
-            reply=reply,
+            reply=end.reply,
             out=out,
             err=err,
             usage=usage,
             session_ended=self.ended,
         )
-
-    def _interrupt(self) -> None:
-        if self.kernel_pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.kernel_pid, signal.SIGINT)
 
     def _drain(self, out: CappedOutput, err: CappedOutput) -> None:
         """Everything already in the output pipes (written before the reply) belongs to the cell."""
@@ -606,6 +551,33 @@ class SessionSandbox:
 
     def alive(self) -> bool:
         return self.ended is None and self.proc is not None and self.proc.poll() is None
+
+
+class _Cell(CellRung):
+    """One cell as :func:`~sandcell.sessions.cell_loop.supervise_cell` reaches it: the
+    channel's socket, the kernel's output pipes, SIGINT to the kernel's host pid."""
+
+    def __init__(self, sandbox: SessionSandbox, out: CappedOutput, err: CappedOutput) -> None:
+        self.sandbox, self.out, self.err = sandbox, out, err
+
+    def send(self, message: bytes) -> None:
+        assert self.sandbox._sock is not None
+        with contextlib.suppress(OSError):
+            self.sandbox._sock.sendall(message)
+
+    def next_message(self) -> dict[str, object] | None:
+        return self.sandbox._next_message()
+
+    def pump(self, timeout_s: float) -> str | None:
+        return self.sandbox._pump(self.out, self.err, timeout_s)
+
+    def interrupt(self) -> None:
+        if self.sandbox.kernel_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.sandbox.kernel_pid, signal.SIGINT)
+
+    def settle(self) -> None:
+        self.sandbox._drain(self.out, self.err)
 
 
 __all__ = ["INTERRUPT_GRACE_S", "SessionSandbox"]
