@@ -265,10 +265,7 @@ class Executor:
         """Stop the run ``run_id`` (an id given to :meth:`run`) if it is in flight now; it ends
         ``killed`` like under :meth:`cancel_all`. False when it is not (yet, or any more)
         running: a caller that wants it stopped calls again until ``run`` has returned."""
-        from sandcell.backends.host.runs import RunRegistry
-
-        registries = (getattr(b, "runs", None) for b in list(self._backends.values()))
-        return any(r.cancel(run_id, reason) for r in registries if isinstance(r, RunRegistry))
+        return any(b.cancel(run_id, reason) for b in list(self._backends.values()))
 
     @staticmethod
     def _profile(profile: Profile | str) -> Profile:

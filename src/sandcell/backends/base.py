@@ -1,4 +1,11 @@
-"""The backend interface: one small protocol every isolation engine implements."""
+"""The backend interface: one small protocol every isolation engine implements.
+
+A rung (``backends/<rung>/``) implements :class:`Backend` whole: runs, cancel, the warm starts'
+report, and a live sandbox for a session (whose contract is :mod:`sandcell.backends.cell`).
+Callers hold a :class:`Backend` and never ask which rung it is; what needs no built backend (the
+host probe, the sweep of what dead supervisors left) is reached by name through
+:mod:`sandcell.backends.registry`.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ from sandcell.spec import (
 )
 
 if TYPE_CHECKING:
+    from sandcell.backends.warm import WarmReport
     from sandcell.run_sockets import SandboxSockets
+    from sandcell.sessions.cell_sandbox import CellSandbox
 
 Collector = Callable[[Path], tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]]
 """Called with the workspace, while it still exists and no sandbox process is alive, to export."""
@@ -117,6 +126,24 @@ class Backend(Protocol):
         Each ends with outcome ``killed`` and a reason ``"cancelled: <reason>"``, after the
         backend has cleaned up as after any other run. Runs started later are not affected.
         """
+        ...
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        """Stop the run ``run_id`` (the id given to :meth:`run`) if it is in flight now, as
+        :meth:`cancel_all` would; False when it is not (yet, or any more) running here."""
+        ...
+
+    def warm_stats(self) -> WarmReport | None:
+        """The warm template or pool as it is now (:mod:`sandcell.backends.warm`); None when
+        this backend was built without warm starts."""
+        ...
+
+    def session_sandbox(
+        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+    ) -> CellSandbox:
+        """A live sandbox for one session, not started yet (:class:`~sandcell.backends.cell.
+        CellSandbox`), reaching ``sockets`` (the session's egress proxy and tool gateway) when
+        given. Raises IsolationUnavailable or ConfigError when ``request`` cannot have one."""
         ...
 
     def close(self) -> None: ...

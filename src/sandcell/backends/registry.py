@@ -9,6 +9,11 @@ The rungs, weakest first:
 
 Backends are imported only when one is built, so a host without QEMU or runsc pays nothing for
 them and a namespaces run never imports their modules.
+
+This is the one place outside the rungs that imports them (``tests/unit/test_floor_plan.py``
+checks it). Each rung's package offers its backend class (:class:`~sandcell.backends.base.
+Backend`, sessions included), and what needs no built backend: ``probe()`` where the doctor asks
+(gVisor, microVM) and ``sweep_stale()``, which :func:`sweep_stale` calls.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ _CLASSES: dict[BackendName, tuple[str, str]] = {
     "gvisor": ("sandcell.backends.gvisor", "GVisorBackend"),
     "microvm": ("sandcell.backends.microvm", "MicroVMBackend"),
 }
+
+SWEEP_ORDER: tuple[BackendName, ...] = ("gvisor", "microvm", "namespaces")
+"""The order of :func:`sweep_stale`: gVisor's containers are deleted before anything removes
+their run directories (the microVM's sweep and the namespaces rung's remove those of every dead
+supervisor), and the host's shared sweep (the namespaces rung's) comes last."""
 
 PROTECTS: dict[BackendName, str] = {
     "namespaces": "the host's files, network, processes and resources; not a kernel bug",
@@ -79,6 +89,17 @@ def create_backend(name: str, *, warm: WarmConfig | None = None) -> Backend:
     return factory(warm=warm)
 
 
+def sweep_stale() -> list[str]:
+    """Remove what dead supervisors left on this host, on every rung (their processes,
+    containers, VMs, run directories, mounts, cgroups), without building a backend: a rung
+    looks further only where it finds something of its own. Returns what went."""
+    removed: list[str] = []
+    for name in SWEEP_ORDER:
+        sweep: Callable[[], list[str]] = importlib.import_module(_CLASSES[name][0]).sweep_stale
+        removed += sweep()
+    return removed
+
+
 def probe(name: str) -> BackendStatus:
     """Whether this host can run backend ``name``, without running a program."""
     from sandcell.backends.base import BackendStatus
@@ -100,10 +121,12 @@ __all__ = [
     "ENV_BACKEND",
     "LADDER",
     "PROTECTS",
+    "SWEEP_ORDER",
     "BackendName",
     "check_name",
     "create_backend",
     "probe",
     "rank",
     "requested_backend",
+    "sweep_stale",
 ]

@@ -1,5 +1,6 @@
 """Warm starts as every rung sees them: what a caller asks for (:class:`WarmConfig`) and what a
-backend's template and pool report (:class:`WarmStats`, :class:`PoolStats`).
+backend's template and pool report (:class:`WarmStats`, :class:`PoolStats`; gVisor's pool of
+whole sandboxes :class:`SandboxPoolStats`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sandcell.errors import ConfigError
+from sandcell.spec import DEFAULT_RUNTIME
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -90,6 +92,34 @@ class PoolStats:
     """PSS of all waiting children together."""
     idle_uss_bytes: int
     """USS (private pages) of all waiting children together."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxPoolStats:
+    """What a pool of whole sandboxes started ahead reports (gVisor's: each is used once)."""
+
+    mode: str
+    template_id: str
+    preload: tuple[str, ...]
+    size: int
+    ready: int
+    started: int
+    """Sandboxes started since the pool began."""
+    taken: int
+    """Sandboxes handed to runs (each used once)."""
+    discarded: int
+    """Sandboxes destroyed unused (found dead, or the pool closed)."""
+    refill_errors: int
+    last_error: str | None
+    idle_memory_bytes: int
+    """Memory charged to the waiting sandboxes' cgroups together (0 without cgroups)."""
+    runtime: str = DEFAULT_RUNTIME
+    """The runtime the pooled sandboxes mount (a request in another one starts cold)."""
+
+
+WarmReport = WarmStats | SandboxPoolStats
+"""What :meth:`~sandcell.backends.base.Backend.warm_stats` reports: a template's (and its pool's)
+or a pool of whole sandboxes'."""
 
 
 def idle_memory(pids: tuple[int, ...]) -> tuple[int, int]:

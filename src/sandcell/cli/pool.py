@@ -31,17 +31,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def handle(args: argparse.Namespace) -> int:
-    from sandcell.backends.namespaces import NamespacesBackend
-    from sandcell.backends.warm import WarmConfig
+    from sandcell.backends.registry import create_backend
+    from sandcell.backends.warm import WarmConfig, WarmStats
 
     preload = tuple(m for m in args.preload.split(",") if m)
     config = WarmConfig(mode=args.mode, preload=preload, pool_size=args.size)
-    backend = NamespacesBackend(warm=config)
+    backend = create_backend("namespaces", warm=config)
     try:
         deadline = time.monotonic() + args.wait
         while True:
             stats = backend.warm_stats()
-            assert stats is not None
+            assert isinstance(stats, WarmStats)
             if stats.pool is None or stats.pool.ready >= stats.pool.size:
                 break
             if time.monotonic() > deadline:
@@ -53,7 +53,7 @@ def handle(args: argparse.Namespace) -> int:
     finally:
         stats = backend.warm_stats()
         backend.close()
-    assert stats is not None
+    assert isinstance(stats, WarmStats)
     if args.json:
         print(json.dumps(asdict(stats), indent=1, default=str))
         return 0

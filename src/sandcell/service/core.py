@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from sandcell.backends.warm import WarmStats
 from sandcell.errors import SandcellError
 from sandcell.executor import Executor
 from sandcell.live_output import OutputListener
@@ -584,11 +585,12 @@ class Service:
         for name in sorted(self._profiles_used):
             with contextlib.suppress(Exception):
                 backend = self.executor.backend_for(load_profile(name))
-                stats = getattr(backend, "warm_stats", lambda: None)()
-                pool = getattr(stats, "pool", None)
-                ready = getattr(pool, "ready", None)
-                if isinstance(ready, int):
-                    pools.append(({"backend": backend.name, "profile": name}, float(ready)))
+                stats = backend.warm_stats()
+                # A template's pool; gVisor's pool of whole sandboxes reports no PoolStats and
+                # is no series of this gauge.
+                if isinstance(stats, WarmStats) and stats.pool is not None:
+                    ready = float(stats.pool.ready)
+                    pools.append(({"backend": backend.name, "profile": name}, ready))
         return {
             "sandcell_runs_in_flight": [({}, float(self.in_flight()))],
             "sandcell_queue_length": [({}, float(self.queued))],

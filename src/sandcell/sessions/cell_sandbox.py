@@ -227,9 +227,6 @@ class CellSandbox(Protocol):
         ...
 
 
-SessionOpener = Callable[..., CellSandbox]
-
-
 def open_cell_sandbox(
     backend: Backend,
     request: RunRequest,
@@ -238,23 +235,10 @@ def open_cell_sandbox(
     sockets: SandboxSockets | None = None,
 ) -> CellSandbox:
     """The backend's live sandbox for one session (not started yet), reaching ``sockets``
-    (the session's egress proxy and tool gateway) when given.
-
-    Raises ConfigError when the backend cannot keep a sandbox alive across cells.
-    """
-    from sandcell.backends.namespaces import NamespacesBackend
-
-    if isinstance(backend, NamespacesBackend):
-        from sandcell.backends.namespaces.session import SessionSandbox
-
-        return SessionSandbox(backend, request, session_id=session_id, sockets=sockets)
-    opener: SessionOpener | None = getattr(backend, "session_sandbox", None)
-    if opener is None:
-        raise ConfigError(
-            f"the {backend.name!r} backend cannot keep a sandbox alive across cells, so it "
-            "cannot run sessions; start the session on a backend that can (see `sandcell doctor`)"
-        )
-    return opener(request, session_id=session_id, sockets=sockets)
+    (the session's egress proxy and tool gateway) when given: its
+    :meth:`~sandcell.backends.base.Backend.session_sandbox`, the one door a session opens its
+    sandbox through."""
+    return backend.session_sandbox(request, session_id=session_id, sockets=sockets)
 
 
 __all__ = [

@@ -2,9 +2,9 @@
 
 The directory is private (0700, owned by the user); each live session server writes one entry
 with its pid and start time and listens on its socket (0600). An entry whose server is gone (it
-crashed or was killed) is stale: :func:`sweep` removes it with its socket, and the backends'
-sweeps remove what its sandbox left (gVisor containers in runsc's state, run directory, mounts,
-cgroups).
+crashed or was killed) is stale: :func:`sweep` removes it with its socket, and every rung's sweep
+(:func:`sandcell.backends.registry.sweep_stale`) removes what its sandbox left (gVisor containers
+in runsc's state, VMs, run directory, mounts, cgroups).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sandcell.backends.host import workspace
+from sandcell.backends.registry import sweep_stale
 from sandcell.errors import ConfigError, InfraError
 
 _ID = re.compile(r"^[0-9a-f]{8,32}$")
@@ -127,48 +128,7 @@ def sweep(home: Path) -> list[str]:
         if sock.stem not in alive:
             with contextlib.suppress(FileNotFoundError):
                 sock.unlink()
-    from sandcell.backends.namespaces import sweep as sweep_sandboxes
-
-    return sorted(before - alive) + _sweep_gvisor() + _sweep_microvm() + sweep_sandboxes()
-
-
-def _sweep_gvisor() -> list[str]:
-    """The gVisor containers of dead supervisors (a gVisor session's server killed by SIGKILL),
-    with their processes, run directories, mounts and cgroups. runsc is looked for only when
-    such a container is there: finding it starts a test container."""
-    from sandcell.backends.gvisor import runsc
-
-    state = workspace.runs_root() / runsc.STATE_DIRNAME
-    try:
-        names = os.listdir(state)
-    except OSError:
-        return []
-    if all(workspace.owner_alive(runsc.owner_of(cid)) for cid in _container_ids(names)):
-        return []
-    from sandcell.backends.gvisor import sweep as sweep_gvisor
-    from sandcell.errors import IsolationUnavailable
-
-    try:
-        found = runsc.find_runsc()
-    except IsolationUnavailable:
-        return []
-    return sweep_gvisor(found)
-
-
-def _sweep_microvm() -> list[str]:
-    """What the microVMs of dead supervisors left (a microVM session's server killed by SIGKILL):
-    QEMU processes, run directories and snapshots."""
-    from sandcell.backends.microvm import layout
-
-    if not layout.runs_root().is_dir() and not layout.snapshots_root().is_dir():
-        return []
-    from sandcell.backends.microvm import sweep as sweep_vms
-
-    return sweep_vms()
-
-
-def _container_ids(names: list[str]) -> set[str]:
-    return {name.partition("_sandbox:")[0] for name in names if "_sandbox:" in name}
+    return sorted(before - alive) + sweep_stale()
 
 
 __all__ = [

@@ -74,7 +74,7 @@ from sandcell.backends.host.observe import observed
 from sandcell.backends.host.process import Launched, StopPipe
 from sandcell.backends.host.runs import RunRegistry
 from sandcell.backends.host.sweep import sweep as host_sweep
-from sandcell.backends.warm import WarmConfig
+from sandcell.backends.warm import SandboxPoolStats, WarmConfig
 from sandcell.errors import IsolationUnavailable
 from sandcell.run_sockets import SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 from sandcell.spec import (
@@ -169,7 +169,10 @@ class GVisorBackend:
     def cancel_all(self, reason: str) -> int:
         return self.runs.cancel_all(reason)
 
-    def warm_stats(self) -> object | None:
+    def cancel(self, run_id: str, reason: str) -> bool:
+        return self.runs.cancel(run_id, reason)
+
+    def warm_stats(self) -> SandboxPoolStats | None:
         """The pool, as it is now (None without warm starts)."""
         return self._pool.stats() if self._pool is not None else None
 
@@ -436,6 +439,25 @@ def sweep(rs: runsc.Runsc | None = None) -> list[str]:
     return removed
 
 
+def sweep_stale() -> list[str]:
+    """:func:`sweep` without a backend (the registry's, for ``sandcell session``): the containers
+    of dead supervisors (a gVisor session's server killed by SIGKILL), with their processes, run
+    directories, mounts and cgroups. runsc is looked for only when such a container is there:
+    finding it starts a test container."""
+    try:
+        names = os.listdir(workspace.runs_root() / runsc.STATE_DIRNAME)
+    except OSError:
+        return []
+    ids = {name.partition("_sandbox:")[0] for name in names if "_sandbox:" in name}
+    if all(workspace.owner_alive(runsc.owner_of(cid)) for cid in ids):
+        return []
+    try:
+        found = runsc.find_runsc()
+    except IsolationUnavailable:
+        return []
+    return sweep(found)
+
+
 def probe() -> BackendStatus:
     """Whether this host can run the gVisor backend: runsc found, and a container started."""
     try:
@@ -449,4 +471,4 @@ def probe() -> BackendStatus:
     return BackendStatus(name="gvisor", usable=True, detail=detail, fix=None)
 
 
-__all__ = ["GVisorBackend", "probe", "sweep"]
+__all__ = ["GVisorBackend", "probe", "sweep", "sweep_stale"]

@@ -35,7 +35,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink
 from sandcell.backends.gvisor import proctree
@@ -47,45 +48,22 @@ from sandcell.backends.host.warm_runtime import (
     runtime_mismatch,
     runtime_name,
 )
-from sandcell.backends.warm import WarmConfig
+from sandcell.backends.warm import SandboxPoolStats, WarmConfig
 from sandcell.errors import SandcellError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import python_runtime
-from sandcell.spec import DEFAULT_RUNTIME, IsolationMode, Limits, RunRequest, StartInfo
+from sandcell.spec import IsolationMode, Limits, RunRequest, StartInfo
+
+if TYPE_CHECKING:
+    from sandcell.backends.gvisor import GVisorBackend
 
 _READ_CHUNK = 65536
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GVisorPoolStats:
-    """A snapshot of the pool (``sandcell pool --json``)."""
-
-    mode: str
-    template_id: str
-    preload: tuple[str, ...]
-    size: int
-    ready: int
-    started: int
-    """Sandboxes started since the pool began."""
-    taken: int
-    """Sandboxes handed to runs (each used once)."""
-    discarded: int
-    """Sandboxes destroyed unused (found dead, or the pool closed)."""
-    refill_errors: int
-    last_error: str | None
-    idle_memory_bytes: int
-    """Memory charged to the waiting sandboxes' cgroups together (0 without cgroups)."""
-    runtime: str = DEFAULT_RUNTIME
-    """The runtime the pooled sandboxes mount (a request in another one starts cold)."""
 
 
 class GVisorPool:
     """The pool of one :class:`~sandcell.backends.gvisor.GVisorBackend` (see the module)."""
 
-    def __init__(self, backend: object, config: WarmConfig) -> None:
-        from sandcell.backends.gvisor import GVisorBackend
-
-        assert isinstance(backend, GVisorBackend)
+    def __init__(self, backend: GVisorBackend, config: WarmConfig) -> None:
         self.backend = backend
         self.runtime = runtime_name(config.runtime)
         # A missing or tampered runtime is refused here, not by every refill in the background.
@@ -271,7 +249,7 @@ class GVisorPool:
 
     # -- state -----------------------------------------------------------------------------
 
-    def stats(self) -> GVisorPoolStats:
+    def stats(self) -> SandboxPoolStats:
         with self._cond:
             ready = list(self._ready)
             counts = (self._started, self._taken, self._discarded, self._errors)
@@ -281,7 +259,7 @@ class GVisorPool:
             if sb.cgroup is not None:
                 with contextlib.suppress(OSError, ValueError):
                     idle += int((sb.cgroup.dirs[_mem_controller(sb)] / _mem_file(sb)).read_text())
-        return GVisorPoolStats(
+        return SandboxPoolStats(
             mode="pool",
             template_id=self.id,
             preload=self.config.preload,
@@ -319,4 +297,4 @@ def _mem_file(sb: GSandbox) -> str:
     return "memory.current" if sb.cgroup.host.version == 2 else "memory.usage_in_bytes"
 
 
-__all__ = ["GVisorPool", "GVisorPoolStats"]
+__all__ = ["GVisorPool"]

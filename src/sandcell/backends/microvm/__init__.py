@@ -150,6 +150,9 @@ class MicroVMBackend:
     def cancel_all(self, reason: str) -> int:
         return self.runs.cancel_all(reason)
 
+    def cancel(self, run_id: str, reason: str) -> bool:
+        return self.runs.cancel(run_id, reason)
+
     def close(self) -> None:
         if self._warm is not None:
             self._warm.close()
@@ -437,6 +440,15 @@ def sweep() -> list[str]:
     return removed
 
 
+def sweep_stale() -> list[str]:
+    """:func:`sweep` without a backend (the registry's, for ``sandcell session``): what the
+    microVMs of dead supervisors left (a microVM session's server killed by SIGKILL); nothing
+    when no microVM ever ran here."""
+    if not layout.runs_root().is_dir() and not layout.snapshots_root().is_dir():
+        return []
+    return sweep()
+
+
 def _kill_qemus_under(path: Path) -> None:
     """Kill QEMU processes whose command line names a file under ``path``."""
     for pid in snapshot.qemus_naming(path):
@@ -445,4 +457,4 @@ def _kill_qemus_under(path: Path) -> None:
     time.sleep(0)
 
 
-__all__ = ["MicroVMBackend", "WarmConfig", "probe", "sweep"]
+__all__ = ["MicroVMBackend", "WarmConfig", "probe", "sweep", "sweep_stale"]

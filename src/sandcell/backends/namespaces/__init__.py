@@ -36,6 +36,7 @@ import platform
 import subprocess
 import threading
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink, started_cold
 from sandcell.backends.host import cgroups, landlock, seccomp, workspace
@@ -63,6 +64,9 @@ from sandcell.spec import (
     RejectedExport,
     RunRequest,
 )
+
+if TYPE_CHECKING:
+    from sandcell.sessions.cell_sandbox import CellSandbox
 
 
 class NamespacesBackend:
@@ -152,9 +156,21 @@ class NamespacesBackend:
         followed by ``reason``. Returns how many runs were told to stop."""
         return self.runs.cancel_all(reason)
 
+    def cancel(self, run_id: str, reason: str) -> bool:
+        """Stop the run ``run_id`` if it is in flight, as :meth:`cancel_all` would."""
+        return self.runs.cancel(run_id, reason)
+
     def warm_stats(self) -> WarmStats | None:
         """The template and pool, as they are now (None without warm starts)."""
         return self._warm.stats() if self._warm is not None else None
+
+    def session_sandbox(
+        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+    ) -> CellSandbox:
+        """A live sandbox for one session (not started yet; see ``session.py``)."""
+        from sandcell.backends.namespaces.session import SessionSandbox
+
+        return SessionSandbox(self, request, session_id=session_id, sockets=sockets)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -377,4 +393,10 @@ class NamespacesBackend:
         )
 
 
-__all__ = ["NamespacesBackend", "WarmConfig", "WarmStats", "sweep"]
+def sweep_stale() -> list[str]:
+    """What dead supervisors left on the host (run directories, mounts, cgroups), without a
+    backend (the registry's sweep, for ``sandcell session``): the host's :func:`sweep`."""
+    return sweep()
+
+
+__all__ = ["NamespacesBackend", "WarmConfig", "WarmStats", "sweep", "sweep_stale"]
