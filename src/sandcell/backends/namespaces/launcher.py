@@ -9,8 +9,9 @@ The one place where a sandbox process is started. The sequence is the security a
 4. unblock; the boot step inside closes every inherited descriptor but 0-2, applies Landlock and
    reports on the status pipe that the program is about to start;
 5. pump stdout and stderr with independent caps until exit, the wall limit, a cap or a
-   cancellation (a byte on the run's :class:`StopPipe`); then the sandbox init is SIGKILLed, which
-   tears down its pid namespace and with it every process of the run, however it forked.
+   cancellation (a byte on the run's :class:`StopPipe`), in the supervise loop every rung shares
+   (``host/supervise.py``); then the sandbox init is SIGKILLed, which tears down its pid
+   namespace and with it every process of the run, however it forked.
 
 Sessions start their long-lived sandbox with the same pieces (:func:`spawn`,
 :func:`read_sandbox_pid`, :func:`kill_sandbox`, :func:`reap`) but supervise it themselves.
@@ -39,12 +40,11 @@ from sandcell.backends.host.process import (
     reap,
     reported_status,
 )
+from sandcell.backends.host.supervise import READ_CHUNK, STDERR, STDOUT, Watch, pump
 from sandcell.errors import InfraError
 
 if TYPE_CHECKING:
     from sandcell.backends.base import OutputSink
-
-_READ_CHUNK = 65536
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,66 +235,36 @@ def launch(
     os.write(pipes.block_w, b"1")
     pipes.close(pipes.block_w)
 
-    deadline = t0 + wall_time_s
-    out, err = bytearray(), bytearray()
-    out_trunc = err_trunc = False
-    started = False
-    status_bytes = b""
-    stopped_by: str | None = None
-    open_fds = {out_fd: "stdout", err_fd: "stderr", pipes.status_r: "status"}
-    # Not one of open_fds: the run ends when its own pipes close, whatever the stop pipe holds.
-    stop_fds = [stop.r] if stop is not None else []
-    while open_fds:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            stopped_by = "wall_time"
-            break
-        ready, _, _ = select.select([*open_fds, *stop_fds], [], [], remaining)
-        if stop_fds and stop_fds[0] in ready:
-            stopped_by = "cancelled"
-            break
-        # The status pipe first: its "started" byte was written before the program could
-        # print, and a cap hit in the same batch must not hide it.
-        ready.sort(key=lambda fd: fd != pipes.status_r)
-        for fd in ready:
-            chunk = os.read(fd, _READ_CHUNK)
-            kind = open_fds[fd]
-            if not chunk:
-                del open_fds[fd]
-                continue
-            if kind == "status":
-                status_bytes += chunk
-                # Only the "1" the boot writes right before the program counts as started; a
-                # wait status alone means it failed before that.
-                started = status_bytes.startswith(b"1")
-            elif kind == "stdout":
-                room = stdout_cap - len(out)
-                kept = chunk[: max(room, 0)]
-                out += kept
-                if on_output is not None and kept:
-                    on_output("stdout", kept)
-                if len(chunk) > room:
-                    out_trunc = True
-                    stopped_by = stopped_by or "stdout"
-            else:
-                room = stderr_cap - len(err)
-                kept = chunk[: max(room, 0)]
-                err += kept
-                if on_output is not None and kept:
-                    on_output("stderr", kept)
-                if len(chunk) > room:
-                    err_trunc = True
-                    stopped_by = stopped_by or "stderr"
-        if stopped_by:
-            break
+    watch = Watch(
+        stdout_cap=stdout_cap,
+        stderr_cap=stderr_cap,
+        deadline=t0 + wall_time_s,
+        on_output=on_output,
+    )
+    status_bytes = bytearray()
+
+    def note_status(_fd: int, _kind: str, chunk: bytes) -> None:
+        status_bytes.extend(chunk)
+
+    open_fds = {out_fd: STDOUT, err_fd: STDERR, pipes.status_r: "status"}
+    # The status pipe first: its "started" byte was written before the program could print, and
+    # a cap hit in the same batch must not hide it. The stop pipe is not one of open_fds: the
+    # run ends when its own pipes close, whatever the stop pipe holds.
+    pump(
+        watch,
+        open_fds,
+        stop_fd=stop.r if stop is not None else None,
+        first=pipes.status_r,
+        other=note_status,
+    )
+    stopped_by = watch.stopped_by
     if stopped_by and pipes.status_r in open_fds:
         # Stopped early: whatever the boot already reported is still in the pipe.
         while select.select([pipes.status_r], [], [], 0)[0]:
-            chunk = os.read(pipes.status_r, _READ_CHUNK)
+            chunk = os.read(pipes.status_r, READ_CHUNK)
             if not chunk:
                 break
             status_bytes += chunk
-            started = status_bytes.startswith(b"1")
     if stopped_by:
         on_kill()
         # With a workspace helper, ``proc`` is the helper and its process group holds it: killing
@@ -317,16 +287,18 @@ def launch(
         finally:
             helper.release()
             reap(proc)
-    reported = reported_status(status_bytes)
+    reported = reported_status(bytes(status_bytes))
     code, sig = _decode(status) if reported is None else decode_wait(reported)
     return Launched(
-        started=started,
+        # Only the "1" the boot writes right before the program counts as started; a wait status
+        # alone means it failed before that.
+        started=status_bytes.startswith(b"1"),
         exit_code=code,
         signal=sig,
-        stdout=bytes(out),
-        stderr=bytes(err),
-        stdout_truncated=out_trunc,
-        stderr_truncated=err_trunc,
+        stdout=bytes(watch.data[STDOUT]),
+        stderr=bytes(watch.data[STDERR]),
+        stdout_truncated=watch.truncated[STDOUT],
+        stderr_truncated=watch.truncated[STDERR],
         stopped_by=stopped_by,
         wall_ms=wall_ms,
         cpu_ms_rusage=cpu_ms,

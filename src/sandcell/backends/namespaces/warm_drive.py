@@ -55,14 +55,13 @@ from typing import Any
 from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.host.layout import SANDBOX_WORKDIR
 from sandcell.backends.host.process import Launched
+from sandcell.backends.host.supervise import READ_CHUNK, STDERR, STDOUT, Watch, pump
 from sandcell.backends.namespaces.launcher import _stdin_fd
 from sandcell.backends.namespaces.template import WarmChild, send_message
 from sandcell.errors import InfraError
 from sandcell.spec import RunRequest
 
 __all__ = ["drive", "parse_done", "parse_status"]
-
-_READ_CHUNK = 65536
 
 
 def parse_status(data: bytes) -> tuple[bool, int | None, float, int]:
@@ -85,43 +84,6 @@ def parse_done(data: bytes) -> int | None:
     if not marker or not newline or not code.isdigit() or len(code) > 3:
         return None
     return int(code) & 0xFF
-
-
-class _Streams:
-    """stdout and stderr, each kept under its cap; going over stops the run."""
-
-    def __init__(self, request: RunRequest, on_output: OutputSink | None = None) -> None:
-        limits = request.effective_limits
-        self.caps = {"stdout": limits.stdout_bytes, "stderr": limits.stderr_bytes}
-        self.data = {"stdout": bytearray(), "stderr": bytearray()}
-        self.truncated = {"stdout": False, "stderr": False}
-        self.on_output = on_output
-
-    def add(self, kind: str, chunk: bytes) -> bool:
-        """Keep what fits (and tell ``on_output``); True when the stream went over its cap."""
-        buf = self.data[kind]
-        room = self.caps[kind] - len(buf)
-        kept = chunk[: max(room, 0)]
-        buf += kept
-        if self.on_output is not None and kept:
-            self.on_output(kind, kept)
-        if len(chunk) > room:
-            self.truncated[kind] = True
-        return len(chunk) > room
-
-    def drain(self, fd: int, kind: str) -> bool:
-        """What a frozen run left in a pipe: read without waiting (its writers are stopped, so
-        the pipe never reaches end-of-file). True when the stream went over its cap."""
-        os.set_blocking(fd, False)
-        while True:
-            try:
-                chunk = os.read(fd, _READ_CHUNK)
-            except BlockingIOError:
-                return False
-            if not chunk:
-                return False
-            if self.add(kind, chunk):
-                return True
 
 
 def drive(
@@ -157,43 +119,46 @@ def drive(
             for fd in (stdin, out_w, err_w, st_w):
                 os.close(fd)
         t0 = time.monotonic()
-        deadline = t0 + limits.wall_time_s
-        streams = _Streams(request, on_output)
+        watch = Watch(
+            stdout_cap=limits.stdout_bytes,
+            stderr_cap=limits.stderr_bytes,
+            deadline=t0 + limits.wall_time_s,
+            on_output=on_output,
+        )
         status = bytearray()
-        stopped_by: str | None = None
         done: int | None = None
         frozen = False
-        open_fds = {out_r: "stdout", err_r: "stderr", st_r: "status"}
-        while open_fds and not stopped_by and not frozen:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                stopped_by = "wall_time"
-                break
-            ready, _, _ = select.select([*open_fds, stop_fd], [], [], remaining)
-            if stop_fd in ready:
-                stopped_by = "cancelled"
-                break
-            ready.sort(key=lambda fd: fd != st_r)
-            for fd in ready:
-                chunk = os.read(fd, _READ_CHUNK)
-                kind = open_fds[fd]
-                if not chunk:
-                    del open_fds[fd]
-                elif kind == "status":
-                    status += chunk
-                elif streams.add(kind, chunk):
-                    stopped_by = stopped_by or kind
-            if quiesce is not None and done is None and not stopped_by:
+        open_fds = {out_r: STDOUT, err_r: STDERR, st_r: "status"}
+
+        def note_status(_fd: int, _kind: str, chunk: bytes) -> None:
+            status.extend(chunk)
+
+        def ended() -> bool:
+            """pid 1's early report that the program ended: freeze the run there."""
+            nonlocal done, frozen
+            assert quiesce is not None
+            if done is None:
                 done = parse_done(bytes(status))
                 if done is not None:
                     # Everything the program wrote before it ended is in the pipes already.
                     frozen = quiesce()
                     if not frozen:
                         child.send(signal.SIGTERM)
+            return frozen
+
+        pump(
+            watch,
+            open_fds,
+            stop_fd=stop_fd,
+            first=st_r,
+            other=note_status,
+            after=ended if quiesce is not None else None,
+        )
         if frozen:
             for fd, kind in open_fds.items():
-                if kind != "status" and streams.drain(fd, kind):
-                    stopped_by = stopped_by or kind
+                if kind != "status":
+                    _drain(fd, kind, watch)
+        stopped_by = watch.stopped_by
         if stopped_by:
             # SIGTERM from outside the namespace asks pid 1 to kill everything else in it; the
             # workspace stays for the exports, as in a cold run.
@@ -202,7 +167,7 @@ def drive(
         end = time.monotonic() + 10
         while st_r in open_fds and not frozen and time.monotonic() < end:
             if select.select([st_r], [], [], max(end - time.monotonic(), 0))[0]:
-                chunk = os.read(st_r, _READ_CHUNK)
+                chunk = os.read(st_r, READ_CHUNK)
                 if not chunk:
                     break
                 status += chunk
@@ -233,10 +198,10 @@ def drive(
                 started=started,
                 exit_code=code,
                 signal=sig,
-                stdout=bytes(streams.data["stdout"]),
-                stderr=bytes(streams.data["stderr"]),
-                stdout_truncated=streams.truncated["stdout"],
-                stderr_truncated=streams.truncated["stderr"],
+                stdout=bytes(watch.data[STDOUT]),
+                stderr=bytes(watch.data[STDERR]),
+                stdout_truncated=watch.truncated[STDOUT],
+                stderr_truncated=watch.truncated[STDERR],
                 stopped_by=stopped_by,
                 wall_ms=wall_ms,
                 cpu_ms_rusage=cpu_ms,
@@ -249,3 +214,16 @@ def drive(
         for fd in ours:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _drain(fd: int, kind: str, watch: Watch) -> None:
+    """What a frozen run left in a pipe: read without waiting (its writers are stopped, so the
+    pipe never reaches end-of-file), until it is empty or the stream went over its cap."""
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk or watch.output(kind, chunk):
+            return
