@@ -35,7 +35,7 @@ from sandcell.spec import Artifact, InputFile, Language, Limits, RejectedExport,
 from sandcell.validation import scan_artifact
 
 if TYPE_CHECKING:
-    from sandcell.executor import PostCollect
+    from sandcell.pipeline import PostCollect
 
 PATCH = "changes.patch"
 CHANGESET = "changes.json"

@@ -213,12 +213,14 @@ def _session_limits(args: argparse.Namespace) -> Limits | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from sandcell.executor import Executor
+
     limits = _session_limits(args)
+    home = _home(args)
     return server.serve(
-        home=_home(args),
+        home=home,
         session_id=registry.check_id(args.id),
-        profile=args.profile,
-        backend=args.backend,
+        open_executor=lambda: Executor(home=home, profile=args.profile, backend=args.backend),
         limits=limits,
         inputs=tuple(input_from_path(p) for p in args.input),
         mode=IsolationMode(args.isolation),

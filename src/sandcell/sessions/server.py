@@ -29,15 +29,20 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.sessions import registry
 from sandcell.sessions.channel import ChannelError, recv_message, send_message
 from sandcell.sessions.session import Session, SessionEnded
 from sandcell.spec import InputFile, IsolationMode, Limits, artifact_to_dict, result_to_dict
+
+if TYPE_CHECKING:
+    from sandcell.executor import Executor
 
 MAX_REQUEST = 64 * 1024 * 1024
 _POLL_S = 0.5
@@ -75,9 +80,8 @@ def serve(
     *,
     home: Path,
     session_id: str,
-    profile: str | None,
+    open_executor: Callable[[], Executor],
     limits: Limits | None,
-    backend: str | None = None,
     inputs: tuple[InputFile, ...],
     mode: IsolationMode,
     landlock: bool | None,
@@ -85,16 +89,16 @@ def serve(
     max_lifetime_s: float,
     ready_fd: int,
 ) -> int:
-    """Run the server until the session ends; returns the process exit status."""
-    from sandcell.executor import Executor
-
+    """Run the server until the session ends; returns the process exit status.
+    ``open_executor`` builds the executor the session runs on (the caller's profile and rung):
+    here, so that its refusal reaches the starting command like the session's own."""
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     sock_path = registry.socket_path(home, session_id)
     listener: socket.socket | None = None
     try:
         try:
-            executor = Executor(home=home, profile=profile, backend=backend)
+            executor = open_executor()
         except SandcellError as exc:
             # A bad profile, or a backend the profile refuses: the starting command prints it.
             os.write(ready_fd, f"error {exc}\n".encode())

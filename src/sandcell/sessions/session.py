@@ -6,7 +6,8 @@
 '6.48074069840786\\n'
 
 Every cell goes through the policy gate under the session's profile before it is sent (a denied
-cell does not run and the session goes on), runs in the session's one sandbox (see
+cell does not run and the session goes on; the run pipeline's ``prepare`` and ``finish``,
+:mod:`sandcell.pipeline`, as for a one-shot run), runs in the session's one sandbox (see
 :mod:`sandcell.backends.namespaces.session`; on the microVM backend one VM, see
 :mod:`sandcell.backends.microvm.session`) and becomes one run in the record, with the session's
 id in ``RunResult.session_id``. A cell has its own wall-time limit; memory, processes and CPU
@@ -40,6 +41,8 @@ from sandcell.backends.base import BackendResult, Collector
 from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
+from sandcell.pipeline.finish import finish
+from sandcell.pipeline.prepare import prepare
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
 from sandcell.sessions.bash_cell import bash_cell
@@ -290,22 +293,23 @@ class Session:
             request = replace(
                 self.request, code=code, language=language, exports=tuple(exports), limits=limits
             )
-            admission = admit(request, self.profile, cache=self.executor.wheels)
-            request = replace(admission.request, packages=self.request.packages)
-            from sandcell.executor import _Validators
-
-            validators = _Validators.make(admission, schema=None, model=None, invariants=())
-            policy = admission.policy_record()
+            prepared = prepare(
+                request,
+                self.profile,
+                wheels=self.executor.wheels,
+                backend=lambda _: self._sandbox.backend,
+            )
+            request = replace(prepared.request, packages=self.request.packages)
             run_id = uuid.uuid4().hex
             started_at = _now()
-            verdict = admission.decision.verdict
+            verdict = prepared.verdict
             if verdict != "allow":
                 reason = (
-                    f"denied by profile {self.profile.name!r}: {admission.decision.reason}"
+                    prepared.denial
                     if verdict == "deny"
                     else f"the cell needs approval under profile {self.profile.name!r} "
-                    f"({admission.decision.reason}), and a session cannot wait for a person; "
-                    "run it with `sandcell run`, or use a profile that allows it"
+                    f"({prepared.admission.decision.reason}), and a session cannot wait for a "
+                    "person; run it with `sandcell run`, or use a profile that allows it"
                 )
                 br = self._not_run(reason)
             else:
@@ -315,16 +319,17 @@ class Session:
                     cell = replace(request, code=program, language="python")
                 br = self._run_cell(cell, run_id, on_output, cell_scope)
             self.cells += 1
-            result = self.executor.finish(
+            result = finish(
+                self.executor,
                 request,
                 br,
-                validators,
-                policy,
+                prepared.validators,
+                prepared.policy,
+                backend=prepared.backend,
                 run_id=run_id,
                 started_at=started_at,
                 inputs=self._inputs_record,
                 session_id=self.id,
-                backend=self._sandbox.backend,
                 outside=self._sockets.take_record() if self._sockets is not None else None,
                 secrets=self._sockets.secrets if self._sockets is not None else (),
             )
