@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import time
 from collections.abc import Callable
 
@@ -20,12 +19,14 @@ from sandcell.backends.base import OutputSink
 from sandcell.backends.gvisor._agent import EXIT, STARTED
 from sandcell.backends.gvisor.sandbox import GSandbox
 from sandcell.backends.host.process import Launched, StopPipe
+from sandcell.backends.host.supervise import STDERR, STDOUT, Watch, pump
 from sandcell.spec import Limits
 
 CPU_POLL_S = 0.05
 SETUP_TIMEOUT_S = 60.0
-_READ_CHUNK = 65536
 _PRE_CAP = 65536
+_AGENT = "agent"
+_NEVER = float("inf")
 _TRAILER_ROOM = len(EXIT) + 24
 """stderr may run this far over its cap before the run is stopped: the agent's exit trailer,
 which is not the program's, ends it."""
@@ -38,18 +39,27 @@ class _Live:
     short of anything that may yet turn out to be the agent's exit trailer (not the program's:
     it starts with a NUL, so only a tail from the last NUL is ever held back)."""
 
+    __slots__ = ("err", "sent_err", "sink", "stderr_cap")
+
     def __init__(self, sink: OutputSink | None, stderr_cap: int) -> None:
         self.sink = sink
         self.stderr_cap = stderr_cap
         self.sent_err = 0
+        self.err = bytearray()
+        """stderr as kept so far (the watch's buffer)."""
 
-    def stdout(self, kept: bytes) -> None:
-        if self.sink is not None and kept:
-            self.sink("stdout", kept)
+    def tell(self, stream: str, kept: bytes) -> None:
+        """The watch's output sink: stdout as kept, stderr from its whole buffer."""
+        if stream == STDOUT:
+            if self.sink is not None:
+                self.sink(STDOUT, kept)
+        else:
+            self.stderr()
 
-    def stderr(self, err: bytearray, *, final: bool = False) -> None:
+    def stderr(self, *, final: bool = False) -> None:
         if self.sink is None:
             return
+        err = self.err
         end = len(err) if final else len(err) - trailer_tail(bytes(err[self.sent_err :]))
         end = min(end, self.stderr_cap)
         if end > self.sent_err:
@@ -88,64 +98,55 @@ def supervise(
     proc = sb.proc
     assert proc is not None and proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    open_fds = {out_fd: "stdout", err_fd: "stderr"}
-    out, err, pre = bytearray(), bytearray(), bytearray()
-    out_trunc = err_trunc = False
-    started = False
-    stopped_by: str | None = None
-    deadline = t0 + setup_timeout_s
+    # stderr is the agent's until its started marker, then the program's.
+    open_fds = {out_fd: STDOUT, err_fd: _AGENT}
+    pre = bytearray()
+    watch = Watch(
+        stdout_cap=limits.stdout_bytes,
+        stderr_cap=limits.stderr_bytes,
+        stderr_slack=_TRAILER_ROOM,
+        deadline=t0 + setup_timeout_s,
+        expiry="setup",
+        on_output=None if on_output is None else live.tell,
+    )
+    err = watch.data[STDERR]
+    live.err = err
     cpu_limit_ms = limits.cpu_time_s * 1000
+    started = False
     next_cpu = time.monotonic() + CPU_POLL_S
-    while open_fds:
-        now = time.monotonic()
-        if now >= deadline:
-            stopped_by = "wall_time" if started else "setup"
-            break
-        if started and now >= next_cpu:
+
+    def agent(fd: int, _kind: str, chunk: bytes) -> None:
+        """The agent's words until its started marker; the program's stderr from there."""
+        nonlocal started
+        pre.extend(chunk)
+        at = pre.find(STARTED)
+        if at < 0:
+            del pre[: max(len(pre) - _PRE_CAP, 0)]
+            return
+        started = True
+        open_fds[fd] = STDERR
+        watch.deadline = time.monotonic() + limits.wall_time_s
+        watch.expiry = "wall_time"
+        rest = bytes(pre[at + len(STARTED) :])
+        del pre[at:]
+        if rest:
+            watch.output(STDERR, rest)
+
+    def cpu(now: float) -> float:
+        """Poll the sandbox's CPU time once the program runs (gVisor has no RLIMIT_CPU)."""
+        nonlocal next_cpu
+        if not started:
+            return _NEVER
+        if now >= next_cpu:
             used = cpu_ms()
             if used is not None and used >= cpu_limit_ms:
-                stopped_by = "cpu_time"
-                break
+                watch.stop("cpu_time")
             next_cpu = now + CPU_POLL_S
-        wake = min(deadline, next_cpu) if started else deadline
-        ready, _, _ = select.select([*open_fds, stop.r], [], [], max(wake - now, 0))
-        if stop.r in ready:
-            stopped_by = "cancelled"
-            break
-        for fd in ready:
-            chunk = os.read(fd, _READ_CHUNK)
-            if not chunk:
-                del open_fds[fd]
-                continue
-            if open_fds[fd] == "stderr" and not started:
-                pre += chunk
-                at = pre.find(STARTED)
-                if at < 0:
-                    del pre[: max(len(pre) - _PRE_CAP, 0)]
-                    continue
-                started = True
-                deadline = time.monotonic() + limits.wall_time_s
-                chunk = bytes(pre[at + len(STARTED) :])
-                del pre[at:]
-                if not chunk:
-                    continue
-            if open_fds[fd] == "stdout":
-                room = limits.stdout_bytes - len(out)
-                kept = chunk[: max(room, 0)]
-                out += kept
-                live.stdout(kept)
-                if len(chunk) > room:
-                    out_trunc = True
-                    stopped_by = stopped_by or "stdout"
-            else:
-                room = limits.stderr_bytes + _TRAILER_ROOM - len(err)
-                err += chunk[: max(room, 0)]
-                live.stderr(err)
-                if len(chunk) > room:
-                    err_trunc = True
-                    stopped_by = stopped_by or "stderr"
-        if stopped_by:
-            break
+        return next_cpu
+
+    pump(watch, open_fds, stop_fd=stop.r, other=agent, clock=cpu)
+    stopped_by = watch.stopped_by
+    out_trunc, err_trunc = watch.truncated[STDOUT], watch.truncated[STDERR]
     if stopped_by:
         sb.kill()
     sb.wait()
@@ -161,7 +162,7 @@ def supervise(
         err_trunc = True
         stopped_by = stopped_by or "stderr"
     if started:
-        live.stderr(err, final=True)
+        live.stderr(final=True)
     else:
         # Whatever runsc or the agent said is the reason it never started.
         err = pre
@@ -171,7 +172,7 @@ def supervise(
         started=started,
         exit_code=code,
         signal=sig,
-        stdout=bytes(out),
+        stdout=bytes(watch.data[STDOUT]),
         stderr=bytes(err),
         stdout_truncated=out_trunc,
         stderr_truncated=err_trunc,

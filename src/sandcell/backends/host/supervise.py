@@ -3,7 +3,7 @@ cancellation, and the first reason the host stopped it.
 
 :class:`Watch` holds that state: what each stream kept under its cap (told to the run's output
 sink as it is kept), the deadline and what passing it is called, and ``stopped_by``, the first
-stop (a later one does not replace it; a cancellation may, where the rung says so). The rungs
+stop (a later one does not replace it, but a cancellation does). The rungs
 whose sandbox talks through pipes (the namespaces cold and warm starts, gVisor) run it with
 :func:`pump`, one loop: the rung supplies the descriptors and, where it needs them, what to do
 with a descriptor that is not output (a status pipe, an agent's words before the program
@@ -55,6 +55,7 @@ class Watch:
         "data",
         "deadline",
         "expiry",
+        "over",
         "sink",
         "stopped_by",
         "truncated",
@@ -79,6 +80,9 @@ class Watch:
         """The stop that passing the deadline is (``"wall_time"``; a rung may start with a
         setup deadline of another name)."""
         self.stopped_by: str | None = None
+        self.over = False
+        """The run's end was reported: a stop from now on does not count (its output is still
+        kept under the caps)."""
 
     def output(self, stream: str, chunk: bytes) -> bool:
         """Keep what of ``chunk`` fits (and tell the sink); past the cap, mark the stream
@@ -91,8 +95,14 @@ class Watch:
 
     def stop(self, reason: str) -> None:
         """Record why the host stops the run, unless it already stopped it."""
-        if self.stopped_by is None:
+        if self.stopped_by is None and not self.over:
             self.stopped_by = reason
+
+    def cancel(self) -> None:
+        """A cancellation: it names the stop even after another (someone asked, and the outcome
+        says so), until the run is over."""
+        if not self.over:
+            self.stopped_by = "cancelled"
 
     def expired(self, now: float) -> bool:
         """Whether the deadline passed (the run is then stopped for it)."""
@@ -134,7 +144,7 @@ def pump(
                 return
         ready, _, _ = select.select([*fds, *stop_fds], [], [], max(wake - now, 0))
         if stop_fds and stop_fd in ready:
-            watch.stop("cancelled")
+            watch.cancel()
             return
         if first is not None and len(ready) > 1:
             ready.sort(key=lambda fd: fd != first)
