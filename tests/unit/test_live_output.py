@@ -134,9 +134,9 @@ def test_a_stalled_listener_neither_blocks_the_sink_nor_close() -> None:
 
 
 def test_gvisor_exit_trailer_is_never_passed_on_live() -> None:
+    from sandcell.backends.cell import CappedOutput
     from sandcell.backends.gvisor._agent import EXIT
     from sandcell.backends.gvisor.supervise import trailer_tail
-    from sandcell.sessions.cell_sandbox import CappedOutput
 
     told: list[bytes] = []
     err = CappedOutput(1 << 20, stream="stderr", on_output=lambda s, b: told.append(b))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.backends.cell import CellScope, kernel_message
+from sandcell.backends.channel import ChannelError, FrameDecoder, encode
 from sandcell.errors import ConfigError
 from sandcell.sessions import registry
-from sandcell.sessions.cell_sandbox import CellScope, kernel_message
-from sandcell.sessions.channel import ChannelError, FrameDecoder, encode
 
 KERNEL = Path(__file__).resolve().parents[2] / "src/sandcell/backends/inside/_kernel.py"
 

@@ -26,9 +26,9 @@ from sandcell.spec import (
 )
 
 if TYPE_CHECKING:
+    from sandcell.backends.cell import CellSandbox
     from sandcell.backends.warm import WarmReport
     from sandcell.run_sockets import SandboxSockets
-    from sandcell.sessions.cell_sandbox import CellSandbox
 
 Collector = Callable[[Path], tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]]
 """Called with the workspace, while it still exists and no sandbox process is alive, to export."""

@@ -36,7 +36,7 @@ _REAP_POLL_S = 5.0
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
     """A code context of the interpreter: a scope of the session's kernel named by its id
-    (:class:`~sandcell.sessions.cell_sandbox.CellScope`: variables of its own, the process
+    (:class:`~sandcell.backends.cell.CellScope`: variables of its own, the process
     shared), whose cells run in its working directory."""
 
     id: str

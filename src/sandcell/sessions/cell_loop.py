@@ -1,6 +1,6 @@
 """One cell's supervision, the same on every rung: its deadlines, caps, cancel and interrupt.
 
-A rung's live sandbox (:mod:`sandcell.sessions.cell_sandbox`) sends a cell to its kernel and
+A rung's live sandbox (:mod:`sandcell.backends.cell`) sends a cell to its kernel and
 then watches it until the kernel replies or the session must end. What to watch and in which
 order is the same everywhere, so it is decided here once, by :func:`supervise_cell`; how to reach
 the kernel is the rung's, behind a small :class:`CellRung` adapter (send the message, hand over

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from sandcell.artifacts import collect_exports, validate_globs
 from sandcell.backends.base import BackendResult, Collector
+from sandcell.backends.cell import CellRun, CellScope, Exported, open_cell_sandbox
 from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
@@ -46,7 +47,6 @@ from sandcell.pipeline.prepare import prepare
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
 from sandcell.sessions.bash_cell import bash_cell
-from sandcell.sessions.cell_sandbox import CellRun, CellScope, Exported, open_cell_sandbox
 from sandcell.sessions.verdict import CellCancel
 from sandcell.spec import (
     Artifact,
@@ -259,7 +259,7 @@ class Session:
         (a path in the sandbox) as its working directory; the policy judges, and the record
         keeps, the Bash program. A Python cell shares the kernel's process, so it takes no
         ``env`` (it sets ``os.environ`` itself). ``scope`` names a namespace of the kernel's
-        for a Python cell (:class:`~sandcell.sessions.cell_sandbox.CellScope`): its variables
+        for a Python cell (:class:`~sandcell.backends.cell.CellScope`): its variables
         are its own, apart from the session's main namespace (no scope) and every other scope,
         until :meth:`drop_scope`; ``cwd`` is then the scope's working directory when this is
         its first cell (the kernel's own directory is put back after each cell of a scope).

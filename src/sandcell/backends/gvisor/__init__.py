@@ -88,7 +88,7 @@ from sandcell.spec import (
 )
 
 if TYPE_CHECKING:
-    from sandcell.sessions.cell_sandbox import CellSandbox
+    from sandcell.backends.cell import CellSandbox
 
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -4,7 +4,7 @@ Built like a cold run (:class:`~sandcell.backends.gvisor.sandbox.GSandbox`): lay
 failed closed, a run directory with a size-capped workspace tmpfs (or the rootless workspace
 helper), the session's cgroup, the bundle, and the agent as the container's first process. The
 agent runs in channel mode (``_agent.py``): its stdin is one end of a socket pair, the cell
-channel (:mod:`sandcell.sessions.channel`); it reads its request line from it, forks, installs
+channel (:mod:`sandcell.backends.channel`); it reads its request line from it, forks, installs
 the rlimits and the seccomp filter in the child and hands over to the boot, which starts the
 namespaces backend's kernel (``_kernel.py``) in place of a program. The agent stays as pid 1:
 when the kernel ends, it ends every other process and writes the kernel's wait status as its
@@ -64,6 +64,14 @@ from typing import TYPE_CHECKING
 from sandcell.artifacts.store import ArtifactStore
 from sandcell.backends import inside
 from sandcell.backends.base import Collector, OutputSink
+from sandcell.backends.cell import (
+    CappedOutput,
+    CellRun,
+    CellScope,
+    Exported,
+    kernel_message,
+)
+from sandcell.backends.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.gvisor import cpu_reader
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
@@ -83,14 +91,6 @@ from sandcell.errors import InfraError
 from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import common_env, python_runtime
 from sandcell.sessions.cell_loop import CellRung, supervise_cell
-from sandcell.sessions.cell_sandbox import (
-    CappedOutput,
-    CellRun,
-    CellScope,
-    Exported,
-    kernel_message,
-)
-from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import CellCancel, classify_cell
 from sandcell.spec import Enforcement, Outcome, RejectedExport, RunRequest, Usage
 

@@ -86,7 +86,7 @@ from sandcell.spec import (
 )
 
 if TYPE_CHECKING:
-    from sandcell.sessions.cell_sandbox import CellSandbox
+    from sandcell.backends.cell import CellSandbox
 
 MAX_EXPORT_ENTRIES = 20_000
 

@@ -14,7 +14,7 @@ Cells travel as the kernel's own framed messages inside ``C`` frames, replies co
 ``M`` frames, output as ``O``/``E`` while the cell runs (capped per cell by the agent as well as
 here; what is kept goes to the cell's output sink as it arrives). Everything the
 guest sends is hostile: frame types and sizes are checked by the channel, kernel messages by the
-bounded decoder (:mod:`sandcell.sessions.channel`), files by :class:`~.transfer.FileSink` and then
+bounded decoder (:mod:`sandcell.backends.channel`), files by :class:`~.transfer.FileSink` and then
 the host's export checks (``collect``) or :func:`sandcell.display.read_outputs` on the host copy.
 
 A cell's wall time is enforced from here with an interrupt (``I``: SIGINT to the kernel, the
@@ -53,6 +53,14 @@ from typing import TYPE_CHECKING
 from sandcell.artifacts.store import ArtifactStore
 from sandcell.backends import inside
 from sandcell.backends.base import Collector, OutputSink
+from sandcell.backends.cell import (
+    CappedOutput,
+    CellRun,
+    CellScope,
+    Exported,
+    kernel_message,
+)
+from sandcell.backends.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.host.cgroups import CgroupUsage
 from sandcell.backends.host.warm_runtime import importable_preload
 from sandcell.backends.microvm import channel, guest_packages, layout, machine, relay, snapshot
@@ -71,14 +79,6 @@ from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.sessions.cell_loop import CellRung, supervise_cell
-from sandcell.sessions.cell_sandbox import (
-    CappedOutput,
-    CellRun,
-    CellScope,
-    Exported,
-    kernel_message,
-)
-from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import CellCancel, classify_cell
 from sandcell.spec import Artifact, Enforcement, RejectedExport, RunRequest, StartInfo, Usage
 

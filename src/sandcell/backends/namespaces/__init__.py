@@ -66,7 +66,7 @@ from sandcell.spec import (
 )
 
 if TYPE_CHECKING:
-    from sandcell.sessions.cell_sandbox import CellSandbox
+    from sandcell.backends.cell import CellSandbox
 
 
 class NamespacesBackend:

@@ -45,6 +45,14 @@ from pathlib import Path
 from sandcell.artifacts.store import ArtifactStore
 from sandcell.backends import inside
 from sandcell.backends.base import Collector, OutputSink
+from sandcell.backends.cell import (
+    CappedOutput,
+    CellRun,
+    CellScope,
+    Exported,
+    kernel_message,
+)
+from sandcell.backends.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.host import cgroups, landlock
 from sandcell.backends.host.layout import CONTROL_DIR, CONTROL_DISPLAY
 from sandcell.backends.host.process import HelperChannel, kill_sandbox, reap, reported_status
@@ -56,14 +64,6 @@ from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.sessions.cell_loop import CellRung, supervise_cell
-from sandcell.sessions.cell_sandbox import (
-    CappedOutput,
-    CellRun,
-    CellScope,
-    Exported,
-    kernel_message,
-)
-from sandcell.sessions.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.sessions.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
 from sandcell.spec import Enforcement, RunRequest, Usage
 

@@ -1,7 +1,8 @@
 """Framing for the session channels: a 4-byte big-endian length, then that many bytes of JSON.
 
-Used between the host and the in-sandbox kernel (``_kernel.py`` speaks the same framing) and
-between the CLI and a session server. The decoder is incremental and bounded: whatever the other
+Part of the cell contract (:mod:`sandcell.backends.cell`): used between the host and the
+in-sandbox kernel (``_kernel.py`` speaks the same framing) on every rung, and between the CLI and
+a session server. The decoder is incremental and bounded: whatever the other
 end sends, it never buffers more than ``max_bytes`` for one message, and anything that is not a
 JSON object is a :class:`ChannelError`.
 """

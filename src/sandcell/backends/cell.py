@@ -1,15 +1,14 @@
-"""What a session needs of a backend: one live sandbox that runs cells, and how to get one.
+"""The cell contract, beside the backend's: one live sandbox that runs cells, as a session needs.
 
 A session (:mod:`sandcell.sessions.session`) owns the policy, the record, the idle and lifetime
-watchdog; a :class:`CellSandbox` owns the isolation. Each backend that keeps a sandbox alive across
-cells provides one: the namespaces backend's is :class:`~sandcell.backends.namespaces.session.
-SessionSandbox`; another backend offers its own through a ``session_sandbox(request,
-session_id=...)`` method (gVisor's: :class:`~sandcell.backends.gvisor.session.
-GVisorSessionSandbox`; the microVM's: :class:`~sandcell.backends.microvm.session.
-VMSessionSandbox`). All of them speak the kernel's channel (:mod:`sandcell.sessions.channel`) to
-``_kernel.py``, watch a cell with one loop (:func:`sandcell.sessions.cell_loop.supervise_cell`,
-each through its own small adapter) and judge it with
-:func:`sandcell.sessions.verdict.classify_cell`, so a cell's outcome means the same on every rung.
+watchdog; a :class:`CellSandbox` owns the isolation. Every rung makes one through
+:meth:`~sandcell.backends.base.Backend.session_sandbox` (:func:`open_cell_sandbox` is the call a
+session makes), each in its rung's ``session.py``: the namespaces backend's ``SessionSandbox``,
+gVisor's ``GVisorSessionSandbox``, the microVM's ``VMSessionSandbox``. All of them speak the
+kernel's channel (:mod:`sandcell.backends.channel`) to ``_kernel.py``, watch a cell with one
+loop (:func:`sandcell.sessions.cell_loop.supervise_cell`, each through its own small adapter) and
+judge it with :func:`sandcell.sessions.verdict.classify_cell`, so a cell's outcome means the same
+on every rung.
 
 The workspace is reached through the sandbox, never as a host path the session walks itself: on
 a microVM it lives in the guest, and files cross only through the backend's transfer and then the
