@@ -1,6 +1,6 @@
 """The append-only, hash-chained log of every sandboxed run, stored in SQLite.
 
-Every run produces one record (a JSON-able mapping built by the executor). :class:`AuditLog`
+Every run produces one record (a JSON-able mapping, :mod:`sandcell.audit.record`). :class:`AuditLog`
 stores it as one row of the ``runs`` table and chains it to the row before::
 
     canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -1,6 +1,6 @@
 """What a run record keeps so that the run can be replayed exactly.
 
-The executor adds these fields to every record (``record_version`` 2); a record without
+Every run record has these fields (:mod:`sandcell.audit.record`, ``record_version`` 2); one without
 ``record_version`` was written before them, and a replay of it says which of them it lacks
 (:mod:`sandcell.replay.plan`).
 
