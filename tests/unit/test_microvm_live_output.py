@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.backends.host.supervise import keep
 from sandcell.backends.microvm import channel
-from sandcell.backends.microvm.drive import drive, keep
+from sandcell.backends.microvm.drive import drive
 from sandcell.backends.microvm.guest import batch as guest_batch
 from sandcell.backends.microvm.guest.port import Port
 from sandcell.spec import Limits, RunRequest

@@ -5,11 +5,12 @@ host, what the guest must not be trusted with: the wall-time limit and the outpu
 program is told to stop with a ``K`` frame, and the VM is destroyed after a short grace if the
 guest does not answer), and the size of everything it sends back. The agent sends the program's
 output as it is written (small writes gathered for a few tens of milliseconds): each piece kept
-under its cap is handed to the run's output sink as it arrives (:func:`keep`). A guest image
-built before live output speaks the same frames (one per read) but its runner holds a Python
-program's stderr until the end: the output is the same, less of it live (``sandcell vm build``
-renews the image). :func:`classify` hands what was observed to the outcome classifier every rung
-shares.
+under its cap is handed to the run's output sink as it arrives (the caps, deadline and stops are
+the :class:`~sandcell.backends.host.supervise.Watch` every rung's supervision shares). A guest
+image built before live output speaks the same frames (one per read) but its runner holds a
+Python program's stderr until the end: the output is the same, less of it live (``sandcell vm
+build`` renews the image). :func:`classify` hands what was observed to the outcome classifier
+every rung shares.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from sandcell.backends.base import OutputSink
 from sandcell.backends.host.outcome import Seen
 from sandcell.backends.host.outcome import classify as outcome_of
+from sandcell.backends.host.supervise import STDERR, STDOUT, Watch
 from sandcell.backends.microvm import channel, relay
 from sandcell.backends.microvm.guest_packages import NONE, PACKAGES_DIR, GuestPackages
 from sandcell.backends.microvm.transfer import FileSink, TransferError, input_frames, input_items
@@ -34,6 +36,7 @@ from sandcell.spec import Outcome, RunRequest
 STOP_GRACE_S = 5.0
 """How long the guest has to report after it was told to stop, before the VM is destroyed."""
 _TICK_S = 0.05
+_STREAMS = {channel.STDOUT: STDOUT, channel.STDERR: STDERR}
 
 
 @dataclass(slots=True)
@@ -148,7 +151,6 @@ def drive(
     """
     ended = Ended()
     lim = request.effective_limits
-    caps = {channel.STDOUT: lim.stdout_bytes, channel.STDERR: lim.stderr_bytes}
     job = job_doc(
         request, run_id=run_id, export_budget=export_budget, packages=packages, sockets=sockets
     )
@@ -175,14 +177,18 @@ def drive(
         ended.failure = f"the job could not be sent: {exc}"
         return ended
     ended.started = True
-    deadline = t0 + lim.wall_time_s
+    watch = Watch(
+        stdout_cap=lim.stdout_bytes,
+        stderr_cap=lim.stderr_bytes,
+        deadline=t0 + lim.wall_time_s,
+        on_output=on_output,
+    )
     hard_deadline: float | None = None
     sink = FileSink(sink_dir, max_bytes=export_budget, max_entries=max_entries)
 
-    def tell_stop(reason: str) -> None:
+    def tell_stop() -> None:
+        """Tell the guest to stop the program (once); the VM goes after the grace."""
         nonlocal hard_deadline
-        if ended.stopped_by is None:
-            ended.stopped_by = reason
         if hard_deadline is None:
             hard_deadline = time.monotonic() + STOP_GRACE_S
             try:
@@ -193,11 +199,11 @@ def drive(
     try:
         while True:
             now = time.monotonic()
-            if stop.is_set() and ended.stopped_by != "cancelled" and not ended.reported:
-                ended.stopped_by = None
-                tell_stop("cancelled")
-            if now >= deadline and not ended.reported:
-                tell_stop("wall_time")
+            if stop.is_set() and watch.stopped_by != "cancelled" and not ended.reported:
+                watch.cancel()
+                tell_stop()
+            if not ended.reported and watch.expired(now):
+                tell_stop()
             if hard_deadline is not None and now >= hard_deadline:
                 ended.failure = ended.failure or "the guest did not report after it was stopped"
                 break
@@ -209,21 +215,16 @@ def drive(
                     ended.vm_stopped = True
                     break
                 continue
-            if kind in caps:
-                stream = "stdout" if kind == channel.STDOUT else "stderr"
-                buf = ended.stdout if kind == channel.STDOUT else ended.stderr
-                if not keep(buf, caps[kind], payload, stream, on_output):
-                    if kind == channel.STDOUT:
-                        ended.stdout_truncated = True
-                    else:
-                        ended.stderr_truncated = True
-                    if not ended.reported:
-                        tell_stop(stream)
+            stream = _STREAMS.get(kind)
+            if stream is not None:
+                if watch.output(stream, payload) and not ended.reported:
+                    tell_stop()
             elif kind == channel.EXIT:
                 if pump is not None and pump.ready is None:
                     ended.failure = NO_RELAY
                     break
                 _exit_report(ended, payload)
+                watch.over = True
                 ended.wall_ms = (time.monotonic() - t0) * 1000
             elif kind == channel.FILE and ended.reported:
                 sink.header(payload)
@@ -245,21 +246,15 @@ def drive(
         ended.failure = f"the guest sent files the host refuses: {exc}"
     finally:
         sink.close()
+    ended.stopped_by = watch.stopped_by
+    ended.stdout, ended.stderr = watch.data[STDOUT], watch.data[STDERR]
+    ended.stdout_truncated, ended.stderr_truncated = (
+        watch.truncated[STDOUT],
+        watch.truncated[STDERR],
+    )
     if not ended.wall_ms:
         ended.wall_ms = (time.monotonic() - t0) * 1000
     return ended
-
-
-def keep(
-    buf: bytearray, cap: int, payload: bytes, stream: str, on_output: OutputSink | None
-) -> bool:
-    """Add to ``buf`` what of ``payload`` fits under ``cap`` and tell ``on_output`` that part,
-    so that a sink never gets more than the stream's cap in all; False when the cap was passed."""
-    part = payload[: max(cap - len(buf), 0)]
-    buf += part
-    if part and on_output is not None:
-        on_output(stream, part)
-    return len(part) == len(payload)
 
 
 def _exit_report(ended: Ended, payload: bytes) -> None:
@@ -336,4 +331,4 @@ def classify(
     return outcome, reason
 
 
-__all__ = ["Ended", "classify", "drive", "job_doc", "keep"]
+__all__ = ["Ended", "classify", "drive", "job_doc"]
