@@ -10,22 +10,24 @@ importable part into its own directory and records it in ``lock.json``. A run th
 gets that directory mounted read-only, only if its profile lists the package; any other import
 of something absent is denied with a ``py.package`` finding (:func:`resolve_packages`).
 
-This module is the public face of four parts, one job each: reading and unpacking one wheel safely
-(:mod:`sandcell.packages.wheels`), the cache and its lock (:mod:`sandcell.packages.wheel_cache`),
-the runtime's own packages and pins (:mod:`sandcell.packages.runtime_lock`), and the resolution of a run's
-imports (:mod:`sandcell.packages.resolution`)."""
+This module is the public face of four parts, one job each: reading and unpacking one wheel
+safely (:mod:`sandcell.packages.wheels`), the cache and its lock
+(:mod:`sandcell.packages.wheel_cache`), the runtime's own packages and pins
+(:mod:`sandcell.packages.runtime_lock`), and the resolution of a run's imports
+(:mod:`sandcell.packages.resolution`).
+"""
 
 from __future__ import annotations
 
 from sandcell.packages.resolution import Resolution, imports_of, resolve_packages
-from sandcell.packages.wheel_cache import CachedPackage, WheelCache
-from sandcell.packages.wheels import normalize_name
 from sandcell.packages.runtime_lock import (
     check_runtime_lock,
     runtime_distributions,
     runtime_imports,
     write_runtime_lock,
 )
+from sandcell.packages.wheel_cache import CachedPackage, WheelCache
+from sandcell.packages.wheels import normalize_name
 
 __all__ = [
     "CachedPackage",
