@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from sandcell.sessions.verdict import CellCancel, classify_cell
+from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.spec import IsolationMode, Limits, Outcome
 
 

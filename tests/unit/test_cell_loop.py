@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
-from sandcell.sessions import cell_loop
-from sandcell.sessions.cell_loop import CellRung, supervise_cell
-from sandcell.sessions.verdict import CellCancel
+from sandcell.backends.cell import loop as cell_loop
+from sandcell.backends.cell.loop import CellRung, supervise_cell
+from sandcell.backends.cell.verdict import CellCancel
 
 _ID = 7
 Step = Callable[["ScriptedRung"], str | None]

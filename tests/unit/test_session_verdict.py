@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import signal
 
+from sandcell.backends.cell.verdict import classify_cell
 from sandcell.backends.host.cgroups import CgroupUsage
-from sandcell.sessions.verdict import classify_cell
 from sandcell.spec import IsolationMode, Limits, Outcome
 
 LIMITS = Limits(cpu_time_s=10)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandcell.backends.cell import CellScope, kernel_message
-from sandcell.backends.channel import ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.channel import ChannelError, FrameDecoder, encode
 from sandcell.errors import ConfigError
 from sandcell.sessions import registry
 

@@ -9,7 +9,7 @@ time until the session ends: closed, idle timeout, maximum lifetime, or killed. 
 its socket and registry entry; if it is killed instead, the next ``sandcell session`` command
 sweeps them (see :mod:`sandcell.sessions.registry`).
 
-Requests and replies are framed JSON objects (:mod:`sandcell.backends.channel`):
+Requests and replies are framed JSON objects (:mod:`sandcell.backends.cell.channel`):
 
 * ``{"op": "run", "code": TEXT, "timeout_s": S|null, "exports": [GLOB...]}`` ->
   ``{"ok": true, "result": <result_to_dict>}``
@@ -35,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from sandcell.backends.channel import ChannelError, recv_message, send_message
+from sandcell.backends.cell.channel import ChannelError, recv_message, send_message
 from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.sessions import registry
 from sandcell.sessions.session import Session, SessionEnded

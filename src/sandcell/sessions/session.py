@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from sandcell.artifacts import collect_exports, validate_globs
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.backends.cell import CellRun, CellScope, Exported, open_cell_sandbox
+from sandcell.backends.cell.verdict import CellCancel
 from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
@@ -47,7 +48,6 @@ from sandcell.pipeline.prepare import prepare
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
 from sandcell.sessions.bash_cell import bash_cell
-from sandcell.sessions.verdict import CellCancel
 from sandcell.spec import (
     Artifact,
     InputFile,

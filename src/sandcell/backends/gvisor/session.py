@@ -4,7 +4,7 @@ Built like a cold run (:class:`~sandcell.backends.gvisor.sandbox.GSandbox`): lay
 failed closed, a run directory with a size-capped workspace tmpfs (or the rootless workspace
 helper), the session's cgroup, the bundle, and the agent as the container's first process. The
 agent runs in channel mode (``_agent.py``): its stdin is one end of a socket pair, the cell
-channel (:mod:`sandcell.backends.channel`); it reads its request line from it, forks, installs
+channel (:mod:`sandcell.backends.cell.channel`); it reads its request line from it, forks, installs
 the rlimits and the seccomp filter in the child and hands over to the boot, which starts the
 namespaces backend's kernel (``_kernel.py``) in place of a program. The agent stays as pid 1:
 when the kernel ends, it ends every other process and writes the kernel's wait status as its
@@ -17,7 +17,7 @@ The kernel's stdout and stderr are the container's: pipes the host reads while a
 what arrives between a cell's start and its reply is that cell's output. A cell's wall time is
 enforced with SIGINT to the kernel (``runsc kill --pid``: the kernel's pid inside the sentry,
 which it reported in its hello; the cell ends, the state stays); when the kernel does not return
-within :data:`~sandcell.sessions.verdict.INTERRUPT_GRACE_S`, the whole sandbox is killed. The
+within :data:`~sandcell.backends.cell.verdict.INTERRUPT_GRACE_S`, the whole sandbox is killed. The
 session's CPU time (the whole sandbox's, gVisor's own work included: gVisor does not enforce
 RLIMIT_CPU) is polled from the host while cells run, and the sandbox is killed at the limit.
 
@@ -71,7 +71,9 @@ from sandcell.backends.cell import (
     Exported,
     kernel_message,
 )
-from sandcell.backends.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.loop import CellRung, supervise_cell
+from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.backends.gvisor import cpu_reader
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
@@ -90,8 +92,6 @@ from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import common_env, python_runtime
-from sandcell.sessions.cell_loop import CellRung, supervise_cell
-from sandcell.sessions.verdict import CellCancel, classify_cell
 from sandcell.spec import Enforcement, Outcome, RejectedExport, RunRequest, Usage
 
 if TYPE_CHECKING:
@@ -539,7 +539,7 @@ class GVisorSessionSandbox:
 
 
 class _Cell(CellRung):
-    """One cell as :func:`~sandcell.sessions.cell_loop.supervise_cell` reaches it: the
+    """One cell as :func:`~sandcell.backends.cell.loop.supervise_cell` reaches it: the
     channel's socket, the container's output, SIGINT through ``runsc kill``, and the
     session's CPU time polled from the host (gVisor does not enforce RLIMIT_CPU)."""
 

@@ -2,7 +2,7 @@
 
 Each caller says what it observed in a :class:`Seen` (``observe.py`` for a launched process on
 the namespaces and gVisor rungs, ``microvm/drive.py`` for a run in a VM,
-``sessions/verdict.py`` for a cell) and :func:`classify` names the outcome. The order of the
+``backends/cell/verdict.py`` for a cell) and :func:`classify` names the outcome. The order of the
 checks is the order of precedence, written once here so the rungs cannot drift apart:
 
 1. the session's end of life, then a stopped cell that did not answer in its grace (cells);

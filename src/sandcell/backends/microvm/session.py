@@ -10,18 +10,18 @@ namespaces backend's kernel, ``_kernel.py``, and its display module), the inputs
 the workspace, cgroup and identity as for a run and has the runner become the kernel, unprivileged
 with the run's rlimits, in the program's cgroup (memory and pids of the whole session).
 
-Cells travel as the kernel's own framed messages inside ``C`` frames, replies come back inside
-``M`` frames, output as ``O``/``E`` while the cell runs (capped per cell by the agent as well as
-here; what is kept goes to the cell's output sink as it arrives). Everything the
-guest sends is hostile: frame types and sizes are checked by the channel, kernel messages by the
-bounded decoder (:mod:`sandcell.backends.channel`), files by :class:`~.transfer.FileSink` and then
-the host's export checks (``collect``) or :func:`sandcell.display.read_outputs` on the host copy.
+Cells travel as the kernel's own framed messages inside ``C`` frames, replies come back inside ``M``
+frames, output as ``O``/``E`` while the cell runs (capped per cell by the agent as well as here;
+what is kept goes to the cell's output sink as it arrives). Everything the guest sends is hostile:
+frame types and sizes are checked by the channel, kernel messages by the bounded decoder
+(:mod:`sandcell.backends.cell.channel`), files by :class:`~.transfer.FileSink` and then the host's
+export checks (``collect``) or :func:`sandcell.display.read_outputs` on the host copy.
 
 A cell's wall time is enforced from here with an interrupt (``I``: SIGINT to the kernel, the
-state kept) by the loop every rung shares (:func:`sandcell.sessions.cell_loop.supervise_cell`);
-a kernel that does not return within :data:`~sandcell.sessions.verdict.INTERRUPT_GRACE_S`, the
+state kept) by the loop every rung shares (:func:`sandcell.backends.cell.loop.supervise_cell`);
+a kernel that does not return within :data:`~sandcell.backends.cell.verdict.INTERRUPT_GRACE_S`, the
 session's end of life, or a kernel that died ends the session, and the VM is killed. Verdicts
-come from :func:`sandcell.sessions.verdict.classify_cell` with the guest cgroup's usage, so a
+come from :func:`sandcell.backends.cell.verdict.classify_cell` with the guest cgroup's usage, so a
 cell's outcome means the same on every rung.
 
 The VM is acquired on a keeper thread that lives until teardown: the jailed QEMU's bubblewrap dies
@@ -60,7 +60,9 @@ from sandcell.backends.cell import (
     Exported,
     kernel_message,
 )
-from sandcell.backends.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.loop import CellRung, supervise_cell
+from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.backends.host.cgroups import CgroupUsage
 from sandcell.backends.host.warm_runtime import importable_preload
 from sandcell.backends.microvm import channel, guest_packages, layout, machine, relay, snapshot
@@ -78,8 +80,6 @@ from sandcell.backends.warm import WarmConfig
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.sessions.cell_loop import CellRung, supervise_cell
-from sandcell.sessions.verdict import CellCancel, classify_cell
 from sandcell.spec import Artifact, Enforcement, RejectedExport, RunRequest, StartInfo, Usage
 
 if TYPE_CHECKING:
@@ -658,7 +658,7 @@ class VMSessionSandbox:
 
 
 class _Cell(CellRung):
-    """One cell as :func:`~sandcell.sessions.cell_loop.supervise_cell` reaches it: ``C``
+    """One cell as :func:`~sandcell.backends.cell.loop.supervise_cell` reaches it: ``C``
     frames out, the kernel's messages and output in frames, ``I`` to interrupt, and after the
     reply the usage the agent sends with it. Messages queued with the kernel's end are read
     first: a quick cell's output, reply and end arrive in one batch of frames."""

@@ -52,7 +52,9 @@ from sandcell.backends.cell import (
     Exported,
     kernel_message,
 )
-from sandcell.backends.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.loop import CellRung, supervise_cell
+from sandcell.backends.cell.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
 from sandcell.backends.host import cgroups, landlock
 from sandcell.backends.host.layout import CONTROL_DIR, CONTROL_DISPLAY
 from sandcell.backends.host.process import HelperChannel, kill_sandbox, reap, reported_status
@@ -63,8 +65,6 @@ from sandcell.backends.namespaces.spawner import Spawner, spawner_in
 from sandcell.display import DisplayCollection, read_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.sessions.cell_loop import CellRung, supervise_cell
-from sandcell.sessions.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
 from sandcell.spec import Enforcement, RunRequest, Usage
 
 SETUP_TIMEOUT_S = 60.0
@@ -554,7 +554,7 @@ class SessionSandbox:
 
 
 class _Cell(CellRung):
-    """One cell as :func:`~sandcell.sessions.cell_loop.supervise_cell` reaches it: the
+    """One cell as :func:`~sandcell.backends.cell.loop.supervise_cell` reaches it: the
     channel's socket, the kernel's output pipes, SIGINT to the kernel's host pid."""
 
     def __init__(self, sandbox: SessionSandbox, out: CappedOutput, err: CappedOutput) -> None:

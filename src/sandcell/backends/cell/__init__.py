@@ -5,10 +5,10 @@ watchdog; a :class:`CellSandbox` owns the isolation. Every rung makes one throug
 :meth:`~sandcell.backends.base.Backend.session_sandbox` (:func:`open_cell_sandbox` is the call a
 session makes), each in its rung's ``session.py``: the namespaces backend's ``SessionSandbox``,
 gVisor's ``GVisorSessionSandbox``, the microVM's ``VMSessionSandbox``. All of them speak the
-kernel's channel (:mod:`sandcell.backends.channel`) to ``_kernel.py``, watch a cell with one
-loop (:func:`sandcell.sessions.cell_loop.supervise_cell`, each through its own small adapter) and
-judge it with :func:`sandcell.sessions.verdict.classify_cell`, so a cell's outcome means the same
-on every rung.
+kernel's channel (:mod:`sandcell.backends.cell.channel`) to ``_kernel.py``, watch a cell with one
+loop (:func:`sandcell.backends.cell.loop.supervise_cell`, each through its own small adapter) and
+judge it with :func:`sandcell.backends.cell.verdict.classify_cell`, so a cell's outcome means the
+same on every rung.
 
 The workspace is reached through the sandbox, never as a host path the session walks itself: on
 a microVM it lives in the guest, and files cross only through the backend's transfer and then the
@@ -30,7 +30,7 @@ from sandcell.run_sockets import SandboxSockets
 from sandcell.spec import Artifact, Enforcement, Outcome, RejectedExport, RunRequest, Usage
 
 if TYPE_CHECKING:
-    from sandcell.sessions.verdict import CellCancel
+    from sandcell.backends.cell.verdict import CellCancel
 
 Exported = tuple[tuple[Artifact, ...], tuple[RejectedExport, ...]]
 
@@ -64,7 +64,7 @@ class CellRun:
         usage: Usage,
         session_ended: str | None,
     ) -> CellRun:
-        """A cell's run from its verdict (:func:`~sandcell.sessions.verdict.classify_cell`:
+        """A cell's run from its verdict (:func:`~sandcell.backends.cell.verdict.classify_cell`:
         outcome, reason, exit code, signal), the kernel's reply and the captured streams."""
         outcome, reason, exit_code, sig = verdict
         out_dir = reply.get("out_dir") if reply is not None else None
@@ -198,7 +198,7 @@ class CellSandbox(Protocol):
         """Run one cell: at most ``timeout_s`` of wall time (interrupted, state kept), and the
         whole sandbox ended at the monotonic ``hard_deadline``. Once ``cancel`` holds a reason
         (set from another thread), the cell is interrupted as at its wall time and its verdict
-        says it was cancelled (:func:`~sandcell.sessions.verdict.classify_cell`). With
+        says it was cancelled (:func:`~sandcell.backends.cell.verdict.classify_cell`). With
         ``on_output``, the cell's output is told to it as it is read (:class:`CappedOutput`).
         With ``scope``, the cell runs in that scope (:class:`CellScope`; the message is
         :func:`kernel_message`'s), else in the kernel's main namespace."""

@@ -10,19 +10,19 @@ reply, and optionally a periodic check of a limit the rung enforces from the hos
 The order of precedence, checked on every turn:
 
 1. the kernel's messages first: its reply ends the loop, its ``started`` may make a requested
-   interrupt due (:class:`~sandcell.sessions.cell_interrupt.CellInterrupt`: one SIGINT per cell,
+   interrupt due (:class:`~sandcell.backends.cell.interrupt.CellInterrupt`: one SIGINT per cell,
    never before the kernel started it);
 2. the session's end of life (``hard_deadline``): the session ends (``"lifetime"``);
 3. the rung's periodic check (gVisor's CPU time): a limit reached ends the session
    (``"kernel"``);
-4. a cancel: the cell is interrupted, with :data:`~sandcell.sessions.verdict.INTERRUPT_GRACE_S`
+4. a cancel: the cell is interrupted, with :data:`~sandcell.backends.cell.verdict.INTERRUPT_GRACE_S`
    to return;
 5. output for up to the nearest deadline: the kernel gone ends the session (``"kernel"``), an
    output cap passed interrupts the cell (the first reason to stop is the one reported);
 6. the wall time: the cell is interrupted; an interrupted cell past its grace ends the session
    (``"grace"``).
 
-What it returns (:class:`CellEnd`) is what :func:`~sandcell.sessions.verdict.classify_cell`
+What it returns (:class:`CellEnd`) is what :func:`~sandcell.backends.cell.verdict.classify_cell`
 needs besides the rung's own observations (usage, the kernel's wait status).
 """
 
@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from sandcell.sessions.cell_interrupt import CellInterrupt
-from sandcell.sessions.verdict import CANCEL_POLL_S, INTERRUPT_GRACE_S, CellCancel
+from sandcell.backends.cell.interrupt import CellInterrupt
+from sandcell.backends.cell.verdict import CANCEL_POLL_S, INTERRUPT_GRACE_S, CellCancel
 
 __all__ = ["CellEnd", "CellRung", "supervise_cell"]
 
@@ -83,7 +83,7 @@ class CellRung(Protocol):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CellEnd:
     """How the loop left one cell (the arguments of the same name of
-    :func:`~sandcell.sessions.verdict.classify_cell`)."""
+    :func:`~sandcell.backends.cell.verdict.classify_cell`)."""
 
     reply: dict[str, object] | None
     """The kernel's ``done`` message, or None when the session ended first."""

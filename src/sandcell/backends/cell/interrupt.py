@@ -1,6 +1,6 @@
 """When the host interrupts one cell: once, and only after the kernel said the cell started.
 
-The cell loop (:func:`sandcell.sessions.cell_loop.supervise_cell`, the same on every rung)
+The cell loop (:func:`sandcell.backends.cell.loop.supervise_cell`, the same on every rung)
 decides at most one reason to stop a cell (its wall time, an output cap, a cancel), and each
 reason must reach the cell as exactly one SIGINT. A SIGINT the kernel gets before it started
 the cell is ignored there (between cells an interrupt must not kill the kernel), so an
