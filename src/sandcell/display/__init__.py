@@ -42,7 +42,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, cast
@@ -131,20 +131,58 @@ def read_outputs(
 ) -> DisplayCollection:
     """Read, validate and store the outputs in ``out_dir`` numbered ``first_seq`` or later.
 
+    ``out_dir`` itself is opened without following a link, the path above it as given: every
+    part of it above must be the host's, or a descriptor already checked (``/proc/self/fd/N``).
+    Where the sandbox could have put a link higher up, use :func:`read_outputs_below`.
+
     A missing directory has no outputs. Nothing written by the sandbox raises: each refused item
     is in ``rejected``. Raises InfraError only when the artifact store cannot be written.
+    """
+    return read_outputs_below(
+        out_dir.parent, (out_dir.name,), store, limits=limits, first_seq=first_seq
+    )
+
+
+def read_outputs_below(
+    root: Path,
+    parts: Sequence[str],
+    store: ArtifactStore,
+    *,
+    limits: DisplayLimits | None = None,
+    first_seq: int = 0,
+) -> DisplayCollection:
+    """The outputs in the directory ``root/parts[0]/parts[1]/...`` (see :func:`read_outputs`).
+
+    ``root`` is trusted: a host directory, or a live sandbox's root as the host reaches it
+    (``/proc/PID/root``, a link that is meant to be followed). Every part below it is opened one
+    at a time, relative to the one above, without following a link: through ``/proc/PID/root``
+    an absolute link the sandbox planted would otherwise resolve against the host's root, and
+    the host would read its own files as the cell's outputs.
     """
     lim = limits or DisplayLimits()
     reader = _Reader(store, lim)
     try:
-        dir_fd = os.open(out_dir, _OPEN_DIR)
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return DisplayCollection()
     except OSError as exc:
-        # ELOOP or ENOTDIR: the program put a symlink or a file where the directory goes.
         reader.reject("", f"the output directory cannot be opened safely: {exc.strerror}")
         return reader.collection()
     try:
+        for part in parts:
+            if not part or part in (".", "..") or "/" in part:
+                reader.reject("", f"the output directory's path has the part {part[:80]!r}")
+                return reader.collection()
+            try:
+                below = os.open(part, _OPEN_DIR, dir_fd=dir_fd)
+            except FileNotFoundError:
+                return DisplayCollection()
+            except OSError as exc:
+                # ELOOP or ENOTDIR: the program put a symlink or a file where a directory goes.
+                reader.reject("", f"the output directory cannot be opened safely: {exc.strerror}")
+                return reader.collection()
+            os.close(dir_fd)
+            dir_fd = below
         reader.read_dir(dir_fd, first_seq)
     finally:
         os.close(dir_fd)

@@ -78,3 +78,10 @@ DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
 def displays(request: RunRequest) -> bool:
     """Whether the run captures rich outputs (python programs only)."""
     return request.display and request.language == "python"
+
+
+SESSION_OUTPUTS_DIR = "/tmp/.sandcell-outputs"
+"""Where a session's kernel writes each cell's rich outputs (``<dir>/<cell id>``) on the rungs
+whose workspace is not a host directory the kernel could use (the namespaces sandbox's private
+``/tmp``, the microVM guest's); the kernel (``backends/inside/_kernel.py``) and the guest agent
+name it too, as they import nothing of sandcell."""

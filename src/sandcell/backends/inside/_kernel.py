@@ -51,6 +51,7 @@ import json
 import linecache
 import os
 import signal
+import stat
 import sys
 import traceback
 
@@ -124,6 +125,18 @@ def _load_display(path: str) -> Any:
 
 
 def _remove_tree(path: str) -> None:
+    # A cell may have put a link or a file where the outputs directory goes: it goes, and what
+    # it pointed at stays (the next cell's directory is then made fresh, not under the link).
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return
+    if not is_dir:
+        try:  # noqa: SIM105
+            os.unlink(path)
+        except OSError:
+            pass
+        return
     try:
         entries = list(os.scandir(path))
     except OSError:

@@ -64,6 +64,7 @@ from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, Fra
 from sandcell.backends.cell.loop import CellRung, supervise_cell
 from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.backends.host.cgroups import CgroupUsage
+from sandcell.backends.host.layout import SESSION_OUTPUTS_DIR
 from sandcell.backends.host.warm_runtime import importable_preload
 from sandcell.backends.microvm import channel, guest_packages, layout, machine, relay, snapshot
 from sandcell.backends.microvm.drive import NO_RELAY, job_doc
@@ -95,7 +96,7 @@ STOP_TIMEOUT_S = 30.0
 MAX_FILES = 20_000
 _KERNEL_SOURCE = inside.KERNEL_SCRIPT
 _DISPLAY_SOURCE = inside.DISPLAY_SCRIPT
-_OUT_DIR = re.compile(r"^/tmp/\.sandcell-outputs/[0-9]{1,15}$")
+_OUT_DIR = re.compile("^" + re.escape(SESSION_OUTPUTS_DIR) + r"/[0-9]{1,15}$")
 _SIGKILL_STATUS = 9
 """The wait status of a process killed by SIGKILL: what a VM that stopped means for its kernel."""
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import select
 import signal
 import socket
@@ -56,16 +57,16 @@ from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, Fra
 from sandcell.backends.cell.loop import CellRung, supervise_cell
 from sandcell.backends.cell.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
 from sandcell.backends.host import cgroups, landlock
-from sandcell.backends.host.layout import CONTROL_DIR, CONTROL_DISPLAY
+from sandcell.backends.host.layout import CONTROL_DIR, CONTROL_DISPLAY, SESSION_OUTPUTS_DIR
 from sandcell.backends.host.process import HelperChannel, kill_sandbox, reap, reported_status
 from sandcell.backends.namespaces import NamespacesBackend, outside
 from sandcell.backends.namespaces.launcher import Pipes, read_sandbox_pid, spawn
 from sandcell.backends.namespaces.prepared import PreparedSandbox, boot_command
 from sandcell.backends.namespaces.spawner import Spawner, spawner_in
-from sandcell.display import DisplayCollection, read_outputs
+from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs_below
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.spec import Enforcement, RunRequest, Usage
+from sandcell.spec import Enforcement, RejectedExport, RunRequest, Usage
 
 SETUP_TIMEOUT_S = 60.0
 
@@ -73,6 +74,7 @@ _KERNEL_SOURCE = inside.KERNEL_SCRIPT
 _DISPLAY_SOURCE = inside.DISPLAY_SCRIPT
 _CONTROL_KERNEL = "kernel.pyc"
 _READ_CHUNK = 65536
+_CELL_DIR = re.compile(r"[0-9]{1,15}")
 
 
 class SessionSandbox:
@@ -489,7 +491,21 @@ class SessionSandbox:
         return collect(self.workspace_view())
 
     def outputs(self, out_dir: str, store: ArtifactStore) -> DisplayCollection:
-        return read_outputs(self.sandbox_path(out_dir), store)
+        # The kernel (the cell's own process) names the directory: only a cell's directory under
+        # the outputs root is read, each part opened without following a link the cell planted.
+        name = out_dir.removeprefix(SESSION_OUTPUTS_DIR + "/")
+        if name == out_dir or not _CELL_DIR.fullmatch(name):
+            return DisplayCollection(
+                rejected=(
+                    RejectedExport(
+                        path=DISPLAY_DIRNAME,
+                        reason=f"display output: the kernel named {out_dir[:200]!r}, "
+                        "not a cell's output directory",
+                    ),
+                )
+            )
+        parts = (*SESSION_OUTPUTS_DIR.strip("/").split("/"), name)
+        return read_outputs_below(self.sandbox_path("/"), parts, store)
 
     def enforcement(self) -> Enforcement:
         base = self.backend.enforcement(self.request, self.layers, self.sockets)
