@@ -1,20 +1,19 @@
-"""``Session.cancel`` on every rung that keeps a sandbox across cells: the running cell is
-interrupted as at its wall time (state kept), its result and record say it was cancelled, and
-a cell that ignores the interrupt ends the session after the grace, as a timed-out one does."""
+"""``Session.cancel`` on every rung: the running cell is interrupted as at its wall time (state
+kept), its result and record say it was cancelled, and a cell that ignores the interrupt ends
+the session after the grace, as a timed-out one does."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from tests.conftest import backend_unavailable, ladder_executor, settle_pools
+from tests.contract.sessions.rungs import open_session
 
 from sandcell import Executor, Limits, Outcome, RunResult
+from sandcell.backends.cell.verdict import CANCEL_POLL_S
 from sandcell.sessions import Session
-from sandcell.sessions.verdict import CANCEL_POLL_S
 from sandcell.spec import MiB
 
 SLOW = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
@@ -24,27 +23,9 @@ STUBBORN = (
 )
 
 
-@pytest.fixture(params=["namespaces", "gvisor", "microvm"])
-def session(
-    request: pytest.FixtureRequest,
-    executor: Executor,
-    ladder_executors: dict[tuple[str, str], Executor],
-    root_home: Path,
-) -> Iterator[Session]:
-    rung = request.param
-    if rung == "namespaces":
-        ex = executor
-    elif rung == "gvisor":
-        ex = ladder_executor(ladder_executors, root_home, "gvisor", "cold")
-    else:
-        from sandcell.backends.microvm import probe
-
-        status = probe()
-        if not status.usable:
-            backend_unavailable("microvm", status.detail)
-        ex = ladder_executor(ladder_executors, root_home, "microvm", "pool")
-        settle_pools({("microvm", "pool"): ex}, timeout=300)
-    with ex.session(limits=Limits(wall_time_s=60, memory_bytes=256 * MiB)) as s:
+@pytest.fixture
+def session(ex: Executor) -> Iterator[Session]:
+    with open_session(ex, limits=Limits(wall_time_s=60, memory_bytes=256 * MiB)) as s:
         yield s
 
 

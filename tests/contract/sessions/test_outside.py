@@ -1,15 +1,15 @@
 """Sessions that reach outside: one egress proxy and one tool gateway for the session's life,
 and each cell's record holds exactly what that cell did. On every rung, as root through the
-in-process executor (the CLI paths of sessions are the same Session object)."""
+in-process executor (the CLI paths of sessions are the same Session object); the microVM's
+session is one of the pool's clones, as every in-process session of this package."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from tests.conftest import ladder_executor
+from tests.contract.sessions.rungs import open_session
 from tests.integration.loopback_http import JsonHandler, serving
 
 from sandcell import Executor, Limits
@@ -51,18 +51,6 @@ credential_env = "SESSION_API_KEY"
     return parse_profile(text.encode(), name="session-outside", source="session-outside.toml")
 
 
-@pytest.fixture(params=["namespaces", "gvisor", "microvm"])
-def ex(
-    request: pytest.FixtureRequest,
-    ladder_executors: dict[tuple[str, str], Executor],
-    root_home: Path,
-) -> Executor:
-    if request.param == "namespaces":
-        executor: Executor = request.getfixturevalue("executor")
-        return executor
-    return ladder_executor(ladder_executors, root_home, str(request.param), "cold")
-
-
 CELL = """
 import json, urllib.request, sandcell_tools
 with urllib.request.urlopen("http://127.0.0.1:{port}/web/{n}", timeout=20) as r:
@@ -76,7 +64,9 @@ def test_each_cell_records_its_own_connections_and_calls(
 ) -> None:
     monkeypatch.setenv("SESSION_API_KEY", KEY)
     profile = _profile(api)
-    with ex.session(profile=profile, limits=Limits(wall_time_s=30, memory_bytes=256 * MiB)) as s:
+    with open_session(
+        ex, profile=profile, limits=Limits(wall_time_s=30, memory_bytes=256 * MiB)
+    ) as s:
         first = s.run(CELL.format(port=api, n=1))
         second = s.run(CELL.format(port=api, n=2) + "print(len(dir()))")
     for n, result in ((1, first), (2, second)):
