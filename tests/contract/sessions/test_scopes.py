@@ -28,8 +28,8 @@ def ex(
 ) -> Executor:
     """The package's ``ex``, but on the microVM an executor that boots each VM cold, as this test
     always had (the package's one in-process session of the default runtime on a cold VM). A
-    snapshot-restored clone stalls for 5 s on some cells (FINDING, reported: at random, about
-    one cell in 60; a cold VM's did not), which made this test's 20 cells 5 to 20 s slower."""
+    snapshot-restored clone stalls for 5.0 s on some cells (FINDING, reported: 6 of 150 quick
+    cells; none of 150 on a cold VM), which made this test's 20 cells 5 to 20 s slower."""
     return executor_for(rung, executor, ladder_executors, root_home, microvm_start="cold")
 
 
