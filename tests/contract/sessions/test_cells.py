@@ -185,20 +185,7 @@ OUTPUTS_DIR = {
 read from the live sandbox on namespaces and gVisor; on the microVM the guest's agent sends a
 copy, so the guest's link leads nowhere on the host."""
 
-LINK_FOLLOWED_FINDING = (
-    "FINDING (reported, not fixed here): the host follows a link the cell plants in place of its "
-    "outputs directory (/tmp/.sandcell-outputs, read through /proc/PID/root) and returns a host "
-    "file's contents as the cell's output"
-)
-SESSION_ENDS_FINDING = (
-    "FINDING (reported, not fixed here): the link in place of the outputs directory ends the "
-    "session at its next cell (the kernel cannot make the cell's directory under it); the host "
-    "reads nothing through it (the guest's agent sends a copy), and gVisor's host replaces the "
-    "directory after each cell"
-)
 
-
-@only_on("gvisor", reason={"namespaces": LINK_FOLLOWED_FINDING, "microvm": SESSION_ENDS_FINDING})
 def test_display_directory_link_is_not_followed(rung: str, ex: Executor, tmp_path: Path) -> None:
     # A host directory shaped like a cell's outputs, which a link from the sandbox would reach
     # if the host followed it: its "output" must never come back.
@@ -213,6 +200,8 @@ def test_display_directory_link_is_not_followed(rung: str, ex: Executor, tmp_pat
         planted = s.run(f"shutil.rmtree({outputs!r})\nos.symlink({str(bait)!r}, {outputs!r})")
         assert planted.outcome is Outcome.OK, planted.stderr
         assert not [o for o in planted.outputs if "HOST SECRET" in str(o.data)]
-        assert any("cannot be opened safely" in r.reason for r in planted.rejected_exports)
+        if rung != "microvm":  # read from the live sandbox: the host says why it would not
+            assert any("cannot be opened safely" in r.reason for r in planted.rejected_exports)
         assert (bait / "2" / "0001.json").exists()  # and nothing on the host was removed
+        # The kernel replaces the link with a fresh directory: the session goes on.
         assert s.run("print(6 * 7)").stdout == "42\n"

@@ -8,29 +8,13 @@ session; its last expression's value is shown; bad scope options are refused bef
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from tests.contract.sessions.rungs import executor_for, open_session
+from tests.contract.sessions.rungs import open_session
 
 from sandcell import Executor, Limits, Outcome
 from sandcell.errors import ConfigError
 from sandcell.sessions import Session
 from sandcell.spec import MiB
-
-
-@pytest.fixture
-def ex(
-    rung: str,
-    executor: Executor,
-    ladder_executors: dict[tuple[str, str], Executor],
-    root_home: Path,
-) -> Executor:
-    """The package's ``ex``, but on the microVM an executor that boots each VM cold, as this test
-    always had (the package's one in-process session of the default runtime on a cold VM). A
-    snapshot-restored clone stalls for 5.0 s on some cells (FINDING, reported: 6 of 150 quick
-    cells; none of 150 on a cold VM), which made this test's 20 cells 5 to 20 s slower."""
-    return executor_for(rung, executor, ladder_executors, root_home, microvm_start="cold")
 
 
 def _out(session: Session, code: str, scope: str | None = None, cwd: str | None = None) -> str:

@@ -153,7 +153,8 @@ class VMSessionSandbox:
         self._decoder = FrameDecoder(max_bytes=MAX_KERNEL_MESSAGE)
         self._messages: list[dict[str, object]] = []
         self._stats: dict[str, object] = {}
-        self._stats_seen = 0
+        self._stats_due = False
+        """A kernel message came and the usage the agent sends right after it has not yet."""
         self._exit: dict[str, object] | None = None
         self._protocol_error: str | None = None
         self._acked = False
@@ -359,6 +360,7 @@ class VMSessionSandbox:
         if kind == channel.STDERR:
             return "stderr" if err is not None and err.add(payload) else None
         if kind == KERNEL:
+            self._stats_due = True
             self._decoder.feed(payload)
             try:
                 self._messages += list(self._decoder.messages())
@@ -370,9 +372,9 @@ class VMSessionSandbox:
             return None
         if kind == STATS:
             doc = _json_object(payload)
+            self._stats_due = False
             if doc is not None:
                 self._stats = doc
-                self._stats_seen += 1
             return None
         if kind == channel.EXIT:
             self._exit = _json_object(payload) or {}
@@ -461,10 +463,12 @@ class VMSessionSandbox:
         )
 
     def _await_stats(self) -> None:
-        """The agent follows each kernel message with the cgroup's usage: wait for it briefly."""
-        seen = self._stats_seen
+        """The agent follows each kernel message with the cgroup's usage: wait for it briefly.
+
+        Waited for only while it is due: it often comes in the same read as the message, and was
+        then handled with it (a wait for one more would stall until the deadline)."""
         deadline = time.monotonic() + 5.0
-        while self._stats_seen == seen and time.monotonic() < deadline:
+        while self._stats_due and time.monotonic() < deadline:
             if self._pump(None, None, deadline - time.monotonic()) == "ended":
                 return
 
