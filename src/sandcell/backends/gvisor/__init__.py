@@ -10,7 +10,7 @@
 3. start ``runsc run`` inside the cgroup (root) or inside the workspace helper (rootless), send
    the request to the agent, and supervise: wall time, CPU time polled from the host, output
    caps, cancellation (:mod:`.supervise`);
-4. classify how it ended (the namespaces backend's :func:`observed`), export the declared files
+4. classify how it ended (the one classifier, ``host/outcome.py``), export the declared files
    from the workspace once no sandbox process is alive, and remove everything: the container's
    state (``runsc delete --force``), the cgroup, the mount, the directory.
 
