@@ -226,3 +226,28 @@ def test_stand_ins_let_the_host_checks_refuse_what_the_guest_did_not_send(tmp_pa
     assert "socket" in reasons["d/sock.txt"]
     assert "per-file cap" in reasons["d/huge.txt"]
     assert "hard link" in reasons["d/hard.txt"]
+
+
+def test_the_guest_package_is_compiled_into_the_image() -> None:
+    """pid 1 imports its package from bytecode built in the image (a read-only root caches
+    nothing, and compiling every module at each cold boot costs TCG time): one unchecked
+    hash-based file per module, where the guest's interpreter (this one's) looks, compiled from
+    the module the image also holds, naming the guest path in its tracebacks."""
+    import importlib.util
+    import marshal
+
+    generated = {path: data for path, data, _mode in image.plan_root().generated}
+    sources = sorted(
+        p for p in generated if p.startswith("/opt/sandcell/guest/") and p.endswith(".py")
+    )
+    assert len(sources) > 5, sources
+    for source in sources:
+        pyc = importlib.util.cache_from_source(source)
+        data = generated.get(pyc)
+        assert data is not None, f"no bytecode for {source}"
+        assert data[:4] == importlib.util.MAGIC_NUMBER
+        flags = int.from_bytes(data[4:8], "little")
+        assert flags == 0b01, "hash-based, unchecked: the image is rebuilt with its sources"
+        assert data[8:16] == importlib.util.source_hash(generated[source])
+        code = marshal.loads(data[16:])
+        assert code.co_filename == source

@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -129,6 +131,8 @@ def agent_sha256() -> str:
     """The hash of the guest-side files this sandcell ships: an image built from others speaks
     another version of the agent's protocol, so it is refused rather than half understood."""
     h = hashlib.sha256()
+    # An image from before the package's bytecode was built in lacks it: rebuilt, not reused.
+    h.update(b"guest package compiled ahead\0")
     for name in sorted(_AGENT_FILES):
         data = _AGENT_FILES[name].read_bytes()
         h.update(f"{name}\0{len(data)}\0".encode())
@@ -321,6 +325,7 @@ def plan_root(runtime: str | None = None) -> RootPlan:
     generated += [
         (f"/opt/sandcell/{name}", src.read_bytes(), 0o644) for name, src in _AGENT_FILES.items()
     ]
+    generated += _guest_bytecode()
     # The neutral venv's pyvenv.cfg, and empty files over hooks that name the host's sources.
     generated += [(path, text.encode(), 0o644) for path, text in py.files]
     generated.append((INTERPRETER_FILE, py.sandbox_python.encode(), 0o644))
@@ -338,6 +343,30 @@ def plan_root(runtime: str | None = None) -> RootPlan:
         dirs=dirs,
         prebuilt=py.prebuilt_bytecode,
     )
+
+
+def _guest_bytecode() -> list[tuple[str, bytes, int]]:
+    """The agent package's modules compiled ahead, where the guest's interpreter (this one's,
+    linked into the image) looks for them: without them pid 1 compiles every module at each cold
+    boot, under TCG (the image is read-only, nothing is cached there). Unchecked hash-based
+    bytecode: the image is rebuilt whenever a source changes (:func:`agent_sha256`)."""
+    out: list[tuple[str, bytes, int]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, src in _AGENT_FILES.items():
+            if not name.startswith("guest/"):
+                continue
+            guest_path = f"/opt/sandcell/{name}"
+            cfile = os.path.join(tmp, "out.pyc")
+            py_compile.compile(
+                str(src),
+                cfile=cfile,
+                dfile=guest_path,
+                doraise=True,
+                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+            )
+            pyc = importlib.util.cache_from_source(guest_path)
+            out.append((pyc, Path(cfile).read_bytes(), 0o644))
+    return out
 
 
 def _package_programs(packages: Iterable[str]) -> list[str]:
