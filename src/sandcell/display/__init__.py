@@ -126,6 +126,13 @@ def collect_outputs(
     return read_outputs(out_dir, store, limits=limits, first_seq=first_seq).outputs
 
 
+def refused_outputs(reason: str) -> DisplayCollection:
+    """No outputs, and why the host would not read them (a directory it refused to open)."""
+    return DisplayCollection(
+        rejected=(RejectedExport(path=DISPLAY_DIRNAME, reason=f"display output: {reason}"),)
+    )
+
+
 def read_outputs(
     out_dir: Path, store: ArtifactStore, *, limits: DisplayLimits | None = None, first_seq: int = 0
 ) -> DisplayCollection:

@@ -79,7 +79,7 @@ from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
 from sandcell.backends.gvisor.sandbox import GSandbox, bridge_argv, fixed_for, sockets_env
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, decode, trailer_tail
-from sandcell.backends.host import landlock
+from sandcell.backends.host import landlock, workspace
 from sandcell.backends.host.layout import (
     CONTROL_BOOT,
     CONTROL_DIR,
@@ -88,11 +88,11 @@ from sandcell.backends.host.layout import (
     PACKAGES_DIR,
     SANDBOX_WORKDIR,
 )
-from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs
+from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs, refused_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import common_env, python_runtime
-from sandcell.spec import Enforcement, Outcome, RejectedExport, RunRequest, Usage
+from sandcell.spec import Enforcement, Outcome, RunRequest, Usage
 
 if TYPE_CHECKING:
     from sandcell.backends.gvisor import GVisorBackend
@@ -453,14 +453,7 @@ class GVisorSessionSandbox:
         return self.sb.workspace_view()
 
     def files(self) -> list[str]:
-        root = self.workspace_view()
-        found: list[str] = []
-        for dirpath, _dirs, names in os.walk(root, followlinks=False):
-            for name in names:
-                full = Path(dirpath) / name
-                if full.is_file() and not full.is_symlink():
-                    found.append(str(full.relative_to(root)))
-        return sorted(found)
+        return workspace.list_files(self.workspace_view())
 
     def export(self, globs: Sequence[str], collect: Collector) -> Exported:
         # ``collect`` carries the globs and the host's checks; the workspace is a host view.
@@ -471,7 +464,9 @@ class GVisorSessionSandbox:
         """Read the cell's outputs under :data:`OUTPUTS_DIR`, then remove that directory."""
         name = out_dir.removeprefix(OUTPUTS_DIR + "/")
         if name == out_dir or not _CELL_DIR.fullmatch(name):
-            return _refused(f"the kernel named {out_dir[:200]!r}, not a cell's output directory")
+            return refused_outputs(
+                f"the kernel named {out_dir[:200]!r}, not a cell's output directory"
+            )
         ws_fd = os.open(self.workspace_view(), _OPEN_DIR)
         try:
             try:
@@ -481,7 +476,9 @@ class GVisorSessionSandbox:
             except FileNotFoundError:
                 return DisplayCollection()
             except OSError as exc:
-                return _refused(f"the output directory cannot be opened safely: {exc.strerror}")
+                return refused_outputs(
+                    f"the output directory cannot be opened safely: {exc.strerror}"
+                )
             try:
                 # The cell's directory is opened by read_outputs without following a link; the
                 # part above it is the descriptor just checked.
@@ -604,12 +601,6 @@ def _remove_outputs(ws_fd: int) -> None:
     else:
         with contextlib.suppress(OSError):
             os.unlink(DISPLAY_DIRNAME, dir_fd=ws_fd)
-
-
-def _refused(reason: str) -> DisplayCollection:
-    return DisplayCollection(
-        rejected=(RejectedExport(path=DISPLAY_DIRNAME, reason=f"display output: {reason}"),)
-    )
 
 
 __all__ = ["OUTPUTS_DIR", "GVisorSessionSandbox"]

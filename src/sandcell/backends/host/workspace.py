@@ -155,3 +155,15 @@ def sweep_runs() -> list[Path]:
         remove_tree(entry)
         removed.append(entry)
     return removed
+
+
+def list_files(root: Path) -> list[str]:
+    """The regular files under ``root`` (a workspace as the host sees it), as sorted relative
+    paths; no link is followed or listed."""
+    found: list[str] = []
+    for dirpath, _dirs, names in os.walk(root, followlinks=False):
+        for name in names:
+            full = Path(dirpath) / name
+            if full.is_file() and not full.is_symlink():
+                found.append(str(full.relative_to(root)))
+    return sorted(found)

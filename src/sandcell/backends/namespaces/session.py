@@ -56,17 +56,17 @@ from sandcell.backends.cell import (
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.cell.loop import CellRung, supervise_cell
 from sandcell.backends.cell.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
-from sandcell.backends.host import cgroups, landlock
+from sandcell.backends.host import cgroups, landlock, workspace
 from sandcell.backends.host.layout import CONTROL_DIR, CONTROL_DISPLAY, SESSION_OUTPUTS_DIR
 from sandcell.backends.host.process import HelperChannel, kill_sandbox, reap, reported_status
 from sandcell.backends.namespaces import NamespacesBackend, outside
 from sandcell.backends.namespaces.launcher import Pipes, read_sandbox_pid, spawn
 from sandcell.backends.namespaces.prepared import PreparedSandbox, boot_command
 from sandcell.backends.namespaces.spawner import Spawner, spawner_in
-from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs_below
+from sandcell.display import DisplayCollection, read_outputs_below, refused_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.spec import Enforcement, RejectedExport, RunRequest, Usage
+from sandcell.spec import Enforcement, RunRequest, Usage
 
 SETUP_TIMEOUT_S = 60.0
 
@@ -476,14 +476,7 @@ class SessionSandbox:
         return Path(f"/proc/{pid}/root{path}")
 
     def files(self) -> list[str]:
-        root = self.workspace_view()
-        found: list[str] = []
-        for dirpath, _dirs, names in os.walk(root, followlinks=False):
-            for name in names:
-                full = Path(dirpath) / name
-                if full.is_file() and not full.is_symlink():
-                    found.append(str(full.relative_to(root)))
-        return sorted(found)
+        return workspace.list_files(self.workspace_view())
 
     def export(self, globs: Sequence[str], collect: Collector) -> Exported:
         # ``collect`` carries the globs and the host's checks; the workspace is a host view.
@@ -495,14 +488,8 @@ class SessionSandbox:
         # the outputs root is read, each part opened without following a link the cell planted.
         name = out_dir.removeprefix(SESSION_OUTPUTS_DIR + "/")
         if name == out_dir or not _CELL_DIR.fullmatch(name):
-            return DisplayCollection(
-                rejected=(
-                    RejectedExport(
-                        path=DISPLAY_DIRNAME,
-                        reason=f"display output: the kernel named {out_dir[:200]!r}, "
-                        "not a cell's output directory",
-                    ),
-                )
+            return refused_outputs(
+                f"the kernel named {out_dir[:200]!r}, not a cell's output directory"
             )
         parts = (*SESSION_OUTPUTS_DIR.strip("/").split("/"), name)
         return read_outputs_below(self.sandbox_path("/"), parts, store)
