@@ -27,6 +27,7 @@ from sandcell.spec import (
 
 if TYPE_CHECKING:
     from sandcell.backends.cell import CellSandbox
+    from sandcell.backends.cell.state import RestorePoint
     from sandcell.backends.warm import WarmReport
     from sandcell.run_sockets import SandboxSockets
 
@@ -139,11 +140,18 @@ class Backend(Protocol):
         ...
 
     def session_sandbox(
-        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+        self,
+        request: RunRequest,
+        *,
+        session_id: str,
+        sockets: SandboxSockets | None = None,
+        restore: RestorePoint | None = None,
     ) -> CellSandbox:
         """A live sandbox for one session, not started yet (:class:`~sandcell.backends.cell.
         CellSandbox`), reaching ``sockets`` (the session's egress proxy and tool gateway) when
-        given. Raises IsolationUnavailable or ConfigError when ``request`` cannot have one."""
+        given; with ``restore``, its :meth:`~sandcell.backends.cell.CellSandbox.start` brings
+        back the state that point names instead of starting empty. Raises IsolationUnavailable
+        or ConfigError when ``request`` cannot have one."""
         ...
 
     def close(self) -> None: ...

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sandcell.artifacts.store import ArtifactStore
 from sandcell.backends.base import Backend, Collector, OutputSink
+from sandcell.backends.cell.state import PauseMode, RestorePoint, SandboxMetrics, SavedState
 from sandcell.display import DisplayCollection
 from sandcell.errors import ConfigError
 from sandcell.run_sockets import SandboxSockets
@@ -220,6 +221,26 @@ class CellSandbox(Protocol):
         checked like any hostile export."""
         ...
 
+    @property
+    def pause_modes(self) -> frozenset[PauseMode]:
+        """The modes :meth:`save` accepts on this sandbox (``files`` everywhere; ``memory``
+        where the rung restores memory under the same confinement)."""
+        ...
+
+    def save(self, state_dir: Path, *, mode: PauseMode, keep_running: bool) -> SavedState:
+        """Write this sandbox's state into ``state_dir`` (an empty directory the host owns)
+        as :mod:`~sandcell.backends.cell.state` describes. With ``keep_running`` the sandbox goes
+        on afterwards exactly as before (a snapshot, a fork); without, it is left stopped and the
+        session tears it down next (a pause). Nothing may run between the save and its end: the
+        session holds its lock. Raises :class:`~sandcell.backends.cell.state.PauseRefused` for a
+        mode the sandbox does not offer, InfraError when the save fails (the sandbox then ends,
+        unless ``keep_running`` and it is still whole)."""
+        ...
+
+    def metrics(self) -> SandboxMetrics:
+        """One sample of the sandbox's CPU, memory and workspace use."""
+        ...
+
     def teardown(self, globs: Sequence[str] = (), collect: Collector | None = None) -> Exported:
         """Stop everything in the sandbox, export what matches ``globs`` from the quiescent
         workspace through ``collect``, and remove everything. Idempotent."""
@@ -232,12 +253,20 @@ def open_cell_sandbox(
     *,
     session_id: str,
     sockets: SandboxSockets | None = None,
+    restore: RestorePoint | None = None,
 ) -> CellSandbox:
     """The backend's live sandbox for one session (not started yet), reaching ``sockets``
-    (the session's egress proxy and tool gateway) when given: its
+    (the session's egress proxy and tool gateway) when given, and coming back from ``restore``
+    (a state its :meth:`CellSandbox.save` wrote) when given: its
     :meth:`~sandcell.backends.base.Backend.session_sandbox`, the one door a session opens its
     sandbox through."""
-    return backend.session_sandbox(request, session_id=session_id, sockets=sockets)
+    if restore is not None and restore.saved.backend != backend.name:
+        raise ConfigError(
+            f"this state was saved by the {restore.saved.backend} backend and cannot come back "
+            f"on {backend.name}: resume it under a profile whose backend is "
+            f"{restore.saved.backend}"
+        )
+    return backend.session_sandbox(request, session_id=session_id, sockets=sockets, restore=restore)
 
 
 __all__ = [
@@ -246,6 +275,10 @@ __all__ = [
     "CellSandbox",
     "CellScope",
     "Exported",
+    "PauseMode",
+    "RestorePoint",
+    "SandboxMetrics",
+    "SavedState",
     "kernel_message",
     "open_cell_sandbox",
 ]

@@ -89,6 +89,7 @@ from sandcell.spec import (
 
 if TYPE_CHECKING:
     from sandcell.backends.cell import CellSandbox
+    from sandcell.backends.cell.state import RestorePoint
 
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -177,12 +178,19 @@ class GVisorBackend:
         return self._pool.stats() if self._pool is not None else None
 
     def session_sandbox(
-        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+        self,
+        request: RunRequest,
+        *,
+        session_id: str,
+        sockets: SandboxSockets | None = None,
+        restore: RestorePoint | None = None,
     ) -> CellSandbox:
         """A live sandbox for one session (not started yet; see ``session.py``)."""
         from sandcell.backends.gvisor.session import GVisorSessionSandbox
 
-        return GVisorSessionSandbox(self, request, session_id=session_id, sockets=sockets)
+        return GVisorSessionSandbox(
+            self, request, session_id=session_id, sockets=sockets, restore=restore
+        )
 
     def new_name(self, run_id: str) -> str:
         """A container name for a run: unique in this supervisor, readable in ``runsc list``."""

@@ -73,6 +73,7 @@ from sandcell.backends.cell import (
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.cell.loop import CellRung, supervise_cell
+from sandcell.backends.cell.state import RestorePoint
 from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.backends.gvisor import cpu_reader
 from sandcell.backends.gvisor import plan as bundle_plan
@@ -123,7 +124,10 @@ class GVisorSessionSandbox:
         *,
         session_id: str,
         sockets: SandboxSockets | None = None,
+        restore: RestorePoint | None = None,
     ) -> None:
+        self.restore = restore
+        """The state :meth:`start` brings back, or None to start empty."""
         self.backend = backend
         self.request = request
         self.session_id = session_id

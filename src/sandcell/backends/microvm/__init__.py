@@ -87,6 +87,7 @@ from sandcell.spec import (
 
 if TYPE_CHECKING:
     from sandcell.backends.cell import CellSandbox
+    from sandcell.backends.cell.state import RestorePoint
 
 MAX_EXPORT_ENTRIES = 20_000
 
@@ -207,7 +208,12 @@ class MicroVMBackend:
         return result if note is None else started_cold(result, note)
 
     def session_sandbox(
-        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+        self,
+        request: RunRequest,
+        *,
+        session_id: str,
+        sockets: SandboxSockets | None = None,
+        restore: RestorePoint | None = None,
     ) -> CellSandbox:
         """One VM kept alive across the cells of a session (see ``session.py``); not started."""
         from sandcell.backends.microvm.session import VMSessionSandbox
@@ -215,7 +221,7 @@ class MicroVMBackend:
         self._check(request)
         self.guest_for(request)  # a missing or tampered image refuses the session now
         return VMSessionSandbox(
-            self, request, session_id=session_id, warm=self._warm, sockets=sockets
+            self, request, session_id=session_id, warm=self._warm, sockets=sockets, restore=restore
         )
 
     # -- the run ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from sandcell.backends.cell import (
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.cell.loop import CellRung, supervise_cell
+from sandcell.backends.cell.state import RestorePoint
 from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.backends.host.cgroups import CgroupUsage
 from sandcell.backends.host.layout import SESSION_OUTPUTS_DIR
@@ -135,7 +136,10 @@ class VMSessionSandbox:
         session_id: str,
         warm: WarmVMs | None,
         sockets: SandboxSockets | None = None,
+        restore: RestorePoint | None = None,
     ) -> None:
+        self.restore = restore
+        """The state :meth:`start` brings back, or None to start empty."""
         self.backend = backend
         self.sockets = sockets
         self._relay: relay.Pump | None = None

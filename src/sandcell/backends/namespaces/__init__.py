@@ -67,6 +67,7 @@ from sandcell.spec import (
 
 if TYPE_CHECKING:
     from sandcell.backends.cell import CellSandbox
+    from sandcell.backends.cell.state import RestorePoint
 
 
 class NamespacesBackend:
@@ -165,12 +166,19 @@ class NamespacesBackend:
         return self._warm.stats() if self._warm is not None else None
 
     def session_sandbox(
-        self, request: RunRequest, *, session_id: str, sockets: SandboxSockets | None = None
+        self,
+        request: RunRequest,
+        *,
+        session_id: str,
+        sockets: SandboxSockets | None = None,
+        restore: RestorePoint | None = None,
     ) -> CellSandbox:
         """A live sandbox for one session (not started yet; see ``session.py``)."""
         from sandcell.backends.namespaces.session import SessionSandbox
 
-        return SessionSandbox(self, request, session_id=session_id, sockets=sockets)
+        return SessionSandbox(
+            self, request, session_id=session_id, sockets=sockets, restore=restore
+        )
 
     # -- the run ---------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from sandcell.backends.cell import (
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.cell.loop import CellRung, supervise_cell
+from sandcell.backends.cell.state import RestorePoint
 from sandcell.backends.cell.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
 from sandcell.backends.host import cgroups, landlock, workspace
 from sandcell.backends.host.layout import CONTROL_DIR, CONTROL_DISPLAY, SESSION_OUTPUTS_DIR
@@ -87,7 +88,10 @@ class SessionSandbox:
         *,
         session_id: str,
         sockets: SandboxSockets | None = None,
+        restore: RestorePoint | None = None,
     ) -> None:
+        self.restore = restore
+        """The state :meth:`start` brings back, or None to start empty."""
         self.backend = backend
         self.sockets = sockets
         self.request = request
