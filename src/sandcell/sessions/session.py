@@ -31,23 +31,32 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from sandcell.artifacts import collect_exports, validate_globs
 from sandcell.backends.base import BackendResult, Collector
 from sandcell.backends.cell import CellRun, CellScope, Exported, open_cell_sandbox
+from sandcell.backends.cell.state import PauseMode, SandboxMetrics
 from sandcell.backends.cell.verdict import CellCancel
 from sandcell.display import DisplayCollection
-from sandcell.errors import ConfigError, InfraError
+from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.inputs import inspect_inputs
 from sandcell.pipeline.finish import finish
 from sandcell.pipeline.prepare import prepare
 from sandcell.policy.gate import admit
 from sandcell.policy.profiles import Profile, load_profile
+from sandcell.sessions import saving
 from sandcell.sessions.bash_cell import bash_cell
+from sandcell.sessions.metrics import SAMPLE_EVERY_S, MetricsHistory
+from sandcell.sessions.states import (
+    SessionSettings,
+    StateNotFound,
+    StoredState,
+    check_snapshot_name,
+)
 from sandcell.spec import (
     Artifact,
     InputFile,
@@ -66,6 +75,10 @@ if TYPE_CHECKING:
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 DEFAULT_MAX_LIFETIME_S = 3600.0
+DEFAULT_PAUSED_TTL_S = 30 * 24 * 3600.0
+"""How long a paused session is kept before it is swept (its own ``paused_ttl_s``)."""
+
+OnIdle = Literal["end", "pause"]
 
 
 class SessionEnded(ConfigError):
@@ -86,6 +99,10 @@ class SessionInfo:
     max_lifetime_s: float
     ended: str | None
     """Why the session ended, or None while it is alive."""
+    on_idle: str = "end"
+    """What its idle timeout does: ``end`` it, or ``pause`` it."""
+    parent: str | None = None
+    """The session it was forked or started from."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,10 +148,26 @@ class Session:
         max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
         session_id: str | None = None,
         runtime: str | None = None,
+        on_idle: OnIdle = "end",
+        paused_ttl_s: float = DEFAULT_PAUSED_TTL_S,
+        owner: str | None = None,
+        restore: StoredState | None = None,
+        parent: str | None = None,
     ) -> None:
-        if idle_timeout_s <= 0 or max_lifetime_s <= 0:
-            raise ConfigError("idle_timeout_s and max_lifetime_s must be positive")
+        if idle_timeout_s <= 0 or max_lifetime_s <= 0 or paused_ttl_s <= 0:
+            raise ConfigError("idle_timeout_s, max_lifetime_s and paused_ttl_s must be positive")
+        if on_idle not in ("end", "pause"):
+            raise ConfigError(f"on_idle must be 'end' or 'pause', not {on_idle!r}")
         self.executor = executor
+        self.on_idle: OnIdle = on_idle
+        self.paused_ttl_s = float(paused_ttl_s)
+        self.owner = owner
+        """Whose session it is (the service's tenant id; None for a local user): its saved
+        states are that owner's."""
+        self.parent = parent
+        """The session this one was forked or started from (its id), or None."""
+        self.restored_from = restore
+        """The saved state this session came back from, or None for a fresh one."""
         self.profile = (
             executor.profile
             if profile is None
@@ -160,7 +193,8 @@ class Session:
         self.idle_timeout_s = float(idle_timeout_s)
         self.max_lifetime_s = float(max_lifetime_s)
         self.created_at = _now()
-        self.cells = 0
+        self.cells = restore.cells if restore is not None and restore.kind == "paused" else 0
+        self._metrics = MetricsHistory()
         self._inputs_record = inspect_inputs(self.request.inputs)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -177,12 +211,19 @@ class Session:
                 self.request,
                 session_id=self.id,
                 sockets=self._sockets.sandbox if self._sockets is not None else None,
+                restore=restore.restore_point if restore is not None else None,
             )
             self._sandbox.start()
         except BaseException:
             if self._sockets is not None:
                 self._sockets.close()
             raise
+        if restore is not None and restore.saved.mode is PauseMode.MEMORY:
+            try:
+                self._reseed()
+            except BaseException:
+                self._end("its restored kernel did not answer")
+                raise
         # Idle from here: a start longer than the idle timeout (a microVM booting cold under
         # emulation) must not end the session before its first cell. The lifetime counts it.
         self._last_active = time.monotonic()
@@ -232,6 +273,8 @@ class Session:
             idle_timeout_s=self.idle_timeout_s,
             max_lifetime_s=self.max_lifetime_s,
             ended=self._ended,
+            on_idle=self.on_idle,
+            parent=self.parent,
         )
 
     def idle_deadline(self) -> float:
@@ -437,6 +480,140 @@ class Session:
             self._check_alive()
             return self._sandbox.files()
 
+    # -- lasting: pause, snapshot, fork, metrics ---------------------------------------------
+
+    @property
+    def pause_modes(self) -> frozenset[PauseMode]:
+        """The modes :meth:`pause`, :meth:`snapshot` and :meth:`fork` accept on this session's
+        rung (``files`` everywhere, ``memory`` where the rung restores memory under the same
+        confinement: gVisor and microVM)."""
+        return self._sandbox.pause_modes
+
+    def pause(
+        self, *, mode: PauseMode | str = PauseMode.MEMORY, by: str | None = None
+    ) -> StoredState:
+        """Pause the session: its state (``memory``: variables, processes and files; ``files``:
+        the workspace's files only) is saved under the home, its sandbox ends, and nothing of it
+        runs or holds memory until :meth:`Executor.resume <sandcell.executor.Executor.resume>`
+        brings it back under its id, profile and limits. The paused state expires after the
+        session's ``paused_ttl_s``. A mode the rung does not offer raises
+        :class:`~sandcell.backends.cell.state.PauseRefused` and the session goes on; a save that
+        fails ends the session (InfraError). ``by`` names who asked, for the record."""
+        with self._lock:
+            self._check_alive()
+            return self._pause_locked(PauseMode(mode), by=by)
+
+    def _pause_locked(self, mode: PauseMode, *, by: str | None) -> StoredState:
+        started_at = _now()
+        state = saving.save(self, kind="paused", mode=mode, keep_running=False, state_id=self.id)
+        try:
+            state = saving.record(self, "pause", state, started_at=started_at, by=by)
+        finally:
+            self._end("paused")
+        return state
+
+    def snapshot(
+        self,
+        name: str,
+        *,
+        mode: PauseMode | str = PauseMode.MEMORY,
+        ttl_s: float | None = None,
+        by: str | None = None,
+    ) -> StoredState:
+        """Keep a named copy of the session's state (an existing snapshot of that name is
+        replaced); the session goes on. New sessions start from it with
+        :meth:`Executor.session(snapshot=name) <sandcell.executor.Executor.session>`.
+        ``ttl_s``: removed after that many seconds (None: kept until deleted)."""
+        check_snapshot_name(name)
+        with self._lock:
+            self._check_alive()
+            started_at = _now()
+            mode = PauseMode(mode)
+            states = self.executor.states
+            try:
+                old = states.find_snapshot(name, owner=self.owner)
+            except StateNotFound:
+                old = None
+            state = saving.save(
+                self,
+                kind="snapshot",
+                mode=mode,
+                keep_running=True,
+                state_id=old.id if old is not None else uuid.uuid4().hex,
+                name=name,
+                ttl_s=ttl_s,
+            )
+            return saving.record(self, "snapshot", state, started_at=started_at, by=by)
+
+    def fork(
+        self, n: int = 1, *, mode: PauseMode | str = PauseMode.MEMORY, by: str | None = None
+    ) -> list[Session]:
+        """``n`` (1 to :data:`MAX_FORKS`) new sessions, each a copy of this one as it is now
+        (``memory``: variables, processes and files; ``files``: the files), with its own id,
+        limits, workspace and record; this session goes on. Each copy's kernel gets fresh
+        entropy and reseeds Python's ``random`` (as after ``os.fork``); state a program
+        seeded itself (a numpy ``Generator``, ``random.Random(42)``) is copied as it is."""
+        saving.check_forks(n)
+        with self._lock:
+            self._check_alive()
+            started_at = _now()
+            state = saving.save(
+                self,
+                kind="fork",
+                mode=PauseMode(mode),
+                keep_running=True,
+                state_id=uuid.uuid4().hex,
+            )
+        try:
+            return saving.open_forks(
+                self.executor, state, n, started_at=started_at, by=by, parent=self
+            )
+        finally:
+            saving.drop(self.executor, state)
+
+    def metrics(self, since: str | None = None) -> list[SandboxMetrics]:
+        """The session's resource samples taken at or after ``since`` (ISO 8601; None: all
+        kept), oldest first, with one taken now when no cell runs (see
+        :mod:`sandcell.sessions.metrics`)."""
+        if self._ended is None and self._lock.acquire(blocking=False):
+            try:
+                if self._ended is None:
+                    self._sample()
+            finally:
+                self._lock.release()
+        return self._metrics.since(since)
+
+    def settings(self) -> SessionSettings:
+        """What the session was opened with (kept with its saved states)."""
+        r = self.request
+        return SessionSettings(
+            profile=self.profile.name,
+            limits=asdict(r.effective_limits),
+            inputs=tuple((str(i.host_path), i.name) for i in r.inputs),
+            mode=r.mode.value,
+            landlock=r.landlock,
+            runtime=r.runtime,
+            idle_timeout_s=self.idle_timeout_s,
+            max_lifetime_s=self.max_lifetime_s,
+            on_idle=self.on_idle,
+            paused_ttl_s=self.paused_ttl_s,
+        )
+
+    def _reseed(self) -> None:
+        """After a memory restore: reseed the kernel's ``random`` from its (fresh) entropy, in a
+        scope of its own that is dropped after, so no variable of the session changes."""
+        scope = CellScope(name=".sandcell-restored")
+        code = "import sys\nif 'random' in sys.modules:\n    sys.modules['random'].seed()\n"
+        for cell_scope in (scope, CellScope(name=scope.name, drop=True)):
+            cell = self._sandbox.run_cell(
+                code,
+                timeout_s=self.request.effective_limits.wall_time_s,
+                hard_deadline=self._born + self.max_lifetime_s,
+                scope=cell_scope,
+            )
+            if cell.outcome is not Outcome.OK:
+                raise InfraError(f"the restored session's kernel did not reseed: {cell.reason}")
+
     # -- the end -----------------------------------------------------------------------------
 
     def close(self, *, exports: Sequence[str] = ()) -> SessionEnd:
@@ -473,12 +650,16 @@ class Session:
             raise SessionEnded(f"session {self.id} has ended ({self._ended}); start a new session")
 
     def _watch(self) -> None:
+        next_sample = time.monotonic()
         while self._ended is None:
-            self._wake.wait(timeout=max(self.idle_deadline() - time.monotonic(), 0.01))
+            now = time.monotonic()
+            self._wake.wait(timeout=max(min(self.idle_deadline(), next_sample) - now, 0.01))
             self._wake.clear()
             if self._ended is not None:
                 return
-            if time.monotonic() < self.idle_deadline():
+            now = time.monotonic()
+            idle = now >= self.idle_deadline()
+            if not idle and now < next_sample:
                 continue
             # A running cell holds the lock; it enforces the lifetime itself and refreshes idle.
             if not self._lock.acquire(blocking=False):
@@ -491,14 +672,38 @@ class Session:
                         why = f"maximum lifetime of {self.max_lifetime_s:g} s reached"
                     else:
                         why = f"idle for {self.idle_timeout_s:g} s (idle timeout)"
-                    self._end(why)
+                    if self.on_idle == "pause":
+                        self._pause_on_idle(why)
+                    else:
+                        self._end(why)
+                elif self._ended is None and now >= next_sample:
+                    next_sample = now + SAMPLE_EVERY_S
+                    self._sample()
             finally:
                 self._lock.release()
+
+    def _sample(self) -> None:
+        """One metrics sample; a sandbox that cannot be sampled just now is not an error of the
+        session (the next cell finds out whether it is alive)."""
+        with contextlib.suppress(SandcellError):
+            self._metrics.add(self._sandbox.metrics())
+
+    def _pause_on_idle(self, why: str) -> None:
+        """``on_idle = "pause"``: pause in the best mode the rung offers (memory, else files),
+        and end the session as usual when even that fails."""
+        mode = PauseMode.MEMORY if PauseMode.MEMORY in self.pause_modes else PauseMode.FILES
+        try:
+            self._pause_locked(mode, by=f"on_idle ({why})")
+        except SandcellError:
+            if self._ended is None:
+                self._end(why)
 
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_LIFETIME_S",
+    "DEFAULT_PAUSED_TTL_S",
+    "OnIdle",
     "Session",
     "SessionEnd",
     "SessionEnded",

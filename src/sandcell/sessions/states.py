@@ -1,0 +1,544 @@
+"""Saved session states under the home: paused sessions, named snapshots, and fork points.
+
+Layout, one directory per state::
+
+    <home>/states/
+        .key                 32 random bytes (0600): signs every manifest
+        .staging/UUID/       a state being written (a rung's ``save`` fills ``data/``)
+        ID/manifest.json     what the state is (:class:`StoredState`), signed
+        ID/data/...          what the rung wrote (:mod:`sandcell.backends.cell.state`)
+
+A state is committed by hashing every file under ``data/`` (SHA-256, regular files only: a link
+or a device in it is refused) into the manifest, signing the manifest with HMAC-SHA256 under the
+home's key, and renaming the staging directory into place, so a listing never sees half a state.
+:meth:`StateStore.load` checks the signature and every file's size and hash before a rung reads
+any of it: a state whose bytes changed on disk, or whose manifest was edited (its owner, its
+profile, its limits), is refused with :class:`StateTampered` and never loaded. Someone who can
+read the key can forge a state; the key lives in the home, as the audit log and the artifacts
+do, so this guards against changes to the state files (shared storage, a copy from elsewhere),
+not against the home's owner.
+
+Kinds: ``paused`` (a session's, under the session's id; a resume consumes it), ``snapshot`` (a
+name chosen by its owner, kept until deleted or expired; sessions start from it), ``fork`` (the
+point a fork restores its copies from, removed once they started). Each state has an owner (the
+tenant's id in the service, None for a local user); another owner's state is "not found".
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import datetime as dt
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sandcell.backends.cell.state import RestorePoint, SavedState
+from sandcell.errors import ConfigError, InfraError
+
+StateKind = Literal["paused", "snapshot", "fork"]
+
+_ID = re.compile(r"^[0-9a-f]{8,32}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_STAGING_STALE_S = 3600.0
+"""A staging directory older than this belongs to a save that died: swept."""
+
+
+class StateNotFound(ConfigError):
+    """No such state for this owner (or it expired)."""
+
+
+class StateTampered(ConfigError):
+    """A state's files or manifest changed on disk after it was saved; it is never loaded."""
+
+
+def check_snapshot_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ConfigError(
+            f"{name!r} is not a snapshot name: use 1 to 64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionSettings:
+    """What a session was opened with, so that it comes back the same: its profile's name and
+    the parts of its request a resume admits again under that profile."""
+
+    profile: str
+    limits: Mapping[str, Any]
+    inputs: tuple[tuple[str, str], ...]
+    """(host path, name) of each input."""
+    mode: str
+    landlock: bool | None
+    runtime: str | None
+    idle_timeout_s: float
+    max_lifetime_s: float
+    on_idle: str
+    paused_ttl_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "profile": self.profile,
+            "limits": dict(self.limits),
+            "inputs": [list(i) for i in self.inputs],
+            "mode": self.mode,
+            "landlock": self.landlock,
+            "runtime": self.runtime,
+            "idle_timeout_s": self.idle_timeout_s,
+            "max_lifetime_s": self.max_lifetime_s,
+            "on_idle": self.on_idle,
+            "paused_ttl_s": self.paused_ttl_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SessionSettings:
+        landlock = d.get("landlock")
+        runtime = d.get("runtime")
+        return cls(
+            profile=str(d["profile"]),
+            limits=dict(d["limits"]),
+            inputs=tuple((str(p), str(n)) for p, n in d["inputs"]),
+            mode=str(d["mode"]),
+            landlock=None if landlock is None else bool(landlock),
+            runtime=None if runtime is None else str(runtime),
+            idle_timeout_s=float(d["idle_timeout_s"]),
+            max_lifetime_s=float(d["max_lifetime_s"]),
+            on_idle=str(d["on_idle"]),
+            paused_ttl_s=float(d["paused_ttl_s"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredState:
+    """One committed state, as its manifest says."""
+
+    id: str
+    kind: StateKind
+    name: str | None
+    """A snapshot's name; None for the other kinds."""
+    owner: str | None
+    session_id: str
+    """The session it was saved from."""
+    created_at: str
+    expires_at: float | None
+    """Unix time after which it is swept; None: kept until deleted."""
+    cells: int
+    """Cells the session had run when it was saved."""
+    settings: SessionSettings
+    saved: SavedState
+    files: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    """Path under ``data/`` -> (size, SHA-256)."""
+    stored_bytes: int = 0
+    """Disk blocks the state holds (sparse files count what they use)."""
+    record: str | None = None
+    """The run id of the record that saved it (its event in the audit chain)."""
+    directory: Path = Path()
+
+    @property
+    def digest(self) -> str:
+        """One SHA-256 over every file's path, size and hash: the state's identity in records."""
+        h = hashlib.sha256()
+        for path in sorted(self.files):
+            size, sha = self.files[path]
+            h.update(f"{path}\0{size}\0{sha}\n".encode())
+        return h.hexdigest()
+
+    @property
+    def restore_point(self) -> RestorePoint:
+        return RestorePoint(state_dir=self.directory / "data", saved=self.saved)
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+    def summary(self) -> dict[str, object]:
+        """What a listing shows (no host paths)."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "name": self.name,
+            "session_id": self.session_id,
+            "profile": self.settings.profile,
+            "backend": self.saved.backend,
+            "mode": self.saved.mode.value,
+            "created_at": self.created_at,
+            "expires_at": None
+            if self.expires_at is None
+            else dt.datetime.fromtimestamp(self.expires_at, dt.UTC).isoformat(),
+            "cells": self.cells,
+            "stored_bytes": self.stored_bytes,
+            "sha256": self.digest,
+        }
+
+
+def _manifest_body(state: StoredState) -> dict[str, object]:
+    return {
+        "id": state.id,
+        "kind": state.kind,
+        "name": state.name,
+        "owner": state.owner,
+        "session_id": state.session_id,
+        "created_at": state.created_at,
+        "expires_at": state.expires_at,
+        "cells": state.cells,
+        "settings": state.settings.to_dict(),
+        "saved": state.saved.to_dict(),
+        "files": {p: [s, h] for p, (s, h) in sorted(state.files.items())},
+        "stored_bytes": state.stored_bytes,
+        "record": state.record,
+    }
+
+
+def _canonical(body: Mapping[str, object]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _hash_file(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _walk(data: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """Every entry under ``data`` (relative path, path, lstat), directories included."""
+    for dirpath, dirnames, filenames in os.walk(data, followlinks=False):
+        base = Path(dirpath)
+        for name in sorted(dirnames) + sorted(filenames):
+            p = base / name
+            yield str(p.relative_to(data)), p, p.lstat()
+
+
+class StateStore:
+    """The saved states of one home (see the module docstring). Safe to share between threads
+    and processes: a state is written once, renamed into place, and only deleted after."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    # -- the directory ---------------------------------------------------------------------
+
+    def _dir(self) -> Path:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = self.root.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise InfraError(
+                f"the state directory {self.root} is not a directory private to uid "
+                f"{os.geteuid()}; remove it, or point SANDCELL_HOME at a directory only you "
+                "can write"
+            )
+        return self.root
+
+    def _key(self) -> bytes:
+        path = self._dir() / ".key"
+        try:
+            key = path.read_bytes()
+        except FileNotFoundError:
+            tmp = self.root / f".key.{uuid.uuid4().hex}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+            try:
+                os.link(tmp, path)  # the first writer wins; the others read its key
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+            key = path.read_bytes()
+        if len(key) != 32:
+            raise InfraError(f"the state key {path} is damaged; remove the states directory")
+        return key
+
+    def staging(self) -> Path:
+        """A new empty directory for a rung's ``save`` (its ``data/``); commit or discard it."""
+        d = self._dir() / ".staging" / uuid.uuid4().hex
+        (d / "data").mkdir(mode=0o700, parents=True)
+        return d
+
+    @staticmethod
+    def discard(staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def commit(
+        self,
+        staging: Path,
+        *,
+        kind: StateKind,
+        state_id: str,
+        name: str | None,
+        owner: str | None,
+        session_id: str,
+        cells: int,
+        settings: SessionSettings,
+        saved: SavedState,
+        ttl_s: float | None,
+        record: str | None = None,
+    ) -> StoredState:
+        """Hash what the rung wrote under ``staging/data``, sign the manifest and put the state
+        in place as ``state_id`` (an existing state of that id is replaced: a session paused
+        again). Raises InfraError for anything in it but directories and regular files."""
+        data = staging / "data"
+        files: dict[str, tuple[int, str]] = {}
+        blocks = 0
+        for rel, path, st in _walk(data):
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise InfraError(f"the saved state holds {rel}, which is not a regular file")
+            files[rel] = (st.st_size, _hash_file(path))
+            blocks += st.st_blocks * 512
+        state = StoredState(
+            id=state_id,
+            kind=kind,
+            name=name,
+            owner=owner,
+            session_id=session_id,
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),
+            expires_at=None if ttl_s is None else time.time() + ttl_s,
+            cells=cells,
+            settings=settings,
+            saved=saved,
+            files=files,
+            stored_bytes=blocks,
+            record=record,
+        )
+        self._write_manifest(staging, state)
+        final = self._dir() / state_id
+        old = None
+        if final.exists():
+            old = self._dir() / ".staging" / f"old-{uuid.uuid4().hex}"
+            final.rename(old)
+        staging.rename(final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return _with_dir(state, final)
+
+    def _write_manifest(self, directory: Path, state: StoredState) -> None:
+        body = _manifest_body(state)
+        sig = hmac.new(self._key(), _canonical(body), hashlib.sha256).hexdigest()
+        tmp = directory / "manifest.json.tmp"
+        tmp.write_text(json.dumps({"manifest": body, "hmac": sig}, indent=1))
+        tmp.chmod(0o600)
+        tmp.replace(directory / "manifest.json")
+
+    def set_record(self, state: StoredState, record: str) -> StoredState:
+        """The state with the run id of the record that saved it (re-signed)."""
+        updated = StoredState(**{**_fields(state), "record": record})
+        self._write_manifest(state.directory, updated)
+        return updated
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _read(self, directory: Path) -> StoredState:
+        try:
+            raw = json.loads((directory / "manifest.json").read_text())
+            body, sig = raw["manifest"], raw["hmac"]
+        except FileNotFoundError:
+            raise StateNotFound(f"no saved state {directory.name}") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StateTampered(
+                f"the manifest of saved state {directory.name} is unreadable ({exc})"
+            ) from None
+        want = hmac.new(self._key(), _canonical(body), hashlib.sha256).hexdigest()
+        if not isinstance(sig, str) or not hmac.compare_digest(sig, want):
+            raise StateTampered(
+                f"the manifest of saved state {directory.name} was changed after it was saved; "
+                "it will not be loaded (delete it)"
+            )
+        try:
+            state = StoredState(
+                id=str(body["id"]),
+                kind=body["kind"],
+                name=body["name"],
+                owner=body["owner"],
+                session_id=str(body["session_id"]),
+                created_at=str(body["created_at"]),
+                expires_at=body["expires_at"],
+                cells=int(body["cells"]),
+                settings=SessionSettings.from_dict(body["settings"]),
+                saved=SavedState.from_dict(body["saved"]),
+                files={str(p): (int(s), str(h)) for p, (s, h) in body["files"].items()},
+                stored_bytes=int(body["stored_bytes"]),
+                record=body.get("record"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateTampered(f"the manifest of saved state {directory.name}: {exc}") from None
+        return _with_dir(state, directory)
+
+    def _visible(self, state_id: str, owner: str | None) -> StoredState:
+        if not _ID.match(state_id):
+            raise StateNotFound(f"{state_id!r} is not a state id (8-32 hex digits)")
+        state = self._read(self._dir() / state_id)
+        if state.owner != owner or state.expired():
+            raise StateNotFound(f"no saved state {state_id}")
+        return state
+
+    def get(self, state_id: str, *, owner: str | None) -> StoredState:
+        """The state's manifest (signature checked), without hashing its files."""
+        return self._visible(state_id, owner)
+
+    def load(self, state_id: str, *, owner: str | None) -> StoredState:
+        """The state, checked whole: signature, then every file's size and hash, and nothing
+        more in ``data/`` than the manifest names. Raises StateNotFound, StateTampered."""
+        state = self._visible(state_id, owner)
+        return self._checked(state.directory, state_id)
+
+    def _checked(self, directory: Path, state_id: str) -> StoredState:
+        state = self._read(directory)
+        data = directory / "data"
+        seen: set[str] = set()
+        for rel, path, st in _walk(data):
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            expected = state.files.get(rel)
+            if (
+                expected is None
+                or not stat.S_ISREG(st.st_mode)
+                or st.st_size != expected[0]
+                or _hash_file(path) != expected[1]
+            ):
+                raise StateTampered(
+                    f"saved state {state_id}: {rel} changed after it was saved; the state will "
+                    "not be loaded (delete it)"
+                )
+            seen.add(rel)
+        missing = set(state.files) - seen
+        if missing:
+            raise StateTampered(
+                f"saved state {state_id}: {sorted(missing)[0]} is missing; the state will not be "
+                "loaded (delete it)"
+            )
+        return state
+
+    def find_snapshot(self, name: str, *, owner: str | None) -> StoredState:
+        check_snapshot_name(name)
+        for state in self.list(owner=owner, kind="snapshot"):
+            if state.name == name:
+                return state
+        raise StateNotFound(f"no snapshot named {name!r}; see the snapshot listing")
+
+    def list(
+        self, *, owner: str | None, kind: StateKind | None = None, any_owner: bool = False
+    ) -> builtins.list[StoredState]:
+        """The owner's states (every owner's with ``any_owner``), oldest first; expired ones and
+        leftovers of dead saves are swept on the way. A state whose manifest is damaged is
+        listed nowhere (and kept for inspection)."""
+        self.sweep()
+        found: list[StoredState] = []
+        for d in self._dir().iterdir():
+            if not _ID.match(d.name):
+                continue
+            try:
+                state = self._read(d)
+            except ConfigError:
+                continue
+            if (any_owner or state.owner == owner) and (kind is None or state.kind == kind):
+                found.append(state)
+        return sorted(found, key=lambda s: s.created_at)
+
+    def stored_bytes(self, *, owner: str | None) -> int:
+        return sum(s.stored_bytes for s in self.list(owner=owner))
+
+    # -- claiming (a resume takes a paused state out of the listing) --------------------------
+
+    def claim(self, state_id: str, *, owner: str | None) -> StoredState:
+        """Take the state out of the listing for one resume, checked whole (as :meth:`load`):
+        a second resume of the same state finds nothing. :meth:`release` puts it back when the
+        resume fails; :meth:`drop_claimed` removes it once the resume succeeded."""
+        state = self._visible(state_id, owner)
+        claimed = self._dir() / ".staging" / f"claim-{state_id}-{uuid.uuid4().hex}"
+        claimed.parent.mkdir(mode=0o700, exist_ok=True)
+        try:
+            state.directory.rename(claimed)
+        except FileNotFoundError:
+            raise StateNotFound(f"no saved state {state_id} (another resume took it)") from None
+        os.utime(claimed)  # a claim is young: the sweep gives it back only if it is abandoned
+        try:
+            checked = self._checked(claimed, state_id)
+        except BaseException:
+            self.release(_with_dir(state, claimed))
+            raise
+        return checked
+
+    def release(self, state: StoredState) -> None:
+        """Put a claimed state back (its resume failed: nothing is lost)."""
+        with contextlib.suppress(FileNotFoundError, OSError):
+            state.directory.rename(self._dir() / state.id)
+
+    def drop_claimed(self, state: StoredState) -> None:
+        shutil.rmtree(state.directory, ignore_errors=True)
+
+    # -- removing --------------------------------------------------------------------------
+
+    def delete(self, state_id: str, *, owner: str | None) -> StoredState:
+        state = self._visible(state_id, owner)
+        self._remove(state.directory)
+        return state
+
+    def _remove(self, directory: Path) -> None:
+        # Renamed out of the listing first, so a concurrent list never reads half a state.
+        gone = self._dir() / ".staging" / f"gone-{uuid.uuid4().hex}"
+        gone.parent.mkdir(mode=0o700, exist_ok=True)
+        try:
+            directory.rename(gone)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(gone, ignore_errors=True)
+
+    def sweep(self) -> builtins.list[str]:
+        """Remove expired states and the staging leftovers of saves that died. Returns the ids
+        of the states removed."""
+        removed: builtins.list[str] = []
+        root = self._dir()
+        now = time.time()
+        for d in root.iterdir():
+            if not _ID.match(d.name):
+                continue
+            with contextlib.suppress(ConfigError):
+                if self._read(d).expired(now):
+                    self._remove(d)
+                    removed.append(d.name)
+        staging = root / ".staging"
+        if staging.is_dir():
+            for d in staging.iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    gone = d.name.startswith(("gone-", "old-"))
+                    stale = now - d.lstat().st_mtime > _STAGING_STALE_S
+                    if d.name.startswith("claim-"):
+                        # A resume that died with the state claimed: give it back, never lose it.
+                        if stale and not (root / d.name.split("-")[1]).exists():
+                            d.rename(root / d.name.split("-")[1])
+                    elif gone or stale:
+                        shutil.rmtree(d, ignore_errors=True)
+        return removed
+
+
+def _fields(state: StoredState) -> dict[str, Any]:
+    return {f: getattr(state, f) for f in StoredState.__dataclass_fields__}
+
+
+def _with_dir(state: StoredState, directory: Path) -> StoredState:
+    return StoredState(**{**_fields(state), "directory": directory})
+
+
+__all__ = [
+    "SessionSettings",
+    "StateKind",
+    "StateNotFound",
+    "StateStore",
+    "StateTampered",
+    "StoredState",
+    "check_snapshot_name",
+]
