@@ -341,7 +341,9 @@ class StateStore:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _read(self, directory: Path) -> StoredState:
+    def _read(self, directory: Path, state_id: str | None = None) -> StoredState:
+        """The manifest in ``directory``, signature checked, and naming ``state_id`` (default:
+        the directory's name): a state copied under another id is refused too."""
         try:
             raw = json.loads((directory / "manifest.json").read_text())
             body, sig = raw["manifest"], raw["hmac"]
@@ -375,6 +377,11 @@ class StateStore:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateTampered(f"the manifest of saved state {directory.name}: {exc}") from None
+        if state.id != (state_id or directory.name):
+            raise StateTampered(
+                f"saved state {state_id or directory.name} holds the manifest of {state.id}; "
+                "it will not be loaded (delete it)"
+            )
         return _with_dir(state, directory)
 
     def _visible(self, state_id: str, owner: str | None) -> StoredState:
@@ -396,7 +403,7 @@ class StateStore:
         return self._checked(state.directory, state_id)
 
     def _checked(self, directory: Path, state_id: str) -> StoredState:
-        state = self._read(directory)
+        state = self._read(directory, state_id)
         data = directory / "data"
         seen: set[str] = set()
         for rel, path, st in _walk(data):

@@ -1,0 +1,222 @@
+"""The store of saved session states (sandcell/sessions/states.py), on real files: a state is
+committed whole or not at all, loads only as it was written (every byte and the manifest), only
+for its owner, once per resume, and is swept when it expires."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandcell.backends.cell.state import PauseMode, SavedState
+from sandcell.errors import InfraError
+from sandcell.sessions.states import (
+    SessionSettings,
+    StateNotFound,
+    StateStore,
+    StateTampered,
+    check_snapshot_name,
+)
+
+SETTINGS = SessionSettings(
+    profile="analysis",
+    limits={"wall_time_s": 30.0},
+    inputs=(),
+    mode="strict",
+    landlock=None,
+    runtime=None,
+    idle_timeout_s=600.0,
+    max_lifetime_s=3600.0,
+    on_idle="end",
+    paused_ttl_s=60.0,
+)
+SAVED = SavedState(backend="gvisor", mode=PauseMode.MEMORY, detail={"runsc": "x"})
+SID = "0123456789abcdef0123456789abcdef"
+
+
+def _save(store: StateStore, *, state_id: str = SID, owner: str | None = "t1", **kw: object):
+    staging = store.staging()
+    data = staging / "data"
+    (data / "img").mkdir()
+    (data / "img" / "pages").write_bytes(b"p" * 10_000)
+    (data / "meta.json").write_text("{}")
+    options: dict[str, object] = {
+        "kind": "paused",
+        "name": None,
+        "ttl_s": 60.0,
+        **kw,
+    }
+    return store.commit(
+        staging,
+        state_id=state_id,
+        owner=owner,
+        session_id=state_id,
+        cells=3,
+        settings=SETTINGS,
+        saved=SAVED,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_a_committed_state_loads_as_it_was_written(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    state = _save(store)
+    assert set(state.files) == {"img/pages", "meta.json"}
+    assert state.stored_bytes >= 10_000
+    loaded = store.load(SID, owner="t1")
+    assert loaded.digest == state.digest
+    assert loaded.settings == SETTINGS and loaded.saved == SAVED and loaded.cells == 3
+    assert loaded.restore_point.state_dir == tmp_path / "states" / SID / "data"
+    assert [s.id for s in store.list(owner="t1")] == [SID]
+    assert store.stored_bytes(owner="t1") == state.stored_bytes
+    assert (tmp_path / "states").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "states" / ".key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["change a byte", "truncate", "add a file", "remove a file", "replace with a link"],
+)
+def test_a_state_whose_files_changed_is_refused(tmp_path: Path, tamper: str) -> None:
+    store = StateStore(tmp_path / "states")
+    _save(store)
+    data = tmp_path / "states" / SID / "data"
+    pages = data / "img" / "pages"
+    if tamper == "change a byte":
+        with pages.open("r+b") as f:
+            f.seek(5000)
+            f.write(b"X")
+    elif tamper == "truncate":
+        pages.write_bytes(b"p" * 9_999)
+    elif tamper == "add a file":
+        (data / "img" / "extra").write_bytes(b"")
+    elif tamper == "remove a file":
+        pages.unlink()
+    else:
+        pages.unlink()
+        pages.symlink_to("/etc/passwd")
+    with pytest.raises(StateTampered, match="will not be loaded"):
+        store.load(SID, owner="t1")
+    with pytest.raises(StateTampered):
+        store.claim(SID, owner="t1")
+    assert (tmp_path / "states" / SID).is_dir()  # refused, and kept for inspection
+
+
+def test_an_edited_or_moved_manifest_is_refused(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    _save(store)
+    manifest = tmp_path / "states" / SID / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    raw["manifest"]["owner"] = "t2"  # someone gives the state to another tenant
+    manifest.write_text(json.dumps(raw))
+    with pytest.raises(StateTampered, match="changed after it was saved"):
+        store.load(SID, owner="t2")
+    assert store.list(owner="t2") == []
+    # A whole, correctly signed state copied under another id is refused too.
+    other = StateStore(tmp_path / "states")
+    _save(other, state_id="a" * 32)
+    os.rename(tmp_path / "states" / ("a" * 32), tmp_path / "states" / ("b" * 32))
+    with pytest.raises(StateTampered, match="holds the manifest of"):
+        other.load("b" * 32, owner="t1")
+
+
+def test_another_owner_sees_nothing(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    _save(store)
+    _save(store, state_id="c" * 32, kind="snapshot", name="base", ttl_s=None)
+    for call in (
+        lambda: store.load(SID, owner="t2"),
+        lambda: store.get(SID, owner=None),
+        lambda: store.delete(SID, owner="t2"),
+        lambda: store.claim(SID, owner="t2"),
+        lambda: store.find_snapshot("base", owner="t2"),
+    ):
+        with pytest.raises(StateNotFound):
+            call()
+    assert store.list(owner="t2") == []
+    assert store.find_snapshot("base", owner="t1").id == "c" * 32
+    assert store.load(SID, owner="t1").id == SID
+
+
+def test_one_resume_claims_a_state(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    _save(store)
+    got: list[object] = []
+    barrier = threading.Barrier(4)
+
+    def claim() -> None:
+        barrier.wait()
+        try:
+            got.append(store.claim(SID, owner="t1"))
+        except StateNotFound as exc:
+            got.append(exc)
+
+    threads = [threading.Thread(target=claim) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    claimed = [g for g in got if not isinstance(g, StateNotFound)]
+    assert len(claimed) == 1
+    assert store.list(owner="t1") == []
+    state = claimed[0]
+    store.release(state)  # type: ignore[arg-type]
+    assert [s.id for s in store.list(owner="t1")] == [SID]
+    again = store.claim(SID, owner="t1")
+    store.drop_claimed(again)
+    with pytest.raises(StateNotFound):
+        store.get(SID, owner="t1")
+
+
+def test_expired_states_and_dead_saves_are_swept(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    _save(store, ttl_s=0.001)
+    kept = _save(store, state_id="d" * 32, ttl_s=None)
+    dead = store.staging()
+    old = time.time() - 7200
+    os.utime(dead, (old, old))
+    time.sleep(0.01)
+    assert [s.id for s in store.list(owner="t1")] == [kept.id]
+    assert not (tmp_path / "states" / SID).exists()
+    assert not dead.exists()
+    with pytest.raises(StateNotFound):
+        store.load(SID, owner="t1")
+
+
+def test_an_abandoned_claim_is_given_back_not_lost(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    _save(store)
+    claimed = store.claim(SID, owner="t1")  # the resuming process dies here
+    old = time.time() - 7200
+    os.utime(claimed.directory, (old, old))
+    assert [s.id for s in store.list(owner="t1")] == [SID]
+
+
+def test_a_state_holding_a_link_is_not_committed(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    staging = store.staging()
+    (staging / "data" / "link").symlink_to("/etc/passwd")
+    with pytest.raises(InfraError, match="not a regular file"):
+        store.commit(
+            staging,
+            kind="paused",
+            state_id=SID,
+            name=None,
+            owner=None,
+            session_id=SID,
+            cells=0,
+            settings=SETTINGS,
+            saved=SAVED,
+            ttl_s=None,
+        )
+
+
+def test_snapshot_names_are_checked() -> None:
+    assert check_snapshot_name("base-1.2_x") == "base-1.2_x"
+    for bad in ("", "../x", "a/b", "-x", "x" * 65, "a b"):
+        with pytest.raises(Exception, match="not a snapshot name"):
+            check_snapshot_name(bad)
