@@ -16,6 +16,9 @@ Errors (``code``: the row's name, shown in MCP tool errors)::
     SandcellError           internal                78  500  500 internal             no
     ConfigError             invalid_request         78  400  400 invalid_argument     no
     SessionEnded            session_ended           78  409  502 unavailable          no
+    StateNotFound           state_not_found         78  404  404 not_found            no
+    StateTampered           state_tampered          78  409  409 already_exists       no
+    PauseRefused            pause_refused           78  422  422 unknown              no
     QuotaExceeded (client)  quota_exceeded          75  429  429 resource_exhausted   yes
     IsolationUnavailable    isolation_unavailable   78  503  503 unavailable          no
     InfraError              infra_error             75  503  503 unavailable          yes
@@ -44,6 +47,11 @@ Decisions where the surfaces used to disagree:
 * E2B answers carry ``Should-Retry: false`` for every error sandcell answers from this table
   on a status the SDK would retry (429, 502, 503, 504): the SDK retries three times at once,
   which no quota, ended sandbox or host without the isolation outlives.
+* A saved session state (:mod:`sandcell.sessions.states`) that is not the caller's, or gone,
+  is 404 as any other tenant's thing is; one whose bytes changed on disk is 409 (it exists and
+  will never load); a pause, snapshot or fork in a mode the session's rung does not offer is
+  422 (the request is well formed; this session cannot do it), so a client tells it from a
+  malformed request (400) and from an ended session (409).
 * ``ModelError`` exits 75, as ``sandcell ask`` does for the stop reason ``model_error``.
 * A row the service keeps to its log (``public`` False: internal, audit, model errors) reaches
   a remote client as a 500 it cannot tell from a passing failure: ``ServiceUnavailable``,
@@ -212,6 +220,27 @@ ERRORS: Mapping[str, ErrorWire] = MappingProxyType(
             e2b_status=502,
             retryable=False,
             e2b_message="the sandbox was not found: {}",
+        ),
+        "sandcell.sessions.states.StateNotFound": ErrorWire(
+            code="state_not_found",
+            exit_code=EXIT_CONFIG,
+            http_status=404,
+            e2b_status=404,
+            retryable=False,
+        ),
+        "sandcell.sessions.states.StateTampered": ErrorWire(
+            code="state_tampered",
+            exit_code=EXIT_CONFIG,
+            http_status=409,
+            e2b_status=409,
+            retryable=False,
+        ),
+        "sandcell.backends.cell.state.PauseRefused": ErrorWire(
+            code="pause_refused",
+            exit_code=EXIT_CONFIG,
+            http_status=422,
+            e2b_status=422,
+            retryable=False,
         ),
         "sandcell.client.errors.QuotaExceeded": ErrorWire(
             code="quota_exceeded",

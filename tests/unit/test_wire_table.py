@@ -25,6 +25,7 @@ from starlette.testclient import TestClient
 
 import sandcell
 from sandcell import status, wire
+from sandcell.backends.cell.state import PauseRefused
 from sandcell.cli import guarded
 from sandcell.cli.remote import Response as RemoteResponse
 from sandcell.cli.remote import Target, _problem
@@ -52,6 +53,7 @@ from sandcell.service.app import create_app, make_service
 from sandcell.service.core import Service, ServiceConfig
 from sandcell.service.problems import PROBLEM_JSON, ServiceProblem
 from sandcell.sessions import SessionEnded
+from sandcell.sessions.states import StateNotFound, StateTampered
 from sandcell.spec import Outcome, RunResult, Usage
 
 INSIDE = (
@@ -120,6 +122,9 @@ SAMPLES: list[SandcellError] = [
     SandcellError("an error of no class of its own"),
     ConfigError("limits.memory_mb: give a whole number"),
     SessionEnded("the session s-1 has ended (closed)"),
+    StateNotFound("no paused session p-1"),
+    StateTampered("the saved state p-1 changed on disk"),
+    PauseRefused("the namespaces backend cannot save a session's memory here"),
     QuotaExceeded("over quota", detail="3 runs at once", retry_after_s=2.0),
     IsolationUnavailable("gvisor", "runsc is not installed", "install gVisor's runsc"),
     InfraError("the sandbox could not be spawned"),
