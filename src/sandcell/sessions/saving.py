@@ -12,9 +12,12 @@ the resume rather than running it under old limits) and its rung restoring the s
 from __future__ import annotations
 
 import contextlib
+import logging
+import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError
@@ -23,12 +26,36 @@ from sandcell.sessions.states import StateKind, StoredState
 from sandcell.spec import InputFile, IsolationMode, Limits
 
 if TYPE_CHECKING:
+    from sandcell.audit import AuditEntry
     from sandcell.executor import Executor
     from sandcell.sessions.session import Session
+
+log = logging.getLogger("sandcell.sessions")
+
+EventListener = Callable[[str | None, "AuditEntry"], None]
+"""Told ``(owner, entry)`` after each session event is in the chain."""
+
+_LISTENERS: weakref.WeakKeyDictionary[Executor, list[EventListener]] = weakref.WeakKeyDictionary()
 
 MAX_FORKS = 20
 FORK_STATE_TTL_S = 3600.0
 """A fork's state is removed once its copies started; this bounds it if the process died."""
+
+
+def on_event(executor: Executor, listener: EventListener) -> None:
+    """Call ``listener(owner, entry)`` after every session event of ``executor``'s sessions is
+    recorded (``owner``: the state's). A listener that fails is logged; the event stands."""
+    _LISTENERS.setdefault(executor, []).append(listener)
+
+
+def _event(executor: Executor, owner: str | None, event: Event, **fields: Any) -> AuditEntry:
+    entry = record_event(executor, event, **fields)
+    for listener in list(_LISTENERS.get(executor, ())):
+        try:
+            listener(owner, entry)
+        except Exception:
+            log.exception("a listener of session event %s failed", entry.run_id)
+    return entry
 
 
 def check_forks(n: int) -> None:
@@ -89,8 +116,9 @@ def record(
     session: Session, event: Event, state: StoredState, *, started_at: str, by: str | None
 ) -> StoredState:
     """The event in the chain, and the state with the entry's id kept in its manifest."""
-    entry = record_event(
+    entry = _event(
         session.executor,
+        state.owner,
         event,
         session_id=session.id,
         profile=session.profile.name,
@@ -181,8 +209,9 @@ def open_forks(
             with contextlib.suppress(Exception):
                 fork.close()
         raise errors[0]
-    record_event(
+    _event(
         executor,
+        state.owner,
         "fork",
         session_id=parent_id,
         profile=state.settings.profile,
@@ -238,8 +267,9 @@ def start_from_snapshot(
     state = executor.states.load(found.id, owner=owner)
     session = open_from(executor, state, session_id=None, parent=state.session_id, profile=profile)
     try:
-        record_event(
+        _event(
             executor,
+            state.owner,
             "start_from_snapshot",
             session_id=session.id,
             profile=session.profile.name,
@@ -255,4 +285,13 @@ def start_from_snapshot(
     return session
 
 
-__all__ = ["FORK_STATE_TTL_S", "MAX_FORKS", "check_forks", "drop", "open_forks", "save"]
+__all__ = [
+    "FORK_STATE_TTL_S",
+    "MAX_FORKS",
+    "EventListener",
+    "check_forks",
+    "drop",
+    "on_event",
+    "open_forks",
+    "save",
+]
