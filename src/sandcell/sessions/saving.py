@@ -209,6 +209,22 @@ def open_forks(
             with contextlib.suppress(Exception):
                 fork.close()
         raise errors[0]
+    record_fork(executor, state, [f.id for f in forks], parent_id, started_at=started_at, by=by)
+    return forks
+
+
+def record_fork(
+    executor: Executor,
+    state: StoredState,
+    children: list[str],
+    parent_id: str,
+    *,
+    started_at: str,
+    by: str | None,
+) -> None:
+    """The one ``fork`` event of the copies ``children`` of ``parent_id`` restored from
+    ``state``, once all of them started (also for a caller that opened each copy in a process
+    of its own: the CLI's session servers)."""
     _event(
         executor,
         state.owner,
@@ -219,9 +235,8 @@ def open_forks(
         state=state,
         started_at=started_at,
         by=by,
-        children=[f.id for f in forks],
+        children=children,
     )
-    return forks
 
 
 def drop(executor: Executor, state: StoredState) -> None:
@@ -257,15 +272,24 @@ def resume(executor: Executor, session_id: str, *, owner: str | None, by: str | 
 
 
 def start_from_snapshot(
-    executor: Executor, name: str, *, owner: str | None, profile: str | None, by: str | None
+    executor: Executor,
+    name: str,
+    *,
+    owner: str | None,
+    profile: str | None,
+    by: str | None,
+    session_id: str | None = None,
 ) -> Session:
-    """A new session (an id of its own) started from the snapshot ``name``."""
+    """A new session (an id of its own: ``session_id``, else a fresh one) started from the
+    snapshot ``name``."""
     from sandcell.audit.record import utc_now
 
     started_at = utc_now()
     found = executor.states.find_snapshot(name, owner=owner)
     state = executor.states.load(found.id, owner=owner)
-    session = open_from(executor, state, session_id=None, parent=state.session_id, profile=profile)
+    session = open_from(
+        executor, state, session_id=session_id, parent=state.session_id, profile=profile
+    )
     try:
         _event(
             executor,
@@ -293,5 +317,6 @@ __all__ = [
     "drop",
     "on_event",
     "open_forks",
+    "record_fork",
     "save",
 ]

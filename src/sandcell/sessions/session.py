@@ -554,22 +554,30 @@ class Session:
         entropy and reseeds Python's ``random`` (as after ``os.fork``); state a program
         seeded itself (a numpy ``Generator``, ``random.Random(42)``) is copied as it is."""
         saving.check_forks(n)
-        with self._lock:
-            self._check_alive()
-            started_at = _now()
-            state = saving.save(
-                self,
-                kind="fork",
-                mode=PauseMode(mode),
-                keep_running=True,
-                state_id=uuid.uuid4().hex,
-            )
+        started_at = _now()
+        state = self.fork_point(mode=mode)
         try:
             return saving.open_forks(
                 self.executor, state, n, started_at=started_at, by=by, parent=self
             )
         finally:
             saving.drop(self.executor, state)
+
+    def fork_point(self, *, mode: PauseMode | str = PauseMode.MEMORY) -> StoredState:
+        """Save the session as it is now as the point copies are restored from (a ``fork``
+        state; the session goes on): what :meth:`fork` opens its copies from in this process,
+        for a caller whose copies each live in a process of their own (the CLI's session
+        servers). That caller records the ``fork`` event once they started and deletes the
+        state; one it abandons expires after :data:`~sandcell.sessions.saving.FORK_STATE_TTL_S`."""
+        with self._lock:
+            self._check_alive()
+            return saving.save(
+                self,
+                kind="fork",
+                mode=PauseMode(mode),
+                keep_running=True,
+                state_id=uuid.uuid4().hex,
+            )
 
     def metrics(self, since: str | None = None) -> list[SandboxMetrics]:
         """The session's resource samples taken at or after ``since`` (ISO 8601; None: all
