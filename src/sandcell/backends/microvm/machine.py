@@ -59,6 +59,7 @@ def plan(
     ram_shared: bool = False,
     incoming: bool = False,
     with_qmp: bool = False,
+    ram_object: bool = False,
 ) -> qemu.VMPlan:
     return qemu.VMPlan(
         qemu=guest.qemu.path,
@@ -74,6 +75,7 @@ def plan(
         ram_file=ram_file,
         ram_shared=ram_shared,
         incoming=incoming,
+        ram_object=ram_object,
     )
 
 
@@ -95,13 +97,16 @@ def start(
         )
     argv = qemu.build_argv(vm_plan)
     if guest.jail is None:
-        return VM(argv, run_dir, vm_plan.channel, pass_fds=pass_fds)
+        vm = VM(argv, run_dir, vm_plan.channel, pass_fds=pass_fds)
+        vm.plan, vm.image_sha256 = vm_plan, guest.files.manifest.image_sha256
+        return vm
     jailed_argv, jailed = guest.jail.wrap(argv, vm_plan, run_dir, ro=ro, rw=rw)
     try:
         vm = VM(jailed_argv, run_dir, vm_plan.channel, pass_fds=pass_fds)
     except BaseException:
         jailed.remove()
         raise
+    vm.plan, vm.image_sha256 = vm_plan, guest.files.manifest.image_sha256
     vm.cleanups.append(jailed.remove)
     try:
         jailed.attach(vm.pid)
@@ -131,10 +136,12 @@ def wait_ready(vm: VM, deadline: float, *, greet_only: bool = False) -> channel.
     return chan
 
 
-def boot(guest: Guest, *, memory_mib: int, name: str) -> VM:
-    """A freshly booted VM whose agent is ready for its job."""
+def boot(guest: Guest, *, memory_mib: int, name: str, savable: bool = False) -> VM:
+    """A freshly booted VM whose agent is ready for its job (``savable``: with QEMU's control
+    socket and its RAM a memory object, for a session VM that may save itself)."""
     run_dir = new_run_dir(name)
-    vm = start(guest, plan(guest, run_dir, memory_mib=memory_mib), run_dir)
+    vplan = plan(guest, run_dir, memory_mib=memory_mib, with_qmp=savable, ram_object=savable)
+    vm = start(guest, vplan, run_dir)
     try:
         wait_ready(vm, time.monotonic() + READY_TIMEOUT_S)
     except BaseException:

@@ -86,6 +86,9 @@ class VMPlan:
     """Map the RAM file shared (the VM to save) or private copy-on-write (a clone)."""
     incoming: bool = False
     """Start paused, waiting for ``migrate-incoming`` (a clone)."""
+    ram_object: bool = False
+    """Without a RAM file: the RAM still a memory backend object (``mem``), as a file-backed
+    VM's is, so its migration stream loads into one (a session VM that may be saved)."""
 
 
 def kernel_append(*, tsc_khz: int | None, preload: tuple[str, ...]) -> str:
@@ -119,6 +122,9 @@ def build_argv(plan: VMPlan) -> list[str]:
             f"memory-backend-file,id=mem,size={plan.memory_mib}M,mem-path={plan.ram_file},"
             f"share={share}",
         ]
+        machine += ",memory-backend=mem"
+    elif plan.ram_object:
+        argv += ["-object", f"memory-backend-ram,id=mem,size={plan.memory_mib}M"]
         machine += ",memory-backend=mem"
     argv += [
         "-M",
@@ -170,6 +176,7 @@ def snapshot_identity(plan: VMPlan) -> list[str]:
         ram_file=Path("RAM"),
         ram_shared=False,
         incoming=False,
+        ram_object=False,
     )
     return build_argv(neutral)
 

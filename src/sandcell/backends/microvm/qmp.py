@@ -95,11 +95,13 @@ class QMP:
     def wait_migration(self, deadline: float) -> None:
         """Until the migration (either side) completed; InfraError if it failed."""
         while True:
-            status = (self.execute("query-migrate", deadline=deadline) or {}).get("status")
+            info = self.execute("query-migrate", deadline=deadline) or {}
+            status = info.get("status")
             if status == "completed":
                 return
             if status in ("failed", "cancelled"):
-                raise InfraError(f"the VM state transfer {status}")
+                why = info.get("error-desc")
+                raise InfraError(f"the VM state transfer {status}" + (f": {why}" if why else ""))
             if time.monotonic() >= deadline:
                 raise InfraError("the VM state transfer did not finish in time")
             time.sleep(0.002)

@@ -62,14 +62,24 @@ from sandcell.backends.cell import (
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.cell.loop import CellRung, supervise_cell
-from sandcell.backends.cell.state import RestorePoint
+from sandcell.backends.cell.state import PauseMode, RestorePoint, SandboxMetrics, SavedState
 from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.backends.host.cgroups import CgroupUsage
 from sandcell.backends.host.layout import SESSION_OUTPUTS_DIR
 from sandcell.backends.host.warm_runtime import importable_preload
-from sandcell.backends.microvm import channel, guest_packages, layout, machine, relay, snapshot
+from sandcell.backends.microvm import (
+    channel,
+    guest_packages,
+    layout,
+    machine,
+    relay,
+    session_pause,
+    session_state,
+    snapshot,
+)
 from sandcell.backends.microvm.drive import NO_RELAY, job_doc
 from sandcell.backends.microvm.pool import SNAPSHOT_MEMORY_BYTES, WarmVMs
+from sandcell.backends.microvm.session_pause import RESUMED, USAGE
 from sandcell.backends.microvm.transfer import (
     FileSink,
     TransferError,
@@ -112,7 +122,7 @@ ACK = b"q"
 KERNEL = b"M"
 STATS = b"a"
 NAMES = b"N"
-GUEST_TYPES = channel.GUEST_TYPES | {ACK, KERNEL, STATS, NAMES}
+GUEST_TYPES = channel.GUEST_TYPES | {ACK, KERNEL, STATS, NAMES, RESUMED, USAGE}
 
 
 @dataclass(slots=True)
@@ -167,6 +177,10 @@ class VMSessionSandbox:
         self._torn_down = False
         self._keeper_stop = threading.Event()
         self._keeper_done = threading.Event()
+        self._replies: dict[bytes, dict[str, object]] = {}
+        """The guest's last answer to ``Y`` and ``V``."""
+        self._sample: tuple[float, float] | None = None
+        """When :meth:`metrics` last sampled, and the guest's CPU time then."""
 
     # -- the CellSandbox protocol's properties ---------------------------------------------
 
@@ -195,7 +209,11 @@ class VMSessionSandbox:
             error = got.get()
             if error is not None:
                 raise error
-            self._start_kernel()
+            if self._memory_restore:
+                session_pause.resume(self)
+            else:
+                self._start_kernel()
+            self._sample = (time.monotonic(), self._cpu_ms() or 0.0)
         except BaseException:
             self.teardown()
             raise
@@ -212,7 +230,13 @@ class VMSessionSandbox:
         self._keeper_stop.wait()
         self._keeper_done.set()
 
+    @property
+    def _memory_restore(self) -> bool:
+        return self.restore is not None and self.restore.saved.mode is PauseMode.MEMORY
+
     def _acquire(self) -> VM:
+        if self._memory_restore:
+            return session_pause.restored_vm(self)
         warm = self.warm
         snapshot_mib = machine.guest_mib(SNAPSHOT_MEMORY_BYTES)
         fits = self.packages.fits(snapshot_mib, self.limits.memory_bytes)
@@ -232,7 +256,7 @@ class VMSessionSandbox:
             if restored is not None:
                 return restored
         guest = self.backend.guest_for(self.request)
-        return machine.boot(guest, memory_mib=self.memory_mib, name=name)
+        return machine.boot(guest, memory_mib=self.memory_mib, name=name, savable=True)
 
     def _restore_shared(self, name: str) -> VM | None:
         """A clone of the snapshot this user's processes share, where one is saved and fits
@@ -283,6 +307,14 @@ class VMSessionSandbox:
                 vm.chan.send_raw(frame)
             for frame in self.packages.frames():
                 vm.chan.send_raw(frame)
+            if self.restore is not None:
+                # A files-mode state: its files are the workspace before the first cell.
+                for frame in session_state.workspace_frames(
+                    self.restore.state_dir / session_state.FILES,
+                    max_bytes=lim.workspace_bytes,
+                    max_entries=lim.workspace_inodes,
+                ):
+                    vm.chan.send_raw(frame)
             vm.chan.send(channel.GO)
             if self.sockets is not None:
                 # From here a relay thread owns the channel (``relay.py``); it stops with it.
@@ -373,6 +405,9 @@ class VMSessionSandbox:
             return None
         if kind == ACK:
             self._acked = True
+            return None
+        if kind in (RESUMED, USAGE):
+            self._replies[kind] = _json_object(payload) or {}
             return None
         if kind == STATS:
             doc = _json_object(payload)
@@ -617,7 +652,9 @@ class VMSessionSandbox:
     def enforcement(self) -> Enforcement:
         base = self.backend.enforcement(self.request, self.memory_mib, self.sockets)
         started = (
-            f"a {self.start_info.mode} start from snapshot {self.start_info.template}"
+            f"restored from a saved {self.restore.saved.mode.value} state"
+            if self.restore is not None
+            else f"a {self.start_info.mode} start from snapshot {self.start_info.template}"
             if self.start_info.mode != "cold"
             else "a cold boot" + (f" ({self.start_note})" if self.start_note else "")
         )
@@ -628,6 +665,18 @@ class VMSessionSandbox:
             "the session's",
         }
         return replace(base, layers=layers)
+
+    # -- pause, fork, snapshot (``session_pause.py``) ----------------------------------------
+
+    @property
+    def pause_modes(self) -> frozenset[PauseMode]:
+        return session_pause.pause_modes(self)
+
+    def save(self, state_dir: Path, *, mode: PauseMode, keep_running: bool) -> SavedState:
+        return session_pause.save(self, state_dir, mode=mode, keep_running=keep_running)
+
+    def metrics(self) -> SandboxMetrics:
+        return session_pause.metrics(self)
 
     # -- the end -----------------------------------------------------------------------------
 

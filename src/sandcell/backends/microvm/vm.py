@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sandcell.backends.microvm import channel
+from sandcell.backends.microvm import channel, qemu
 from sandcell.backends.microvm.qmp import QMP
 from sandcell.errors import InfraError
 
@@ -45,6 +45,10 @@ class VM:
         self.chan: channel.Channel | None = None
         self.qmp: QMP | None = None
         """QEMU's control connection, for VMs restored from a snapshot."""
+        self.plan: qemu.VMPlan | None = None
+        """What QEMU was started with (set by ``machine.start``): a saved state names it."""
+        self.image_sha256: str | None = None
+        """The guest image's hash (set by ``machine.start``)."""
         self.cleanups: list[Callable[[], None]] = []
         """Called by :meth:`destroy` after QEMU is gone (the jail's cgroup, a snapshot lease)."""
         self.started_at = time.monotonic()

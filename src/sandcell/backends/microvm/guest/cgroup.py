@@ -38,6 +38,13 @@ def cpu_usage_ms() -> float | None:
     return None
 
 
+def current_memory() -> int | None:
+    try:
+        return int(read_file(PROG_CG + "/memory.current"))
+    except (OSError, ValueError):
+        return None
+
+
 def cgroup_stats(cpu_before: float | None) -> dict[str, Any]:
     """OOM kills, CPU time since ``cpu_before`` and peak memory (None where unreadable)."""
     out: dict[str, Any] = {"oom_kill": 0, "cpu_ms": None, "peak_bytes": None}

@@ -12,6 +12,7 @@ import socket
 import struct
 import time
 
+from .cgroup import cpu_usage_ms, current_memory
 from .system import GID, MS_BIND, UID, mount, remount_ro, tmpfs
 
 TYPE_CHECKING = False
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 
     Job = dict[str, Any]
 
+WORKSPACE = "/sandbox/"
+AREAS = {"packages": "/packages/", "workspace": WORKSPACE}
+"""Where an ``F`` frame's file goes by its ``area`` (the default: ``/inputs/``)."""
 RNDADDENTROPY = 0x40085203
 RNDRESEEDCRNG = 0x5207
 
@@ -63,13 +67,20 @@ def receive_inputs(port: Port, job: Job) -> bytes:
             kind, payload = frames.pop(0)
             if kind == b"F":
                 meta = json.loads(payload)
-                area = "/packages/" if meta.get("area") == "packages" else "/inputs/"
+                area = AREAS.get(meta.get("area"), "/inputs/")
+                if area == WORKSPACE and not job.get("workspace_mounted"):
+                    # A session restored from saved files: they go into the workspace itself.
+                    tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
+                    job["workspace_mounted"] = True
                 path = area + meta["path"]
+                owner = UID if area == WORKSPACE else 0
                 if meta["type"] == "dir":
                     os.makedirs(path, mode=0o755, exist_ok=True)
+                    os.lchown(path, owner, owner)
                     continue
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                current = os.open(path, flags, 0o444)
+                current = os.open(path, flags, 0o644 if area == WORKSPACE else 0o444)
+                os.fchown(current, owner, owner)
                 left = meta["size"]
                 if left == 0:
                     os.close(current)
@@ -97,7 +108,8 @@ def start_workspace(job: Job, lim: Job) -> None:
         remount_ro("/inputs")
     if job.get("packages"):
         remount_ro("/packages")
-    tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
+    if not job.get("workspace_mounted"):
+        tmpfs("/sandbox", lim["workspace_bytes"], lim["workspace_inodes"], 0o755, UID)
     # The workspace again where code written for other sandboxes expects its home (E2B's).
     mount("/sandbox", "/home/user", "", MS_BIND)
     # The image's runtime is under /opt (nothing under /tmp): the run's /tmp hides nothing.
@@ -111,3 +123,15 @@ def start_workspace(job: Job, lim: Job) -> None:
     with open(job["code_path"], "w", encoding="utf-8") as f:
         f.write(job["code"])
     remount_ro("/sandcell")
+
+
+def usage_now() -> dict[str, Any]:
+    """The session's usage now (the host's ``metrics``): the program cgroup's CPU time and
+    memory, and the workspace's bytes."""
+    out: dict[str, Any] = {"cpu_ms": cpu_usage_ms(), "mem_bytes": current_memory()}
+    try:
+        st = os.statvfs("/sandbox")
+        out["disk_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+    except OSError:
+        out["disk_bytes"] = None
+    return out

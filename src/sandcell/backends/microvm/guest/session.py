@@ -18,7 +18,7 @@ from .batch import Batch, select_timeout
 from .cgroup import cgroup_stats, kill_cgroup, prepare_cgroup
 from .files import list_workspace, send_session_files
 from .forward import Forwarder
-from .job import receive_inputs, reseed, set_identity
+from .job import receive_inputs, reseed, set_identity, usage_now
 from .system import reap
 
 TYPE_CHECKING = False
@@ -233,6 +233,24 @@ class KernelRelay:
         elif kind == b"U":
             send_session_files(self.port, payload)
             self.port.send(b"Z")
+        elif kind == b"Y":
+            self.resumed(payload)
+        elif kind == b"V":
+            self.port.send(b"v", json.dumps(usage_now()).encode())
+
+    def resumed(self, payload: bytes) -> None:
+        """The VM was restored from a saved state: the kernel's generator would draw what every
+        other copy of that state draws, and the wall clock stopped when it was saved."""
+        # The reply carries the cgroup's usage: the host's CPU time of the next cell counts
+        # from it, as from the usage that follows a kernel message.
+        report = cgroup_stats(None)
+        try:
+            doc = json.loads(payload)
+            reseed(bytes.fromhex(doc["entropy"]))
+            time.clock_settime_ns(time.CLOCK_REALTIME, int(doc["time_ns"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            report["error"] = f"{type(exc).__name__}: {exc}"
+        self.port.send(b"y", json.dumps(report).encode())
 
     def kernel_ended(self, status: int) -> None:
         self.status = status
