@@ -124,6 +124,21 @@ def test_an_edited_or_moved_manifest_is_refused(tmp_path: Path) -> None:
         other.load("b" * 32, owner="t1")
 
 
+def test_labels_are_kept_signed_and_not_listed(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "states")
+    state = _save(store, labels={"e2b.token": "secret", "e2b.template": "base"})
+    loaded = store.load(SID, owner="t1")
+    assert loaded.labels == {"e2b.token": "secret", "e2b.template": "base"}
+    assert store.set_record(loaded, "r1").labels == loaded.labels
+    assert "secret" not in json.dumps(state.summary())
+    manifest = tmp_path / "states" / SID / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    raw["manifest"]["labels"]["e2b.token"] = "mine now"
+    manifest.write_text(json.dumps(raw))
+    with pytest.raises(StateTampered, match="changed after it was saved"):
+        store.load(SID, owner="t1")
+
+
 def test_another_owner_sees_nothing(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "states")
     _save(store)

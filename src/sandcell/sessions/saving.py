@@ -96,6 +96,7 @@ def save(
             cells=session.cells,
             settings=session.settings(),
             saved=saved,
+            labels=session.labels,
             ttl_s=session.paused_ttl_s
             if kind == "paused"
             else FORK_STATE_TTL_S
@@ -165,6 +166,7 @@ def open_from(
         session_id=session_id,
         restore=state,
         parent=parent,
+        labels=state.labels,
     )
 
 

@@ -153,6 +153,7 @@ class Session:
         owner: str | None = None,
         restore: StoredState | None = None,
         parent: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         if idle_timeout_s <= 0 or max_lifetime_s <= 0 or paused_ttl_s <= 0:
             raise ConfigError("idle_timeout_s, max_lifetime_s and paused_ttl_s must be positive")
@@ -166,6 +167,12 @@ class Session:
         states are that owner's."""
         self.parent = parent
         """The session this one was forked or started from (its id), or None."""
+        self.labels: Mapping[str, str] = dict(labels or {})
+        """What the surface that opened the session keeps with every state saved of it (a
+        pause, a snapshot, a fork point), and gets back on the session restored from one: the
+        E2B API keeps its sandbox's template, metadata and token here, so a paused sandbox
+        comes back as itself after the service restarts. The surface may replace it at any
+        time; a save takes the one set then."""
         self.restored_from = restore
         """The saved state this session came back from, or None for a fresh one."""
         self.profile = (

@@ -145,6 +145,10 @@ class StoredState:
     """Disk blocks the state holds (sparse files count what they use)."""
     record: str | None = None
     """The run id of the record that saved it (its event in the audit chain)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """What the surface that opened the session keeps with it (:attr:`Session.labels
+    <sandcell.sessions.Session.labels>`; the E2B API's sandbox, for one), signed with the rest.
+    Never listed: a surface may keep a secret of its own here."""
     directory: Path = Path()
 
     @property
@@ -198,6 +202,7 @@ def _manifest_body(state: StoredState) -> dict[str, object]:
         "files": {p: [s, h] for p, (s, h) in sorted(state.files.items())},
         "stored_bytes": state.stored_bytes,
         "record": state.record,
+        "labels": dict(state.labels),
     }
 
 
@@ -285,6 +290,7 @@ class StateStore:
         saved: SavedState,
         ttl_s: float | None,
         record: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> StoredState:
         """Hash what the rung wrote under ``staging/data``, sign the manifest and put the state
         in place as ``state_id`` (an existing state of that id is replaced: a session paused
@@ -313,6 +319,7 @@ class StateStore:
             files=files,
             stored_bytes=blocks,
             record=record,
+            labels=dict(labels or {}),
         )
         self._write_manifest(staging, state)
         final = self._dir() / state_id
@@ -374,6 +381,8 @@ class StateStore:
                 files={str(p): (int(s), str(h)) for p, (s, h) in body["files"].items()},
                 stored_bytes=int(body["stored_bytes"]),
                 record=body.get("record"),
+                # States saved before labels existed have none (their signature covers that).
+                labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateTampered(f"the manifest of saved state {directory.name}: {exc}") from None
