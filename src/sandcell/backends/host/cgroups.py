@@ -296,6 +296,13 @@ class RunCgroup:
             pids_limit_hit=(pid_events.get("max") or 0) > 0,
         )
 
+    def memory_now(self) -> int | None:
+        """Bytes the group is charged for now, as its memory limit counts them (page cache
+        included, so a tmpfs workspace's files count); None where it cannot be read."""
+        if self.host.version == 2:
+            return _read_int(self.dirs["unified"] / "memory.current")
+        return _read_int(self.dirs["memory"] / "memory.usage_in_bytes")
+
     def kill_all(self) -> None:
         """SIGKILL every process left in the group, frozen ones included (they are thawed
         after the signal, so they die without running another instruction of their own)."""

@@ -129,12 +129,17 @@ class PreparedSandbox:
     # -- 2. run directory, control files, cgroup ---------------------------------------------
 
     def create(
-        self, files: Mapping[str, bytes], *, cgroup: cgroups.RunCgroup | None = None
+        self,
+        files: Mapping[str, bytes],
+        *,
+        cgroup: cgroups.RunCgroup | None = None,
+        freezer: bool = False,
     ) -> None:
         """Lay out the run directory with the boot and ``files`` (name → bytes) as control
         files, and create the cgroup (or take ``cgroup``, empty and limited already, made
-        ahead for this run). Raises IsolationUnavailable when the workspace quota cannot be
-        set up."""
+        ahead for this run); ``freezer``: one the caller can freeze, where the host has a v1
+        freezer (a session, to save its workspace while it goes on). Raises
+        IsolationUnavailable when the workspace quota cannot be set up."""
         # Ours from here: remove() ends it whatever fails below.
         self.cgroup = cgroup
         self.work.mkdir(parents=True, mode=0o700)
@@ -161,7 +166,9 @@ class PreparedSandbox:
             path.chmod(0o444)
         host = self.layers.cgroup_host
         if host is not None and self.cgroup is None:
-            self.cgroup = cgroups.RunCgroup(host, f"{workspace.owner_tag()}.{self.name}")
+            self.cgroup = cgroups.RunCgroup(
+                host, f"{workspace.owner_tag()}.{self.name}", freezer=freezer
+            )
             self.cgroup.create(
                 cgroups.plan_settings(
                     host.version,

@@ -25,6 +25,12 @@ session has left, and RLIMIT_CPU counts the kernel's CPU time over the whole ses
 exported while the session is alive, so a process a cell left running can change them during the
 export (the export itself still refuses links and special files); export at close for a
 quiescent workspace.
+
+A session pauses, snapshots and forks with files only (``session_state.py``: the workspace as a
+tar, copied with the session's cgroup frozen where it has a freezer; memory is refused, as no
+CRIU here restores the same confinement); a sandbox opened with ``restore`` is a fresh one whose
+workspace is filled from the state before its first cell. :meth:`SessionSandbox.metrics` is
+``session_metrics.py``'s.
 """
 
 from __future__ import annotations
@@ -55,14 +61,15 @@ from sandcell.backends.cell import (
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.cell.loop import CellRung, supervise_cell
-from sandcell.backends.cell.state import RestorePoint
+from sandcell.backends.cell.state import PauseMode, RestorePoint, SandboxMetrics, SavedState
 from sandcell.backends.cell.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
 from sandcell.backends.host import cgroups, landlock, workspace
 from sandcell.backends.host.layout import CONTROL_DIR, CONTROL_DISPLAY, SESSION_OUTPUTS_DIR
 from sandcell.backends.host.process import HelperChannel, kill_sandbox, reap, reported_status
-from sandcell.backends.namespaces import NamespacesBackend, outside
+from sandcell.backends.namespaces import NamespacesBackend, outside, session_state
 from sandcell.backends.namespaces.launcher import Pipes, read_sandbox_pid, spawn
 from sandcell.backends.namespaces.prepared import PreparedSandbox, boot_command
+from sandcell.backends.namespaces.session_metrics import MetricsSampler
 from sandcell.backends.namespaces.spawner import Spawner, spawner_in
 from sandcell.display import DisplayCollection, read_outputs_below, refused_outputs
 from sandcell.errors import InfraError
@@ -121,6 +128,7 @@ class SessionSandbox:
         self._cell_seq = 0
         self._torn_down = False
         self._protocol_error: str | None = None
+        self._metrics = MetricsSampler(self.limits)
 
     @property
     def cgroup(self) -> cgroups.RunCgroup | None:
@@ -133,8 +141,10 @@ class SessionSandbox:
     # -- start -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Create the sandbox and wait for the kernel's hello. Cleans up after itself on error."""
+        """Create the sandbox and wait for the kernel's hello, then fill its workspace from
+        :attr:`restore` when one is given. Cleans up after itself on error."""
         try:
+            self._metrics = MetricsSampler(self.limits)
             self._prepare()
             started: queue.Queue[BaseException | None] = queue.Queue()
             # A daemon, so a session left open never holds the interpreter at exit: the
@@ -149,6 +159,7 @@ class SessionSandbox:
             if error is not None:
                 raise error
             self._await_hello()
+            session_state.restore(self)
         except BaseException:
             self.teardown()
             raise
@@ -164,7 +175,7 @@ class SessionSandbox:
                 f"{CONTROL_DIR}/display.py", script=_DISPLAY_SOURCE
             )
             self.display = True
-        self.prepared.create(files)
+        self.prepared.create(files, freezer=True)
 
     def _command(self) -> list[str]:
         python = self.prepared.runtime.sandbox_python
@@ -507,6 +518,27 @@ class SessionSandbox:
             "session's",
         }
         return replace(base, layers=layers)
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def pause_modes(self) -> frozenset[PauseMode]:
+        return session_state.PAUSE_MODES
+
+    def save(self, state_dir: Path, *, mode: PauseMode, keep_running: bool) -> SavedState:
+        """Files only (``session_state.py``); without ``keep_running`` the sandbox is killed
+        first and the session's teardown follows."""
+        return session_state.save(self, state_dir, mode=mode, keep_running=keep_running)
+
+    def metrics(self) -> SandboxMetrics:
+        if self.ended is not None or self.sandbox_pid is None:
+            raise InfraError(f"the session's sandbox has no metrics: it has ended ({self.ended})")
+        return self._metrics.sample(
+            cgroup=self.cgroup,
+            sandbox_pid=self.sandbox_pid,
+            kernel_pid=self.kernel_pid,
+            workspace=self.workspace_view(),
+        )
 
     # -- the end -----------------------------------------------------------------------------
 
