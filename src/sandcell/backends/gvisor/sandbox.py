@@ -437,12 +437,17 @@ class GSandbox:
 
     # -- 2. runsc --------------------------------------------------------------------------
 
-    def spawn(self, stdin: int | None = None) -> None:
+    def spawn(self, stdin: int | None = None, *, image: Path | None = None) -> None:
         """Start ``runsc run`` (see the module). Raises InfraError if it cannot be started.
-        ``stdin``: a descriptor for the agent's stdin (a session's channel) instead of a pipe."""
-        argv = self.host.runsc.argv(
-            "run", "--bundle", str(self.run_dir), self.container_id, host_uds=self.fixed.sockets
-        )
+        ``stdin``: a descriptor for the agent's stdin (a session's channel) instead of a pipe.
+        ``image``: ``runsc restore`` from this checkpoint image instead (a saved session), in
+        the same cgroup and bundle as a fresh start; the restored program's stdio are the new
+        process's."""
+        if image is None:
+            cmd = ["run", "--bundle", str(self.run_dir)]
+        else:
+            cmd = ["restore", "--image-path", str(image), "--bundle", str(self.run_dir)]
+        argv = self.host.runsc.argv(*cmd, self.container_id, host_uds=self.fixed.sockets)
         if SETPRIV is not None:
             # runsc dies with the thread that started it (its sandbox is --attached to it, and
             # dies with it in turn): a supervisor killed by SIGKILL leaves no sandbox running
@@ -570,6 +575,30 @@ class GSandbox:
                 self.helper_maxrss = rusage.ru_maxrss * 1024
         with self._lock:
             self._reaped = self.helper is None
+
+    def forget_process(self) -> None:
+        """After runsc exited with the sandbox kept (a checkpoint), drop the old process and
+        its state so :meth:`spawn` can start the same bundle again, in the same cgroup and
+        workspace. Only as root: an ordinary user's workspace went with its helper."""
+        if self.helper is not None:
+            raise InfraError("a rootless gVisor sandbox cannot be started again in place")
+        if self.proc is not None:
+            if self.exit_status is None:
+                self.kill()
+                self.wait()
+            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        if self.cgroup is not None:
+            # The gofer may outlive runsc by a moment: nothing of the old sandbox may stay,
+            # and its state files go so that the container id can be started again.
+            self.cgroup.kill_all()
+            runsc.forget(self.host.runsc, self.container_id)
+        else:
+            runsc.delete(self.host.runsc, self.container_id)
+        with self._lock:
+            self.proc, self.exit_status, self._reaped = None, None, False
 
     def workspace_view(self) -> Path:
         """The workspace as the host reads it (through the helper's mount namespace if any)."""

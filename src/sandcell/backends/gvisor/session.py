@@ -28,6 +28,10 @@ with rich outputs does). The host opens that directory without following links, 
 :func:`sandcell.display.read_outputs` (which treats it as hostile) and removes it, so it is not
 exported with the cell's files.
 
+Pause, snapshot and fork: :meth:`GVisorSessionSandbox.save` and a start with a restore point are
+:mod:`.session_state`'s (``runsc checkpoint`` / ``runsc restore`` on a new channel, or the
+workspace's files only); a restored kernel is ready once it answers a no-op on its new channel.
+
 runsc is started, and waited for, by a keeper thread that lives as long as the session: runsc
 dies with the thread that started it (``setpriv --pdeathsig``), so a session opened on a
 short-lived worker thread would otherwise die with that thread.
@@ -73,9 +77,9 @@ from sandcell.backends.cell import (
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
 from sandcell.backends.cell.loop import CellRung, supervise_cell
-from sandcell.backends.cell.state import RestorePoint
+from sandcell.backends.cell.state import PauseMode, RestorePoint, SandboxMetrics, SavedState
 from sandcell.backends.cell.verdict import CellCancel, classify_cell
-from sandcell.backends.gvisor import cpu_reader
+from sandcell.backends.gvisor import cpu_reader, session_state
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
 from sandcell.backends.gvisor.sandbox import GSandbox, bridge_argv, fixed_for, sockets_env
@@ -111,6 +115,9 @@ _TRAILER = re.compile(re.escape(EXIT) + rb"(\d{1,10})\n\Z")
 _TAIL_BYTES = len(EXIT) + 16
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CELL_DIR = re.compile(r"[0-9]{1,12}")
+_PROBE_SCOPE = "\x00sandcell-restore-probe"
+"""A scope name no cell can give (the session layer's names are printable): dropping it is
+the restored kernel's no-op answer."""
 
 
 class GVisorSessionSandbox:
@@ -159,6 +166,9 @@ class GVisorSessionSandbox:
         self._cpu_out = False
         self._cpu_base = 0.0
         self._kernel_status: int | None = None
+        self.started_at = 0.0
+        """When the kernel became ready (monotonic): metrics count CPU use from there."""
+        self._metrics_prev: session_state.Sample | None = None
 
     @property
     def sandbox_pid(self) -> int | None:
@@ -168,7 +178,8 @@ class GVisorSessionSandbox:
     # -- start -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Create the sandbox and wait for the kernel's hello. Cleans up after itself on error."""
+        """Create the sandbox and wait for the kernel's hello, or bring back :attr:`restore`
+        (:mod:`.session_state`). Cleans up after itself on error."""
         try:
             kernel = landlock.boot_bytecode(f"{CONTROL_DIR}/kernel.py", script=_KERNEL_SOURCE)
             plan = landlock.boot_plan_json(
@@ -180,39 +191,107 @@ class GVisorSessionSandbox:
             )
             if self.sockets is not None:
                 self.sb.attach_sockets(self.sockets)
-            host_end, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._sock = host_end
-            started: queue.Queue[BaseException | None] = queue.Queue()
-            self._keeper_done.clear()
-            try:
-                # A daemon, so a session left open never holds the interpreter at exit: the
-                # sessions module closes live sessions from atexit.
-                threading.Thread(
-                    target=self._keeper,
-                    args=(started, kernel_end.fileno()),
-                    name=f"sandcell-gvisor-session-{self.session_id}",
-                    daemon=True,
-                ).start()
-                error = started.get()
-            finally:
-                kernel_end.close()
-            if error is not None:
-                raise error
-            proc = self.sb.proc
-            assert proc is not None and proc.stdout is not None and proc.stderr is not None
-            self._open = {proc.stdout.fileno(), proc.stderr.fileno()}
-            host_end.sendall(self._request_line())
-            self._await_hello()
-            # The session's CPU time counts from its kernel's start: runsc's own start-up is
-            # not the cells'.
-            self._cpu_base = cpu_reader(self.sb)() or 0.0
+            resumed = (
+                session_state.prepare(self, self.restore) if self.restore is not None else None
+            )
+            if resumed is not None:
+                self.kernel_pid, self._cell_seq = resumed.kernel_pid, resumed.cell_seq
+                self._launch(resumed.image)
+                # The session's CPU time goes on from what it had used before the save.
+                self._cpu_base = (cpu_reader(self.sb)() or 0.0) - resumed.cpu_used_ms
+            else:
+                self._launch(None)
+                assert self._sock is not None
+                self._sock.sendall(self._request_line())
+                self._await_hello()
+                if self.restore is not None:
+                    session_state.after_start(self, self.restore)
+                # The session's CPU time counts from its kernel's start: runsc's own start-up
+                # is not the cells'.
+                self._cpu_base = cpu_reader(self.sb)() or 0.0
+            self.started_at = time.monotonic()
         except BaseException:
             self.teardown()
             raise
 
-    def _keeper(self, started: queue.Queue[BaseException | None], kernel_end: int) -> None:
+    def _launch(self, image: Path | None) -> None:
+        """Start runsc on its keeper thread with a new channel: ``run`` of the bundle, or
+        ``restore`` from ``image`` (then wait until the restored kernel answers)."""
+        host_end, kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock = host_end
+        self._decoder = FrameDecoder(max_bytes=MAX_KERNEL_MESSAGE)
+        self._messages, self._pre, self._tail = [], bytearray(), b""
+        # A restored kernel writes its own stderr: the agent's started marker is long past.
+        self._started = image is not None
+        started: queue.Queue[BaseException | None] = queue.Queue()
+        self._keeper_stop.clear()
+        self._keeper_done.clear()
         try:
-            self.sb.spawn(stdin=kernel_end)
+            # A daemon, so a session left open never holds the interpreter at exit: the
+            # sessions module closes live sessions from atexit.
+            threading.Thread(
+                target=self._keeper,
+                args=(started, kernel_end.fileno(), image),
+                name=f"sandcell-gvisor-session-{self.session_id}",
+                daemon=True,
+            ).start()
+            error = started.get()
+        finally:
+            kernel_end.close()
+        if error is not None:
+            raise error
+        proc = self.sb.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        self._open = {proc.stdout.fileno(), proc.stderr.fileno()}
+        if image is not None:
+            self._await_probe()
+
+    def relaunch(self, image: Path) -> None:
+        """Bring this session back in place from ``image``, its own checkpoint (a save that
+        keeps it running): same bundle, cgroup and workspace, a new channel. The sandbox ends
+        if that fails."""
+        try:
+            if self._sock is not None:
+                self._sock.close()
+            self._keeper_stop.set()
+            self._keeper_done.wait(timeout=10)
+            self.sb.forget_process()
+            self._launch(image)
+        except BaseException as exc:
+            self.ended = f"it could not be restored after its checkpoint: {exc}"
+            self.sb.kill()
+            raise
+
+    def _await_probe(self) -> None:
+        """Wait until a restored kernel answers on its new channel (a drop of a scope no cell
+        can name: no code runs), or raise InfraError with what the sandbox said."""
+        assert self._sock is not None
+        self._sock.sendall(encode({"op": "drop", "id": 0, "scope": _PROBE_SCOPE}))
+        out, err = CappedOutput(self.limits.stdout_bytes), CappedOutput(self.limits.stderr_bytes)
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        while True:
+            msg = self._next_message()
+            if msg is not None:
+                if msg.get("op") == "done" and msg.get("id") == 0:
+                    return
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise InfraError(
+                    f"the restored gVisor sandbox did not answer within {SETUP_TIMEOUT_S:g} s"
+                )
+            if self._pump(out, err, remaining) == "ended":
+                said = bytes(err.data).decode(errors="replace").strip()
+                raise InfraError(
+                    "the restored gVisor sandbox ended before its kernel answered: "
+                    + (said[-2000:] or "no error output")
+                )
+
+    def _keeper(
+        self, started: queue.Queue[BaseException | None], kernel_end: int, image: Path | None
+    ) -> None:
+        try:
+            self.sb.spawn(stdin=kernel_end, image=image)
         except BaseException as exc:
             started.put(exc)
             self._keeper_done.set()
@@ -505,6 +584,40 @@ class GVisorSessionSandbox:
         }
         return replace(base, layers=layers)
 
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def cell_seq(self) -> int:
+        """The id of the last cell sent to the kernel."""
+        return self._cell_seq
+
+    @property
+    def cpu_base_ms(self) -> float:
+        """The sandbox's CPU reading at which the session's CPU time counts zero."""
+        return self._cpu_base
+
+    @property
+    def pause_modes(self) -> frozenset[PauseMode]:
+        return session_state.pause_modes(self)
+
+    def save(self, state_dir: Path, *, mode: PauseMode, keep_running: bool) -> SavedState:
+        """Save into ``state_dir`` (see :mod:`.session_state`)."""
+        return session_state.save(self, state_dir, mode=mode, keep_running=keep_running)
+
+    def metrics(self) -> SandboxMetrics:
+        sample, self._metrics_prev = session_state.metrics(self, self._metrics_prev)
+        return sample
+
+    def clear_outputs(self) -> None:
+        """Remove the outputs' directory from the workspace: sandcell's, not the program's, so
+        never exported nor saved."""
+        with contextlib.suppress(OSError):
+            ws_fd = os.open(self.workspace_view(), _OPEN_DIR)
+            try:
+                _remove_outputs(ws_fd)
+            finally:
+                os.close(ws_fd)
+
     # -- the end -----------------------------------------------------------------------------
 
     def teardown(self, globs: Sequence[str] = (), collect: Collector | None = None) -> Exported:
@@ -523,15 +636,8 @@ class GVisorSessionSandbox:
                 if self.sb.exit_status is None:
                     self.sb.wait()
                 if collect is not None and globs:
-                    # The display directory is sandcell's, not the program's: never exported.
-                    view = self.workspace_view()
-                    with contextlib.suppress(OSError):
-                        ws_fd = os.open(view, _OPEN_DIR)
-                        try:
-                            _remove_outputs(ws_fd)
-                        finally:
-                            os.close(ws_fd)
-                    exported = collect(view)
+                    self.clear_outputs()
+                    exported = collect(self.workspace_view())
         finally:
             self.sb.destroy()
             self._keeper_stop.set()
