@@ -23,6 +23,8 @@ from sandcell.cli.remote_run import (
 from sandcell.cli.run import read_code
 from sandcell.cli.session import (
     _session_limits,
+    idle_timeout,
+    max_lifetime,
     print_cell,
     print_close,
     print_list,
@@ -44,7 +46,11 @@ def handle_remote(args: argparse.Namespace, target: Target) -> int:
             return _list(args, remote)
         case "close":
             return _close(args, remote)
-    raise ConfigError(f"unknown session command {args.session_command!r}")
+    # Pausing, forking, snapshots and metrics are this machine's session servers' for now.
+    raise ConfigError(
+        f"`sandcell session {args.session_command}` is not served through a service yet; "
+        "run it with --no-service for this machine's sessions"
+    )
 
 
 def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
@@ -56,7 +62,21 @@ def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
         ),
         target,
     )
-    if args.idle_timeout <= 0 or args.max_lifetime <= 0:
+    lasting = [
+        flag
+        for flag, used in (
+            (f"--on-idle {args.on_idle}", args.on_idle != "end"),
+            ("--paused-ttl", args.paused_ttl is not None),
+            ("--snapshot", args.snapshot is not None),
+        )
+        if used
+    ]
+    if lasting:
+        raise ConfigError(
+            f"{', '.join(lasting)}: not served through a service yet; run with --no-service "
+            "for a session on this machine"
+        )
+    if idle_timeout(args) <= 0 or max_lifetime(args) <= 0:
         raise ConfigError("--idle-timeout and --max-lifetime must be positive")
     _session_limits(args)  # refused here as in-process: a value that is not positive
     limits = {
@@ -68,8 +88,8 @@ def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
     body: dict[str, object] = {
         "profile": profile_name(args, target),
         "limits": {k: v for k, v in limits.items() if v is not None} or None,
-        "idle_timeout_s": args.idle_timeout,
-        "max_lifetime_s": args.max_lifetime,
+        "idle_timeout_s": idle_timeout(args),
+        "max_lifetime_s": max_lifetime(args),
         "files": input_files(args.input),
     }
     info = remote.json("POST", "/v1/sessions", body=body)

@@ -3,6 +3,9 @@
 A session outlives one command: ``start`` leaves a detached server holding the sandbox (see
 :mod:`sandcell.sessions.server`) and prints its id; ``run ID`` sends one cell to it and prints
 the result as ``sandcell run`` does; ``close ID`` ends it (optionally exporting files first).
+A session also lasts beyond its server: ``pause``, ``resume``, ``fork``, ``snapshot``,
+``snapshots``, ``snapshot-delete`` and ``delete`` (:mod:`sandcell.cli.session_states`), ``show``
+(:mod:`sandcell.cli.session_show`); what a server opens is :mod:`sandcell.cli.session_serve`'s.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from sandcell.errors import ConfigError, InfraError
 from sandcell.sessions import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_LIFETIME_S,
+    DEFAULT_PAUSED_TTL_S,
+    PauseRefused,
     SessionEnded,
     registry,
     server,
@@ -47,10 +52,20 @@ from sandcell.validation import neutralise
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("session", help="stateful sessions: variables and files persist")
     # "serve" is internal (what `start` leaves running), so the listing names only the others.
-    ss = s.add_subparsers(dest="session_command", required=True, metavar="{start,run,list,close}")
+    ss = s.add_subparsers(
+        dest="session_command",
+        required=True,
+        metavar="{start,run,list,show,close,pause,resume,fork,snapshot,snapshots,"
+        "snapshot-delete,delete}",
+    )
 
     start = ss.add_parser("start", help="start a session in the background; prints its id")
     _session_options(start)
+    start.add_argument(
+        "--snapshot",
+        metavar="NAME",
+        help="start from this snapshot (its profile, limits and state; no other settings)",
+    )
     start.add_argument("--json", action="store_true", help="print a JSON object")
     add_service_option(start)
 
@@ -58,6 +73,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _session_options(serve)
     serve.add_argument("--id", required=True)
     serve.add_argument("--ready-fd", type=int, required=True)
+    serve.add_argument("--snapshot")
+    serve.add_argument("--resume", action="store_true")
+    serve.add_argument("--fork-from", metavar="STATE_ID")
+    serve.add_argument("--parent")
+    serve.add_argument("--by")
 
     run = ss.add_parser("run", help="run one cell in a session")
     run.add_argument("id", help="session id (see sandcell session list)")
@@ -75,7 +95,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     run.add_argument("--json", action="store_true", help="print one JSON object with the result")
     add_service_option(run)
 
-    ls = ss.add_parser("list", help="list the live sessions")
+    ls = ss.add_parser("list", help="list the sessions: live ones and paused ones")
+    ls.add_argument(
+        "--state", choices=("live", "paused"), help="only the live or only the paused ones"
+    )
     ls.add_argument("--json", action="store_true", help="print a JSON array")
     add_service_option(ls)
 
@@ -88,20 +111,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     close.add_argument("--json", action="store_true", help="print a JSON object")
     add_service_option(close)
 
+    from sandcell.cli import session_show, session_states
+
+    session_show.add_parsers(ss)
+    session_states.add_parsers(ss)
+
 
 def _session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="policy profile for every cell (default: as sandcell run)")
     p.add_argument(
         "--idle-timeout",
         type=float,
-        default=DEFAULT_IDLE_TIMEOUT_S,
         metavar="SECONDS",
         help=f"end the session after this long without a cell (default {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--max-lifetime",
         type=float,
-        default=DEFAULT_MAX_LIFETIME_S,
         metavar="SECONDS",
         help=f"end the session this long after its start (default {DEFAULT_MAX_LIFETIME_S:g})",
     )
@@ -117,24 +143,50 @@ def _session_options(p: argparse.ArgumentParser) -> None:
         help="'rlimits' is a weaker mode for hosts without cgroups; it is recorded",
     )
     p.add_argument("--no-landlock", action="store_true", help="do not apply Landlock")
+    p.add_argument(
+        "--on-idle",
+        choices=("end", "pause"),
+        default="end",
+        help="at the idle timeout or lifetime: end the session (default), or pause it so that "
+        "`sandcell session resume ID` brings it back",
+    )
+    p.add_argument(
+        "--paused-ttl",
+        type=float,
+        metavar="SECONDS",
+        help=f"keep a paused state this long (default {DEFAULT_PAUSED_TTL_S:g})",
+    )
     add_backend_option(p)
 
 
-def _home(args: argparse.Namespace) -> Path:
+def home_of(args: argparse.Namespace) -> Path:
+    """The data directory the command works in (``--home``, else the default)."""
     from sandcell.executor import data_dir
 
     return Path(args.home) if args.home else data_dir()
 
 
+def idle_timeout(args: argparse.Namespace) -> float:
+    return DEFAULT_IDLE_TIMEOUT_S if args.idle_timeout is None else float(args.idle_timeout)
+
+
+def max_lifetime(args: argparse.Namespace) -> float:
+    return DEFAULT_MAX_LIFETIME_S if args.max_lifetime is None else float(args.max_lifetime)
+
+
 def _common_argv(args: argparse.Namespace) -> list[str]:
     argv = [
         "--idle-timeout",
-        repr(args.idle_timeout),
+        repr(idle_timeout(args)),
         "--max-lifetime",
-        repr(args.max_lifetime),
+        repr(max_lifetime(args)),
         "--isolation",
         args.isolation,
+        "--on-idle",
+        args.on_idle,
     ]
+    if args.paused_ttl is not None:
+        argv += ["--paused-ttl", repr(args.paused_ttl)]
     if args.profile:
         argv += ["--profile", args.profile]
     if args.backend:
@@ -165,33 +217,84 @@ def handle(args: argparse.Namespace) -> int:
         case "start":
             return _start(args)
         case "serve":
-            return _serve(args)
+            from sandcell.cli.session_serve import serve
+
+            return serve(args)
         case "run":
             return _run(args)
         case "list":
             return _list(args)
         case "close":
             return _close(args)
-    raise ConfigError(f"unknown session command {args.session_command!r}")
+        case "show":
+            from sandcell.cli.session_show import show
+
+            return show(args)
+    from sandcell.cli.session_states import handle_states
+
+    return handle_states(args)
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def _start(args: argparse.Namespace) -> int:
-    if args.idle_timeout <= 0 or args.max_lifetime <= 0:
+    if idle_timeout(args) <= 0 or max_lifetime(args) <= 0:
         raise ConfigError("--idle-timeout and --max-lifetime must be positive")
+    if args.paused_ttl is not None and not (math.isfinite(args.paused_ttl) and args.paused_ttl > 0):
+        raise ConfigError(f"--paused-ttl must be a positive number, got {args.paused_ttl:g}")
     _session_limits(args)  # refused here: the server's own refusal would not reach the caller
     for p in args.input:
         input_from_path(p)  # refused here, with the caller's path in the message
-    home = _home(args)
+    home = home_of(args)
     registry.sweep(home)
-    session_id = uuid.uuid4().hex[:16]
+    session_id = new_session_id()
     registry.socket_path(home, session_id)  # a too-long path is refused before starting
-    argv = ["--home", str(home), "session", "serve", "--id", session_id, *_common_argv(args)]
+    serve = ["--home", str(home), "session", "serve", "--id", session_id]
+    if args.snapshot is not None:
+        _refuse_settings_with_snapshot(args)
+        from sandcell.policy.approvals import default_approver
+
+        argv = [*serve, "--snapshot", args.snapshot, "--by", default_approver()]
+        argv += ["--profile", args.profile] if args.profile else []
+    else:
+        argv = [*serve, *_common_argv(args)]
     server.start_server(argv)
     if args.json:
         print(json.dumps({"id": session_id}))
     else:
         print(session_id)
     return 0
+
+
+def _refuse_settings_with_snapshot(args: argparse.Namespace) -> None:
+    """A session started from a snapshot takes the snapshot's settings (as
+    :meth:`Executor.session <sandcell.executor.Executor.session>` says): any other is refused
+    rather than dropped."""
+    given = [
+        flag
+        for flag, value in (
+            ("--idle-timeout", args.idle_timeout),
+            ("--max-lifetime", args.max_lifetime),
+            ("--input", args.input or None),
+            ("--timeout", args.timeout),
+            ("--memory", args.memory),
+            ("--pids", args.pids),
+            ("--cpu-time", args.cpu_time),
+            ("--isolation", None if args.isolation == IsolationMode.STRICT.value else 1),
+            ("--no-landlock", args.no_landlock or None),
+            ("--on-idle", None if args.on_idle == "end" else 1),
+            ("--paused-ttl", args.paused_ttl),
+            ("--backend", args.backend),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ConfigError(
+            f"a session started from a snapshot takes the snapshot's settings; {given[0]} "
+            "cannot be given with --snapshot (only --profile, naming the snapshot's profile)"
+        )
 
 
 def _session_limits(args: argparse.Namespace) -> Limits | None:
@@ -212,32 +315,16 @@ def _session_limits(args: argparse.Namespace) -> Limits | None:
     return Limits().with_(**changes) if any(v is not None for v in changes.values()) else None
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from sandcell.executor import Executor
-
-    limits = _session_limits(args)
-    home = _home(args)
-    return server.serve(
-        home=home,
-        session_id=registry.check_id(args.id),
-        open_executor=lambda: Executor(home=home, profile=args.profile, backend=args.backend),
-        limits=limits,
-        inputs=tuple(input_from_path(p) for p in args.input),
-        mode=IsolationMode(args.isolation),
-        landlock=False if args.no_landlock else None,
-        idle_timeout_s=args.idle_timeout,
-        max_lifetime_s=args.max_lifetime,
-        ready_fd=args.ready_fd,
-    )
-
-
-def _checked(reply: dict[str, object]) -> dict[str, object]:
+def checked(reply: dict[str, object]) -> dict[str, object]:
+    """A session server's reply, or its refusal raised as the error it was there."""
     if reply.get("ok") is True:
         return reply
     message = str(reply.get("error") or "the session server refused the request")
     kind = reply.get("kind")
     if kind == "ended":
         raise SessionEnded(message)
+    if kind == "refused":
+        raise PauseRefused(message)
     if kind == "config":
         raise ConfigError(message)
     raise InfraError(message)
@@ -245,14 +332,14 @@ def _checked(reply: dict[str, object]) -> dict[str, object]:
 
 def _run(args: argparse.Namespace) -> int:
     code = read_code(args)
-    home = _home(args)
+    home = home_of(args)
     message: dict[str, object] = {
         "op": "run",
         "code": code,
         "timeout_s": args.timeout,
         "exports": list(args.export),
     }
-    reply = _checked(server.request(home, registry.check_id(args.id), message, timeout_s=None))
+    reply = checked(server.request(home, registry.check_id(args.id), message, timeout_s=None))
     result = reply["result"]
     assert isinstance(result, dict)
     return print_cell(args, result, ArtifactStore(home / "artifacts"))
@@ -326,8 +413,12 @@ def _as_result(d: dict[str, object]) -> RunResult:
 
 
 def _list(args: argparse.Namespace) -> int:
-    home = _home(args)
-    rows = _local_rows(home)
+    home = home_of(args)
+    rows = [] if args.state == "paused" else _local_rows(home)
+    if args.state != "live":
+        from sandcell.cli.session_states import paused_rows
+
+        rows += paused_rows(home)
     return print_list(args, rows)
 
 
@@ -337,6 +428,7 @@ def _local_rows(home: Path) -> list[dict[str, object]]:
     for entry in registry.entries(home):
         row: dict[str, object] = {
             "id": entry.id,
+            "state": "live",
             "pid": entry.pid,
             "profile": entry.profile,
             "backend": entry.backend,
@@ -344,9 +436,12 @@ def _local_rows(home: Path) -> list[dict[str, object]]:
             "idle_timeout_s": entry.idle_timeout_s,
             "max_lifetime_s": entry.max_lifetime_s,
             "cells": None,
+            "mode": None,
+            "stored_bytes": None,
+            "expires_at": None,
         }
         try:
-            info = _checked(server.request(home, entry.id, {"op": "info"}, timeout_s=5))["info"]
+            info = checked(server.request(home, entry.id, {"op": "info"}, timeout_s=5))["info"]
             if isinstance(info, dict):
                 row["cells"] = info.get("cells")
         except (SessionEnded, InfraError):
@@ -356,32 +451,46 @@ def _local_rows(home: Path) -> list[dict[str, object]]:
 
 
 def print_list(args: argparse.Namespace, rows: list[dict[str, object]]) -> int:
-    """Print the live sessions as ``session list`` does."""
+    """Print the sessions as ``session list`` does: live ones (``state`` absent in a service's
+    rows, which are all live), then paused ones with their stored size and expiry."""
+    from sandcell.cli.session_render import expiry, size
+
     if args.json:
         print(json.dumps(rows))
         return 0
     if not rows:
-        print("no live sessions")
+        print(
+            {"live": "no live sessions", "paused": "no paused sessions"}.get(
+                getattr(args, "state", None) or "", "no sessions"
+            )
+        )
         return 0
     # A service's session ids are longer than this machine's, and it has no pid to show.
     width = max(18, *(len(str(r["id"])) + 2 for r in rows))
-    print(f"{'ID':<{width}}{'PID':>8}  {'PROFILE':<12}{'BACKEND':<12}{'CELLS':>6}  CREATED")
+    print(
+        f"{'ID':<{width}}{'PID':>8}  {'PROFILE':<12}{'BACKEND':<12}{'CELLS':>6}  "
+        f"{'STATE':<8}{'SIZE':>10}  {'EXPIRES':<21}CREATED"
+    )
     for r in rows:
         cells = "?" if r["cells"] is None else str(r["cells"])
         backend = r["backend"] or "?"
         pid = "-" if r["pid"] is None else str(r["pid"])
+        state = str(r.get("state") or "live")
+        stored = r.get("stored_bytes")
+        kept = size(stored) if isinstance(stored, int) else "-"
+        expires = expiry(r.get("expires_at")) if state == "paused" else "-"
         print(
             f"{r['id']!s:<{width}}{pid:>8}  {r['profile']!s:<12}{backend!s:<12}{cells:>6}  "
-            f"{r['created_at']}"
+            f"{state:<8}{kept:>10}  {expires:<21}{r['created_at']}"
         )
     return 0
 
 
 def _close(args: argparse.Namespace) -> int:
-    home = _home(args)
+    home = home_of(args)
     if args.out is not None and not args.export:
         raise ConfigError("--out needs at least one --export GLOB to say what to copy out")
-    reply = _checked(
+    reply = checked(
         server.request(
             home,
             registry.check_id(args.id),

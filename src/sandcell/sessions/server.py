@@ -14,8 +14,21 @@ Requests and replies are framed JSON objects (:mod:`sandcell.backends.cell.chann
 * ``{"op": "run", "code": TEXT, "timeout_s": S|null, "exports": [GLOB...]}`` ->
   ``{"ok": true, "result": <result_to_dict>}``
 * ``{"op": "info"}`` -> ``{"ok": true, "info": {...}}``
+* ``{"op": "metrics", "since": ISO|null}`` -> ``{"ok": true, "metrics": [<to_dict>...]}``
 * ``{"op": "close", "exports": [GLOB...]}`` -> ``{"ok": true, "artifacts": [...], ...}``
-* any failure -> ``{"ok": false, "error": MESSAGE, "kind": "config"|"infra"|"ended"}``
+* ``{"op": "pause", "mode": M|null, "by": WHO}`` -> ``{"ok": true, "state": <summary>}``; the
+  session's sandbox is gone and the server exits (the state stays under the home; ``sandcell
+  session resume`` starts a server that brings it back under the same id). A null mode is the
+  best the rung offers (memory, else files), here and below
+* ``{"op": "snapshot", "name": N, "mode": M|null, "ttl_s": S|null, "by": WHO}`` ->
+  ``{"ok": true, "state": <summary>}``
+* ``{"op": "fork_point", "mode": M|null}`` -> ``{"ok": true, "state": <summary>}``: the state the
+  caller starts each copy's server from (:meth:`Session.fork_point`)
+* any failure -> ``{"ok": false, "error": MESSAGE, "kind": "config"|"infra"|"ended"|"refused"}``
+  (``refused``: a pause mode this session's rung does not offer; the session goes on)
+
+A session that pauses itself at its idle timeout (``on_idle = "pause"``) ends the server the
+same way.
 """
 
 from __future__ import annotations
@@ -36,10 +49,12 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from sandcell.backends.cell.channel import ChannelError, recv_message, send_message
+from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.sessions import registry
 from sandcell.sessions.session import Session, SessionEnded
-from sandcell.spec import InputFile, IsolationMode, Limits, artifact_to_dict, result_to_dict
+from sandcell.sessions.states import StateNotFound, StateStore, StateTampered, StoredState
+from sandcell.spec import artifact_to_dict, result_to_dict
 
 if TYPE_CHECKING:
     from sandcell.executor import Executor
@@ -58,6 +73,8 @@ def _error(exc: BaseException) -> dict[str, object]:
     kind = (
         "ended"
         if isinstance(exc, SessionEnded)
+        else "refused"
+        if isinstance(exc, PauseRefused)
         else "config"
         if isinstance(exc, ConfigError)
         else "infra"
@@ -81,17 +98,13 @@ def serve(
     home: Path,
     session_id: str,
     open_executor: Callable[[], Executor],
-    limits: Limits | None,
-    inputs: tuple[InputFile, ...],
-    mode: IsolationMode,
-    landlock: bool | None,
-    idle_timeout_s: float,
-    max_lifetime_s: float,
+    open_session: Callable[[Executor], Session],
     ready_fd: int,
 ) -> int:
     """Run the server until the session ends; returns the process exit status.
-    ``open_executor`` builds the executor the session runs on (the caller's profile and rung):
-    here, so that its refusal reaches the starting command like the session's own."""
+    ``open_executor`` builds the executor the session runs on (the caller's profile and rung)
+    and ``open_session`` opens the session ``session_id`` on it (a new one, or one brought back
+    from a saved state): here, so that their refusals reach the starting command."""
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     sock_path = registry.socket_path(home, session_id)
@@ -105,16 +118,10 @@ def serve(
             return 1
         with executor as ex:
             try:
-                session = Session(
-                    ex,
-                    limits=limits,
-                    inputs=inputs,
-                    mode=mode,
-                    landlock=landlock,
-                    idle_timeout_s=idle_timeout_s,
-                    max_lifetime_s=max_lifetime_s,
-                    session_id=session_id,
-                )
+                session = open_session(ex)
+                if session.id != session_id:
+                    session.close()
+                    raise InfraError(f"the session opened as {session.id}, not {session_id}")
             except SandcellError as exc:
                 os.write(ready_fd, f"error {exc}\n".encode())
                 return 1
@@ -135,8 +142,8 @@ def serve(
                         profile=session.profile.name,
                         backend=session.info().backend,
                         created_at=session.created_at,
-                        idle_timeout_s=idle_timeout_s,
-                        max_lifetime_s=max_lifetime_s,
+                        idle_timeout_s=session.idle_timeout_s,
+                        max_lifetime_s=session.max_lifetime_s,
                     ),
                 )
                 os.write(ready_fd, b"ok\n")
@@ -195,6 +202,27 @@ def _handle(session: Session, request: dict[str, object]) -> tuple[dict[str, obj
             return {"ok": True, "result": result_to_dict(result)}, False
         if op == "info":
             return {"ok": True, "info": asdict(session.info())}, False
+        if op == "metrics":
+            since = request.get("since")
+            samples = session.metrics(since if isinstance(since, str) else None)
+            return {"ok": True, "metrics": [m.to_dict() for m in samples]}, False
+        if op == "pause":
+            state = session.pause(mode=_mode(request, session), by=_by(request))
+            return {"ok": True, "state": state.summary()}, True
+        if op == "snapshot":
+            name, ttl = request.get("name"), request.get("ttl_s")
+            if not isinstance(name, str) or not (ttl is None or isinstance(ttl, int | float)):
+                raise ConfigError("a snapshot request needs a name (text) and ttl_s (seconds)")
+            state = session.snapshot(
+                name,
+                mode=_mode(request, session),
+                ttl_s=None if ttl is None else float(ttl),
+                by=_by(request),
+            )
+            return {"ok": True, "state": state.summary()}, False
+        if op == "fork_point":
+            point = session.fork_point(mode=_mode(request, session))
+            return {"ok": True, "state": point.summary()}, False
         if op == "close":
             exports = request.get("exports") or []
             if not isinstance(exports, list):
@@ -210,6 +238,22 @@ def _handle(session: Session, request: dict[str, object]) -> tuple[dict[str, obj
         raise ConfigError(f"unknown session request {op!r}")
     except SandcellError as exc:
         return _error(exc), False
+
+
+def _mode(request: dict[str, object], session: Session) -> PauseMode:
+    """The mode asked for; none: the best the session's rung offers (memory, else files)."""
+    mode = request.get("mode")
+    if mode is None:
+        return PauseMode.MEMORY if PauseMode.MEMORY in session.pause_modes else PauseMode.FILES
+    if mode not in tuple(PauseMode):
+        modes = ", ".join(m.value for m in PauseMode)
+        raise ConfigError(f"mode must be one of {modes}, not {mode!r}")
+    return PauseMode(str(mode))
+
+
+def _by(request: dict[str, object]) -> str | None:
+    by = request.get("by")
+    return by if isinstance(by, str) else None
 
 
 # -- the client side ------------------------------------------------------------------------------
@@ -268,10 +312,7 @@ def request(
     entry = registry.read(home, session_id)
     if entry is None or not entry.alive():
         registry.remove(home, session_id)
-        raise SessionEnded(
-            f"no live session {session_id} (it was closed, timed out, or never existed); "
-            "see `sandcell session list`"
-        )
+        raise SessionEnded(not_live(home, session_id))
     path = registry.socket_path(home, session_id)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
@@ -293,4 +334,31 @@ def request(
             raise InfraError(f"session {session_id} did not answer: {exc}") from exc
 
 
-__all__ = ["MAX_REQUEST", "request", "serve", "start_server"]
+def paused_state(home: Path, session_id: str) -> StoredState | None:
+    """This user's paused state of ``session_id`` (manifest checked, files not yet), or None.
+    Raises StateTampered for one whose manifest changed on disk."""
+    try:
+        state = StateStore(home / "states").get(registry.check_id(session_id), owner=None)
+    except StateNotFound:
+        return None
+    return state if state.kind == "paused" else None
+
+
+def not_live(home: Path, session_id: str) -> str:
+    """Why ``session_id`` has no server to send a request to, and what to do about it."""
+    try:
+        paused = paused_state(home, session_id)
+    except StateTampered as exc:
+        return f"session {session_id} is paused, but {exc}"
+    if paused is not None:
+        return (
+            f"session {session_id} is paused: resume it with `sandcell session resume "
+            f"{session_id}` (or delete it with `sandcell session delete {session_id}`)"
+        )
+    return (
+        f"no live session {session_id} (it was closed, timed out, or never existed); "
+        "see `sandcell session list`"
+    )
+
+
+__all__ = ["MAX_REQUEST", "not_live", "paused_state", "request", "serve", "start_server"]
