@@ -7,6 +7,7 @@ from fastapi.responses import PlainTextResponse
 
 from sandcell.service.api_runs import _PROBLEMS
 from sandcell.service.deps import CurrentTenant, ServiceDep
+from sandcell.service.kept_bytes import state_bytes
 from sandcell.service.metrics import CONTENT_TYPE, check_metrics_access
 from sandcell.service.models import HealthBody, TenantBody
 
@@ -57,5 +58,6 @@ async def whoami(service: ServiceDep, tenant: CurrentTenant) -> TenantBody:
         **{k: v for k, v in tenant.to_dict().items()},  # type: ignore[arg-type]
         in_flight=service.quotas.holding(tenant.id),
         cpu_seconds_today=service.tenants.cpu_ms_today(tenant.id) / 1000.0,
-        stored_bytes=service.tenants.stored_bytes(tenant.id),
+        stored_bytes=service.tenants.stored_bytes(tenant.id)
+        + state_bytes(service.executor, tenant.id),
     )

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandcell.live_output import OutputListener
+from sandcell.service import saved_sessions
 from sandcell.service.api_runs import _DISCONNECT_POLL_S, _PROBLEMS
 from sandcell.service.cell_stream import cell_events
 from sandcell.service.core import LiveSession, Service
@@ -50,6 +51,8 @@ def _info(session: Session) -> SessionInfoBody:
         idle_timeout_s=i.idle_timeout_s,
         max_lifetime_s=i.max_lifetime_s,
         ended=i.ended,
+        on_idle="pause" if i.on_idle == "pause" else "end",
+        parent=i.parent,
     )
 
 
@@ -57,7 +60,10 @@ def _info(session: Session) -> SessionInfoBody:
 async def create_session(
     body: SessionBody, service: ServiceDep, tenant: CurrentTenant
 ) -> SessionInfoBody:
-    """Start a session under one of the tenant's profiles; ``files`` are its inputs."""
+    """Start a session under one of the tenant's profiles; ``files`` are its inputs. With
+    ``snapshot``, start it from that snapshot of the tenant's (its settings and state)."""
+    if body.snapshot is not None:
+        return await _from_snapshot(body, service, tenant)
     profile = service.profile_for(tenant, body.profile)
     limits = profile.limits_for(body.limits.model_dump() if body.limits is not None else None)
     service.admit(tenant, sandbox=True)
@@ -72,6 +78,10 @@ async def create_session(
                 idle_timeout_s=body.idle_timeout_s,
                 max_lifetime_s=body.max_lifetime_s,
                 runtime=body.runtime,
+                on_idle=body.on_idle,
+                paused_ttl_s=body.paused_ttl_s,
+                owner=tenant.id,
+                by=f"tenant:{tenant.name}",
             ),
             session=True,
         )
@@ -85,6 +95,37 @@ async def create_session(
             tenant=tenant.id, session=session, inputs_dir=folder, key_sha256=tenant.key_sha256
         )
     )
+    return _info(session)
+
+
+async def _from_snapshot(body: SessionBody, service: Service, tenant: Tenant) -> SessionInfoBody:
+    name = body.snapshot
+    assert name is not None
+    others = body.model_dump(exclude_defaults=True, exclude={"snapshot", "profile"})
+    if others:
+        raise ServiceProblem(
+            400,
+            f"a session started from a snapshot takes the snapshot's settings; leave out "
+            f"{', '.join(sorted(others))}",
+        )
+    state = await service.in_thread(
+        lambda: service.executor.states.find_snapshot(name, owner=tenant.id)
+    )
+    saved_sessions.check_profile(tenant, state)
+    if body.profile is not None:
+        service.profile_for(tenant, body.profile)
+    saved_sessions.take_slots(service, tenant, 1)
+    try:
+        session = await service.in_thread(
+            lambda: service.executor.session(
+                snapshot=name, profile=body.profile, owner=tenant.id, by=f"tenant:{tenant.name}"
+            ),
+            session=True,
+        )
+    except BaseException:
+        service.quotas.release(tenant.id)
+        raise
+    saved_sessions.hold(service, tenant, session)
     return _info(session)
 
 

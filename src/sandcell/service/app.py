@@ -21,6 +21,7 @@ from sandcell.service import (
     api_ops,
     api_records,
     api_runs,
+    api_saved_sessions,
     api_sessions,
     api_tool_approvals,
 )
@@ -88,7 +89,14 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
     )
     app.state.service = service
     install_handlers(app)
-    for module in (api_runs, api_sessions, api_records, api_tool_approvals, api_ops):
+    for module in (
+        api_runs,
+        api_sessions,
+        api_saved_sessions,
+        api_records,
+        api_tool_approvals,
+        api_ops,
+    ):
         app.include_router(module.router)
     from sandcell.service import api_replay
 

@@ -33,15 +33,16 @@ from sandcell.executor import Executor
 from sandcell.live_output import OutputListener
 from sandcell.policy.approvals import Ticket
 from sandcell.policy.profiles import Profile, default_profile_dir, load_profile
+from sandcell.service import saved_sessions
 from sandcell.service.audit_verification import AuditVerifications
-from sandcell.service.kept_bytes import held_bytes
+from sandcell.service.kept_bytes import held_bytes, state_bytes
 from sandcell.service.local_owner import LOCAL_TENANT
 from sandcell.service.metrics import Metrics
 from sandcell.service.models import RunStatusName
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.quotas import Quotas
 from sandcell.service.tenants import Tenant, TenantStore
-from sandcell.sessions import Session
+from sandcell.sessions import Session, saving
 from sandcell.spec import InputFile, Outcome, RunRequest, RunResult, result_to_dict
 from sandcell.wire import error_wire
 
@@ -187,7 +188,8 @@ class Service:
         self.config = config
         self.executor = executor
         self.tenants = TenantStore.in_home(config.home)
-        self.quotas = Quotas(self.tenants)
+        self.quotas = Quotas(self.tenants, states=lambda tenant: state_bytes(executor, tenant))
+        saving.on_event(executor, saved_sessions.event_listener(self))
         self.metrics = Metrics()
         self.runs: dict[str, RunState] = {}
         self.sessions: dict[str, LiveSession] = {}
@@ -506,8 +508,10 @@ class Service:
             released, live.released = live.released, True
         if not released:
             self.quotas.release(live.tenant)
-        if live.inputs_dir is not None:
-            shutil.rmtree(live.inputs_dir, ignore_errors=True)
+        # A paused session's, a fork's or a snapshot's inputs are read again when it comes back.
+        folder = live.inputs_dir
+        if folder is not None and not saved_sessions.inputs_in_use(self, live.tenant, folder):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def reap_sessions(self) -> None:
         """Give back the slots of sessions that ended on their own (idle, lifetime), and end

@@ -141,6 +141,20 @@ class SessionBody(_Request):
     files: dict[str, str] = Field(
         default_factory=dict, description="input files, name → base64 content"
     )
+    on_idle: Literal["end", "pause"] = Field(
+        default="end",
+        description="what the idle timeout (or the lifetime) does: end the session, or pause "
+        "it (GET /v1/paused lists it, POST /v1/sessions/{id}/resume brings it back)",
+    )
+    paused_ttl_s: float | None = Field(
+        default=None, gt=0, description="how long a paused state of it is kept (default 30 days)"
+    )
+    snapshot: str | None = Field(
+        default=None,
+        description="start from this snapshot of the tenant's (POST /v1/sessions/{id}/snapshots):"
+        " its profile, limits, inputs and state are the snapshot's, so give nothing else but "
+        "profile (naming the snapshot's, if at all)",
+    )
 
 
 class SessionInfoBody(BaseModel):
@@ -152,6 +166,71 @@ class SessionInfoBody(BaseModel):
     idle_timeout_s: float
     max_lifetime_s: float
     ended: str | None
+    on_idle: Literal["end", "pause"] = "end"
+    parent: str | None = Field(
+        default=None, description="the session it was forked or started (from a snapshot) from"
+    )
+
+
+PauseModeName = Literal["memory", "files"]
+_MODE = (
+    "memory: variables, processes and files (gVisor and microVM); files: the workspace's "
+    "files only, the interpreter starts empty (every rung)"
+)
+
+
+class PauseBody(_Request):
+    mode: PauseModeName = Field(default="memory", description=_MODE)
+
+
+class SnapshotBody(_Request):
+    name: str = Field(
+        description="1 to 64 letters, digits, '.', '_' or '-'; a snapshot of that name is replaced",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+    )
+    mode: PauseModeName = Field(default="memory", description=_MODE)
+    ttl_s: float | None = Field(
+        default=None, gt=0, description="removed after this many seconds (null: until deleted)"
+    )
+
+
+class ForkBody(_Request):
+    n: int = Field(default=1, ge=1, le=20, description="how many copies (1 to 20)")
+    mode: PauseModeName = Field(default="memory", description=_MODE)
+
+
+class StateBody(BaseModel):
+    """A saved session state: a paused session or a snapshot (no host paths)."""
+
+    id: str = Field(description="a paused session's: the session's id")
+    kind: Literal["paused", "snapshot", "fork"]
+    name: str | None = Field(description="a snapshot's name")
+    session_id: str = Field(description="the session it was saved from")
+    profile: str
+    backend: str = Field(description="the rung that saved it; only that rung restores it")
+    mode: PauseModeName
+    created_at: str
+    expires_at: str | None = Field(description="when it is removed (null: kept until deleted)")
+    cells: int = Field(description="cells the session had run when it was saved")
+    stored_bytes: int = Field(description="disk it holds; counts in max_stored_bytes")
+    sha256: str = Field(description="of every file's path, size and hash: its id in records")
+
+
+class ForkedBody(BaseModel):
+    parent: str = Field(description="the session forked (live or paused)")
+    sessions: list[SessionInfoBody]
+
+
+class MetricsBody(BaseModel):
+    """One sample of a live session's resources."""
+
+    timestamp: str
+    cpu_count: int
+    cpu_used_pct: float = Field(description="since the previous sample, of cpu_count CPUs")
+    mem_used_bytes: int
+    mem_total_bytes: int = Field(description="the session's memory limit")
+    disk_used_bytes: int = Field(description="bytes in the workspace")
+    disk_total_bytes: int = Field(description="the workspace's size limit")
 
 
 class CellBody(_Request):

@@ -1,9 +1,11 @@
 """Per-tenant quotas: sandboxes at once, runs per minute, CPU seconds per day, stored bytes.
 
 Stored bytes are what the service keeps for a tenant: artifacts, each run's stdin (kept by its
-sha256 in the artifact store so that the run can be replayed, owned as an artifact), and runs
-held for approval (their stored request, stdin included, and their uploaded input files) until
-they are decided. A submission is refused when what it may leave stored would go over.
+sha256 in the artifact store so that the run can be replayed, owned as an artifact), runs held
+for approval (their stored request, stdin included, and their uploaded input files) until
+they are decided, and its saved session states (paused sessions, snapshots; counted from the
+executor's state store, which knows their owner). A submission is refused when what it may
+leave stored would go over; a pause, snapshot or fork when its estimated size would.
 
 Sandboxes at once and the rate window live in memory (a restart forgives a minute's runs and
 ends every session anyway); CPU per day and stored bytes live in the service store. Over a
@@ -40,8 +42,11 @@ def _too_many(detail: str, retry_after: int) -> ServiceProblem:
 class Quotas:
     """The quota checks of every run, cell and session start."""
 
-    def __init__(self, store: TenantStore) -> None:
+    def __init__(self, store: TenantStore, states: Callable[[str], int] | None = None) -> None:
+        """``states(tenant_id)``: the bytes of the tenant's saved session states (None: it
+        keeps none)."""
         self._store = store
+        self._states = states or (lambda _: 0)
         self._lock = threading.Lock()
         self._holding: dict[str, int] = {}
         self._starts: dict[str, deque[float]] = {}
@@ -69,8 +74,9 @@ class Quotas:
         command line); True if it freed anything, and the quota is checked again. Every
         admitted ``sandbox`` start is paired with one :meth:`release`."""
         cpu_ms, stored = self._store.usage(tenant.id)
+        stored += self._states(tenant.id)
         if settle is not None and self._over(tenant, stored, adding) and settle():
-            stored = self._store.stored_bytes(tenant.id)
+            stored = self._store.stored_bytes(tenant.id) + self._states(tenant.id)
         self._check_stored(tenant, stored, adding)
         self._check_cpu(tenant, cpu_ms)
         now = time.monotonic()
@@ -126,14 +132,25 @@ class Quotas:
         kept = self._store.stored_by_kind(tenant.id)
         what = (
             f"tenant {tenant.name!r} keeps {stored} bytes ({kept['artifact']} of artifacts and "
-            f"kept stdin, {kept['approval']} of runs waiting for approval with their inputs)"
+            f"kept stdin, {kept['approval']} of runs waiting for approval with their inputs, "
+            f"{self._states(tenant.id)} of paused sessions and snapshots)"
         )
         if stored < limit:
-            what += f"; this submission would add {adding} (its stdin and input files)"
+            what += (
+                f"; this would add about {adding} (its stdin and input files, or the session "
+                "state it saves)"
+            )
         raise _too_many(
             f"{what}, over its limit (max_stored_bytes {limit}). Free space: delete artifacts "
             "you no longer need with DELETE /v1/artifacts/{sha256} (a run's kept stdin is one, "
-            "by the stdin_sha256 of its record), and approve or deny the runs waiting for "
+            "by the stdin_sha256 of its record), paused sessions (DELETE /v1/paused/{id}) and "
+            "snapshots (DELETE /v1/snapshots/{name}), and approve or deny the runs waiting for "
             "approval (/v1/approvals); or send less",
             3600,
         )
+
+    def check_stored(self, tenant: Tenant, adding: int) -> None:
+        """Raise the stored-bytes 429 when ``adding`` more bytes would go over (a pause,
+        snapshot or fork, before it saves)."""
+        _, stored = self._store.usage(tenant.id)
+        self._check_stored(tenant, stored + self._states(tenant.id), adding)
