@@ -24,6 +24,10 @@ session's end of life, or a kernel that died ends the session, and the VM is kil
 come from :func:`sandcell.backends.cell.verdict.classify_cell` with the guest cgroup's usage, so a
 cell's outcome means the same on every rung.
 
+A session saves itself (its memory or its files) and comes back from a saved state through
+``session_pause.py`` and ``session_state.py``: QEMU's own migration stream with the RAM in a file
+that restored copies map copy-on-write, fresh entropy and the clock given to each copy.
+
 The VM is acquired on a keeper thread that lives until teardown: the jailed QEMU's bubblewrap dies
 with the thread that started it (``--die-with-parent``), so a session opened from a short-lived
 thread keeps its VM. If the supervisor dies, the jail takes QEMU with it and the backend's

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -152,6 +153,8 @@ def save_memory(
                 os.close(fd)
         if helper is not None:
             helper.destroy()
+        else:
+            shutil.rmtree(helper_dir, ignore_errors=True)
     os.chmod(ram, 0o600)
     # Durable before the save counts as done: a paused session must outlive a host restart.
     for path in (ram, state_dir / STATE):
