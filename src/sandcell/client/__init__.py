@@ -16,7 +16,7 @@ from __future__ import annotations
 from sandcell.client.aio import AsyncClient, AsyncRemoteSession
 from sandcell.client.errors import QuotaExceeded, ServiceError, ServiceUnavailable
 from sandcell.client.sync import Client, RemoteSession
-from sandcell.client.wire import Approval
+from sandcell.client.wire import Approval, SavedSession
 
 __all__ = [
     "Approval",
@@ -25,6 +25,7 @@ __all__ = [
     "Client",
     "QuotaExceeded",
     "RemoteSession",
+    "SavedSession",
     "ServiceError",
     "ServiceUnavailable",
 ]

@@ -19,6 +19,7 @@ from sandcell.client.sync import refusal, timeouts, unreachable
 from sandcell.client.wire import (
     Approval,
     Endpoint,
+    SavedSession,
     as_request,
     endpoint_from_env,
     run_body,
@@ -40,6 +41,7 @@ from sandcell.spec import (
 
 if TYPE_CHECKING:
     from sandcell.audit import AuditEntry
+    from sandcell.backends.cell.state import SandboxMetrics
     from sandcell.live_output import OutputListener
     from sandcell.sessions.session import SessionEnd, SessionInfo
 
@@ -257,8 +259,12 @@ class AsyncClient:
         landlock: bool | None = None,
         idle_timeout_s: float | None = None,
         max_lifetime_s: float | None = None,
+        on_idle: str = "end",
+        paused_ttl_s: float | None = None,
+        snapshot: str | None = None,
     ) -> AsyncRemoteSession:
-        """Open a session: ``async with await client.session() as s``."""
+        """Open a session: ``async with await client.session() as s`` (``snapshot``,
+        ``on_idle``: as :meth:`Client.session <sandcell.client.Client.session>`)."""
         body = session_body(
             profile=profile,
             limits=limits,
@@ -267,8 +273,35 @@ class AsyncClient:
             landlock=landlock,
             idle_timeout_s=idle_timeout_s,
             max_lifetime_s=max_lifetime_s,
+            on_idle=on_idle,
+            paused_ttl_s=paused_ttl_s,
+            snapshot=snapshot,
         )
-        return AsyncRemoteSession(self, await self._do(ops.session_open(body)))
+        call = ops.session_from_snapshot(body) if snapshot else ops.session_open(body)
+        return AsyncRemoteSession(self, await self._do(call))
+
+    async def resume(self, session_id: str) -> AsyncRemoteSession:
+        """Bring the paused session back, live, under its id (see
+        :meth:`Client.resume <sandcell.client.Client.resume>`)."""
+        return AsyncRemoteSession(self, await self._do(ops.resume(session_id)))
+
+    async def fork_paused(
+        self, session_id: str, n: int = 1, *, mode: str = "memory"
+    ) -> list[AsyncRemoteSession]:
+        opened = await self._do(ops.fork(session_id, n, mode, paused=True))
+        return [AsyncRemoteSession(self, s) for s in opened]
+
+    async def paused(self) -> list[SavedSession]:
+        return await self._do(ops.paused())
+
+    async def delete_paused(self, session_id: str) -> SavedSession:
+        return await self._do(ops.delete_paused(session_id))
+
+    async def snapshots(self) -> list[SavedSession]:
+        return await self._do(ops.snapshots())
+
+    async def delete_snapshot(self, name: str) -> SavedSession:
+        return await self._do(ops.delete_snapshot(name))
 
     # -- records -------------------------------------------------------------------------------
 
@@ -348,6 +381,25 @@ class AsyncRemoteSession:
 
     async def write_file(self, path: str, data: bytes) -> RunResult:
         return await self._client._do(ops.write_file(self.id, path, data))
+
+    async def pause(self, *, mode: str = "memory") -> SavedSession:
+        """Pause the session (see :meth:`RemoteSession.pause
+        <sandcell.client.RemoteSession.pause>`)."""
+        saved = await self._client._do(ops.pause(self.id, mode))
+        self._ended = "paused"
+        return saved
+
+    async def snapshot(
+        self, name: str, *, mode: str = "memory", ttl_s: float | None = None
+    ) -> SavedSession:
+        return await self._client._do(ops.snapshot(self.id, name, mode, ttl_s))
+
+    async def fork(self, n: int = 1, *, mode: str = "memory") -> list[AsyncRemoteSession]:
+        opened = await self._client._do(ops.fork(self.id, n, mode, paused=False))
+        return [AsyncRemoteSession(self._client, s) for s in opened]
+
+    async def metrics(self, since: str | None = None) -> list[SandboxMetrics]:
+        return await self._client._do(ops.metrics(self.id, since))
 
     async def close(self, *, exports: Sequence[str] = ()) -> SessionEnd:
         call = ops.session_close(self.id, tuple(exports))

@@ -11,11 +11,15 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from sandcell.audit import AuditEntry
+from sandcell.backends.cell.state import SandboxMetrics
 from sandcell.client.errors import ServiceError
 from sandcell.client.wire import (
     Approval,
+    SavedSession,
     approval_from_dict,
     audit_entry_from_dict,
+    metrics_from_dict,
+    saved_from_dict,
     status_result,
 )
 from sandcell.errors import ConfigError
@@ -218,6 +222,116 @@ def write_file(session_id: str, path: str, data: bytes) -> Call[RunResult]:
 def session_close(session_id: str, exports: tuple[str, ...]) -> Call[Mapping[str, Any]]:
     return Call(
         "POST", f"/v1/sessions/{_seg(session_id)}/close", _json, body={"exports": list(exports)}
+    )
+
+
+# -- sessions that last: pause, resume, snapshots, forks ----------------------------------------
+
+
+def _refused_save(error: ServiceError) -> Any:
+    """A save the session's rung cannot do (422 without field errors) is PauseRefused, and a
+    session the service no longer has is SessionEnded, as in-process."""
+    if error.status == 422 and not error.errors:
+        from sandcell.backends.cell.state import PauseRefused
+
+        raise PauseRefused(error.detail) from None
+    return _ended(error)
+
+
+def _state_refused(error: ServiceError) -> Any:
+    """A saved state the tenant does not have is StateNotFound; one changed on disk,
+    StateTampered, as in-process."""
+    from sandcell.sessions.states import StateNotFound, StateTampered
+
+    if error.status == 404:
+        raise StateNotFound(error.detail) from None
+    if error.status == 409:
+        raise StateTampered(error.detail) from None
+    raise error
+
+
+def _saved_list(b: bytes) -> list[SavedSession]:
+    return [saved_from_dict(s) for s in _json(b)]
+
+
+def pause(session_id: str, mode: str) -> Call[SavedSession]:
+    return Call(
+        "POST",
+        f"/v1/sessions/{_seg(session_id)}/pause",
+        lambda b: saved_from_dict(_json(b)),
+        body={"mode": mode},
+        refused=_refused_save,
+    )
+
+
+def snapshot(session_id: str, name: str, mode: str, ttl_s: float | None) -> Call[SavedSession]:
+    return Call(
+        "POST",
+        f"/v1/sessions/{_seg(session_id)}/snapshots",
+        lambda b: saved_from_dict(_json(b)),
+        body={"name": name, "mode": mode, "ttl_s": ttl_s},
+        refused=_refused_save,
+    )
+
+
+def fork(session_id: str, n: int, mode: str, *, paused: bool) -> Call[list[Mapping[str, Any]]]:
+    """Fork a live session (a 404: it has ended) or a paused one (a 404: no such state)."""
+
+    def refused(error: ServiceError) -> Any:
+        if paused:
+            return _state_refused(error)
+        return _refused_save(error)
+
+    return Call(
+        "POST",
+        f"/v1/sessions/{_seg(session_id)}/fork",
+        lambda b: [dict(s) for s in _json(b)["sessions"]],
+        body={"n": n, "mode": mode},
+        refused=refused,
+    )
+
+
+def resume(session_id: str) -> Call[Mapping[str, Any]]:
+    return Call("POST", f"/v1/sessions/{_seg(session_id)}/resume", _json, refused=_state_refused)
+
+
+def paused() -> Call[list[SavedSession]]:
+    return Call("GET", "/v1/paused", _saved_list)
+
+
+def delete_paused(session_id: str) -> Call[SavedSession]:
+    return Call(
+        "DELETE",
+        f"/v1/paused/{_seg(session_id)}",
+        lambda b: saved_from_dict(_json(b)),
+        refused=_state_refused,
+    )
+
+
+def snapshots() -> Call[list[SavedSession]]:
+    return Call("GET", "/v1/snapshots", _saved_list)
+
+
+def delete_snapshot(name: str) -> Call[SavedSession]:
+    return Call(
+        "DELETE",
+        f"/v1/snapshots/{_seg(name)}",
+        lambda b: saved_from_dict(_json(b)),
+        refused=_state_refused,
+    )
+
+
+def session_from_snapshot(body: Mapping[str, Any]) -> Call[Mapping[str, Any]]:
+    return Call("POST", "/v1/sessions", _json, body=body, refused=_state_refused)
+
+
+def metrics(session_id: str, since: str | None) -> Call[list[SandboxMetrics]]:
+    return Call(
+        "GET",
+        f"/v1/sessions/{_seg(session_id)}/metrics",
+        lambda b: [metrics_from_dict(m) for m in _json(b)],
+        params={"since": since} if since is not None else {},
+        refused=_ended,
     )
 
 

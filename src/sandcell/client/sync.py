@@ -16,6 +16,7 @@ from sandcell.client.streams import EventReader
 from sandcell.client.wire import (
     Approval,
     Endpoint,
+    SavedSession,
     as_request,
     endpoint_from_env,
     run_body,
@@ -37,6 +38,7 @@ from sandcell.spec import (
 
 if TYPE_CHECKING:
     from sandcell.audit import AuditEntry
+    from sandcell.backends.cell.state import SandboxMetrics
     from sandcell.live_output import OutputListener
     from sandcell.sessions.session import SessionEnd, SessionInfo
 
@@ -307,8 +309,13 @@ class Client:
         landlock: bool | None = None,
         idle_timeout_s: float | None = None,
         max_lifetime_s: float | None = None,
+        on_idle: str = "end",
+        paused_ttl_s: float | None = None,
+        snapshot: str | None = None,
     ) -> RemoteSession:
-        """:meth:`sandcell.Executor.session` on the service: one sandbox kept across cells."""
+        """:meth:`sandcell.Executor.session` on the service: one sandbox kept across cells.
+        ``snapshot`` starts it from that snapshot of the tenant's (StateNotFound without
+        one); ``on_idle="pause"`` pauses it at its idle timeout instead of ending it."""
         body = session_body(
             profile=profile,
             limits=limits,
@@ -317,8 +324,42 @@ class Client:
             landlock=landlock,
             idle_timeout_s=idle_timeout_s,
             max_lifetime_s=max_lifetime_s,
+            on_idle=on_idle,
+            paused_ttl_s=paused_ttl_s,
+            snapshot=snapshot,
         )
-        return RemoteSession(self, self._do(ops.session_open(body)))
+        call = ops.session_from_snapshot(body) if snapshot else ops.session_open(body)
+        return RemoteSession(self, self._do(call))
+
+    def resume(self, session_id: str) -> RemoteSession:
+        """Bring the paused session back, live, under its id (as
+        :meth:`sandcell.Executor.resume`; also after the service restarted). Raises
+        StateNotFound when the tenant has no such paused session, StateTampered when its
+        saved files changed."""
+        return RemoteSession(self, self._do(ops.resume(session_id)))
+
+    def fork_paused(
+        self, session_id: str, n: int = 1, *, mode: str = "memory"
+    ) -> list[RemoteSession]:
+        """``n`` live copies of a paused session, which stays paused."""
+        opened = self._do(ops.fork(session_id, n, mode, paused=True))
+        return [RemoteSession(self, s) for s in opened]
+
+    def paused(self) -> list[SavedSession]:
+        """The tenant's paused sessions, oldest first."""
+        return self._do(ops.paused())
+
+    def delete_paused(self, session_id: str) -> SavedSession:
+        """Forget a paused session for good."""
+        return self._do(ops.delete_paused(session_id))
+
+    def snapshots(self) -> list[SavedSession]:
+        """The tenant's snapshots, oldest first."""
+        return self._do(ops.snapshots())
+
+    def delete_snapshot(self, name: str) -> SavedSession:
+        """Forget a snapshot; sessions started from it go on."""
+        return self._do(ops.delete_snapshot(name))
 
     # -- records -------------------------------------------------------------------------------
 
@@ -412,6 +453,30 @@ class RemoteSession:
     def write_file(self, path: str, data: bytes) -> RunResult:
         """Write ``data`` to a workspace file (by a cell, recorded; its result)."""
         return self._client._do(ops.write_file(self.id, path, data))
+
+    def pause(self, *, mode: str = "memory") -> SavedSession:
+        """Pause the session (as :meth:`sandcell.sessions.Session.pause`): its state is saved
+        on the service and its sandbox ends; :meth:`Client.resume` brings it back. Raises
+        PauseRefused for a mode its rung does not offer (the session goes on)."""
+        saved = self._client._do(ops.pause(self.id, mode))
+        self._ended = "paused"
+        return saved
+
+    def snapshot(
+        self, name: str, *, mode: str = "memory", ttl_s: float | None = None
+    ) -> SavedSession:
+        """Keep a named copy of the session's state; the session goes on.
+        ``client.session(snapshot=name)`` starts sessions from it."""
+        return self._client._do(ops.snapshot(self.id, name, mode, ttl_s))
+
+    def fork(self, n: int = 1, *, mode: str = "memory") -> list[RemoteSession]:
+        """``n`` live copies of the session as it is now, each its own; this one goes on."""
+        opened = self._client._do(ops.fork(self.id, n, mode, paused=False))
+        return [RemoteSession(self._client, s) for s in opened]
+
+    def metrics(self, since: str | None = None) -> list[SandboxMetrics]:
+        """The session's resource samples at or after ``since`` (ISO 8601), oldest first."""
+        return self._client._do(ops.metrics(self.id, since))
 
     def close(self, *, exports: Sequence[str] = ()) -> SessionEnd:
         """End the session, exporting the files matching ``exports`` first. Idempotent."""

@@ -25,15 +25,19 @@ from sandcell.spec import (
 )
 
 if TYPE_CHECKING:
+    from sandcell.backends.cell.state import SandboxMetrics
     from sandcell.sessions.session import SessionEnd, SessionInfo
 
 __all__ = [
     "Approval",
     "Endpoint",
+    "SavedSession",
     "approval_from_dict",
     "endpoint_from_env",
     "files_body",
+    "metrics_from_dict",
     "run_body",
+    "saved_from_dict",
     "session_body",
     "session_end_from_dict",
     "session_info_from_dict",
@@ -199,6 +203,9 @@ def session_body(
     landlock: bool | None,
     idle_timeout_s: float | None,
     max_lifetime_s: float | None,
+    on_idle: str = "end",
+    paused_ttl_s: float | None = None,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     _check_profile(profile)
     if mode is not IsolationMode.STRICT or landlock is not None:
@@ -212,6 +219,9 @@ def session_body(
         "idle_timeout_s": idle_timeout_s,
         "max_lifetime_s": max_lifetime_s,
         "files": files_body(inputs),
+        "on_idle": on_idle,
+        "paused_ttl_s": paused_ttl_s,
+        "snapshot": snapshot,
     }
 
 
@@ -237,6 +247,64 @@ def session_info_from_dict(data: Mapping[str, Any]) -> SessionInfo:
         idle_timeout_s=float(data["idle_timeout_s"]),
         max_lifetime_s=float(data["max_lifetime_s"]),
         ended=None if data.get("ended") is None else str(data["ended"]),
+        on_idle=str(data.get("on_idle") or "end"),
+        parent=None if data.get("parent") is None else str(data["parent"]),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedSession:
+    """A paused session or a snapshot on the service, as it lists them (what
+    :meth:`StoredState.summary <sandcell.sessions.states.StoredState.summary>` says of one
+    in-process; the service keeps its files)."""
+
+    id: str
+    kind: str
+    """``paused`` or ``snapshot``."""
+    name: str | None
+    session_id: str
+    profile: str
+    backend: str
+    mode: str
+    """``memory`` or ``files``."""
+    created_at: str
+    expires_at: str | None
+    cells: int
+    stored_bytes: int
+    sha256: str
+
+    def summary(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def saved_from_dict(data: Mapping[str, Any]) -> SavedSession:
+    return SavedSession(
+        id=str(data["id"]),
+        kind=str(data["kind"]),
+        name=None if data.get("name") is None else str(data["name"]),
+        session_id=str(data["session_id"]),
+        profile=str(data["profile"]),
+        backend=str(data["backend"]),
+        mode=str(data["mode"]),
+        created_at=str(data["created_at"]),
+        expires_at=None if data.get("expires_at") is None else str(data["expires_at"]),
+        cells=int(data["cells"]),
+        stored_bytes=int(data["stored_bytes"]),
+        sha256=str(data["sha256"]),
+    )
+
+
+def metrics_from_dict(data: Mapping[str, Any]) -> SandboxMetrics:
+    from sandcell.backends.cell.state import SandboxMetrics
+
+    return SandboxMetrics(
+        timestamp=str(data["timestamp"]),
+        cpu_count=int(data["cpu_count"]),
+        cpu_used_pct=float(data["cpu_used_pct"]),
+        mem_used_bytes=int(data["mem_used_bytes"]),
+        mem_total_bytes=int(data["mem_total_bytes"]),
+        disk_used_bytes=int(data["disk_used_bytes"]),
+        disk_total_bytes=int(data["disk_total_bytes"]),
     )
 
 
