@@ -5,12 +5,21 @@ a session in a detached server process (:mod:`sandcell.sessions.server`) found t
 registry in the data directory (:mod:`sandcell.sessions.registry`). A session can be paused and
 resumed, copied into a named snapshot, and forked (:mod:`sandcell.sessions.saving`); its saved
 states live under the home (:mod:`sandcell.sessions.states`) and each of those steps is an entry
-of the audit chain (:mod:`sandcell.sessions.events`).
+of the audit chain (:mod:`sandcell.sessions.events`). Background processes, terminals and
+directory watches in a session: :mod:`sandcell.sessions.processes`.
 """
 
 from __future__ import annotations
 
 from sandcell.backends.cell.state import PauseMode, PauseRefused, SandboxMetrics
+from sandcell.sessions.processes import (
+    ProcessInfo,
+    ProcessNotFound,
+    ProcessOutput,
+    SpawnFailed,
+    SpawnRefused,
+    WatchEvent,
+)
 from sandcell.sessions.saving import MAX_FORKS
 from sandcell.sessions.session import (
     DEFAULT_IDLE_TIMEOUT_S,
@@ -32,12 +41,18 @@ __all__ = [
     "OnIdle",
     "PauseMode",
     "PauseRefused",
+    "ProcessInfo",
+    "ProcessNotFound",
+    "ProcessOutput",
     "SandboxMetrics",
     "Session",
     "SessionEnd",
     "SessionEnded",
     "SessionInfo",
+    "SpawnFailed",
+    "SpawnRefused",
     "StateNotFound",
     "StateTampered",
     "StoredState",
+    "WatchEvent",
 ]

@@ -51,6 +51,7 @@ from sandcell.policy.profiles import Profile, load_profile
 from sandcell.sessions import saving
 from sandcell.sessions.bash_cell import bash_cell
 from sandcell.sessions.metrics import SAMPLE_EVERY_S, MetricsHistory
+from sandcell.sessions.processes import ProcessControl
 from sandcell.sessions.states import (
     SessionSettings,
     StateNotFound,
@@ -129,10 +130,12 @@ def _close_live_sessions() -> None:
             session.close()
 
 
-class Session:
+class Session(ProcessControl):
     """One live session; open it with :meth:`sandcell.Executor.session`.
 
     Thread-safe: cells run one at a time. Use it as a context manager, or call :meth:`close`.
+    Background processes, terminals and watches: :class:`ProcessControl`
+    (:mod:`sandcell.sessions.processes`).
     """
 
     def __init__(

@@ -103,9 +103,11 @@ BOOT_FAILED_STATUS = 125
 """Exit status of the boot when it could not apply a layer it was asked for."""
 PLAN_FORMAT = 1
 
-DEV_READ_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/shm")
+DEV_READ_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/shm", "/dev/pts")
 """``/dev/shm`` is a directory on the sandbox's private ``/dev``; POSIX semaphores (hence
-``multiprocessing`` locks, queues and pools) are created there."""
+``multiprocessing`` locks, queues and pools) are created there. ``/dev/pts`` is the sandbox's
+own devpts instance (bubblewrap mounts a new one; ``/dev/ptmx`` links into it): pseudo-terminals
+for a session's terminals (:mod:`sandcell.sessions.processes`), none of the host's."""
 DEV_READ_ONLY = ("/dev/urandom", "/dev/random")
 ETC_FILES = ("/etc/passwd", "/etc/group", "/etc/hosts", "/etc/nsswitch.conf")
 """The synthetic ``/etc`` files of the sandbox, read by ``id``, ``getpass`` and name resolution."""

@@ -4,6 +4,8 @@ Each is a standalone script that imports nothing of sandcell (the sandbox has on
 ``_boot.py`` applies the last isolation layers and starts the program, ``_kernel.py`` is a
 session's long-lived interpreter, ``_display.py`` runs a cell as a notebook would and writes its
 rich outputs. The namespaces backend, gVisor and the microVM guest run the same files.
+``_procs.py``, a session's manager of background processes, terminals and watches, is not
+shipped: :mod:`sandcell.sessions.processes` sends its source into the kernel on first use.
 """
 
 from __future__ import annotations
@@ -14,3 +16,4 @@ _HERE = Path(__file__).resolve().parent
 BOOT_SCRIPT = _HERE / "_boot.py"
 KERNEL_SCRIPT = _HERE / "_kernel.py"
 DISPLAY_SCRIPT = _HERE / "_display.py"
+PROCS_SCRIPT = _HERE / "_procs.py"
