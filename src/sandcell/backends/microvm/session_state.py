@@ -57,6 +57,8 @@ SAVE_TIMEOUT_S = 180.0
 """For the whole save (the stream of a guest of some hundred MiB and a sync, on a busy host)."""
 RESTORE_TIMEOUT_S = 60.0
 _IGNORE_SHARED = "x-ignore-shared"
+_UNLIMITED = 1 << 40
+"""Bytes per second: no limit that matters."""
 _HOST_ONLY_LIMITS = ("wall_time_s",)
 """Limits the host enforces per cell, free to differ on restore; the rest are in the guest's
 saved memory (its cgroup, the kernel's rlimits, the workspace's tmpfs)."""
@@ -120,6 +122,9 @@ def save_memory(
         _caps(hq, False, deadline)
         hq.execute("migrate-incoming", uri=f"fd:{helper_fd}", deadline=deadline)
         _caps(q, False, deadline)
+        # QEMU rate-limits a migration (128 MiB/s by default) for a live guest's sake; this
+        # one is stopped, and the stream goes to a local pipe.
+        q.execute("migrate-set-parameters", deadline=deadline, **{"max-bandwidth": _UNLIMITED})
         t0 = time.monotonic()
         q.execute("stop", deadline=deadline)
         stopped = True
