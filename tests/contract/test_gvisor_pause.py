@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.conftest import UnprivEnv
 
 from sandcell.backends.cell.state import PauseMode, RestorePoint, SavedState
 from sandcell.errors import ConfigError, IsolationUnavailable
@@ -306,3 +309,77 @@ def test_metrics(gv: object) -> None:
         assert second.timestamp >= first.timestamp
     finally:
         box.teardown()  # type: ignore[attr-defined]
+
+
+_AS_USER = textwrap.dedent(
+    """
+    import json, sys, tempfile
+    from pathlib import Path
+    from sandcell.backends.cell.state import PauseMode, PauseRefused, RestorePoint
+    from sandcell.backends.gvisor import GVisorBackend
+    from sandcell.errors import IsolationUnavailable
+    from sandcell.spec import IsolationMode, Limits, RunRequest
+
+    request = RunRequest(code="", mode=IsolationMode.RLIMITS, limits=Limits(wall_time_s=60))
+    try:
+        backend = GVisorBackend()
+    except IsolationUnavailable as exc:
+        print(json.dumps({"unavailable": str(exc)}))
+        raise SystemExit(0)
+    out = {}
+
+    def cell(box, code):
+        r = box.run_cell(code, timeout_s=60, hard_deadline=None)
+        assert r.outcome.value == "ok", r.stderr.decode(errors="replace")
+        return r.stdout.decode()
+
+    try:
+        state = Path(tempfile.mkdtemp())
+        box = backend.session_sandbox(request, session_id="rootless-save")
+        box.start()
+        try:
+            cell(box, "import os; x = 1; os.mkdir('d'); open('d/f', 'w').write('kept')")
+            out["modes"] = sorted(m.value for m in box.pause_modes)
+            try:
+                box.save(state, mode=PauseMode.MEMORY, keep_running=True)
+            except PauseRefused as exc:
+                out["memory"] = str(exc)
+            out["metrics"] = box.metrics().to_dict()
+            saved = box.save(state, mode=PauseMode.FILES, keep_running=False)
+        finally:
+            box.teardown()
+        again = backend.session_sandbox(request, session_id="rootless-back",
+                                        restore=RestorePoint(state_dir=state, saved=saved))
+        again.start()
+        try:
+            out["seen"] = cell(again, "print(open('d/f').read(), 'x' in globals())")
+            out["write"] = cell(again, "open('d/g', 'w').write('w'); print('ok')")
+        finally:
+            again.teardown()
+    finally:
+        backend.close()
+    print(json.dumps(out))
+    """
+).strip()
+
+
+def test_files_pause_as_an_ordinary_user(unpriv: UnprivEnv) -> None:
+    """Rootless gVisor: memory refused (the workspace is the helper's), files kept and filled
+    through the helper's view before the first cell."""
+    cmd = [
+        "runuser", "-u", unpriv.user, "--", "env", "-i",
+        "PATH=/usr/bin:/bin", f"HOME={unpriv.home}", f"PYTHONPATH={unpriv.pythonpath}",
+        f"SANDCELL_HOME={unpriv.home}", f"SANDCELL_RUNS={unpriv.runs}",
+        *([f"PYTHONPYCACHEPREFIX={unpriv.pycache}"] if unpriv.pycache is not None else []),
+        unpriv.python, "-c", _AS_USER,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    out = json.loads(proc.stdout)
+    if "unavailable" in out:
+        pytest.skip(f"rootless gVisor is not usable here: {out['unavailable']}")
+    assert out["modes"] == ["files"]
+    assert "rootless" in out["memory"], out["memory"]
+    assert out["metrics"]["disk_total_bytes"] > 0
+    assert out["seen"] == "kept False\n"
+    assert out["write"] == "ok\n"
