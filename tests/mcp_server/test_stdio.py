@@ -33,6 +33,9 @@ TOOLS = {
     "session_open",
     "session_run",
     "session_close",
+    "session_pause",
+    "session_resume",
+    "session_fork",
     "list_profiles",
     "get_artifact",
 }

@@ -5,6 +5,10 @@ the connection itself, and it is closed when that connection ends; on the statel
 protocol, where every request stands alone, the authenticated principal (or nobody, over stdio),
 and it ends on its idle or lifetime limit, an explicit close, or the server's shutdown. Another
 owner asking for a session id gets the same answer as for an id that never existed.
+
+A session that paused (``session_pause``, or by itself at its idle timeout with
+``on_idle="pause"``) leaves the registry, but its staged inline inputs stay (:meth:`kept_inputs`)
+until it is resumed here, since a resume reads them again; they go at the server's shutdown.
 """
 
 from __future__ import annotations
@@ -32,21 +36,33 @@ class McpSessions:
         self.max_per_owner = max_per_owner
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        self._paused_inputs: dict[str, StagedInputs] = {}
+        """Inputs of sessions that paused, by session id, for their resume."""
 
-    def check_room(self, owner: Hashable) -> None:
-        """Refuse another session for ``owner`` when it already has the most it may hold."""
+    def check_room(self, owner: Hashable, *, adding: int = 1) -> None:
+        """Refuse ``adding`` more sessions for ``owner`` when it would hold more than it may."""
         self._sweep()
         with self._lock:
             count = sum(1 for e in self._entries.values() if e.owner == owner)
-        if count >= self.max_per_owner:
+        if count + adding > self.max_per_owner:
             raise ConfigError(
-                f"this client already has {count} open sessions, the most it may hold; close "
-                "one with session_close first"
+                f"this client has {count} open sessions and may hold {self.max_per_owner}; "
+                "close one with session_close (or pause it with session_pause) first"
             )
 
     def add(self, session: Session, owner: Hashable, inputs: StagedInputs) -> None:
         with self._lock:
             self._entries[session.id] = _Entry(session, owner, inputs)
+
+    def kept_inputs(self, session_id: str) -> StagedInputs:
+        """The staged inputs a paused session left, handed to its resumed session (none: an
+        empty set, its inputs are host paths or it had none)."""
+        with self._lock:
+            return self._paused_inputs.pop(session_id, None) or StagedInputs((), None)
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session that ended (paused: its inputs are kept for the resume)."""
+        self._drop(session_id)
 
     def get(self, session_id: str, owner: Hashable) -> Session:
         """The live session ``session_id`` of ``owner``; raises SessionEnded (an error that says
@@ -86,6 +102,10 @@ class McpSessions:
             ids = list(self._entries)
         for sid in ids:
             self._close_quietly(sid)
+        with self._lock:
+            kept, self._paused_inputs = list(self._paused_inputs.values()), {}
+        for inputs in kept:
+            inputs.close()
         return len(ids)
 
     def live_ids(self) -> list[str]:
@@ -113,5 +133,8 @@ class McpSessions:
     def _drop(self, session_id: str) -> None:
         with self._lock:
             entry = self._entries.pop(session_id, None)
+            if entry is not None and entry.session.ended == "paused":
+                self._paused_inputs[session_id] = entry.inputs
+                return
         if entry is not None:
             entry.inputs.close()

@@ -391,6 +391,7 @@ class SandcellTools:
                     mode=self.settings.mode,
                     idle_timeout_s=idle_timeout_s,
                     max_lifetime_s=max_lifetime_s,
+                    owner=self.state_owner(),
                 )
             except BaseException:
                 staged.close()
@@ -590,6 +591,13 @@ class SandcellTools:
             while len(self._artifacts) > 4 * REMEMBERED:
                 del self._artifacts[next(iter(self._artifacts))]
 
+    @staticmethod
+    def state_owner() -> str | None:
+        """Whose a session's saved states are: the authenticated client's (the service's
+        tenant id), or no one's (one local user: stdio, an open loopback server)."""
+        token = get_access_token()
+        return token.client_id if token is not None else None
+
     def _owner(self, ctx: Context) -> Hashable:
         """Who a session belongs to: the connection, where the protocol has one that lasts
         (its end closes the session); else the authenticated principal."""
@@ -609,6 +617,11 @@ class SandcellTools:
     def close(self) -> int:
         """Close every session this server opened (at shutdown); returns how many."""
         return self.sessions.close_all()
+
+    # What the tools of sessions that last (sandcell.mcp.session_states) share with these.
+    owner_of = _owner
+    offered_profiles = _offered
+    admitted = _admitted
 
 
 _NOBODY = object()

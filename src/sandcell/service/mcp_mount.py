@@ -58,6 +58,11 @@ class _TenantHooks:
         if tenant_id is None:  # authentication is always on for /mcp; never without a key
             raise ConfigError("this MCP endpoint needs a tenant's API key")
         tenant = _tenant(self._service, tenant_id)  # its quotas as they are now
+        if what == "save":
+            # A pause's save: it starts nothing; refused once the stored bytes are spent.
+            self._service.quotas.check_stored(tenant, 0)
+            yield
+            return
         holds = what in ("run", "session")
         # A ServiceProblem (429) here refuses the call; the MCP server shows its detail.
         self._service.admit(tenant, sandbox=holds)
