@@ -21,9 +21,13 @@ from sandcell.e2b.connect_rpc import STREAM_TYPE, connect_error, end_of_stream
 from sandcell.e2b.control import control_routes
 from sandcell.e2b.errors import E2BError, from_exception, json_error
 from sandcell.e2b.files import file_routes
+from sandcell.e2b.forking import fork_routes
 from sandcell.e2b.interpreter import interpreter_routes
+from sandcell.e2b.pausing import pause_routes
 from sandcell.e2b.process import process_routes
 from sandcell.e2b.registry import SandboxRegistry
+from sandcell.e2b.sandbox_metrics import metrics_routes
+from sandcell.e2b.snapshots import snapshot_routes
 from sandcell.e2b.unserved import unserved_routes
 from sandcell.errors import SandcellError
 from sandcell.service.core import Service
@@ -78,9 +82,15 @@ def e2b_app(service: Service) -> Starlette:
     """The E2B API over ``service``: its tenants, quotas, executor and record."""
     routes = [
         Route("/health", health, methods=["GET"]),
-        # First: /sandboxes/metrics would otherwise be read as the sandbox "metrics".
+        # Before the unserved templates: DELETE /templates/{id} deletes a snapshot.
+        *snapshot_routes(),
+        # Before the control plane: /sandboxes/metrics would otherwise be read as the sandbox
+        # "metrics".
         *unserved_routes(),
         *control_routes(),
+        *pause_routes(),
+        *fork_routes(),
+        *metrics_routes(),
         *file_routes(),
         *process_routes(),
         *interpreter_routes(),

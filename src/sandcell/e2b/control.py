@@ -1,13 +1,14 @@
 """E2B's control plane: create, connect, list, get, set the timeout of and kill sandboxes.
 
 Authenticated by the tenant's key in ``X-API-KEY``. A sandbox is a session on the tenant's
-profile: ``templateID`` names one of the tenant's profiles, or is an E2B template name
-(``base``, ``code-interpreter-v1``...) for the tenant's default profile.
+profile: ``templateID`` names one of the tenant's profiles, one of the tenant's snapshots
+(:mod:`.snapshots`: the sandbox starts from it), or is an E2B template name (``base``,
+``code-interpreter-v1``...) for the tenant's default profile. A paused sandbox
+(:mod:`.pausing`) is listed, described, resumed by ``connect`` and deleted by ``kill``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 
 from starlette.requests import Request
@@ -15,11 +16,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandcell.e2b.errors import E2BError
-from sandcell.e2b.fs_cells import cell_for, reply_of
+from sandcell.e2b.labels import AutoPause
 from sandcell.e2b.listing import ListQuery
-from sandcell.e2b.paths import HOME
-from sandcell.e2b.registry import E2BSandbox, SandboxRegistry, new_token
-from sandcell.e2b.runner import run_cell
+from sandcell.e2b.opening import Opening, adopt, open_sessions
+from sandcell.e2b.paused import PausedSandbox, paused_detail_json, paused_of, paused_of_tenant
+from sandcell.e2b.pausing import resume
+from sandcell.e2b.registry import E2BSandbox
+from sandcell.e2b.snapshots import snapshot_of, start_from_snapshot
+from sandcell.e2b.tenancy import caller
 from sandcell.e2b.wire import (
     ConnectBody,
     NewSandbox,
@@ -29,115 +33,97 @@ from sandcell.e2b.wire import (
     parse,
     sandbox_json,
 )
-from sandcell.service.core import LiveSession, Service
-from sandcell.service.tenants import Tenant
 
 __all__ = ["control_routes"]
 
 _SESSION_LIFE_S = 86_400.0
 
 
-def _tenant(request: Request, service: Service) -> Tenant:
-    key = request.headers.get("x-api-key")
-    if not key:
-        raise E2BError(401, "send a tenant's API key as X-API-KEY (E2B_API_KEY)")
-    tenant = service.tenants.authenticate(key)
-    if tenant is None:
-        raise E2BError(401, "unknown or revoked API key")
-    return tenant
-
-
-def _ctx(request: Request) -> tuple[Service, SandboxRegistry]:
-    return request.app.state.service, request.app.state.registry
+def _auto_pause(body: NewSandbox) -> AutoPause:
+    """What the sandbox's timeout does, from ``lifecycle`` at create."""
+    if body.auto_resume is not None and body.auto_resume.enabled:
+        raise E2BError(
+            400,
+            "lifecycle auto_resume is not served: traffic to a paused sandbox does not resume "
+            "it; resume it with Sandbox.connect (leave auto_resume out)",
+        )
+    if not body.auto_pause:
+        return "off"
+    if body.auto_pause_memory is None:
+        return "best"
+    return "memory" if body.auto_pause_memory else "files"
 
 
 async def create(request: Request) -> Response:
-    service, registry = _ctx(request)
-    tenant = _tenant(request, service)
+    service, registry, tenant = caller(request)
     body = parse(NewSandbox, await request.body())
+    auto_pause = _auto_pause(body)
+    if body.template_id not in tenant.profiles:
+        snapshot = snapshot_of(service, tenant, body.template_id)
+        if snapshot is not None:
+            box = await start_from_snapshot(
+                service, registry, tenant, body, snapshot, auto_pause=auto_pause
+            )
+            return JSONResponse(sandbox_json(box), status_code=201)
     profile_name = body.template_id if body.template_id in tenant.profiles else None
     profile = service.profile_for(tenant, profile_name)
-    service.admit(tenant, sandbox=True)
-    try:
-        session = await service.in_thread(
-            lambda: service.executor.session(
-                profile=profile, idle_timeout_s=_SESSION_LIFE_S, max_lifetime_s=_SESSION_LIFE_S
-            ),
-            session=True,
-        )
-    except BaseException:
-        service.quotas.release(tenant.id)
-        raise
-    live = LiveSession(
-        tenant=tenant.id,
-        session=session,
-        inputs_dir=None,
-        surface="e2b",
-        # The access token handed out below lasts as long as this key: rotating it ends the
-        # sandbox (SandboxRegistry).
-        key_sha256=tenant.key_sha256,
+    (session,) = await open_sessions(
+        service,
+        tenant,
+        lambda: [
+            service.executor.session(
+                profile=profile,
+                idle_timeout_s=_SESSION_LIFE_S,
+                max_lifetime_s=_SESSION_LIFE_S,
+                # The E2B timeout is the registry's; this covers the day's lifetime, should it
+                # come first.
+                on_idle="end" if auto_pause == "off" else "pause",
+                owner=tenant.id,
+            )
+        ],
     )
-    service.add_session(live)
-    box = E2BSandbox(
-        id=session.id,
-        tenant=tenant.id,
+    opening = Opening(
         template=body.template_id,
-        live=live,
-        token=new_token(),
-        workspace="",
         metadata=dict(body.metadata or {}),
         env=dict(body.env_vars or {}),
-        started_at=dt.datetime.now(dt.UTC),
-        deadline=time.monotonic() + body.timeout,
+        timeout_s=body.timeout,
+        auto_pause=auto_pause,
     )
-    registry.add(box)
-    try:
-        await _setup(service, tenant, box)
-    except BaseException:
-        await service.in_thread(lambda: registry.kill(box, "its setup failed"), session=True)
-        raise
+    box = await adopt(service, registry, tenant, session, opening)
     return JSONResponse(sandbox_json(box), status_code=201)
 
 
-async def _setup(service: Service, tenant: Tenant, box: E2BSandbox) -> None:
-    """Learn where the workspace is inside the sandbox, and give the kernel the sandbox's
-    environment variables (commands get them on their own)."""
-    service.admit(tenant, sandbox=False)
-    # Every rung shows the workspace at /home/user too (layout.SANDBOX_HOME): E2B code starts
-    # there, as it would in an E2B sandbox, and the kernel's directory is the workspace's path
-    # from then on.
-    # PWD too: the home and /sandbox are one directory, so a shell would trust an inherited
-    # PWD=/sandbox and print that.
-    code = f"import os as _o\n_o.chdir({HOME!r})\n_o.environ['PWD'] = {HOME!r}\ndel _o\n"
-    code += cell_for("pwd", "")
-    if box.env:
-        code = f"import os as _o\n_o.environ.update({box.env!r})\ndel _o\n" + code
-    reply = reply_of(await run_cell(service, tenant, box, code), "/")
-    root = reply.get("root")
-    if not isinstance(root, str) or not root.startswith("/"):
-        raise E2BError(500, "the sandbox did not say where its workspace is")
-    box.workspace = root
-
-
 async def connect(request: Request) -> Response:
-    service, registry = _ctx(request)
-    tenant = _tenant(request, service)
-    box = registry.owned(tenant.id, request.path_params["sandbox_id"])
+    """The sandbox, running: resumed (201) when it was paused, as it is (200) otherwise."""
+    service, registry, tenant = caller(request)
+    sandbox_id = request.path_params["sandbox_id"]
     body = parse(ConnectBody, await request.body())
+    # A pause under way (its timeout's) finishes first, and the connect resumes it.
+    await service.in_thread(lambda: registry.wait_paused(sandbox_id), session=True)
+    if registry.find(tenant.id, sandbox_id) is None:
+        resumed = await resume(service, registry, tenant, sandbox_id, body)
+        if resumed is not None:
+            return JSONResponse(sandbox_json(resumed), status_code=201)
+    box = registry.owned(tenant.id, sandbox_id)
     if body.timeout is not None:
         registry.set_timeout(box, body.timeout)
     return JSONResponse(sandbox_json(box), status_code=200)
 
 
 async def get_info(request: Request) -> Response:
-    service, registry = _ctx(request)
-    tenant = _tenant(request, service)
-    return JSONResponse(detail_json(registry.owned(tenant.id, request.path_params["sandbox_id"])))
+    service, registry, tenant = caller(request)
+    sandbox_id = request.path_params["sandbox_id"]
+    box = registry.find(tenant.id, sandbox_id)
+    if box is not None:
+        return JSONResponse(detail_json(box))
+    paused = paused_of(service, tenant.id, sandbox_id)
+    if paused is None:
+        raise E2BError(404, f"sandbox {sandbox_id!r} was not found")
+    return JSONResponse(paused_detail_json(paused))
 
 
 async def set_timeout(request: Request) -> Response:
-    service, registry = _ctx(request)
-    tenant = _tenant(request, service)
+    _, registry, tenant = caller(request)
     box = registry.owned(tenant.id, request.path_params["sandbox_id"])
     registry.set_timeout(box, parse(TimeoutBody, await request.body()).timeout)
     return Response(status_code=204)
@@ -145,8 +131,7 @@ async def set_timeout(request: Request) -> Response:
 
 async def refresh(request: Request) -> Response:
     """Keep the sandbox alive ``duration`` seconds more from now (never shortens it)."""
-    service, registry = _ctx(request)
-    tenant = _tenant(request, service)
+    _, registry, tenant = caller(request)
     box = registry.owned(tenant.id, request.path_params["sandbox_id"])
     duration = parse(RefreshBody, await request.body()).duration
     if box.deadline < time.monotonic() + duration:
@@ -155,23 +140,38 @@ async def refresh(request: Request) -> Response:
 
 
 async def kill(request: Request) -> Response:
-    service, registry = _ctx(request)
-    tenant = _tenant(request, service)
-    box = registry.owned(tenant.id, request.path_params["sandbox_id"])
-    await service.in_thread(lambda: registry.kill(box, "killed by its client"), session=True)
+    """End a running sandbox, or delete a paused one's state (404: neither, so the SDK's
+    ``kill`` returns False)."""
+    service, registry, tenant = caller(request)
+    sandbox_id = request.path_params["sandbox_id"]
+    await service.in_thread(lambda: registry.wait_paused(sandbox_id), session=True)
+    box = registry.find(tenant.id, sandbox_id)
+    if box is not None:
+        await service.in_thread(lambda: registry.kill(box, "killed by its client"), session=True)
+        return Response(status_code=204)
+    if paused_of(service, tenant.id, sandbox_id) is None:
+        raise E2BError(404, f"sandbox {sandbox_id!r} was not found")
+    await service.in_thread(
+        lambda: service.executor.delete_paused(sandbox_id, owner=tenant.id), session=True
+    )
     return Response(status_code=204)
 
 
 async def list_sandboxes(request: Request) -> Response:
-    """The tenant's running sandboxes that the query names, in its order, a page of ``limit``
-    at a time (the next page's token, a cursor, in ``x-next-token``)."""
-    service, registry = _ctx(request)
-    tenant = _tenant(request, service)
+    """The tenant's sandboxes, running and paused, that the query names, in its order, a page
+    of ``limit`` at a time (the next page's token, a cursor, in ``x-next-token``)."""
+    service, registry, tenant = caller(request)
     query = ListQuery.of(request.query_params)
-    boxes = [b for b in registry.of_tenant(tenant.id) if query.matches(b)]
-    page, next_token = query.page(boxes)
+    listed: list[E2BSandbox | PausedSandbox] = [
+        b for b in registry.of_tenant(tenant.id) if query.matches(b)
+    ]
+    if "paused" in query.states:
+        found = await service.in_thread(lambda: paused_of_tenant(service, tenant.id))
+        listed += [p for p in found if query.matches(p)]
+    page, next_token = query.page(listed)
     headers = {"x-next-token": next_token} if next_token is not None else {}
-    return JSONResponse([detail_json(b) for b in page], headers=headers)
+    shown = [detail_json(b) if isinstance(b, E2BSandbox) else paused_detail_json(b) for b in page]
+    return JSONResponse(shown, headers=headers)
 
 
 def control_routes() -> list[Route]:

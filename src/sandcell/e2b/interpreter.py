@@ -219,6 +219,7 @@ async def create_context(request: Request) -> Response:
         path=f"{box.workspace}/{relative}" if relative else box.workspace,
     )
     box.contexts[context.id] = context
+    box.remember()  # a pause with the kernel's memory keeps the context (a scope of it)
     return JSONResponse(context.to_json())
 
 
@@ -252,6 +253,7 @@ async def remove_context(request: Request) -> Response:
     box, context_id = _context(request)
     # Gone from the list first: a cell sent meanwhile is refused rather than recreating it.
     box.contexts.pop(context_id, None)
+    box.remember()
     await _drop(request, box, context_id)
     return Response(status_code=204)
 

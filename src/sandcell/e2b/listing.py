@@ -1,5 +1,5 @@
-"""``Sandbox.list``: which of a tenant's sandboxes a query names, in which order, a page at a
-time.
+"""``Sandbox.list``: which of a tenant's sandboxes (running and paused) a query names, in which
+order, a page at a time.
 
 The query is E2B's (``metadata``, ``state``, ``startedAfter``, ``template``, ``order``,
 ``limit``, ``nextToken``). A page's token is a cursor, the start time and id of its last
@@ -15,11 +15,11 @@ import datetime as dt
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from sandcell.e2b.errors import E2BError
-from sandcell.e2b.registry import E2BSandbox
 
-__all__ = ["ListQuery"]
+__all__ = ["ListQuery", "Listed"]
 
 _PAGE = 100
 _MAX_PAGE = 1000
@@ -46,11 +46,30 @@ def _when(raw: str | None) -> dt.datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
 
 
-def _key(box: E2BSandbox) -> tuple[dt.datetime, str]:
+class Listed(Protocol):
+    """A sandbox as a listing sees it: a running one (:class:`~sandcell.e2b.registry.
+    E2BSandbox`) or a paused one (:class:`~sandcell.e2b.paused.PausedSandbox`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def template(self) -> str: ...
+    @property
+    def metadata(self) -> Mapping[str, str]: ...
+    @property
+    def started_at(self) -> dt.datetime: ...
+    @property
+    def state(self) -> str: ...
+
+
+L = TypeVar("L", bound=Listed)
+
+
+def _key(box: Listed) -> tuple[dt.datetime, str]:
     return (box.started_at, box.id)
 
 
-def _token(box: E2BSandbox) -> str:
+def _token(box: Listed) -> str:
     text = f"{box.started_at.isoformat()}|{box.id}"
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
@@ -78,7 +97,7 @@ class ListQuery:
     metadata: dict[str, str]
     """Every pair must be in the sandbox's metadata; empty: no filter."""
     states: frozenset[str]
-    """``running`` and/or ``paused``; a sandbox here is always running."""
+    """``running`` and/or ``paused`` (both when the query names neither, as on E2B)."""
     started_after: dt.datetime | None
     """Only sandboxes started at or after it."""
     template: str | None
@@ -92,7 +111,7 @@ class ListQuery:
     @classmethod
     def of(cls, params: Mapping[str, str]) -> ListQuery:
         """The query of ``params``, or a 400 naming the parameter that is wrong."""
-        states = frozenset(s for s in (params.get("state") or "running").split(",") if s)
+        states = frozenset(s for s in (params.get("state") or "").split(",") if s) or _STATES
         if not states <= _STATES:
             raise E2BError(400, f"state: give running and/or paused, not {sorted(states)}")
         order = (params.get("order") or "asc").lower()
@@ -114,15 +133,15 @@ class ListQuery:
             after=_cursor(params.get("nextToken")),
         )
 
-    def matches(self, box: E2BSandbox) -> bool:
+    def matches(self, box: Listed) -> bool:
         return (
-            "running" in self.states
+            box.state in self.states
             and all(box.metadata.get(k) == v for k, v in self.metadata.items())
             and (self.started_after is None or box.started_at >= self.started_after)
             and (self.template is None or box.template == self.template)
         )
 
-    def page(self, boxes: Sequence[E2BSandbox]) -> tuple[list[E2BSandbox], str | None]:
+    def page(self, boxes: Sequence[L]) -> tuple[list[L], str | None]:
         """This query's page of ``boxes`` (the ones it matches) and the next page's token
         (None: this is the last page)."""
         ordered = sorted(boxes, key=_key, reverse=self.descending)

@@ -1,11 +1,14 @@
 """The E2B sandboxes of the service: which tenant's session each id is, its access token, its
-deadline, its code contexts; and the reaper that ends a sandbox when its timeout passes.
+deadline, its code contexts; and the reaper that ends (or, with ``autoPause``, pauses) a sandbox
+when its timeout passes.
 
 A sandbox's id is its session's id, so a run record's ``session_id`` names the E2B sandbox it
 ran in. Its access token (sent back as ``envdAccessToken`` and ``trafficAccessToken``, which the
 SDKs then send on every envd and interpreter call) is what authorises those calls: they carry
 no API key. The session itself is made with a day's idle time and lifetime (E2B's longest
-sandbox); the E2B timeout, which ``set_timeout`` moves, is enforced here.
+sandbox); the E2B timeout, which ``set_timeout`` moves, is enforced here. A paused sandbox is
+not here: it is its session's paused state under the home, with the sandbox's labels
+(:mod:`sandcell.e2b.labels`), until a connect resumes it (:mod:`sandcell.e2b.pausing`).
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from sandcell.backends.cell.state import PauseMode
 from sandcell.e2b.errors import E2BError
+from sandcell.e2b.labels import AutoPause, SandboxLabels
 from sandcell.errors import SandcellError
 from sandcell.service.core import LiveSession, Service
+from sandcell.service.saved_sessions import check_room
 from sandcell.sessions import Session
+from sandcell.sessions.states import StoredState
 
 __all__ = ["MAX_TIMEOUT_S", "Context", "E2BSandbox", "SandboxRegistry"]
 
@@ -69,6 +76,8 @@ class E2BSandbox:
     """Monotonic time at which the sandbox is ended (its E2B timeout)."""
     contexts: dict[str, Context] = field(default_factory=dict)
     pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+    auto_pause: AutoPause = "off"
+    """What its timeout does (``autoPause`` at create): ``off`` ends it, else it pauses."""
     ended: str | None = None
     """Why the sandbox ended, once the registry has ended it (a kill, its timeout): a call
     still running in it then reports the sandbox gone, not a failure of its own."""
@@ -77,12 +86,39 @@ class E2BSandbox:
     def session(self) -> Session:
         return self.live.session
 
+    @property
+    def state(self) -> str:
+        """E2B's state: a sandbox here is running (a paused one is a saved state)."""
+        return "running"
+
     def end_at(self) -> dt.datetime:
         left = max(0.0, self.deadline - time.monotonic())
         return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=left)
 
     def set_timeout(self, seconds: float) -> None:
         self.deadline = time.monotonic() + seconds
+
+    def labels(self) -> SandboxLabels:
+        return SandboxLabels(
+            template=self.template,
+            metadata=self.metadata,
+            env=self.env,
+            token=self.token,
+            key_sha256=self.live.key_sha256,
+            started_at=self.started_at,
+            workspace=self.workspace,
+            auto_pause=self.auto_pause,
+            contexts=tuple((c.id, c.language, c.cwd, c.path) for c in self.contexts.values()),
+        )
+
+    def remember(self) -> None:
+        """Give the session what a state saved of it must keep of the sandbox: called when
+        that changes (its start, its contexts) and before every save the API asks for."""
+        self.session.labels = self.labels().to_labels()
+
+    def restore_contexts(self, labels: SandboxLabels) -> None:
+        for cid, language, cwd, path in labels.contexts:
+            self.contexts[cid] = Context(id=cid, language=language, cwd=cwd, path=path)
 
 
 def new_token() -> str:
@@ -98,6 +134,9 @@ class SandboxRegistry:
         self._boxes: dict[str, E2BSandbox] = {}
         self._wake = threading.Event()
         self._reaper: threading.Thread | None = None
+        self._pausing: dict[str, threading.Event] = {}
+        """Sandboxes being paused (their timeout, or a client): set once their state is saved
+        or the pause failed."""
 
     def add(self, box: E2BSandbox) -> None:
         with self._lock:
@@ -110,11 +149,17 @@ class SandboxRegistry:
         self._wake.set()
 
     def owned(self, tenant: str, sandbox_id: str) -> E2BSandbox:
-        """The tenant's sandbox ``sandbox_id``, or 404: another tenant's is not found either."""
-        box = self._alive(sandbox_id)
-        if box is None or box.tenant != tenant:
+        """The tenant's running sandbox ``sandbox_id``, or 404: another tenant's is not found
+        either."""
+        box = self.find(tenant, sandbox_id)
+        if box is None:
             raise E2BError(404, f"sandbox {sandbox_id!r} was not found")
         return box
+
+    def find(self, tenant: str, sandbox_id: str) -> E2BSandbox | None:
+        """The tenant's running sandbox ``sandbox_id``, or None."""
+        box = self._alive(sandbox_id)
+        return box if box is not None and box.tenant == tenant else None
 
     def reached(self, sandbox_id: str, token: str | None) -> E2BSandbox:
         """The sandbox an envd or interpreter call is for, if its token is the sandbox's."""
@@ -143,6 +188,53 @@ class SandboxRegistry:
         box.set_timeout(seconds)
         self._wake.set()
 
+    def wait_paused(self, sandbox_id: str, timeout_s: float = 600.0) -> None:
+        """Block until a pause of ``sandbox_id`` under way (its timeout's) is over, so that a
+        connect right after the timeout resumes it instead of finding nothing."""
+        with self._lock:
+            pausing = self._pausing.get(sandbox_id)
+        if pausing is not None:
+            pausing.wait(timeout_s)
+
+    def pause(self, box: E2BSandbox, mode: PauseMode, *, by: str) -> StoredState:
+        """Pause ``box``'s session (blocking: the save) and forget the sandbox; its state, with
+        the sandbox's labels, is what a connect resumes. A mode the rung refuses (or any other
+        refusal that leaves the session alive) keeps the sandbox running, as it was."""
+        with self._lock:
+            if self._boxes.get(box.id) is not box or box.id in self._pausing:
+                raise E2BError(404, f"sandbox {box.id!r} was not found")
+            done = self._pausing[box.id] = threading.Event()
+        return self._pause(box, mode, by=by, done=done)
+
+    def _pause(
+        self, box: E2BSandbox, mode: PauseMode, *, by: str, done: threading.Event
+    ) -> StoredState:
+        with self._lock:
+            self._boxes.pop(box.id, None)
+        try:
+            tenant = self._service.tenants.by_id(box.tenant)
+            if tenant is not None:
+                # Over max_stored_bytes the pause is refused before its sandbox ends.
+                check_room(self._service, tenant, box.session, mode)
+            box.remember()
+            state = box.session.pause(mode=mode, by=by)
+        except BaseException:
+            if box.session.ended is None:
+                with self._lock:
+                    self._boxes[box.id] = box
+            else:
+                box.ended = box.session.ended
+                self._service.end_session(box.live)
+            raise
+        finally:
+            with self._lock:
+                self._pausing.pop(box.id, None)
+            done.set()
+        box.ended = "paused"
+        self._service.end_session(box.live)
+        log.info("e2b sandbox %s of tenant %s paused (%s)", box.id, box.tenant, mode.value)
+        return state
+
     def kill(self, box: E2BSandbox, why: str = "closed") -> None:
         """End the sandbox's session (blocking: its teardown) and forget it."""
         with self._lock:
@@ -161,15 +253,45 @@ class SandboxRegistry:
             box = self._boxes.get(sandbox_id)
         if box is None:
             return None
-        if box.session.ended is not None or box.deadline <= time.monotonic():
-            # Ended on its own (a crash, a limit) or timed out before the reaper came by.
-            self._forget(box, box.session.ended or "timeout")
+        if box.session.ended is not None:
+            self._forget(box, box.session.ended)
+            return None
+        if box.deadline <= time.monotonic():
+            # Timed out before the reaper came by.
+            self._expire(box)
             return None
         if not self._service.key_current(box.live):
             # Its token came with a key since rotated (or a tenant since removed): it ends.
             self._forget(box, "its tenant's key was rotated or the tenant removed")
             return None
         return box
+
+    def _expire(self, box: E2BSandbox) -> None:
+        """Its timeout passed: it ends, or, with ``autoPause``, it pauses (on a thread of its
+        own: a save takes seconds, and the reaper keeps the other sandboxes' timeouts)."""
+        if box.auto_pause == "off":
+            self._forget(box, "its timeout passed")
+            return
+        with self._lock:
+            if box.id in self._pausing or self._boxes.get(box.id) is not box:
+                return
+            # Marked under the lock: a connect meanwhile waits for the pause to be over.
+            done = self._pausing[box.id] = threading.Event()
+        threading.Thread(
+            target=self._pause_on_timeout, args=(box, done), name="sandcell-e2b-pause", daemon=True
+        ).start()
+
+    def _pause_on_timeout(self, box: E2BSandbox, done: threading.Event) -> None:
+        try:
+            mode = box.labels().auto_pause_mode(box.session.pause_modes)
+            self._pause(box, mode, by="e2b: its timeout passed (autoPause)", done=done)
+        except Exception as exc:
+            # Whatever failed, a sandbox past its timeout does not live on.
+            log.warning("e2b sandbox %s did not pause at its timeout (%s): it ends", box.id, exc)
+            with self._lock:
+                present = self._boxes.get(box.id) is box
+            if present:
+                self._forget(box, f"its timeout passed and it could not pause ({exc})")
 
     def _forget(self, box: E2BSandbox, why: str) -> None:
         with self._lock:
@@ -200,8 +322,10 @@ class SandboxRegistry:
             except SandcellError:  # the store closing with the service: the timeouts still hold
                 keys = None
             for box in boxes:
-                if box.deadline <= now or box.session.ended is not None:
-                    self._forget(box, box.session.ended or "its timeout passed")
+                if box.session.ended is not None:
+                    self._forget(box, box.session.ended)
+                elif box.deadline <= now:
+                    self._expire(box)
                 elif keys is not None and keys.get(box.tenant) != box.live.key_sha256:
                     self._forget(box, "its tenant's key was rotated or the tenant removed")
             with self._lock:

@@ -16,19 +16,11 @@ from sandcell.e2b.errors import E2BError
 
 __all__ = ["UNSERVED", "unserved_routes"]
 
-_NO_PAUSE = (
-    "pause, resume from a pause and snapshots are not served: a sandcell sandbox is a live "
-    "session that ends for good (its timeout or kill); start a new one"
-)
 _NO_TEMPLATES = (
     "templates are not built by sandcell: a sandbox runs under one of the tenant's profiles "
     "(pass the profile's name as the template), with the runtime sandcell ships"
 )
 UNSERVED: tuple[tuple[str, str, str], ...] = (
-    ("POST", "/sandboxes/{sandbox_id}/pause", _NO_PAUSE),
-    ("POST", "/sandboxes/{sandbox_id}/snapshots", _NO_PAUSE),
-    ("GET", "/snapshots", _NO_PAUSE),
-    ("POST", "/sandboxes/{sandbox_id}/fork", _NO_PAUSE),
     (
         "PUT",
         "/sandboxes/{sandbox_id}/network",
@@ -36,11 +28,10 @@ UNSERVED: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "GET",
-        "/sandboxes/{sandbox_id}/metrics",
-        "metrics are not served per sandbox; the record of each cell has its CPU, memory and "
-        "wall time (GET /v1/audit/RUN_ID), and /metrics the service's",
+        "/sandboxes/metrics",
+        "metrics of several sandboxes at once are not served; ask each sandbox "
+        "(GET /sandboxes/{sandboxID}/metrics, Sandbox.get_metrics)",
     ),
-    ("GET", "/sandboxes/metrics", "metrics are not served per sandbox; see /metrics"),
     (
         "GET",
         "/sandboxes/{sandbox_id}/logs",

@@ -7,20 +7,28 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from sandcell.backends.cell.state import SandboxMetrics
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.registry import MAX_TIMEOUT_S, E2BSandbox
+from sandcell.sessions.saving import MAX_FORKS
 from sandcell.spec import MiB
 
 __all__ = [
+    "CLIENT_ID",
     "ENVD_VERSION",
     "ENV_NAME",
     "ConnectBody",
     "ContextBody",
     "ExecuteBody",
+    "ForkBody",
     "NewSandbox",
+    "PauseBody",
     "RefreshBody",
+    "SnapshotBody",
     "TimeoutBody",
     "detail_json",
+    "iso",
+    "metric_json",
     "parse",
     "sandbox_json",
 ]
@@ -43,15 +51,42 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
+class AutoResume(_Body):
+    enabled: bool = False
+
+
 class NewSandbox(_Body):
     template_id: str = Field(alias="templateID", min_length=1, max_length=200)
     metadata: dict[str, str] | None = None
     env_vars: dict[EnvName, str] | None = Field(default=None, alias="envVars")
     timeout: int = Field(default=DEFAULT_TIMEOUT_S, ge=1, le=MAX_TIMEOUT_S)
+    auto_pause: bool = Field(default=False, alias="autoPause")
+    """``lifecycle={"on_timeout": "pause"}``: the timeout pauses the sandbox."""
+    auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
+    """``on_timeout`` ``mode``: ``full`` (True) or ``filesystem`` (False); None: the best the
+    rung offers."""
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
 
 
 class ConnectBody(_Body):
     timeout: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_S)
+    memory: bool | None = None
+    """``on_resume="reboot"`` sends False: come back without the saved memory."""
+
+
+class PauseBody(_Body):
+    memory: bool | None = None
+    """``mode="full"`` (True) or ``"filesystem"`` (False); None: the best the rung offers."""
+
+
+class SnapshotBody(_Body):
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    memory: bool | None = None
+
+
+class ForkBody(_Body):
+    timeout: int = Field(default=DEFAULT_TIMEOUT_S, ge=1, le=MAX_TIMEOUT_S)
+    count: int = Field(default=1, ge=1, le=MAX_FORKS)
 
 
 class TimeoutBody(_Body):
@@ -84,7 +119,7 @@ def parse(model: type[M], raw: bytes) -> M:
         raise E2BError(400, f"{where}: {first.get('msg', 'invalid')}") from None
 
 
-def _iso(when: dt.datetime) -> str:
+def iso(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -109,8 +144,8 @@ def detail_json(box: E2BSandbox) -> dict[str, Any]:
         "sandboxID": box.id,
         "alias": box.template,
         "clientID": CLIENT_ID,
-        "startedAt": _iso(box.started_at),
-        "endAt": _iso(box.end_at()),
+        "startedAt": iso(box.started_at),
+        "endAt": iso(box.end_at()),
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": box.token,
         "cpuCount": 1,
@@ -118,5 +153,25 @@ def detail_json(box: E2BSandbox) -> dict[str, Any]:
         "diskSizeMB": limits.workspace_bytes // MiB,
         "metadata": dict(box.metadata),
         "state": "running",
+        "lifecycle": {
+            "onTimeout": "kill" if box.auto_pause == "off" else "pause",
+            "autoResume": False,
+        },
         "domain": None,
+    }
+
+
+def metric_json(m: SandboxMetrics) -> dict[str, Any]:
+    """One sample as E2B's SandboxMetric (sandcell keeps no page cache figure: ``memCache`` 0)."""
+    when = dt.datetime.fromisoformat(m.timestamp)
+    return {
+        "timestamp": iso(when),
+        "timestampUnix": int(when.timestamp()),
+        "cpuCount": m.cpu_count,
+        "cpuUsedPct": m.cpu_used_pct,
+        "memUsed": m.mem_used_bytes,
+        "memTotal": m.mem_total_bytes,
+        "memCache": 0,
+        "diskUsed": m.disk_used_bytes,
+        "diskTotal": m.disk_total_bytes,
     }
