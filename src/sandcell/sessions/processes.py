@@ -58,7 +58,9 @@ SCOPE = ".sandcell-procs"
 OP_TIMEOUT_S = 60.0
 """Wall time of one operation's cell; each takes milliseconds, this is for a stuck kernel."""
 READ_BYTES = 128 * 1024
-"""At most this much of each stream per read: well under a session's stdout cap once in base64."""
+"""At most this much of each stream per read, and less under a small stdout cap (the reply, both
+streams in base64, must fit in the session's ``stdout_bytes`` with room to spare)."""
+_REPLY_ROOM = 4096
 RING_BYTES = 1024 * 1024
 """Output kept per stream of a process inside the sandbox (the manager's ``RING_BYTES``)."""
 FOLLOW_PAUSE_S = 0.1
@@ -264,8 +266,10 @@ class ProcessControl:
         """Output of process ``pid`` from the given offsets (at most :data:`READ_BYTES` per
         stream; ``more`` says there is more), and whether it exited. Reading does not consume:
         any reader can start again from any offset still kept."""
+        cap = self.request.effective_limits.stdout_bytes
+        limit = max(64, min(READ_BYTES, (cap - _REPLY_ROOM) * 3 // 8))
         reply = self._procs({"op": "read", "pid": int(pid), "stdout_from": int(stdout_from),
-                             "stderr_from": int(stderr_from), "max": READ_BYTES})  # fmt: skip
+                             "stderr_from": int(stderr_from), "max": limit})  # fmt: skip
         info = _info(reply)
         out, err = _chunk(reply.get("stdout")), _chunk(reply.get("stderr"))
         return ProcessOutput(

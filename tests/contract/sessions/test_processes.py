@@ -28,6 +28,7 @@ from sandcell.sessions import (
     SpawnRefused,
     WatchEvent,
 )
+from sandcell.sessions.processes import RING_BYTES
 
 DEADLINE_S = 60.0
 """How long a wait for an output or an event may take before the test fails (never reached when
@@ -106,6 +107,23 @@ def test_a_background_command_streams_while_cells_run(rung: str, ex: Executor) -
         assert (record["language"], record["outcome"]) == ("bash", "ok")
         assert record["reason"] == f"started in the background as pid {p.pid}"
         assert s.run("print(x)").stdout == "42\n"  # the manager's scope is not the session's
+
+
+@only_on("namespaces", reason="the buffer and the reads are the manager's, the same on every rung")
+def test_a_reader_that_fell_behind_is_told_what_it_missed(rung: str, ex: Executor) -> None:
+    total = 3_000_000
+    # A small stdout cap: each read's reply must still fit in it, so reads are smaller.
+    with open_session(ex, limits=Limits(stdout_bytes=64 * 1024)) as s:
+        p = s.spawn(f"head -c {total} /dev/zero | tr '\\0' a")
+        deadline = time.monotonic() + DEADLINE_S
+        while not s.processes()[0].exited:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first = s.read_process(p.pid)
+        assert (first.stdout_skipped, first.stdout_offset) == (total - RING_BYTES,) * 2
+        assert first.more and 0 < len(first.stdout) < 64 * 1024
+        out, _, last = _followed(s, p.pid)
+        assert (len(out), set(out), last.exit_code) == (RING_BYTES, {ord("a")}, 0)
 
 
 @only_on("namespaces", "gvisor", reason=FEW_ON_MICROVM)
