@@ -53,7 +53,8 @@ def gvisor_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     if shutil.which("runsc") is None:
         pytest.skip("gVisor (runsc) is not installed on this host")
     home = tmp_path_factory.mktemp("e2b-gvisor-home")
-    key = add_tenant(home, "alice")
+    # Room for a paused sandbox's memory (tens of MB) in its stored bytes.
+    key = add_tenant(home, "alice", max_stored_bytes=1024 * 1024 * 1024)
     proc = ServiceProcess(home, args=("--start", "cold", "--backend", "gvisor")).start()
     yield f"{proc.url}/e2b", key
     assert proc.stop() == -signal.SIGTERM

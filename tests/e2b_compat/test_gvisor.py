@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from e2b import CommandExitException, SandboxException
+from e2b import CommandExitException, SandboxException, SandboxState
+from e2b_code_interpreter import Sandbox
 from tests.e2b_compat.conftest import gvisor_sandbox
 
 
@@ -28,3 +29,35 @@ def test_a_sandbox_on_gvisor(gvisor_service: tuple[str, str]) -> None:
         assert sbx.commands.run("cat /tmp/g.txt").stdout == "tmp"
     finally:
         sbx.kill()
+
+
+def test_a_gvisor_sandbox_pauses_with_its_memory(gvisor_service: tuple[str, str]) -> None:
+    url, key = gvisor_service
+    sbx = gvisor_sandbox(gvisor_service)
+    try:
+        assert sbx.run_code("x = 41\nimport random\nx").text == "41"
+        sbx.files.write("/home/user/g.txt", "kept on gvisor")
+        ctx = sbx.create_code_context()
+        sbx.run_code("y = 'in the context'", context=ctx)
+        try:
+            assert sbx.pause(mode="full") is True
+        except SandboxException as exc:
+            if "keeps only its files" in str(exc) or "memory" in str(exc).lower():
+                pytest.skip(f"this host's gVisor rung does not pause with memory: {exc}")
+            raise
+        info = Sandbox.get_info(sbx.sandbox_id, api_key=key, api_url=url)
+        assert info.state is SandboxState.PAUSED
+        back = Sandbox.connect(sbx.sandbox_id, api_key=key, api_url=url, sandbox_url=url)
+        # Memory mode: the interpreter's variables, its code contexts and the files are back.
+        assert back.run_code("x + 1").text == "42"
+        assert back.run_code("y", context=ctx).text == "'in the context'"
+        assert back.files.read("/home/user/g.txt") == "kept on gvisor"
+        # A copy with its memory, too.
+        (child,) = back.fork(count=1)
+        assert isinstance(child, Sandbox)
+        try:
+            assert child.run_code("x * 2").text == "82"
+        finally:
+            child.kill()
+    finally:
+        Sandbox.kill(sbx.sandbox_id, api_key=key, api_url=url)

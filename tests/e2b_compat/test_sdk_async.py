@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 from e2b import AsyncSandbox as AsyncBaseSandbox
-from e2b import CommandExitException, SandboxException, SandboxNotFoundException
+from e2b import (
+    CommandExitException,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxQuery,
+    SandboxState,
+)
 from e2b_code_interpreter import AsyncSandbox
 from tests.e2b_compat.conftest import E2BService
 
@@ -74,5 +80,42 @@ def test_async_base_sandbox_and_isolation(e2b_service: E2BService) -> None:
             assert await AsyncBaseSandbox.kill(sbx.sandbox_id, api_key=e2b_service.bob) is False
         finally:
             await sbx.kill()
+
+    asyncio.run(main())
+
+
+def test_async_pause_resume_snapshot_fork_and_metrics(e2b_service: E2BService) -> None:
+    async def main() -> None:
+        sbx = await AsyncSandbox.create(metadata={"job": "async-lasting"})
+        others: list[AsyncSandbox] = []
+        try:
+            await sbx.files.write("/home/user/a.txt", "async kept")
+            assert await sbx.pause() is True
+            assert await sbx.pause() is False
+            query = SandboxQuery(metadata={"job": "async-lasting"})
+            listed = await AsyncSandbox.list(query=query).next_items()
+            assert [(s.sandbox_id, s.state) for s in listed] == [
+                (sbx.sandbox_id, SandboxState.PAUSED)
+            ]
+            back = await AsyncSandbox.connect(sbx.sandbox_id)
+            assert back.sandbox_id == sbx.sandbox_id
+            assert await back.files.read("/home/user/a.txt") == "async kept"
+            samples = await back.get_metrics()
+            assert samples and samples[-1].mem_total > 0
+
+            snap = await back.create_snapshot(name="async-snap")
+            names = [s.snapshot_id for s in await AsyncSandbox.list_snapshots().next_items()]
+            assert names == ["async-snap"]
+            copy = await AsyncSandbox.create(snap.snapshot_id)
+            others.append(copy)
+            assert await copy.files.read("/home/user/a.txt") == "async kept"
+            forks = await back.fork(count=1)
+            others += [f for f in forks if isinstance(f, AsyncSandbox)]
+            assert len(others) == 2
+            assert (await others[1].run_code("open('a.txt').read()")).text == "'async kept'"
+            assert await AsyncSandbox.delete_snapshot("async-snap") is True
+        finally:
+            for box in [sbx, *others]:
+                await AsyncSandbox.kill(box.sandbox_id)
 
     asyncio.run(main())
