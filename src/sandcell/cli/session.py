@@ -161,7 +161,7 @@ def _session_options(p: argparse.ArgumentParser) -> None:
 
 def home_of(args: argparse.Namespace) -> Path:
     """The data directory the command works in (``--home``, else the default)."""
-    from sandcell.executor import data_dir
+    from sandcell.home import data_dir
 
     return Path(args.home) if args.home else data_dir()
 

@@ -237,6 +237,10 @@ def _handle(session: Session, request: dict[str, object]) -> tuple[dict[str, obj
             }, True
         raise ConfigError(f"unknown session request {op!r}")
     except SandcellError as exc:
+        if isinstance(exc, SessionEnded) and session.ended == "paused":
+            # Paused (by a request or at its idle timeout) while this one waited: say how it
+            # comes back, as for a request that finds no server.
+            return _error(SessionEnded(_paused(session.id))), False
         return _error(exc), False
 
 
@@ -344,6 +348,13 @@ def paused_state(home: Path, session_id: str) -> StoredState | None:
     return state if state.kind == "paused" else None
 
 
+def _paused(session_id: str) -> str:
+    return (
+        f"session {session_id} is paused: resume it with `sandcell session resume "
+        f"{session_id}` (or delete it with `sandcell session delete {session_id}`)"
+    )
+
+
 def not_live(home: Path, session_id: str) -> str:
     """Why ``session_id`` has no server to send a request to, and what to do about it."""
     try:
@@ -351,10 +362,7 @@ def not_live(home: Path, session_id: str) -> str:
     except StateTampered as exc:
         return f"session {session_id} is paused, but {exc}"
     if paused is not None:
-        return (
-            f"session {session_id} is paused: resume it with `sandcell session resume "
-            f"{session_id}` (or delete it with `sandcell session delete {session_id}`)"
-        )
+        return _paused(session_id)
     return (
         f"no live session {session_id} (it was closed, timed out, or never existed); "
         "see `sandcell session list`"
