@@ -259,6 +259,9 @@ def resume(executor: Executor, session_id: str, *, owner: str | None, by: str | 
         executor.states.release(state)
         raise ConfigError(f"{session_id} is a {state.kind}, not a paused session")
     try:
+        from sandcell.sessions.session import wait_ended
+
+        wait_ended(state.session_id)
         session = open_from(executor, state, session_id=state.session_id, parent=None)
     except BaseException:
         executor.states.release(state)

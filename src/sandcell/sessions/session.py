@@ -130,6 +130,17 @@ def _close_live_sessions() -> None:
             session.close()
 
 
+def wait_ended(session_id: str) -> None:
+    """Wait until no session of this process with ``session_id`` is still pausing. A pause
+    commits its state before it records the event and tears its sandbox down (all under the
+    session's lock), so an idle session's own pause is listed a moment before its sandbox is
+    gone; a resume under the same id must not start its sandbox in the old one's place."""
+    for session in list(_LIVE):
+        if session.id == session_id:
+            with session._lock:
+                pass
+
+
 class Session(ProcessControl):
     """One live session; open it with :meth:`sandcell.Executor.session`.
 
@@ -726,4 +737,5 @@ __all__ = [
     "SessionEnd",
     "SessionEnded",
     "SessionInfo",
+    "wait_ended",
 ]
