@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,43 @@ def test_memory_resume_after_a_restart_on_gvisor(tmp_path: Path) -> None:
     if shutil.which("runsc") is None:
         pytest.skip("gVisor's runsc is not installed on this host")
     _restart_resume(tmp_path, ("--backend", "gvisor"), "memory")
+
+
+def test_an_idle_session_pauses_itself_for_its_tenant(service: ServiceProcess, home: Path) -> None:
+    key = add_tenant(home, "dozer", profiles=("analysis",), max_concurrent=1)
+    with service.client(key) as c:
+        body = {"idle_timeout_s": 1, "on_idle": "pause"}
+        opened = _ok(c.post("/v1/sessions", json=body), 201)
+        sid = opened["id"]
+        assert opened["on_idle"] == "pause"
+        _cell(c, sid, "open('kept.txt', 'w').write('slept')")
+        deadline = time.monotonic() + 60
+        while not _ok(c.get("/v1/paused")):
+            assert time.monotonic() < deadline, "the idle session never paused"
+            time.sleep(0.2)
+        [paused] = _ok(c.get("/v1/paused"))
+        assert paused["id"] == sid and paused["mode"] == "files"
+        assert _ok(c.get("/v1/tenant"))["in_flight"] == 0  # its slot was given back
+        [pause] = _events(c, sid)
+        assert pause["event"] == "pause" and pause["by"].startswith("on_idle")
+        assert _ok(c.post(f"/v1/sessions/{sid}/resume"))["id"] == sid
+        assert _cell(c, sid, "print(open('kept.txt').read())") == "slept\n"
+        c.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_paused_state_changed_on_disk_is_refused(service: ServiceProcess, home: Path) -> None:
+    key = add_tenant(home, "tampered", profiles=("analysis",))
+    with service.client(key) as c:
+        sid = _ok(c.post("/v1/sessions", json={}), 201)["id"]
+        _cell(c, sid, "open('kept.txt', 'w').write('original')")
+        _ok(c.post(f"/v1/sessions/{sid}/pause", json={"mode": "files"}))
+        data = home / "states" / sid / "data"
+        files = sorted(p for p in data.rglob("*") if p.is_file())
+        assert files, f"no files saved under {data}"
+        with files[0].open("ab") as f:
+            f.write(b"changed")
+        refused = c.post(f"/v1/sessions/{sid}/resume")
+        assert refused.status_code == 409, refused.text
+        assert "changed" in refused.json()["detail"]
+        assert _ok(c.get("/v1/tenant"))["in_flight"] == 0
+        assert _ok(c.delete(f"/v1/paused/{sid}"))["id"] == sid
