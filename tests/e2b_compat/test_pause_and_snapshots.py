@@ -27,6 +27,18 @@ def _states(job: str, *, api_key: str | None = None) -> dict[str, SandboxState]:
     return {s.sandbox_id: s.state for s in listed}
 
 
+def _events(service: E2BService, key: str, sandbox_id: str) -> set[tuple[str, str]]:
+    """The session events of ``sandbox_id`` in the record as the key's tenant sees it."""
+    with service.proc.client(key) as client:
+        found = set()
+        for summary in client.get("/v1/audit", params={"limit": 200}).json():
+            if summary["language"] != "session" or summary["session_id"] != sandbox_id:
+                continue
+            record = client.get(f"/v1/audit/{summary['run_id']}").json()["record"]
+            found.add((record["event"], record["by"]))
+        return found
+
+
 def _wait_paused(sandbox_id: str) -> None:
     """Until the sandbox's timeout has paused it (the reaper's event, seen by the API)."""
     deadline = time.monotonic() + 60
@@ -60,6 +72,12 @@ def test_pause_list_resume_and_kill(e2b_service: E2BService) -> None:
         # Files mode (the namespaces rung): the interpreter came back empty.
         lost = resumed.run_code("x")
         assert lost.error is not None and lost.error.name == "NameError"
+        # The pause and the resume are entries of the record, the tenant's and no other's.
+        assert _events(e2b_service, e2b_service.alice, sbx.sandbox_id) == {
+            ("pause", "e2b: tenant alice"),
+            ("resume", "e2b: tenant alice"),
+        }
+        assert _events(e2b_service, e2b_service.bob, sbx.sandbox_id) == set()
         # The object that paused it goes on working: the sandbox kept its access token.
         assert sbx.run_code("6 * 7").text == "42"
         assert sbx.commands.run("cat kept.txt").stdout == "kept across the pause"
