@@ -113,6 +113,9 @@ class LastingTools:
                 owner=self._tools.state_owner(),
                 by=self._by(),
             )
+            # Its paused self may still be listed (an idle pause not swept yet): its inputs
+            # are kept for this session.
+            await _thread(self._tools.sessions.forget, session_id)
             self._tools.sessions.add(session, owner, self._tools.sessions.kept_inputs(session_id))
             return CallToolResult(
                 content=[

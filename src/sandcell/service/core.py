@@ -476,7 +476,12 @@ class Service:
 
     def add_session(self, live: LiveSession) -> None:
         with self._sessions_lock:
+            old = self.sessions.get(live.session.id)
             self.sessions[live.session.id] = live
+        if old is not None and old is not live:
+            # A resumed session takes the id of its paused self, which an idle pause may have
+            # left here unreaped: its slot is given back now.
+            self.end_session(old)
         self.tenants.own(live.tenant, "session", [live.session.id])
 
     def live_sessions(self, tenant: Tenant) -> list[LiveSession]:
@@ -504,7 +509,8 @@ class Service:
     def end_session(self, live: LiveSession) -> None:
         """Forget a session that has ended, and give back its quota slot (once)."""
         with self._sessions_lock:
-            self.sessions.pop(live.session.id, None)
+            if self.sessions.get(live.session.id) is live:  # not a resumed one of its id
+                del self.sessions[live.session.id]
             released, live.released = live.released, True
         if not released:
             self.quotas.release(live.tenant)
