@@ -20,7 +20,7 @@ from sandcell.e2b.labels import AutoPause
 from sandcell.e2b.listing import ListQuery
 from sandcell.e2b.opening import Opening, adopt, open_sessions
 from sandcell.e2b.paused import PausedSandbox, paused_detail_json, paused_of, paused_of_tenant
-from sandcell.e2b.pausing import resume
+from sandcell.e2b.pausing import after_pause, resume
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.e2b.snapshots import snapshot_of, start_from_snapshot
 from sandcell.e2b.tenancy import caller
@@ -99,7 +99,7 @@ async def connect(request: Request) -> Response:
     sandbox_id = request.path_params["sandbox_id"]
     body = parse(ConnectBody, await request.body())
     # A pause under way (its timeout's) finishes first, and the connect resumes it.
-    await service.in_thread(lambda: registry.wait_paused(sandbox_id), session=True)
+    await after_pause(service, registry, sandbox_id)
     if registry.find(tenant.id, sandbox_id) is None:
         resumed = await resume(service, registry, tenant, sandbox_id, body)
         if resumed is not None:
@@ -144,7 +144,7 @@ async def kill(request: Request) -> Response:
     ``kill`` returns False)."""
     service, registry, tenant = caller(request)
     sandbox_id = request.path_params["sandbox_id"]
-    await service.in_thread(lambda: registry.wait_paused(sandbox_id), session=True)
+    await after_pause(service, registry, sandbox_id)
     box = registry.find(tenant.id, sandbox_id)
     if box is not None:
         await service.in_thread(lambda: registry.kill(box, "killed by its client"), session=True)

@@ -20,7 +20,7 @@ from sandcell.e2b.errors import E2BError, from_exception
 from sandcell.e2b.labels import SandboxLabels
 from sandcell.e2b.opening import Opening, adopt, open_sessions
 from sandcell.e2b.paused import paused_of
-from sandcell.e2b.pausing import by, chosen_mode
+from sandcell.e2b.pausing import after_pause, by, chosen_mode
 from sandcell.e2b.tenancy import caller
 from sandcell.e2b.wire import ForkBody, parse, sandbox_json
 from sandcell.service.saved_sessions import check_profile, check_room
@@ -36,7 +36,7 @@ async def fork(request: Request) -> Response:
     service, registry, tenant = caller(request)
     sandbox_id = request.path_params["sandbox_id"]
     body = parse(ForkBody, await request.body())
-    await service.in_thread(lambda: registry.wait_paused(sandbox_id), session=True)
+    await after_pause(service, registry, sandbox_id)
     box = registry.find(tenant.id, sandbox_id)
     opener: Callable[[], list[Session]]
     labels: SandboxLabels

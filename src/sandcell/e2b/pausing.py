@@ -27,7 +27,7 @@ from sandcell.service.core import Service
 from sandcell.service.saved_sessions import check_profile
 from sandcell.service.tenants import Tenant
 
-__all__ = ["by", "chosen_mode", "pause_routes", "resume"]
+__all__ = ["after_pause", "by", "chosen_mode", "pause_routes", "resume"]
 
 
 def by(tenant: Tenant) -> str:
@@ -51,12 +51,19 @@ def chosen_mode(offered: frozenset[PauseMode], memory: bool | None) -> PauseMode
     )
 
 
+async def after_pause(service: Service, registry: SandboxRegistry, sandbox_id: str) -> None:
+    """Wait for a pause of ``sandbox_id`` under way (its timeout's) to be over: a call right
+    after the timeout then finds the sandbox paused, not gone."""
+    if registry.pausing(sandbox_id):
+        await service.in_thread(lambda: registry.wait_paused(sandbox_id), session=True)
+
+
 async def pause(request: Request) -> Response:
     """204 once paused; 409 when it already is (the SDK's ``pause`` then returns False)."""
     service, registry, tenant = caller(request)
     sandbox_id = request.path_params["sandbox_id"]
     body = parse(PauseBody, await request.body())
-    await service.in_thread(lambda: registry.wait_paused(sandbox_id), session=True)
+    await after_pause(service, registry, sandbox_id)
     box = registry.find(tenant.id, sandbox_id)
     if box is None:
         if paused_of(service, tenant.id, sandbox_id) is not None:

@@ -188,6 +188,10 @@ class SandboxRegistry:
         box.set_timeout(seconds)
         self._wake.set()
 
+    def pausing(self, sandbox_id: str) -> bool:
+        with self._lock:
+            return sandbox_id in self._pausing
+
     def wait_paused(self, sandbox_id: str, timeout_s: float = 600.0) -> None:
         """Block until a pause of ``sandbox_id`` under way (its timeout's) is over, so that a
         connect right after the timeout resumes it instead of finding nothing."""
