@@ -1,5 +1,6 @@
 """``sandcell session start|run|list|close`` through a service: its ``/v1/sessions`` API, printed
-by the same functions as the sessions this machine holds itself.
+by the same functions as the sessions this machine holds itself (the saved-session commands:
+:mod:`sandcell.cli.remote_session_states`).
 
 A session lives where it was started: one started through the service is used through it, one
 started with ``--no-service`` is used with ``--no-service``.
@@ -28,6 +29,7 @@ from sandcell.cli.session import (
     print_cell,
     print_close,
     print_list,
+    refuse_settings_with_snapshot,
 )
 from sandcell.errors import ConfigError
 from sandcell.spec import Artifact, IsolationMode, MiB
@@ -46,11 +48,9 @@ def handle_remote(args: argparse.Namespace, target: Target) -> int:
             return _list(args, remote)
         case "close":
             return _close(args, remote)
-    # Pausing, forking, snapshots and metrics are this machine's session servers' for now.
-    raise ConfigError(
-        f"`sandcell session {args.session_command}` is not served through a service yet; "
-        "run it with --no-service for this machine's sessions"
-    )
+    from sandcell.cli.remote_session_states import handle_remote_states
+
+    return handle_remote_states(args, remote)
 
 
 def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
@@ -62,20 +62,6 @@ def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
         ),
         target,
     )
-    lasting = [
-        flag
-        for flag, used in (
-            (f"--on-idle {args.on_idle}", args.on_idle != "end"),
-            ("--paused-ttl", args.paused_ttl is not None),
-            ("--snapshot", args.snapshot is not None),
-        )
-        if used
-    ]
-    if lasting:
-        raise ConfigError(
-            f"{', '.join(lasting)}: not served through a service yet; run with --no-service "
-            "for a session on this machine"
-        )
     if idle_timeout(args) <= 0 or max_lifetime(args) <= 0:
         raise ConfigError("--idle-timeout and --max-lifetime must be positive")
     _session_limits(args)  # refused here as in-process: a value that is not positive
@@ -85,12 +71,20 @@ def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
         "max_pids": args.pids,
         "cpu_time_s": args.cpu_time,
     }
-    body: dict[str, object] = {
+    if args.snapshot is not None:
+        refuse_settings_with_snapshot(args)
+        body: dict[str, object] = {"snapshot": args.snapshot, "profile": args.profile}
+        info = remote.json("POST", "/v1/sessions", body=body)
+        print(json.dumps({"id": info["id"]}) if args.json else info["id"])
+        return 0
+    body = {
         "profile": profile_name(args, target),
         "limits": {k: v for k, v in limits.items() if v is not None} or None,
         "idle_timeout_s": idle_timeout(args),
         "max_lifetime_s": max_lifetime(args),
         "files": input_files(args.input),
+        "on_idle": args.on_idle,
+        "paused_ttl_s": args.paused_ttl,
     }
     info = remote.json("POST", "/v1/sessions", body=body)
     if args.json:
@@ -119,9 +113,12 @@ def _run(args: argparse.Namespace, remote: Remote) -> int:
 
 
 def _list(args: argparse.Namespace, remote: Remote) -> int:
-    rows = [
+    from sandcell.cli.remote_session_states import paused_rows
+
+    rows: list[dict[str, object]] = [
         {
             "id": s["id"],
+            "state": "live",
             "pid": None,  # the service holds it
             "profile": s["profile"],
             "backend": s["backend"],
@@ -129,9 +126,14 @@ def _list(args: argparse.Namespace, remote: Remote) -> int:
             "idle_timeout_s": s["idle_timeout_s"],
             "max_lifetime_s": s["max_lifetime_s"],
             "cells": s["cells"],
+            "mode": None,
+            "stored_bytes": None,
+            "expires_at": None,
         }
-        for s in remote.json("GET", "/v1/sessions")
+        for s in (remote.json("GET", "/v1/sessions") if args.state != "paused" else [])
     ]
+    if args.state != "live":
+        rows += paused_rows(remote)
     return print_list(args, rows)
 
 

@@ -253,7 +253,7 @@ def _start(args: argparse.Namespace) -> int:
     registry.socket_path(home, session_id)  # a too-long path is refused before starting
     serve = ["--home", str(home), "session", "serve", "--id", session_id]
     if args.snapshot is not None:
-        _refuse_settings_with_snapshot(args)
+        refuse_settings_with_snapshot(args)
         from sandcell.policy.approvals import default_approver
 
         argv = [*serve, "--snapshot", args.snapshot, "--by", default_approver()]
@@ -268,7 +268,7 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_settings_with_snapshot(args: argparse.Namespace) -> None:
+def refuse_settings_with_snapshot(args: argparse.Namespace) -> None:
     """A session started from a snapshot takes the snapshot's settings (as
     :meth:`Executor.session <sandcell.executor.Executor.session>` says): any other is refused
     rather than dropped."""

@@ -32,17 +32,28 @@ def show(args: argparse.Namespace) -> int:
         paused = server.paused_state(home, sid)
         if paused is None:
             raise
-        state = paused.summary()
-        if args.json:
-            print(json.dumps({"id": sid, "state": "paused", "saved": state}))
-            return 0
-        print(f"session {sid}: paused ({state['mode']}), {size(state['stored_bytes'])}")
-        print(f"  profile {state['profile']}, backend {state['backend']}, cells {state['cells']}")
-        print(f"  paused at {state['created_at']}, expires {expiry(state['expires_at'])}")
-        print(f"  resume it with `sandcell session resume {sid}`")
-        return 0
+        return print_paused(args, sid, paused.summary())
     if not isinstance(info, dict) or not isinstance(samples, list):
         raise InfraError(f"session {sid}'s server answered something else than its info")
+    return print_live(args, sid, info, samples)
+
+
+def print_paused(args: argparse.Namespace, sid: str, state: dict[str, object]) -> int:
+    """Print a paused session as ``session show`` does (``state``: its saved state's summary)."""
+    if args.json:
+        print(json.dumps({"id": sid, "state": "paused", "saved": state}))
+        return 0
+    print(f"session {sid}: paused ({state['mode']}), {size(state['stored_bytes'])}")
+    print(f"  profile {state['profile']}, backend {state['backend']}, cells {state['cells']}")
+    print(f"  paused at {state['created_at']}, expires {expiry(state['expires_at'])}")
+    print(f"  resume it with `sandcell session resume {sid}`")
+    return 0
+
+
+def print_live(
+    args: argparse.Namespace, sid: str, info: dict[str, object], samples: list[object]
+) -> int:
+    """Print a live session as ``session show`` does: its info, then its latest samples."""
     if args.json:
         print(json.dumps({"id": sid, "state": "live", "info": info, "metrics": samples}))
         return 0
@@ -63,4 +74,4 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_parsers", "show"]
+__all__ = ["add_parsers", "print_live", "print_paused", "show"]

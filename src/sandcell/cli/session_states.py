@@ -117,8 +117,7 @@ def _pause(args: argparse.Namespace) -> int:
     home, sid = home_of(args), registry.check_id(args.id)
     message = {"op": "pause", "mode": args.mode, "by": default_approver()}
     state = _state(checked(server.request(home, sid, message, timeout_s=_SAVE_TIMEOUT_S)))
-    line = state_line(f"paused session {sid}", state)
-    return _emit(args, {"id": sid, "state": state}, line)
+    return print_saved(args, f"paused session {sid}", sid, state)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -163,7 +162,17 @@ def _fork(args: argparse.Namespace) -> int:
         if drop:
             with contextlib.suppress(SandcellError):
                 states.delete(state.id, owner=None)
-    return _emit(args, {"parent": sid, "children": children}, "\n".join(children))
+    return print_forks(args, sid, children)
+
+
+def print_forks(args: argparse.Namespace, parent: str, children: list[str]) -> int:
+    """Print the copies' ids, one a line (as ``session start`` prints one)."""
+    return _emit(args, {"parent": parent, "children": children}, "\n".join(children))
+
+
+def print_saved(args: argparse.Namespace, what: str, sid: str, state: dict[str, object]) -> int:
+    """Print a state just saved (``what``: ``paused session ID``, ``snapshot NAME of ...``)."""
+    return _emit(args, {"id": sid, "state": state}, state_line(what, state))
 
 
 def _start_copies(home: Path, state: StoredState, parent: str, n: int) -> list[str]:
@@ -216,12 +225,16 @@ def _snapshot(args: argparse.Namespace) -> int:
         "by": default_approver(),
     }
     state = _state(checked(server.request(home, sid, message, timeout_s=_SAVE_TIMEOUT_S)))
-    line = state_line(f"snapshot {args.name} of session {sid}", state)
-    return _emit(args, {"id": sid, "state": state}, line)
+    return print_saved(args, f"snapshot {args.name} of session {sid}", sid, state)
 
 
 def _snapshots(args: argparse.Namespace) -> int:
     rows = [s.summary() for s in _states(home_of(args)).list(owner=None, kind="snapshot")]
+    return print_snapshots(args, rows)
+
+
+def print_snapshots(args: argparse.Namespace, rows: list[dict[str, object]]) -> int:
+    """Print snapshots (their summaries) as ``session snapshots`` does."""
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -248,8 +261,13 @@ def _snapshot_delete(args: argparse.Namespace) -> int:
     states = _states(home_of(args))
     found = states.find_snapshot(args.name, owner=None)
     gone = states.delete(found.id, owner=None)
-    line = f"deleted snapshot {args.name} ({size(gone.stored_bytes)})"
-    return _emit(args, {"deleted": gone.summary()}, line)
+    return print_deleted(args, f"snapshot {args.name}", gone.summary())
+
+
+def print_deleted(args: argparse.Namespace, what: str, state: dict[str, object]) -> int:
+    """Print a deleted state (its summary) as ``snapshot-delete`` and ``delete`` do."""
+    line = f"deleted {what} ({size(state.get('stored_bytes'))})"
+    return _emit(args, {"deleted": state}, line)
 
 
 def _delete(args: argparse.Namespace) -> int:
@@ -263,32 +281,31 @@ def _delete(args: argparse.Namespace) -> int:
     if paused is None:
         raise StateNotFound(f"no paused session {sid}; see `sandcell session list`")
     gone = _states(home).delete(sid, owner=None)
-    line = f"deleted paused session {sid} ({size(gone.stored_bytes)})"
-    return _emit(args, {"deleted": gone.summary()}, line)
+    return print_deleted(args, f"paused session {sid}", gone.summary())
 
 
 def paused_rows(home: Path) -> list[dict[str, object]]:
-    """This user's paused sessions as rows of ``session list`` (``created_at``: when paused)."""
-    rows: list[dict[str, object]] = []
-    for state in _states(home).list(owner=None, kind="paused"):
-        s = state.summary()
-        rows.append(
-            {
-                "id": state.session_id,
-                "state": "paused",
-                "pid": None,
-                "profile": s["profile"],
-                "backend": s["backend"],
-                "created_at": s["created_at"],
-                "idle_timeout_s": state.settings.idle_timeout_s,
-                "max_lifetime_s": state.settings.max_lifetime_s,
-                "cells": state.cells,
-                "mode": s["mode"],
-                "stored_bytes": state.stored_bytes,
-                "expires_at": s["expires_at"],
-            }
-        )
-    return rows
+    """This user's paused sessions as rows of ``session list``."""
+    return [paused_row(s.summary()) for s in _states(home).list(owner=None, kind="paused")]
+
+
+def paused_row(state: dict[str, object]) -> dict[str, object]:
+    """A paused session's state summary as a row of ``session list`` (``created_at``: when it
+    was paused)."""
+    return {
+        "id": state["session_id"],
+        "state": "paused",
+        "pid": None,
+        "profile": state["profile"],
+        "backend": state["backend"],
+        "created_at": state["created_at"],
+        "idle_timeout_s": None,
+        "max_lifetime_s": None,
+        "cells": state["cells"],
+        "mode": state["mode"],
+        "stored_bytes": state["stored_bytes"],
+        "expires_at": state["expires_at"],
+    }
 
 
 def _state(reply: dict[str, object]) -> dict[str, object]:
@@ -298,4 +315,13 @@ def _state(reply: dict[str, object]) -> dict[str, object]:
     return state
 
 
-__all__ = ["add_parsers", "handle_states", "paused_rows"]
+__all__ = [
+    "add_parsers",
+    "handle_states",
+    "paused_row",
+    "paused_rows",
+    "print_deleted",
+    "print_forks",
+    "print_saved",
+    "print_snapshots",
+]
