@@ -38,11 +38,6 @@ FEW_ON_MICROVM = (
     "the microVM runs the few tests that cover the whole path (slow under emulation); this part "
     "is the same manager in the same kernel"
 )
-NO_PTY = {
-    "microvm": "the microVM guest mounts no devpts (no /dev/pts): a terminal there raises "
-    "SpawnFailed until its agent mounts one",
-    "namespaces": FEW_ON_MICROVM,
-}
 NO_MEMORY_PAUSE = {
     "namespaces": "the namespaces rung keeps files only",
     "microvm": FEW_ON_MICROVM,
@@ -162,7 +157,6 @@ def test_signal_and_kill_end_a_process(rung: str, ex: Executor) -> None:
         assert s.run("print('on')").stdout == "on\n"
 
 
-@only_on("namespaces", "gvisor", reason=NO_PTY)
 def test_a_terminal_is_the_processs_tty_and_follows_a_resize(rung: str, ex: Executor) -> None:
     with open_session(ex) as s:
         p = s.spawn(["/bin/bash", "--norc", "-i"], pty=(24, 80))

@@ -46,6 +46,10 @@ def boot() -> tuple[int, socket.socket]:
     # (set here, before the snapshot: no run pays for it).
     mount("proc", "/proc", "proc", MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     os.makedirs("/dev/shm", mode=0o755, exist_ok=True)
+    # Terminals for a session's PTY processes: the devtmpfs /dev/ptmx opens the devpts instance
+    # mounted beside it (a guest of its own, so nothing of the host's terminals is in it).
+    os.makedirs("/dev/pts", mode=0o755, exist_ok=True)
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "mode=0620,ptmxmode=0666")
     # What the loopback bridge needs beyond the agent's own imports, loaded before a snapshot:
     # a run's bridge, forked from here, then starts without importing it.
     __import__("threading")
