@@ -115,6 +115,8 @@ def test_an_edited_or_moved_manifest_is_refused(tmp_path: Path) -> None:
     manifest.write_text(json.dumps(raw))
     with pytest.raises(StateTampered, match="changed after it was saved"):
         store.load(SID, owner="t2")
+    with pytest.raises(StateNotFound):  # to anyone the manifest does not name, it is not there
+        store.load(SID, owner="t1")
     assert store.list(owner="t2") == []
     # A whole, correctly signed state copied under another id is refused too.
     other = StateStore(tmp_path / "states")

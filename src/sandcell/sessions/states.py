@@ -396,7 +396,14 @@ class StateStore:
     def _visible(self, state_id: str, owner: str | None) -> StoredState:
         if not _ID.match(state_id):
             raise StateNotFound(f"{state_id!r} is not a state id (8-32 hex digits)")
-        state = self._read(self._dir() / state_id)
+        try:
+            state = self._read(self._dir() / state_id)
+        except StateTampered:
+            # Tampering is said only to the owner the manifest names; to anyone else the
+            # state does not exist, as an intact one of another owner does not.
+            if _claimed_owner(self._dir() / state_id) != owner:
+                raise StateNotFound(f"no saved state {state_id}") from None
+            raise
         if state.owner != owner or state.expired():
             raise StateNotFound(f"no saved state {state_id}")
         return state
@@ -539,6 +546,17 @@ class StateStore:
                     elif gone or stale:
                         shutil.rmtree(d, ignore_errors=True)
         return removed
+
+
+def _claimed_owner(directory: Path) -> object:
+    """The owner an unverified manifest names (a sentinel when it names none)."""
+    try:
+        return json.loads((directory / "manifest.json").read_text())["manifest"]["owner"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return _NOBODY
+
+
+_NOBODY = object()
 
 
 def _fields(state: StoredState) -> dict[str, Any]:
