@@ -283,3 +283,30 @@ def test_a_paused_sandbox_outlives_a_restart(
         assert back.kill() is True
     finally:
         assert second.stop() == -signal.SIGTERM
+
+
+def test_a_graceful_stop_pauses_auto_pause_sandboxes(restartable: tuple[Path, str]) -> None:
+    home, key = restartable
+    first = ServiceProcess(home, args=("--start", "cold")).start()
+    try:
+        url = f"{first.url}/e2b"
+        opts = {"api_key": key, "api_url": url, "sandbox_url": url}
+        kept = Sandbox.create(lifecycle={"on_timeout": "pause"}, timeout=600, **opts)  # type: ignore[arg-type]
+        ended = Sandbox.create(timeout=600, **opts)  # type: ignore[arg-type]
+        kept.files.write("/home/user/kept.txt", "paused by the stop")
+    finally:
+        assert first.stop() == -signal.SIGTERM
+    second = ServiceProcess(home, args=("--start", "cold")).start()
+    try:
+        url = f"{second.url}/e2b"
+        opts = {"api_key": key, "api_url": url, "sandbox_url": url}
+        listed = Sandbox.list(**opts).next_items()  # type: ignore[arg-type]
+        # The one whose timeout pauses it was paused by the stop; the other ended with it.
+        assert [(s.sandbox_id, s.state) for s in listed] == [(kept.sandbox_id, SandboxState.PAUSED)]
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.connect(ended.sandbox_id, **opts)  # type: ignore[arg-type]
+        back = Sandbox.connect(kept.sandbox_id, **opts)  # type: ignore[arg-type]
+        assert back.files.read("/home/user/kept.txt") == "paused by the stop"
+        assert back.kill() is True
+    finally:
+        assert second.stop() == -signal.SIGTERM

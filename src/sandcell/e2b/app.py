@@ -106,6 +106,12 @@ def e2b_app(service: Service) -> Starlette:
             405: _not_found,
         },
     )
+    registry = SandboxRegistry(service)
     app.state.service = service
-    app.state.registry = SandboxRegistry(service)
+    app.state.registry = registry
+
+    async def pause_for_stop() -> None:
+        await service.in_thread(registry.pause_for_stop, session=True)
+
+    service.on_stop.append(pause_for_stop)
     return app

@@ -239,6 +239,31 @@ class SandboxRegistry:
         log.info("e2b sandbox %s of tenant %s paused (%s)", box.id, box.tenant, mode.value)
         return state
 
+    def pause_for_stop(self) -> None:
+        """The service is stopping: pause every sandbox whose timeout pauses it (its
+        ``autoPause``), at once, so it outlives the service as it would its timeout; the others
+        end with the service. Blocking; a sandbox that cannot pause ends."""
+        with self._lock:
+            boxes = [b for b in self._boxes.values() if b.auto_pause != "off"]
+        threads = [
+            threading.Thread(
+                target=self._pause_quietly,
+                args=(box, "e2b: the service stopped (autoPause)"),
+                name="sandcell-e2b-stop",
+            )
+            for box in boxes
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _pause_quietly(self, box: E2BSandbox, why: str) -> None:
+        try:
+            self.pause(box, box.labels().auto_pause_mode(box.session.pause_modes), by=why)
+        except Exception as exc:
+            log.warning("e2b sandbox %s did not pause (%s): it ends", box.id, exc)
+
     def kill(self, box: E2BSandbox, why: str = "closed") -> None:
         """End the sandbox's session (blocking: its teardown) and forget it."""
         with self._lock:

@@ -19,7 +19,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +200,9 @@ class Service:
         self._session_threads = anyio.CapacityLimiter(max(4, config.workers))
         self.queued = 0
         self.draining = False
+        self.on_stop: list[Callable[[], Awaitable[None]]] = []
+        """Called by a graceful stop once the runs in flight are over, before the sessions end
+        (the E2B API pauses its sandboxes whose timeout pauses them, so they outlive it)."""
         self._profiles_used: set[str] = set()
         self._profiles = _ProfileCache()
         self.inputs_root = config.home / "service" / "inputs"
@@ -578,6 +581,11 @@ class Service:
                 )
                 self.executor.cancel_all("the service is stopping")
                 await asyncio.wait(still, timeout=30)
+        for hook in self.on_stop:
+            try:
+                await hook()
+            except Exception:
+                log.exception("a stop hook failed; the sessions end anyway")
         with self._sessions_lock:
             live = list(self.sessions.values())
         for item in live:
