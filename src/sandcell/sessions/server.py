@@ -5,9 +5,10 @@ standard streams on ``/dev/null``, so it outlives the command that started it an
 terminal. The server opens the session, listens on ``<data dir>/sessions/ID.sock`` (mode 0600,
 connections from other users refused by their peer credentials), registers itself, reports
 ``ok`` (or the error) on the ready descriptor its starter waits on, then serves one request at a
-time until the session ends: closed, idle timeout, maximum lifetime, or killed. It then removes
-its socket and registry entry; if it is killed instead, the next ``sandcell session`` command
-sweeps them (see :mod:`sandcell.sessions.registry`).
+time until the session ends: closed, paused, idle timeout, maximum lifetime, or killed. It then
+removes its socket and registry entry; if it is killed instead, the next ``sandcell session``
+command sweeps them (see :mod:`sandcell.sessions.registry`). What it opens (a new session, or one
+brought back from a saved state) is its starter's choice (:mod:`sandcell.cli.session_serve`).
 
 Requests and replies are framed JSON objects (:mod:`sandcell.backends.cell.channel`):
 
