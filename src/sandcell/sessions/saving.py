@@ -50,12 +50,18 @@ def on_event(executor: Executor, listener: EventListener) -> None:
 
 def _event(executor: Executor, owner: str | None, event: Event, **fields: Any) -> AuditEntry:
     entry = record_event(executor, event, **fields)
+    tell_listeners(executor, owner, entry)
+    return entry
+
+
+def tell_listeners(executor: Executor, owner: str | None, entry: AuditEntry) -> None:
+    """Tell the :func:`on_event` listeners of ``executor`` about ``entry`` (a session's entry
+    of the chain that is no run: an event, or its port connections after the last cell)."""
     for listener in list(_LISTENERS.get(executor, ())):
         try:
             listener(owner, entry)
         except Exception:
-            log.exception("a listener of session event %s failed", entry.run_id)
-    return entry
+            log.exception("a listener of session entry %s failed", entry.run_id)
 
 
 def check_forks(n: int) -> None:
@@ -72,9 +78,13 @@ def save(
     state_id: str,
     name: str | None = None,
     ttl_s: float | None = None,
+    end_as: str | None = None,
 ) -> StoredState:
     """Save ``session``'s sandbox (its lock held by the caller) and commit the state. A mode the
-    rung refuses changes nothing; a failed save that stops the sandbox ends the session."""
+    rung refuses changes nothing; a failed save that stops the sandbox ends the session. With
+    ``end_as`` (a pause), the session ends with that reason once its sandbox saved itself and
+    before the state is committed: a state is listed only once nothing of its sandbox is left,
+    so a resume, from this process or another, never starts in the old sandbox's place."""
     sandbox = session._sandbox
     if mode not in sandbox.pause_modes:
         offered = ", ".join(sorted(m.value for m in sandbox.pause_modes))
@@ -86,6 +96,8 @@ def save(
     staging = states.staging()
     try:
         saved = sandbox.save(staging / "data", mode=mode, keep_running=keep_running)
+        if end_as is not None:
+            session._end(end_as)
         return states.commit(
             staging,
             kind=kind,
@@ -259,9 +271,6 @@ def resume(executor: Executor, session_id: str, *, owner: str | None, by: str | 
         executor.states.release(state)
         raise ConfigError(f"{session_id} is a {state.kind}, not a paused session")
     try:
-        from sandcell.sessions.session import wait_ended
-
-        wait_ended(state.session_id)
         session = open_from(executor, state, session_id=state.session_id, parent=None)
     except BaseException:
         executor.states.release(state)
@@ -324,4 +333,5 @@ __all__ = [
     "open_forks",
     "record_fork",
     "save",
+    "tell_listeners",
 ]

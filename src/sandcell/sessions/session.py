@@ -130,17 +130,6 @@ def _close_live_sessions() -> None:
             session.close()
 
 
-def wait_ended(session_id: str) -> None:
-    """Wait until no session of this process with ``session_id`` is still pausing. A pause
-    commits its state before it records the event and tears its sandbox down (all under the
-    session's lock), so an idle session's own pause is listed a moment before its sandbox is
-    gone; a resume under the same id must not start its sandbox in the old one's place."""
-    for session in list(_LIVE):
-        if session.id == session_id:
-            with session._lock:
-                pass
-
-
 class Session(ProcessControl):
     """One live session; open it with :meth:`sandcell.Executor.session`.
 
@@ -526,12 +515,10 @@ class Session(ProcessControl):
 
     def _pause_locked(self, mode: PauseMode, *, by: str | None) -> StoredState:
         started_at = _now()
-        state = saving.save(self, kind="paused", mode=mode, keep_running=False, state_id=self.id)
-        try:
-            state = saving.record(self, "pause", state, started_at=started_at, by=by)
-        finally:
-            self._end("paused")
-        return state
+        state = saving.save(
+            self, kind="paused", mode=mode, keep_running=False, state_id=self.id, end_as="paused"
+        )
+        return saving.record(self, "pause", state, started_at=started_at, by=by)
 
     def snapshot(
         self,
@@ -737,5 +724,4 @@ __all__ = [
     "SessionEnd",
     "SessionEnded",
     "SessionInfo",
-    "wait_ended",
 ]
