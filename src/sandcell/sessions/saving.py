@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError
+from sandcell.policy.profiles import Profile
 from sandcell.sessions.events import Event, record_event
 from sandcell.sessions.states import StateKind, StoredState
 from sandcell.spec import InputFile, IsolationMode, Limits
@@ -150,21 +151,24 @@ def open_from(
     *,
     session_id: str | None,
     parent: str | None,
-    profile: str | None = None,
+    profile: Profile | str | None = None,
 ) -> Session:
     """A live session brought back from ``state`` (checked by the caller): its settings
-    admitted again under its profile, its rung restoring what it saved."""
+    admitted again under its profile, its rung restoring what it saved. ``profile`` names that
+    profile (it must be the one the state was saved under) or is it, for a profile that is not
+    found by name (one parsed by the caller): without it, the profile is loaded by name."""
     from sandcell.sessions.session import Session
 
     s = state.settings
-    if profile is not None and profile != s.profile:
+    name = profile.name if isinstance(profile, Profile) else profile
+    if name is not None and name != s.profile:
         raise ConfigError(
             f"the state was saved under profile {s.profile!r}; a session started from it runs "
-            f"under that profile, not {profile!r}"
+            f"under that profile, not {name!r}"
         )
     return Session(
         executor,
-        profile=s.profile,
+        profile=profile if isinstance(profile, Profile) else s.profile,
         limits=Limits(**s.limits),
         inputs=[InputFile(host_path=_path(p), name=n) for p, n in s.inputs],
         mode=IsolationMode(s.mode),
@@ -200,6 +204,7 @@ def open_forks(
     started_at: str,
     by: str | None,
     parent: Session | None,
+    profile: Profile | str | None = None,
 ) -> list[Session]:
     """``n`` sessions restored from ``state`` at once, each with an id of its own; all or none:
     when one fails, those already open are closed and the first error is raised. One ``fork``
@@ -207,7 +212,14 @@ def open_forks(
     parent_id = parent.id if parent is not None else state.session_id
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sandcell-fork") as pool:
         futures = [
-            pool.submit(open_from, executor, state, session_id=None, parent=parent_id)
+            pool.submit(
+                open_from,
+                executor,
+                state,
+                session_id=None,
+                parent=parent_id,
+                profile=parent.profile if parent is not None else profile,
+            )
             for _ in range(n)
         ]
     forks: list[Session] = []
@@ -259,7 +271,14 @@ def drop(executor: Executor, state: StoredState) -> None:
         executor.states.delete(state.id, owner=state.owner)
 
 
-def resume(executor: Executor, session_id: str, *, owner: str | None, by: str | None) -> Session:
+def resume(
+    executor: Executor,
+    session_id: str,
+    *,
+    owner: str | None,
+    by: str | None,
+    profile: Profile | str | None = None,
+) -> Session:
     """The paused session ``session_id`` live again, under its id; its paused state is
     consumed (claimed first, so a second resume at the same time finds nothing, and put back
     when the restore fails)."""
@@ -271,7 +290,9 @@ def resume(executor: Executor, session_id: str, *, owner: str | None, by: str | 
         executor.states.release(state)
         raise ConfigError(f"{session_id} is a {state.kind}, not a paused session")
     try:
-        session = open_from(executor, state, session_id=state.session_id, parent=None)
+        session = open_from(
+            executor, state, session_id=state.session_id, parent=None, profile=profile
+        )
     except BaseException:
         executor.states.release(state)
         raise
@@ -290,7 +311,7 @@ def start_from_snapshot(
     name: str,
     *,
     owner: str | None,
-    profile: str | None,
+    profile: Profile | str | None,
     by: str | None,
     session_id: str | None = None,
 ) -> Session:

@@ -81,7 +81,7 @@ class SessionCalls:
                 self._executor(),
                 snapshot,
                 owner=owner,
-                profile=None if profile is None else self._profile(profile).name,
+                profile=profile,
                 by=by,
             )
         return Session(
@@ -100,21 +100,35 @@ class SessionCalls:
         )
 
     def resume(
-        self, session_id: str, *, owner: str | None = None, by: str | None = None
+        self,
+        session_id: str,
+        *,
+        owner: str | None = None,
+        by: str | None = None,
+        profile: Profile | None = None,
     ) -> Session:
         """Bring the paused session ``session_id`` back, live, under its id, profile and limits
-        (also after this process or the host restarted). Raises
+        (also after this process or the host restarted). The profile is loaded by its name;
+        give ``profile`` for one that is not found by name (a profile the caller parsed),
+        which must have the name the session was paused under. Raises
         :class:`~sandcell.sessions.states.StateNotFound` when ``owner`` has no such paused
         session, :class:`~sandcell.sessions.states.StateTampered` when its saved state changed
         on disk (it is never loaded)."""
         self.check_home()
-        return saving.resume(self._executor(), session_id, owner=owner, by=by)
+        return saving.resume(self._executor(), session_id, owner=owner, by=by, profile=profile)
 
     def fork_paused(
-        self, session_id: str, n: int = 1, *, owner: str | None = None, by: str | None = None
+        self,
+        session_id: str,
+        n: int = 1,
+        *,
+        owner: str | None = None,
+        by: str | None = None,
+        profile: Profile | None = None,
     ) -> list[Session]:
         """``n`` new live sessions copied from the paused session ``session_id``, which stays
-        paused (see :meth:`Session.fork <sandcell.sessions.Session.fork>`)."""
+        paused (see :meth:`Session.fork <sandcell.sessions.Session.fork>`; ``profile`` as for
+        :meth:`resume`)."""
         from sandcell.audit.record import utc_now
 
         saving.check_forks(n)
@@ -124,7 +138,7 @@ class SessionCalls:
         if state.kind != "paused":
             raise ConfigError(f"{session_id} is a {state.kind}, not a paused session")
         return saving.open_forks(
-            self._executor(), state, n, started_at=started_at, by=by, parent=None
+            self._executor(), state, n, started_at=started_at, by=by, parent=None, profile=profile
         )
 
     def paused(self, *, owner: str | None = None) -> list[StoredState]:

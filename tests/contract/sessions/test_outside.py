@@ -12,8 +12,9 @@ import pytest
 from tests.contract.sessions.rungs import open_session
 from tests.integration.loopback_http import JsonHandler, serving
 
-from sandcell import Executor, Limits
+from sandcell import ConfigError, Executor, Limits
 from sandcell.policy.profiles import Profile, parse_profile
+from sandcell.sessions import PauseRefused
 from sandcell.spec import MiB
 
 KEY = f"key-{secrets.token_hex(10)}"
@@ -80,3 +81,28 @@ def test_each_cell_records_its_own_connections_and_calls(
         assert isinstance(calls, list) and len(calls) == 1, calls
         assert calls[0]["decision"] == "allowed", calls
         assert KEY not in result.stdout
+
+
+def test_a_session_with_ways_out_keeps_its_files_and_comes_back_with_new_ones(
+    ex: Executor, api: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its proxy's and gateway's connections live on the host, so no rung pauses its memory
+    (a restored sandbox would hold connections to nothing, or to something else); a files pause
+    keeps the workspace and the resumed session gets ways out of its own, recorded anew. A
+    profile parsed by the caller is not found by name: the resume is given it."""
+    monkeypatch.setenv("SESSION_API_KEY", KEY)
+    profile = _profile(api)
+    s = open_session(ex, profile=profile, limits=Limits(wall_time_s=30, memory_bytes=256 * MiB))
+    first = s.run(CELL.format(port=api, n=1) + "open('kept', 'w').write('kept')")
+    assert first.ok, (first.reason, first.stderr)
+    with pytest.raises(PauseRefused):
+        s.pause(mode="memory")
+    assert s.ended is None
+    s.pause(mode="files")
+    with pytest.raises(ConfigError, match="session-outside"):
+        ex.resume(s.id)
+    with ex.resume(s.id, profile=profile) as back:
+        again = back.run(CELL.format(port=api, n=3) + "print(open('kept').read())")
+    assert again.ok, (again.reason, again.stderr)
+    assert "web 200" in again.stdout and "tool 200" in again.stdout and "kept" in again.stdout
+    assert again.network is not None and len(again.network["connections"]) == 1
