@@ -19,6 +19,9 @@ Errors (``code``: the row's name, shown in MCP tool errors)::
     StateNotFound           state_not_found         78  404  404 not_found            no
     StateTampered           state_tampered          78  409  409 already_exists       no
     PauseRefused            pause_refused           78  422  422 unknown              no
+    ProcessNotFound         process_not_found       78  404  404 not_found            no
+    SpawnRefused            spawn_refused           78  403  403 permission_denied    no
+    SpawnFailed             spawn_failed            78  422  400 failed_precondition  no
     QuotaExceeded (client)  quota_exceeded          75  429  429 resource_exhausted   yes
     IsolationUnavailable    isolation_unavailable   78  503  503 unavailable          no
     InfraError              infra_error             75  503  503 unavailable          yes
@@ -52,6 +55,12 @@ Decisions where the surfaces used to disagree:
   will never load); a pause, snapshot or fork in a mode the session's rung does not offer is
   422 (the request is well formed; this session cannot do it), so a client tells it from a
   malformed request (400) and from an ended session (409).
+* A session's background process (:mod:`sandcell.sessions.processes`) or watch that is not
+  there is 404; a command the profile refuses to start in the background is 403, as E2B
+  answers a denied command; one that was admitted but could not start (the session's process
+  limit, no such program), or an operation the process cannot take (input to a process
+  without open stdin, a resize without a terminal), is 422 on HTTP and envd's
+  ``failed_precondition`` (400) on E2B. All exit 78, as the refusals they are.
 * ``ModelError`` exits 75, as ``sandcell ask`` does for the stop reason ``model_error``.
 * A row the service keeps to its log (``public`` False: internal, audit, model errors) reaches
   a remote client as a 500 it cannot tell from a passing failure: ``ServiceUnavailable``,
@@ -241,6 +250,28 @@ ERRORS: Mapping[str, ErrorWire] = MappingProxyType(
             http_status=422,
             e2b_status=422,
             retryable=False,
+        ),
+        "sandcell.sessions.processes.ProcessNotFound": ErrorWire(
+            code="process_not_found",
+            exit_code=EXIT_CONFIG,
+            http_status=404,
+            e2b_status=404,
+            retryable=False,
+        ),
+        "sandcell.sessions.processes.SpawnRefused": ErrorWire(
+            code="spawn_refused",
+            exit_code=EXIT_CONFIG,
+            http_status=403,
+            e2b_status=403,
+            retryable=False,
+        ),
+        "sandcell.sessions.processes.SpawnFailed": ErrorWire(
+            code="spawn_failed",
+            exit_code=EXIT_CONFIG,
+            http_status=422,
+            e2b_status=400,
+            retryable=False,
+            connect="failed_precondition",
         ),
         "sandcell.client.errors.QuotaExceeded": ErrorWire(
             code="quota_exceeded",

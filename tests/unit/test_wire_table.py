@@ -53,6 +53,7 @@ from sandcell.service.app import create_app, make_service
 from sandcell.service.core import Service, ServiceConfig
 from sandcell.service.problems import PROBLEM_JSON, ServiceProblem
 from sandcell.sessions import SessionEnded
+from sandcell.sessions.processes import ProcessNotFound, SpawnFailed, SpawnRefused
 from sandcell.sessions.states import StateNotFound, StateTampered
 from sandcell.spec import Outcome, RunResult, Usage
 
@@ -125,6 +126,9 @@ SAMPLES: list[SandcellError] = [
     StateNotFound("no paused session p-1"),
     StateTampered("the saved state p-1 changed on disk"),
     PauseRefused("the namespaces backend cannot save a session's memory here"),
+    ProcessNotFound("no process 41 was started in this session"),
+    SpawnRefused("not started: the command is denied by profile 'strict'"),
+    SpawnFailed("the session's process limit is reached"),
     QuotaExceeded("over quota", detail="3 runs at once", retry_after_s=2.0),
     IsolationUnavailable("gvisor", "runsc is not installed", "install gVisor's runsc"),
     InfraError("the sandbox could not be spawned"),
