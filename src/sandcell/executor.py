@@ -342,10 +342,16 @@ class Executor(SessionCalls):
     # -- what the pipeline asks of the executor ---------------------------------------------------
 
     def open_sockets(
-        self, profile: Profile, request: RunRequest, *, run_id: str | None = None
+        self,
+        profile: Profile,
+        request: RunRequest,
+        *,
+        run_id: str | None = None,
+        ingress: bool = False,
     ) -> RunSockets | None:
         """The ways out of a run (or a session) under ``profile``, started (None: it has none);
-        a tool call needing approval asks :attr:`tool_approver`, else the approval queue."""
+        a tool call needing approval asks :attr:`tool_approver`, else the approval queue.
+        ``ingress`` (a session): the profile's ``[ingress] ports`` are served too."""
         approver, resolver = self.tool_approver, self.resolver
         return outside.open_sockets(
             profile,
@@ -354,6 +360,7 @@ class Executor(SessionCalls):
             approver=approver,
             resolver=resolver,
             run_id=run_id,
+            ingress=ingress,
         )
 
     def live_output(

@@ -12,9 +12,11 @@ What a backend does with it is :class:`SandboxSockets`, plain data: show ``host_
 :data:`SANDBOX_DIR`, set :meth:`SandboxSockets.env` in the program's environment, put
 :data:`SANDBOX_LIB` on the program's ``sys.path``, and, when ``egress`` is set, start
 :meth:`SandboxSockets.bridge_argv` inside the sandbox's own network namespace before the
-program, waiting for the one line it prints once it listens. The sockets grant nothing by
-themselves: the proxy checks every connection against the allowlist, the gateway every call
-against the profile.
+program, waiting for the one line it prints once it listens; when ``ingress`` names ports (a
+session under a profile with ``[ingress] ports``), start :meth:`SandboxSockets.ingress_argv` the
+same way, next to it. The sockets grant nothing by themselves: the proxy checks every connection
+against the allowlist, the gateway every call against the profile, and the ingress gate
+(``network/ingress.py``) opens only the profile's ports, only when the host asks.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from sandcell.spec import MiB
 
 if TYPE_CHECKING:
     from sandcell.network.addresses import Resolver
+    from sandcell.network.ingress import IngressGate
     from sandcell.network.proxy import EgressProxy
     from sandcell.policy.profiles import Profile
     from sandcell.tools.approval import Approver
@@ -44,8 +47,10 @@ SANDBOX_LIB = f"{SANDBOX_DIR}/lib"
 """The directory of ``sandcell_tools.py`` and the bridge, on the program's ``sys.path``."""
 EGRESS_SOCKET = "egress.sock"
 TOOLS_SOCKET = "tools.sock"
+INGRESS_SOCKET = "ingress.sock"
 BRIDGE_FILE = "lib/sandcell_bridge.py"
 TOOLS_FILE = "lib/sandcell_tools.py"
+INGRESS_FILE = "lib/sandcell_ingress.py"
 PROXY_PORT = 3128
 """The loopback port of the bridge inside the sandbox (each sandbox has its own loopback)."""
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
@@ -64,6 +69,8 @@ class SandboxSockets:
     """Whether ``egress.sock`` serves the egress proxy (then start the bridge)."""
     tools: bool
     """Whether ``tools.sock`` serves the tool gateway."""
+    ingress: tuple[int, ...] = ()
+    """The ports ``ingress.sock`` reaches in the sandbox (then start the ingress agent)."""
 
     def env(self) -> dict[str, str]:
         """The program's environment additions: the proxy variables (both cases: curl reads
@@ -91,6 +98,20 @@ class SandboxSockets:
             f"{SANDBOX_DIR}/{EGRESS_SOCKET}",
         ]
 
+    def ingress_argv(self, python: str) -> list[str] | None:
+        """The ingress agent's command inside the sandbox (None without ingress ports): it
+        prints one line once connected to ``ingress.sock``, then carries the host's connections
+        to 127.0.0.1:PORT for those ports until the session ends."""
+        if not self.ingress:
+            return None
+        return [
+            python,
+            "-I",
+            f"{SANDBOX_DIR}/{INGRESS_FILE}",
+            f"{SANDBOX_DIR}/{INGRESS_SOCKET}",
+            ",".join(map(str, self.ingress)),
+        ]
+
     def describe(self) -> str:
         """The enforcement report's line."""
         parts = []
@@ -98,12 +119,22 @@ class SandboxSockets:
             parts.append(f"egress proxy on 127.0.0.1:{PROXY_PORT} (allowlist, host-side)")
         if self.tools:
             parts.append("tool gateway socket (host-side)")
+        if self.ingress:
+            ports = ", ".join(map(str, self.ingress))
+            parts.append(f"ingress to port {ports} through sandcell only (host-side)")
         return ", ".join(parts)
 
 
-def needs_sockets(profile: Profile) -> bool:
-    """Whether a run under ``profile`` reaches anything outside the sandbox."""
-    return profile.allows_network() or bool(profile.tools)
+def needs_sockets(profile: Profile, *, ingress: bool = False) -> bool:
+    """Whether a run under ``profile`` reaches anything outside the sandbox (``ingress``: or,
+    for a session, is reached from outside)."""
+    served = ingress and bool(ingress_ports(profile))
+    return profile.allows_network() or bool(profile.tools) or served
+
+
+def ingress_ports(profile: Profile) -> tuple[int, ...]:
+    """The profile's ``[ingress] ports``."""
+    return tuple(profile.ingress.ports)
 
 
 class RunSockets:
@@ -119,12 +150,19 @@ class RunSockets:
         proxy: EgressProxy | None,
         gateway: ToolGateway | None,
         before_close: Callable[[RunSockets], None] | None = None,
+        ingress: IngressGate | None = None,
     ) -> None:
         self.sandbox = SandboxSockets(
-            host_dir=host_dir, egress=proxy is not None, tools=gateway is not None
+            host_dir=host_dir,
+            egress=proxy is not None,
+            tools=gateway is not None,
+            ingress=ingress.ports if ingress is not None else (),
         )
         self._proxy = proxy
         self._gateway = gateway
+        self.ingress = ingress
+        """The session's ports, reached from the host (None: the profile has none)."""
+        self._taken_ingress = 0
         self._before_close = before_close
         self._lock = threading.Lock()
         self._taken_connections = 0
@@ -142,8 +180,10 @@ class RunSockets:
         resolver: Resolver | None = None,
         environ: Mapping[str, str] | None = None,
         before_close: Callable[[RunSockets], None] | None = None,
+        ingress: bool = False,
     ) -> RunSockets | None:
-        """Start what ``profile`` allows (None when it allows nothing outside).
+        """Start what ``profile`` allows (None when it allows nothing outside); ``ingress``
+        (sessions only): serve the profile's ``[ingress] ports`` too.
 
         ``before_close`` is called first thing in :meth:`close`, while the gateway still
         serves (the approval queue answers the calls still waiting there).
@@ -152,13 +192,14 @@ class RunSockets:
             ConfigError: a tool's credential is not set on the host.
             InfraError: a socket could not be served.
         """
-        if not needs_sockets(profile):
+        if not needs_sockets(profile, ingress=ingress):
             return None
         host_dir = Path(tempfile.mkdtemp(prefix="sandcell-", dir=_SOCKET_PARENT))
         proxy: EgressProxy | None = None
         gateway: ToolGateway | None = None
+        gate: IngressGate | None = None
         try:
-            _write_helpers(host_dir)
+            _write_helpers(host_dir, ingress=ingress and bool(ingress_ports(profile)))
             if profile.allows_network():
                 from sandcell.network.addresses import HostsResolver, system_resolver
                 from sandcell.network.caps import ProxyLimits
@@ -195,14 +236,29 @@ class RunSockets:
                     socket_path=host_dir / TOOLS_SOCKET,
                 )
                 gateway.start()
+            if ingress and ingress_ports(profile):
+                from sandcell.network.ingress import IngressGate
+
+                gate = IngressGate(
+                    ports=ingress_ports(profile), socket_path=host_dir / INGRESS_SOCKET
+                )
+                gate.start()
         except BaseException:
+            if gate is not None:
+                gate.stop()
             for server in (gateway, proxy):
                 if server is not None:
                     with contextlib.suppress(ConfigError, InfraError):
                         server.stop()
             shutil.rmtree(host_dir, ignore_errors=True)
             raise
-        return cls(host_dir=host_dir, proxy=proxy, gateway=gateway, before_close=before_close)
+        return cls(
+            host_dir=host_dir,
+            proxy=proxy,
+            gateway=gateway,
+            before_close=before_close,
+            ingress=gate,
+        )
 
     @property
     def tool_calls(self) -> int:
@@ -216,7 +272,8 @@ class RunSockets:
 
     def take_record(self) -> dict[str, object]:
         """What happened since the last take (a session cell's share), for the run record:
-        ``network`` (connection attempts) and ``tools`` (calls), each None when not served."""
+        ``network`` (connection attempts) and ``tools`` (calls), each None when not served, and
+        ``ingress`` (connections from outside to a session's ports) where it is served."""
         with self._lock:
             network: dict[str, object] | None = None
             tools: dict[str, object] | None = None
@@ -237,7 +294,17 @@ class RunSockets:
                     "profile": self._gateway.profile,
                     "calls": [c.to_record() for c in new_calls],
                 }
-            return {"network": network, "tools": tools}
+            taken: dict[str, object] = {"network": network, "tools": tools}
+            if self.ingress is not None:
+                seen = self.ingress.records
+                new_seen = seen[self._taken_ingress :]
+                self._taken_ingress = len(seen)
+                taken["ingress"] = {
+                    "ports": list(self.ingress.ports),
+                    "connections": [r.to_record() for r in new_seen],
+                    "dropped": self.ingress.dropped,
+                }
+            return taken
 
     def close(self) -> dict[str, object]:
         """Stop serving and remove the directory; returns :meth:`take_record` of what is left
@@ -249,6 +316,8 @@ class RunSockets:
         try:
             if self._before_close is not None:
                 self._before_close(self)
+            if self.ingress is not None:
+                self.ingress.stop()
             proxy_report = self._proxy.stop() if self._proxy is not None else None
             gateway_report = self._gateway.stop() if self._gateway is not None else None
         finally:
@@ -280,13 +349,17 @@ def _network_record(
     }
 
 
-def _write_helpers(host_dir: Path) -> None:
-    """The bridge and the client, copied read-only: both import only the standard library."""
-    from sandcell.network import bridge
+def _write_helpers(host_dir: Path, *, ingress: bool) -> None:
+    """The bridge, the client and (``ingress``) the ingress agent, copied read-only: all import
+    only the standard library."""
+    from sandcell.network import bridge, ingress_agent
     from sandcell.tools import sandcell_tools
 
     (host_dir / "lib").mkdir(mode=0o755)
-    for module, name in ((bridge, BRIDGE_FILE), (sandcell_tools, TOOLS_FILE)):
+    helpers = [(bridge, BRIDGE_FILE), (sandcell_tools, TOOLS_FILE)]
+    if ingress:
+        helpers.append((ingress_agent, INGRESS_FILE))
+    for module, name in helpers:
         source = module.__file__
         if source is None:
             raise InfraError(f"the source of {module.__name__} cannot be found to copy")
@@ -299,6 +372,8 @@ def _write_helpers(host_dir: Path) -> None:
 
 __all__ = [
     "EGRESS_SOCKET",
+    "INGRESS_FILE",
+    "INGRESS_SOCKET",
     "PROXY_PORT",
     "PROXY_URL",
     "SANDBOX_DIR",
@@ -306,5 +381,6 @@ __all__ = [
     "TOOLS_SOCKET",
     "RunSockets",
     "SandboxSockets",
+    "ingress_ports",
     "needs_sockets",
 ]

@@ -61,7 +61,7 @@ def finish(
 ) -> RunResult:
     """What happens after a sandbox ran ``request`` on ``backend`` and returned ``br``.
 
-    ``outside``: what the run's egress proxy and tool gateway saw
+    ``outside``: what the run's egress proxy, tool gateway and (a session's) ingress gate saw
     (:meth:`RunSockets.take_record <sandcell.run_sockets.RunSockets.take_record>`); ``secrets``:
     the gateway's credentials, looked for in every output like the host's own;
     ``record_extra``: fields added to the record (never replacing one written here)."""
@@ -139,6 +139,8 @@ def finish(
             **record,
             "network": result.network,
             "tools": result.tools,
+            # A session's port connections from outside (sessions/ports.py), where it has ports.
+            **({"ingress": outside["ingress"]} if outside and outside.get("ingress") else {}),
             "declared": declared_record(
                 schema=validators.schema,
                 model=validators.model,

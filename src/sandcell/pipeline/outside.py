@@ -38,11 +38,12 @@ def open_sockets(
     approver: Approver | None,
     resolver: Resolver | None,
     run_id: str | None = None,
+    ingress: bool = False,
 ) -> RunSockets | None:
     """The ways out of a run (or a session) under ``profile``: its egress proxy and tool
-    gateway, started; None when the profile allows nothing outside. A call needing approval
-    waits at most the run's wall time, for ``approver`` or else the approval queue in
-    ``approvals`` (its tickets name ``run_id``)."""
+    gateway (and, with ``ingress``, a session's ports), started; None when the profile allows
+    nothing outside. A call needing approval waits at most the run's wall time, for
+    ``approver`` or else the approval queue in ``approvals`` (its tickets name ``run_id``)."""
     return open_run_sockets(
         profile,
         store=approvals,
@@ -50,6 +51,7 @@ def open_sockets(
         approval_timeout_s=request.effective_limits.wall_time_s,
         resolver=resolver,
         run_id=run_id,
+        ingress=ingress,
     )
 
 

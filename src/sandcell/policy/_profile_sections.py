@@ -458,6 +458,37 @@ class WorkdirRules:
                 )
 
 
+MAX_INGRESS_PORTS = 16
+RESERVED_PORTS = (3128,)
+"""The egress bridge's loopback port (``run_sockets.PROXY_PORT``): never a program's server."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IngressRules:
+    """Ports of a session's sandbox reachable from outside, only through sandcell (a server the
+    program starts on 127.0.0.1:PORT; docs/sessions.md, "Ports"). The sandbox still has no
+    network: the host reaches these ports through an agent inside it. Absent: none."""
+
+    ports: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.ports) > MAX_INGRESS_PORTS:
+            raise SectionError(
+                f"at most {MAX_INGRESS_PORTS} ingress ports, got {len(self.ports)}", "ports"
+            )
+        for port in self.ports:
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise SectionError(f"ingress port {port!r} is not 1-65535", "ports", str(port))
+            if port in RESERVED_PORTS:
+                raise SectionError(
+                    f"ingress port {port} is the egress bridge's inside the sandbox",
+                    "ports",
+                    str(port),
+                )
+        if len(set(self.ports)) != len(self.ports):
+            raise SectionError("ingress ports are listed more than once", "ports")
+
+
 def show_limit(limit: str, value: float) -> str:
     """A value of the :class:`Limits` field ``limit`` for people: ``512 MiB``, ``30 s``."""
     if limit.endswith("_bytes"):

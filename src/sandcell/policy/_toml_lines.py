@@ -203,6 +203,17 @@ class TomlDoc:
             self.fail(f"{_name(path)} must be a list of strings, got {value!r}", path)
         return tuple(cast("list[str]", value))
 
+    def integers(self, path: Sequence[str]) -> tuple[int, ...] | None:
+        """A list of integers as a tuple, or None when absent."""
+        value = self._get(path)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            self.fail(f"{_name(path)} must be a list of integers, got {value!r}", path)
+        return tuple(cast("list[int]", value))
+
 
 def _name(path: Sequence[str]) -> str:
     """``("limits", "memory_mb")`` -> ``[limits] memory_mb``, for messages."""

@@ -52,6 +52,7 @@ from sandcell.policy._profile_sections import (
     Approval,
     CheckRules,
     FilesystemRules,
+    IngressRules,
     IsolationRules,
     LimitRules,
     NetworkMode,
@@ -78,6 +79,7 @@ __all__ = [
     "Approval",
     "CheckRules",
     "FilesystemRules",
+    "IngressRules",
     "IsolationRules",
     "LimitRules",
     "NetworkMode",
@@ -116,6 +118,8 @@ class Profile:
     """Of the file's bytes (followed by the schema file's, when one is referenced)."""
     filesystem: FilesystemRules = field(default_factory=FilesystemRules)
     network: NetworkRules = field(default_factory=NetworkRules)
+    ingress: IngressRules = field(default_factory=IngressRules)
+    """``[ingress] ports``: a session's servers reachable from outside through sandcell."""
     isolation: IsolationRules = field(default_factory=IsolationRules)
     limits: LimitRules = field(default_factory=LimitRules)
     runtime: RuntimeRules = field(default_factory=RuntimeRules)
@@ -268,6 +272,7 @@ _SECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "max_mb_up",
             "max_mb_down",
         ),
+        "ingress": ("ports",),
         "isolation": ("backend", "minimum"),
         "runtime": (
             "languages",
@@ -406,6 +411,7 @@ def parse_profile(raw: bytes, *, name: str, source: str, base_dir: Path | None =
             max_mb_up=doc.integer((net, "max_mb_up")),
             max_mb_down=doc.integer((net, "max_mb_down")),
         ),
+        ingress=_rules(doc, "ingress", IngressRules, ports=doc.integers(("ingress", "ports"))),
         isolation=_rules(doc, iso, IsolationRules, backend=backend, minimum=minimum),
         limits=_rules(doc, "limits", LimitRules, defaults=defaults, ceilings=ceilings),
         runtime=_rules(
@@ -594,6 +600,11 @@ def render_matrix(profile: Profile) -> str:
                 ),
             ]
             if net.mode == "allowlist"
+            else []
+        ),
+        *(
+            [("ingress", "ports", _items([str(p) for p in profile.ingress.ports]))]
+            if profile.ingress.ports
             else []
         ),
         ("isolation", "backend", profile.isolation.backend),

@@ -51,6 +51,7 @@ from sandcell.policy.profiles import Profile, load_profile
 from sandcell.sessions import saving
 from sandcell.sessions.bash_cell import bash_cell
 from sandcell.sessions.metrics import SAMPLE_EVERY_S, MetricsHistory
+from sandcell.sessions.ports import PortAccess
 from sandcell.sessions.processes import ProcessControl
 from sandcell.sessions.states import (
     SessionSettings,
@@ -130,12 +131,13 @@ def _close_live_sessions() -> None:
             session.close()
 
 
-class Session(ProcessControl):
+class Session(ProcessControl, PortAccess):
     """One live session; open it with :meth:`sandcell.Executor.session`.
 
     Thread-safe: cells run one at a time. Use it as a context manager, or call :meth:`close`.
     Background processes, terminals and watches: :class:`ProcessControl`
-    (:mod:`sandcell.sessions.processes`).
+    (:mod:`sandcell.sessions.processes`); ports: :class:`PortAccess`
+    (:mod:`sandcell.sessions.ports`).
     """
 
     def __init__(
@@ -213,8 +215,11 @@ class Session(ProcessControl):
         self._ended: str | None = None
         self._cancel: CellCancel | None = None
         """The running cell's, while one runs (see :meth:`cancel`)."""
-        # One proxy and one gateway for the whole session; each cell's record gets its share.
-        self._sockets = executor.open_sockets(self.profile, self.request, run_id=self.id)
+        # One proxy, gateway and ingress gate for the whole session; each cell's record gets
+        # its share.
+        self._sockets = executor.open_sockets(
+            self.profile, self.request, run_id=self.id, ingress=True
+        )
         try:
             self._sandbox = open_cell_sandbox(
                 backend,
@@ -654,12 +659,16 @@ class Session(ProcessControl):
     def _end(self, reason: str, globs: tuple[str, ...] = ()) -> Exported:
         self._ended = reason
         self._wake.set()
+        self._close_ports()
         try:
             return self._sandbox.teardown(globs, self._collector(globs) if globs else None)
         finally:
             if self._sockets is not None:
-                # What a cell's leftover process did after the last cell is not any cell's.
-                self._sockets.close()
+                # What a cell's leftover process did after the last cell is not any cell's;
+                # connections from outside to its ports are recorded all the same.
+                left = self._sockets.close()
+                with contextlib.suppress(SandcellError):
+                    self._record_leftover_ingress(left, self._sandbox.backend.name)
 
     def _check_alive(self) -> None:
         if self._ended is not None:

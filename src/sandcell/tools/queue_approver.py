@@ -195,9 +195,10 @@ def open_run_sockets(
     resolver: Resolver | None = None,
     run_id: str | None = None,
     environ: Mapping[str, str] | None = None,
+    ingress: bool = False,
 ) -> RunSockets | None:
     """:meth:`RunSockets.open`, with a :class:`QueueApprover` on ``store`` when ``approver`` is
-    None; its tickets expire when the sockets close.
+    None; its tickets expire when the sockets close. ``ingress``: a session's ports too.
 
     Raises:
         ConfigError: a tool's credential is not set on the host.
@@ -210,6 +211,7 @@ def open_run_sockets(
             approval_timeout_s=approval_timeout_s,
             resolver=resolver,
             environ=environ,
+            ingress=ingress,
         )
     queue = QueueApprover(store, timeout_s=approval_timeout_s, run_id=run_id)
     return RunSockets.open(
@@ -219,4 +221,5 @@ def open_run_sockets(
         resolver=resolver,
         environ=environ,
         before_close=_settle(queue),
+        ingress=ingress,
     )

@@ -249,6 +249,9 @@ class LandlockPlan:
     connect_tcp_ports: tuple[int, ...] = ()
     """TCP ports the program may still connect to where TCP is denied (ABI >= 4): the egress
     bridge's, which only the bridge can listen on (binding stays denied)."""
+    serve_tcp_ports: tuple[int, ...] = ()
+    """TCP ports the program may bind (and connect to) where TCP is denied: a session's
+    ``[ingress] ports``, which only the ingress agent reaches from outside the sandbox."""
     required: bool = True
     """When True the boot refuses to start the program if any step fails (exit status 125);
     when False it warns on stderr and runs the program without Landlock."""
@@ -260,13 +263,12 @@ class LandlockPlan:
         _check_paths("read_only", self.read_only)
         _check_paths("read_write", self.read_write)
         _check_paths("list_dirs", self.list_dirs)
-        if not isinstance(self.connect_tcp_ports, tuple) or not all(
-            type(p) is int and 0 < p < 65536 for p in self.connect_tcp_ports
-        ):
-            raise ConfigError(
-                f"landlock plan: connect_tcp_ports must be a tuple of ports, got "
-                f"{self.connect_tcp_ports!r}"
-            )
+        for name in ("connect_tcp_ports", "serve_tcp_ports"):
+            ports = getattr(self, name)
+            if not isinstance(ports, tuple) or not all(
+                type(p) is int and 0 < p < 65536 for p in ports
+            ):
+                raise ConfigError(f"landlock plan: {name} must be a tuple of ports, got {ports!r}")
 
     @property
     def handled_fs(self) -> int:
@@ -300,7 +302,10 @@ class LandlockPlan:
         """(port, allowed rights) of the TCP ports still reachable where TCP is handled."""
         if not self.handled_net & ACCESS_NET_CONNECT_TCP:
             return ()
-        return tuple((p, ACCESS_NET_CONNECT_TCP) for p in dict.fromkeys(self.connect_tcp_ports))
+        rights = dict.fromkeys(self.connect_tcp_ports, ACCESS_NET_CONNECT_TCP)
+        for port in self.serve_tcp_ports:
+            rights[port] = rights.get(port, 0) | ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP
+        return tuple(rights.items())
 
     def ruleset(self) -> dict[str, Any]:
         """The compiled form the boot consumes: masks, (path, rights) rules and, when some TCP
@@ -330,6 +335,8 @@ class LandlockPlan:
         }
         if self.connect_tcp_ports:
             doc["connect_tcp_ports"] = list(self.connect_tcp_ports)
+        if self.serve_tcp_ports:
+            doc["serve_tcp_ports"] = list(self.serve_tcp_ports)
         doc["ruleset"] = self.ruleset()
         return doc
 
@@ -350,6 +357,7 @@ class LandlockPlan:
                 scope_signals=bool(data["scope_signals"]),
                 scope_abstract_unix=bool(data["scope_abstract_unix"]),
                 connect_tcp_ports=tuple(data.get("connect_tcp_ports", ())),
+                serve_tcp_ports=tuple(data.get("serve_tcp_ports", ())),
                 required=bool(data["required"]),
             )
         except (KeyError, TypeError) as exc:
@@ -391,11 +399,13 @@ def build_plan(
     required: bool = True,
     extra_read_only: Sequence[str] = (),
     connect_tcp_ports: Sequence[int] = (),
+    serve_tcp_ports: Sequence[int] = (),
 ) -> LandlockPlan:
     """The plan for one sandbox: runtime read+execute, inputs and control read-only, work and tmp
     writable, plus the few device files and ``/etc`` files programs expect. Paths missing inside
     the sandbox are skipped by the boot. ``extra_read_only`` (the run's socket directory) is
-    readable too; ``connect_tcp_ports`` stay reachable where TCP is denied."""
+    readable too; ``connect_tcp_ports`` stay reachable where TCP is denied, and
+    ``serve_tcp_ports`` (a session's ingress ports) may be bound and reached."""
     read_only = [*([input_dir] if input_dir else []), control_dir, "/proc", *DEV_READ_ONLY]
     read_only += [*etc_files, *extra_read_only]
     return LandlockPlan(
@@ -405,6 +415,7 @@ def build_plan(
         list_dirs=("/",),
         abi=abi,
         connect_tcp_ports=tuple(dict.fromkeys(connect_tcp_ports)),
+        serve_tcp_ports=tuple(dict.fromkeys(serve_tcp_ports)),
         required=required,
     )
 
@@ -413,8 +424,17 @@ def describe(plan: LandlockPlan) -> str:
     """One line for the enforcement report."""
     parts = [f"landlock ABI {plan.abi}: fs restricted to {len(plan.rules)} paths"]
     if plan.handled_net and plan.net_rules:
-        ports = ", ".join(str(p) for p, _ in plan.net_rules)
-        parts.append(f"tcp denied but connect to port {ports}")
+        connect = [str(p) for p, r in plan.net_rules if not r & ACCESS_NET_BIND_TCP]
+        serve = [str(p) for p, r in plan.net_rules if r & ACCESS_NET_BIND_TCP]
+        parts.append(
+            "tcp denied but "
+            + " and ".join(
+                [
+                    *([f"connect to port {', '.join(connect)}"] if connect else []),
+                    *([f"bind and connect to port {', '.join(serve)}"] if serve else []),
+                ]
+            )
+        )
     elif plan.handled_net:
         parts.append("tcp denied")
     elif plan.deny_tcp:
@@ -444,6 +464,7 @@ def boot_plan_json(
     python_paths: Sequence[str] = (),
     display: tuple[str, str] | None = None,
     bridge: Sequence[str] | None = None,
+    ingress: Sequence[str] | None = None,
 ) -> str:
     """The ``plan.json`` the boot reads.
 
@@ -454,6 +475,7 @@ def boot_plan_json(
     module) inside the sandbox, to run a python program as a notebook cell. ``bridge``: a
     standalone script and its arguments (the egress bridge, ``run_sockets``) that the boot runs
     in a child of its own before the program, waiting for the line it prints once it listens.
+    ``ingress``: the same for a session's ingress agent (``run_sockets``), started after it.
     """
     if status_fd is not None and (isinstance(status_fd, bool) or status_fd < 3):
         raise ConfigError(f"boot plan: status_fd must be a descriptor above 2, got {status_fd!r}")
@@ -469,6 +491,10 @@ def boot_plan_json(
         if not bridge or not all(isinstance(a, str) for a in bridge):
             raise ConfigError(f"boot plan: bridge must be a script and its arguments: {bridge!r}")
         doc["bridge"] = list(bridge)
+    if ingress is not None:
+        if not ingress or not all(isinstance(a, str) for a in ingress):
+            raise ConfigError(f"boot plan: ingress must be a script and its arguments: {ingress!r}")
+        doc["ingress"] = list(ingress)
     return json.dumps(doc, indent=1) + "\n"
 
 

@@ -7,7 +7,8 @@ Usage (inside the sandbox)::
 
 Steps: read the plan; close every inherited descriptor above 2 but the status one; start the
 egress bridge when the plan names one (``_start_bridge``: a child that listens on loopback and
-forwards to the run's proxy socket) and wait until it listens; fork. The
+forwards to the run's proxy socket) and wait until it listens, then a session's ingress agent
+the same way when the plan names one (it connects to the session's ``ingress.sock``); fork. The
 parent stays outside the program, trusted and idle, and reports the child's raw wait status on
 the status descriptor, then exits as the child did. The child sets no_new_privs, applies the
 Landlock ruleset the host compiled (see ``landlock.py``), creates the input links, writes one
@@ -99,9 +100,11 @@ def _load_plan(
     list[str],
     dict[str, str] | None,
     list[str] | None,
+    list[str] | None,
 ]:
     """(landlock section or None, status fd or None, input links, extra python paths, display
-    section or None, bridge command or None), checked for shape."""
+    section or None, bridge command or None, ingress agent command or None), checked for
+    shape."""
     with open(path, encoding="utf-8") as f:
         doc = _parse_json(f.read())
     if not isinstance(doc, dict) or doc.get("format") != 1:
@@ -112,10 +115,12 @@ def _load_plan(
     python_paths = doc.get("python_paths") or []
     display = doc.get("display")
     bridge = doc.get("bridge")
-    if bridge is not None and not (
-        isinstance(bridge, list) and bridge and all(type(a) is str for a in bridge)
-    ):
-        raise ValueError(f"malformed bridge {bridge!r}")
+    ingress = doc.get("ingress")
+    for name, helper in (("bridge", bridge), ("ingress agent", ingress)):
+        if helper is not None and not (
+            isinstance(helper, list) and helper and all(type(a) is str for a in helper)
+        ):
+            raise ValueError(f"malformed {name} {helper!r}")
     if display is not None and not (
         isinstance(display, dict) and all(type(display.get(k)) is str for k in ("dir", "module"))
     ):
@@ -139,7 +144,7 @@ def _load_plan(
     for link in links:
         if not (len(link) == 2 and type(link[0]) is str and type(link[1]) is str):
             raise ValueError(f"malformed input link {link!r}")
-    return landlock, status_fd, links, python_paths, display, bridge
+    return landlock, status_fd, links, python_paths, display, bridge, ingress
 
 
 def _close_inherited(keep: int | None) -> None:
@@ -504,7 +509,7 @@ def _restrict(landlock: dict[str, Any] | None) -> None:
         os.write(2, warning.encode("utf-8", "backslashreplace"))
 
 
-def _start_bridge(argv: list[str], status_fd: int | None) -> None:
+def _start_bridge(argv: list[str], status_fd: int | None, what: str = "egress bridge") -> None:
     """Run the script ``argv[0]`` with ``argv[1:]`` (the egress bridge) in a child, as
     ``python -I SCRIPT ARGS`` would, and return once it printed its one line (the port it
     listens on), or fail the boot. The child is forked here, before the program and outside
@@ -532,7 +537,7 @@ def _start_bridge(argv: list[str], status_fd: int | None) -> None:
         except SystemExit as exc:
             status = exc.code if isinstance(exc.code, int) else 1
         except BaseException as exc:
-            message = f"sandcell-boot: egress bridge: {exc}\n"
+            message = f"sandcell-boot: {what}: {exc}\n"
             try:  # noqa: SIM105
                 os.write(2, message.encode("utf-8", "backslashreplace"))
             except OSError:
@@ -550,7 +555,7 @@ def _start_bridge(argv: list[str], status_fd: int | None) -> None:
         line += chunk
     os.close(read_end)
     if not line.strip().isdigit():
-        _fail(f"the egress bridge did not start (it said {line!r})")
+        _fail(f"the {what} did not start (it said {line!r})")
 
 
 def _make_links(links: list[list[str]]) -> None:
@@ -566,7 +571,8 @@ def _main(argv: list[str]) -> None:
         _fail("usage: boot.py PLAN (python SCRIPT | exec PROGRAM) [ARGS...]")
     plan_path, mode, target = argv[1], argv[2], argv[3:]
     try:
-        landlock, status_fd, links, python_paths, display_plan, bridge = _load_plan(plan_path)
+        plan = _load_plan(plan_path)
+        landlock, status_fd, links, python_paths, display_plan, bridge, ingress = plan
     except Exception as exc:
         _fail(f"cannot read the plan {plan_path}: {exc}")
     display: tuple[Any, str] | None = None
@@ -582,6 +588,8 @@ def _main(argv: list[str]) -> None:
     sys.path.extend(python_paths)
     if bridge is not None:
         _start_bridge(bridge, status_fd)
+    if ingress is not None:
+        _start_bridge(ingress, status_fd, "ingress agent")
     if status_fd is None:
         _restrict(landlock)
         _make_links(links)

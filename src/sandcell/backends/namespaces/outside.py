@@ -18,6 +18,9 @@ Every start mode (cold, template, pool, session) turns it into the same few thin
   listen on that port: binding stays denied to the program;
 * the bridge (:func:`bridge_script`): run in the sandbox's own network namespace by its pid 1
   (the boot, or a warm run's pid 1), in the run's cgroup, before the program starts;
+* a session's ingress agent (:func:`ingress_script`), started the same way by the boot after the
+  bridge (cold starts only: a session's sandbox always starts cold), and its ports, which the
+  program may bind where Landlock denies it TCP (:func:`serve_ports`);
 * the enforcement report's lines (:func:`layers`).
 
 Security limitations: the socket directory is bound as it is, so its host path (a random
@@ -34,7 +37,15 @@ from collections.abc import Mapping
 from sandcell.errors import InfraError
 from sandcell.run_sockets import PROXY_PORT, SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 
-__all__ = ["bridge_script", "landlock_extras", "layers", "program_env", "python_paths"]
+__all__ = [
+    "bridge_script",
+    "ingress_script",
+    "landlock_extras",
+    "layers",
+    "program_env",
+    "python_paths",
+    "serve_ports",
+]
 
 
 def program_env(
@@ -65,6 +76,11 @@ def landlock_extras(sockets: SandboxSockets | None) -> tuple[tuple[str, ...], tu
     return (SANDBOX_DIR,), (PROXY_PORT,)
 
 
+def serve_ports(sockets: SandboxSockets | None) -> tuple[int, ...]:
+    """TCP ports the program may bind where Landlock denies it TCP: a session's ingress ports."""
+    return sockets.ingress if sockets is not None else ()
+
+
 def bridge_script(sockets: SandboxSockets | None) -> list[str] | None:
     """The bridge's script and arguments (``bridge_argv`` without its interpreter: the pid 1
     that starts it is one already), or None without egress.
@@ -74,11 +90,21 @@ def bridge_script(sockets: SandboxSockets | None) -> list[str] | None:
     """
     if sockets is None:
         return None
-    argv = sockets.bridge_argv("python")
+    return _script(sockets.bridge_argv("python"), "egress bridge")
+
+
+def ingress_script(sockets: SandboxSockets | None) -> list[str] | None:
+    """The ingress agent's script and arguments, as :func:`bridge_script`; None without ports."""
+    if sockets is None:
+        return None
+    return _script(sockets.ingress_argv("python"), "ingress agent")
+
+
+def _script(argv: list[str] | None, what: str) -> list[str] | None:
     if argv is None:
         return None
     if len(argv) < 3 or argv[1] != "-I" or not argv[2].endswith(".py"):
-        raise InfraError(f"the egress bridge's command has an unexpected shape: {argv!r}")
+        raise InfraError(f"the {what}'s command has an unexpected shape: {argv!r}")
     return argv[2:]
 
 
@@ -95,11 +121,20 @@ def layers(
         tcp = f"TCP not restricted by Landlock (needs ABI 4, kernel has {landlock_abi})"
     else:
         tcp = f"Landlock denies the program TCP but connect to port {PROXY_PORT}"
+    if sockets.ingress and landlock_abi is not None and landlock_abi >= 4:
+        tcp += f", and bind to port {', '.join(map(str, sockets.ingress))} (ingress)"
     lines = {"outside": f"{sockets.describe()}; sockets read-only at {SANDBOX_DIR}; {tcp}"}
     if sockets.egress:
         limits = "the run's cgroup" if cgroup else "the run's rlimits"
         lines["egress_bridge"] = (
             f"127.0.0.1:{PROXY_PORT} to {SANDBOX_DIR}/egress.sock, started by the sandbox's "
             f"pid 1 in its own network namespace, under {limits}, before the program"
+        )
+    if sockets.ingress:
+        limits = "the run's cgroup" if cgroup else "the run's rlimits"
+        lines["ingress_agent"] = (
+            f"{SANDBOX_DIR}/ingress.sock to 127.0.0.1:{', '.join(map(str, sockets.ingress))}, "
+            f"started by the sandbox's pid 1 outside the program's Landlock domain, under "
+            f"{limits}, before the program; the host opens each connection"
         )
     return lines

@@ -281,6 +281,7 @@ class PreparedSandbox:
                 abi=self.layers.landlock_abi,
                 extra_read_only=readable,
                 connect_tcp_ports=ports,
+                serve_tcp_ports=outside.serve_ports(self.sockets),
             )
         plan_text = landlock.boot_plan_json(
             plan=lplan,
@@ -294,6 +295,7 @@ class PreparedSandbox:
             if displays(request)
             else None,
             bridge=outside.bridge_script(self.sockets),
+            ingress=outside.ingress_script(self.sockets),
         )
         path = self.control / CONTROL_PLAN
         path.write_text(plan_text)
