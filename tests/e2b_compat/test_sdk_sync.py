@@ -12,7 +12,6 @@ from e2b import (
     FileType,
     InvalidArgumentException,
     NotFoundException,
-    PtySize,
     SandboxException,
     TimeoutException,
 )
@@ -326,11 +325,10 @@ def test_command_timeout(sbx: Sandbox) -> None:
     assert sbx.commands.run("echo alive").stdout == "alive\n"
 
 
-def test_background_processes_and_pty_are_not_served(sbx: Sandbox) -> None:
+def test_a_command_that_ended_is_not_listed(sbx: Sandbox) -> None:
+    # Background commands, terminals and watches: tests/e2b_compat/test_processes.py.
     assert sbx.commands.list() == []
     assert sbx.commands.kill(12345) is False
-    with pytest.raises(SandboxException, match="PTY sessions are not served"):
-        sbx.pty.create(PtySize(rows=24, cols=80))
 
 
 def test_read_as_a_stream(sbx: Sandbox) -> None:

@@ -29,6 +29,7 @@ from sandcell.e2b.registry import SandboxRegistry
 from sandcell.e2b.sandbox_metrics import metrics_routes
 from sandcell.e2b.snapshots import snapshot_routes
 from sandcell.e2b.unserved import unserved_routes
+from sandcell.e2b.watch import watch_routes
 from sandcell.errors import SandcellError
 from sandcell.service.core import Service
 from sandcell.service.problems import ServiceProblem
@@ -37,7 +38,12 @@ from sandcell.wire import error_wire
 __all__ = ["e2b_app"]
 
 log = logging.getLogger("sandcell.e2b")
-_STREAMS = ("/process.Process/Start",)
+_STREAMS = (
+    "/process.Process/Start",
+    "/process.Process/Connect",
+    "/process.Process/StreamInput",
+    "/filesystem.Filesystem/WatchDir",
+)
 
 
 async def health(request: Request) -> Response:
@@ -92,6 +98,7 @@ def e2b_app(service: Service) -> Starlette:
         *fork_routes(),
         *metrics_routes(),
         *file_routes(),
+        *watch_routes(),
         *process_routes(),
         *interpreter_routes(),
     ]

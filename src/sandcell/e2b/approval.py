@@ -16,7 +16,13 @@ from sandcell.service.core import Service
 from sandcell.service.kept_bytes import held_bytes
 from sandcell.spec import Language, RunResult
 
-__all__ = ["approval_message", "needs_approval", "ticket_for"]
+__all__ = [
+    "approval_message",
+    "approval_sentence",
+    "needs_approval",
+    "ticket_for",
+    "ticket_for_policy",
+]
 
 
 def needs_approval(result: RunResult) -> bool:
@@ -27,7 +33,14 @@ def ticket_for(
     service: Service, box: E2BSandbox, result: RunResult, code: str, language: Language
 ) -> str:
     """Queue ``code`` for approval for the sandbox's tenant; the ticket's id."""
-    policy = result.policy or {}
+    return ticket_for_policy(service, box, result.policy or {}, code, language)
+
+
+def ticket_for_policy(
+    service: Service, box: E2BSandbox, policy: Mapping[str, object], code: str, language: Language
+) -> str:
+    """:func:`ticket_for` from the verdict alone (a background command refused before it
+    started has no result)."""
     findings = policy.get("findings")
     # A Python cell runs with the display module, as in the session: its outputs, display()
     # and the shell escapes of its translation (sandcell.e2b.ipython) work when approved.
@@ -53,7 +66,10 @@ def ticket_for(
 
 
 def approval_message(ticket: str, result: RunResult) -> str:
-    reason = (result.policy or {}).get("reason") or result.reason
+    return approval_sentence(ticket, (result.policy or {}).get("reason") or result.reason)
+
+
+def approval_sentence(ticket: str, reason: object) -> str:
     return (
         f"needs approval {ticket} ({reason}); a person approves it with `sandcell approve "
         f"{ticket}`, and it then runs once as a run of its own, outside this sandbox"

@@ -1,19 +1,28 @@
-"""envd's ``process.Process``: ``Start`` (what ``commands.run`` calls) as a Connect stream.
+"""envd's ``process.Process`` streams: ``Start`` (``commands.run``, ``pty.create``) and
+``Connect`` (``commands.connect``, ``pty.connect``).
 
-The command runs as Bash in the sandbox (:mod:`sandcell.e2b.shell`), in the foreground: the
-stream opens with ``start``, carries the output as ``data`` events (live when the session offers
-it), ``keepalive`` events while nothing comes, and ends with ``end`` and the exit code. A denied
-command, or one that needs approval, ends the stream with ``permission_denied`` saying why; one
-over its time limit with ``deadline_exceeded``. Background processes are not served: nothing
-outlives its command, so ``List`` is empty and ``Connect``, ``SendSignal``, ``SendInput``
-answer ``not_found``.
+Every command is a background process of the sandbox's session (:meth:`Session.spawn`): the SDK
+sends the same ``Start`` for ``run(cmd)`` and ``run(cmd, background=True)`` and only waits on
+the first, so each one is a process that outlives its stream, is listed while it runs, and can be
+connected to, signalled and fed input from any client of the sandbox. Its stream opens with
+``start`` and its pid, carries its output as ``data`` events (read from the session's buffers,
+:mod:`sandcell.e2b.process_stream`), and ends with ``end`` and its exit code.
+
+As in envd, the request's timeout (``Connect-Timeout-Ms``: the SDK's ``timeout``, 60 s unless
+given, none for 0) is the process's: it is killed when it passes, whether or not a client still
+reads it, and its stream ends with ``deadline_exceeded``. A client that disconnects leaves it
+running. A command the profile denies, or one that needs approval (queued as a foreground one
+is, :mod:`sandcell.e2b.approval`), starts nothing: the stream ends with ``permission_denied``
+saying why. Each start is one run in the record and counts in the tenant's runs per minute.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
+import contextlib
 import re
 import shlex
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,125 +31,67 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from sandcell.e2b.access import sandbox_of, service_of
-from sandcell.e2b.approval import approval_message, needs_approval, ticket_for
-from sandcell.e2b.connect_rpc import STREAM_TYPE, end_of_stream, envelope, read_message, unary
-from sandcell.e2b.errors import E2BError, from_exception
-from sandcell.e2b.live import Done, follow
+from sandcell.e2b.approval import approval_sentence, ticket_for_policy
+from sandcell.e2b.connect_rpc import STREAM_TYPE, envelope, read_message
+from sandcell.e2b.errors import E2BError
 from sandcell.e2b.paths import in_sandbox
+from sandcell.e2b.process_control import chosen, process_control_routes
+from sandcell.e2b.process_stream import e2b_error, follow_process, streaming
+from sandcell.e2b.pty import pty_routes, pty_size
 from sandcell.e2b.registry import E2BSandbox
-from sandcell.e2b.runner import OutputListener, admit_cell, run_in_sandbox
-from sandcell.e2b.shell import run_bash
+from sandcell.e2b.runner import admit_cell
 from sandcell.e2b.wire import ENV_NAME
 from sandcell.service.core import Service
 from sandcell.service.tenants import Tenant
-from sandcell.sessions import Session
-from sandcell.spec import Outcome, RunResult
-from sandcell.wire import outcome_wire
+from sandcell.sessions import SpawnFailed, SpawnRefused
+from sandcell.sessions.processes import ProcessInfo
 
-__all__ = ["process_routes"]
+__all__ = ["command_of", "process_routes"]
 
 _KEEPALIVE_S = 50.0
+_BASH = ("/bin/bash", "bash", "/bin/sh", "sh")
+# The timers that kill a process at its timeout, held so they are not collected meanwhile.
+_TIMERS: set[asyncio.Task[None]] = set()
 
 
-def command_of(process: Any) -> str:
-    """The Bash program of a StartRequest's process: ``bash -l -c X`` is X, anything else the
-    quoted command line."""
+def program_of(process: Any) -> str | list[str]:
+    """What a StartRequest's process runs: the Bash program X of ``bash -l -c X``, else the
+    argv."""
     if not isinstance(process, dict) or not isinstance(process.get("cmd"), str):
         raise E2BError(400, "process.cmd: give the program to start")
     cmd = process["cmd"]
     args = process.get("args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise E2BError(400, "process.args: give a list of strings")
-    if (
-        cmd in ("/bin/bash", "bash", "/bin/sh", "sh")
-        and len(args) == 3
-        and args[:2]
-        == [
-            "-l",
-            "-c",
-        ]
-    ):
+    if not cmd:
+        raise E2BError(400, "process.cmd: give the program to start")
+    if cmd in _BASH and len(args) == 3 and args[:2] == ["-l", "-c"]:
         return str(args[2])
-    return shlex.join([cmd, *args])
+    return [cmd, *args]
+
+
+def command_of(process: Any) -> str:
+    """The command line a StartRequest's process runs, as the profile judges it."""
+    program = program_of(process)
+    return program if isinstance(program, str) else shlex.join(program)
 
 
 def _timeout_s(request: Request) -> float | None:
     raw = request.headers.get("connect-timeout-ms")
-    if raw is None or not raw.isdigit():
+    if raw is None or not raw.isdigit() or int(raw) == 0:
         return None
     return max(int(raw) / 1000.0, 0.001)
 
 
-def _data(stream: str, text: str) -> bytes:
-    encoded = base64.b64encode(text.encode("utf-8", errors="surrogateescape")).decode()
-    return envelope({"event": {"data": {stream: encoded}}})
+def _keepalive_s(request: Request) -> float:
+    try:
+        keepalive = float(request.headers.get("keepalive-ping-interval") or _KEEPALIVE_S)
+    except ValueError:
+        keepalive = _KEEPALIVE_S
+    return max(keepalive, 1.0)
 
 
-async def _events(
-    service: Service,
-    tenant: Tenant,
-    box: E2BSandbox,
-    command: str,
-    *,
-    env: dict[str, str],
-    cwd: str,
-    timeout_s: float | None,
-    keepalive_s: float,
-) -> AsyncIterator[bytes]:
-    yield envelope({"event": {"start": {"pid": next(box.pids)}}})
-
-    def start(listener: OutputListener) -> Any:
-        def call(session: Session, extra: dict[str, Any]) -> RunResult:
-            return run_bash(
-                session,
-                command,
-                env=env,
-                cwd=cwd,
-                timeout_s=timeout_s,
-                on_output=extra.get("on_output"),
-            )
-
-        return run_in_sandbox(service, tenant, box, call, on_output=listener)
-
-    async for item in follow(start, keepalive_s=keepalive_s):
-        if item is None:
-            yield envelope({"event": {"keepalive": {}}})
-        elif isinstance(item, tuple):
-            yield _data(*item)
-        else:
-            for chunk in _ending(service, box, command, item):
-                yield chunk
-
-
-def _ending(service: Service, box: E2BSandbox, command: str, done: Done) -> list[bytes]:
-    if done.error is not None or done.result is None:
-        err = from_exception(done.error) if isinstance(done.error, Exception) else None
-        return [end_of_stream(err or E2BError(500, "the command could not be run"))]
-    result = done.result
-    out: list[bytes] = []  # the output itself went out live, as it was printed
-    if needs_approval(result):
-        ticket = ticket_for(service, box, result, command, "bash")
-        return [*out, end_of_stream(E2BError(403, approval_message(ticket, result)))]
-    refused = outcome_wire(result.outcome).e2b_status  # denied 403, timeout 504
-    if refused is not None:
-        said = "the command ran out of time: " if result.outcome is Outcome.TIMEOUT else ""
-        return [*out, end_of_stream(E2BError(refused, said + result.reason))]
-    code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 9)
-    end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
-    if result.outcome not in (Outcome.OK, Outcome.ERROR):
-        end["error"] = result.reason
-    return [*out, envelope({"event": {"end": end}}), end_of_stream()]
-
-
-async def start(request: Request) -> Response:
-    box = sandbox_of(request)
-    service = service_of(request)
-    message = read_message(await request.body(), request.headers.get("content-type", ""))
-    if message.get("pty"):
-        raise E2BError(400, "PTY sessions are not served by sandcell; run commands without one")
-    process = message.get("process")
-    command = command_of(process)
-    assert isinstance(process, dict)
+def _envs(process: dict[str, Any]) -> dict[str, str]:
     envs = process.get("envs") or {}
     if not isinstance(envs, dict) or not all(
         isinstance(k, str) and re.fullmatch(ENV_NAME, k) and isinstance(v, str)
@@ -149,45 +100,132 @@ async def start(request: Request) -> Response:
         raise E2BError(
             400, "process.envs: give a map of variable names (letters, digits, _) to strings"
         )
+    return {str(k): str(v) for k, v in envs.items()}
+
+
+def _own(service: Service, tenant: Tenant, run_id: str | None) -> None:
+    # The spawn's record is the tenant's, as a cell's is (its audit, its records).
+    if run_id is not None:
+        service.tenants.record_run(tenant.id, runs=[run_id], approvals=[], artifacts=[], cpu_ms=0)
+
+
+def _refusal(service: Service, box: E2BSandbox, exc: SpawnRefused, command: str) -> E2BError:
+    if exc.policy.get("verdict") != "approve":
+        return E2BError(403, str(exc))
+    ticket = ticket_for_policy(service, box, exc.policy, command, "bash")
+    return E2BError(403, approval_sentence(ticket, exc.policy.get("reason") or str(exc)))
+
+
+def _kill_at(service: Service, box: E2BSandbox, pid: int, after_s: float) -> asyncio.Task[None]:
+    async def later() -> None:
+        await asyncio.sleep(after_s)
+        # Gone with its sandbox, or exited: nothing left to end.
+        with contextlib.suppress(Exception):
+            await service.in_thread(lambda: box.session.kill(pid), session=True)
+
+    task = asyncio.ensure_future(later())
+    _TIMERS.add(task)
+    task.add_done_callback(_TIMERS.discard)
+    return task
+
+
+async def _spawn(
+    service: Service, tenant: Tenant, box: E2BSandbox, message: dict[str, Any]
+) -> ProcessInfo:
+    process = message.get("process")
+    program = program_of(process)
+    assert isinstance(process, dict)
+    size = pty_size(message.get("pty"))
+    env = {**box.env, **_envs(process)}
     cwd_given = process.get("cwd")
     # Any directory of the sandbox, as E2B allows; the sandbox decides whether it may go there.
     cwd = in_sandbox(cwd_given, workspace=box.workspace) if cwd_given else box.workspace
-    tenant = admit_cell(service, box)
+    tag = message.get("tag") if isinstance(message.get("tag"), str) else None
+    stdin = message.get("stdin") is True
+    session = box.session
     try:
-        keepalive = float(request.headers.get("keepalive-ping-interval") or _KEEPALIVE_S)
-    except ValueError:
-        keepalive = _KEEPALIVE_S
-    events = _events(
-        service,
-        tenant,
-        box,
-        command,
-        env={**box.env, **{str(k): str(v) for k, v in envs.items()}},
-        cwd=cwd,
-        timeout_s=_timeout_s(request),
-        keepalive_s=max(keepalive, 1.0),
+        info: ProcessInfo = await service.in_thread(
+            lambda: session.spawn(program, env=env, cwd=cwd, stdin=stdin, pty=size, tag=tag),
+            session=True,
+        )
+    except SpawnRefused as exc:
+        _own(service, tenant, exc.run_id)
+        raise _refusal(service, box, exc, command_of(process)) from exc
+    except SpawnFailed as exc:
+        _own(service, tenant, exc.run_id)
+        raise E2BError(400, str(exc), code="failed_precondition") from exc
+    except Exception as exc:
+        err = e2b_error(exc, box)
+        if err is None:
+            raise
+        raise err from exc
+    _own(service, tenant, info.run_id)
+    return info
+
+
+async def start(request: Request) -> Response:
+    box = sandbox_of(request)
+    service = service_of(request)
+    message = read_message(await request.body(), request.headers.get("content-type", ""))
+    tenant = admit_cell(service, box)
+    info = await _spawn(service, tenant, box, message)
+    timeout_s = _timeout_s(request)
+    timer = None if timeout_s is None else _kill_at(service, box, info.pid, timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    return StreamingResponse(
+        _opened(
+            service,
+            box=box,
+            info=info,
+            keepalive_s=_keepalive_s(request),
+            deadline=deadline,
+            timer=timer,
+        ),
+        media_type=STREAM_TYPE,
     )
-    return StreamingResponse(events, media_type=STREAM_TYPE)
 
 
-async def list_processes(request: Request) -> Response:
-    sandbox_of(request)
-    return unary({"processes": []})
+async def _opened(
+    service: Service,
+    *,
+    box: E2BSandbox,
+    info: ProcessInfo,
+    keepalive_s: float,
+    deadline: float | None,
+    timer: asyncio.Task[None] | None = None,
+) -> AsyncIterator[bytes]:
+    yield envelope({"event": {"start": {"pid": info.pid}}})
+    async for chunk in follow_process(
+        service,
+        box,
+        info.pid,
+        pty=info.pty is not None,
+        keepalive_s=keepalive_s,
+        deadline=deadline,
+        on_exit=None if timer is None else timer.cancel,
+    ):
+        yield chunk
 
 
-async def no_such_process(request: Request) -> Response:
-    sandbox_of(request)
-    raise E2BError(
-        404, "no such process: sandcell runs commands in the foreground only", code="not_found"
+async def connect(request: Request) -> Response:
+    box = sandbox_of(request)
+    service = service_of(request)
+    message = read_message(await request.body(), request.headers.get("content-type", ""))
+    info = await chosen(service, box, message.get("process"), exited_too=True)
+    timeout_s = _timeout_s(request)
+    # A connection's timeout bounds the stream only: the process keeps its own.
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    return StreamingResponse(
+        _opened(service, box=box, info=info, keepalive_s=_keepalive_s(request), deadline=deadline),
+        media_type=STREAM_TYPE,
     )
 
 
 def process_routes() -> list[Route]:
     p = "/process.Process"
-    routes = [
-        Route(f"{p}/Start", start, methods=["POST"]),
-        Route(f"{p}/List", list_processes, methods=["POST"]),
+    return [
+        Route(f"{p}/Start", streaming(start), methods=["POST"]),
+        Route(f"{p}/Connect", streaming(connect), methods=["POST"]),
+        *process_control_routes(),
+        *pty_routes(),
     ]
-    for method in ("Connect", "SendSignal", "SendInput", "CloseStdin", "Update", "StreamInput"):
-        routes.append(Route(f"{p}/{method}", no_such_process, methods=["POST"]))
-    return routes

@@ -61,14 +61,6 @@ UNSERVED: tuple[tuple[str, str, str], ...] = (
     ("GET", "/secrets/{rest:path}", "secrets are not served"),
     ("POST", "/secrets/{rest:path}", "secrets are not served"),
     ("DELETE", "/secrets/{rest:path}", "secrets are not served"),
-    (
-        "POST",
-        "/filesystem.Filesystem/WatchDir",
-        "directory watches are not served: files change only through cells and commands",
-    ),
-    ("POST", "/filesystem.Filesystem/CreateWatcher", "directory watches are not served"),
-    ("POST", "/filesystem.Filesystem/GetWatcherEvents", "directory watches are not served"),
-    ("POST", "/filesystem.Filesystem/RemoveWatcher", "directory watches are not served"),
 )
 
 

@@ -68,16 +68,35 @@ _MARK = "@sandcell-procs-reply@ "
 _EMPTY = Validators(schema=None, model=None, invariants=(), result_file=None)
 
 
+class _Recorded(ConfigError):
+    run_id: str | None = None
+    """The id of the run record the refused or failed spawn left (for a surface that maps
+    records to their owner)."""
+
+
 class ProcessNotFound(ConfigError):
     """No process of that pid (or watch of that id) was started in this session's kernel (a
     files-mode resume starts a fresh kernel, with none)."""
 
 
-class SpawnRefused(ConfigError):
-    """The session's profile denied the command, or wants a person to approve it: nothing ran."""
+class SpawnRefused(_Recorded):
+    """The session's profile denied the command, or wants a person to approve it: nothing ran.
+    ``policy`` is what the run record says of the verdict (``verdict``, ``reason``,
+    ``findings``), for a surface that queues the command for approval."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        policy: Mapping[str, object] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.policy: Mapping[str, object] = dict(policy or {})
+        self.run_id = run_id
 
 
-class SpawnFailed(ConfigError):
+class SpawnFailed(_Recorded):
     """The command was admitted but did not start inside the sandbox: the session's process
     limit, a program that does not exist, a terminal on a sandbox without pseudo-terminals."""
 
@@ -91,6 +110,8 @@ class ProcessInfo:
     argv: tuple[str, ...]
     command: str | None
     """The Bash command line it runs, when it was given as one (None for an argv)."""
+    env: Mapping[str, str]
+    """The variables given at its spawn (added to the kernel's environment)."""
     cwd: str | None
     tag: str | None
     pty: tuple[int, int] | None
@@ -103,6 +124,9 @@ class ProcessInfo:
     exit_code: int | None
     signal: int | None
     """The signal that ended it, when one did."""
+    run_id: str | None = None
+    """The id of its spawn's run record (returned by :meth:`ProcessControl.spawn`; None in
+    listings)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,7 +254,7 @@ class ProcessControl:
                 )
                 br = BackendResult.not_run(Outcome.DENIED, reason, self._sandbox.enforcement())
                 self._record(request, prepared, br, run_id, started_at)
-                raise SpawnRefused(f"not started: {reason}")
+                raise SpawnRefused(f"not started: {reason}", policy=prepared.policy, run_id=run_id)
             op = {
                 "op": "spawn",
                 "argv": argv,
@@ -246,11 +270,12 @@ class ProcessControl:
             except SpawnFailed as exc:
                 br = _started(Outcome.ERROR, f"did not start: {exc}", self._sandbox)
                 self._record(request, prepared, br, run_id, started_at)
+                exc.run_id = run_id
                 raise
             reason = f"started in the background as pid {info.pid}"
             self._record(request, prepared, _started(Outcome.OK, reason, self._sandbox),
                          run_id, started_at)  # fmt: skip
-            return info
+            return replace(info, run_id=run_id)
 
     def processes(self) -> list[ProcessInfo]:
         """Every process spawned in the session's kernel, running or exited, oldest first."""
@@ -464,11 +489,12 @@ def _info(r: Mapping[str, Any]) -> ProcessInfo:
     size = None
     if isinstance(pty, list) and len(pty) == 2:
         size = (int(pty[0]), int(pty[1]))
-    started = r.get("started_at")
+    started, env = r.get("started_at"), r.get("env")
     return ProcessInfo(
         pid=pid,
         argv=tuple(str(a) for a in argv),
         command=r["command"] if isinstance(r.get("command"), str) else None,
+        env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
         cwd=r["cwd"] if isinstance(r.get("cwd"), str) else None,
         tag=r["tag"] if isinstance(r.get("tag"), str) else None,
         pty=size,

@@ -126,6 +126,7 @@ class _Proc:
             "pid": self.pid,
             "argv": r["argv"],
             "command": r.get("command"),
+            "env": r.get("env") or {},
             "cwd": r.get("cwd"),
             "tag": r.get("tag"),
             "pty": r.get("pty"),
