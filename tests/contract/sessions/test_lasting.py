@@ -267,3 +267,51 @@ def test_metrics_sample_the_session(rung: str, ex: Executor) -> None:
         assert m.cpu_used_pct >= 0.0
     finally:
         s.close()
+
+
+# A copy listens on an abstract Unix socket (a name any process of the same network namespace
+# can reach; the loopback's TCP is closed to sessions on some rungs) and leaves a file in /tmp.
+LISTEN = """
+import subprocess, sys
+server = "; ".join([
+    "import socket",
+    "s = socket.socket(socket.AF_UNIX)",
+    "s.bind(chr(0) + 'sandcell-sibling')",
+    "s.listen()",
+    "print('up', flush=True)",
+    "s.accept()",
+])
+srv = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE)
+print(srv.stdout.readline().decode().strip())
+open("/tmp/secret", "w").write("mine")
+"""
+REACH = """
+import os, socket
+c = socket.socket(socket.AF_UNIX)
+try:
+    c.connect(chr(0) + "sandcell-sibling")
+    print("reached")
+except OSError as e:
+    print("refused", e.errno)
+print(os.path.exists("/tmp/secret"))
+"""
+
+
+def test_forks_cannot_reach_each_other(rung: str, ex: Executor) -> None:
+    """A copy listens (LISTEN) and leaves a file in its /tmp; its sibling, copied from the same
+    state at the same moment, and its parent reach neither: each is a sandbox of its own."""
+    s = open_session(ex)
+    forks: list[Session] = []
+    try:
+        _ok(s, "x = 1")
+        forks = s.fork(2, mode="memory" if rung in MEMORY_RUNGS else "files")
+        assert _ok(forks[0], LISTEN).strip() == "up"
+        assert _ok(forks[0], REACH).split()[0] == "reached"  # the listener is there
+        out = _ok(forks[1], REACH).split()
+        assert out[0] == "refused" and out[-1] == "False", out
+        out = _ok(s, REACH).split()
+        assert out[0] == "refused" and out[-1] == "False", out
+    finally:
+        for f in forks:
+            f.close()
+        s.close()
