@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from sandcell.service import (
     api_ops,
+    api_processes,
     api_records,
     api_runs,
     api_saved_sessions,
@@ -93,6 +94,7 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
         api_runs,
         api_sessions,
         api_saved_sessions,
+        api_processes,
         api_records,
         api_tool_approvals,
         api_ops,
