@@ -24,7 +24,7 @@ from e2b import (
 from e2b import Sandbox as BaseSandbox
 from e2b.sandbox.filesystem.watch_handle import FilesystemEvent
 from e2b_code_interpreter import Sandbox
-from tests.e2b_compat.conftest import E2BService
+from tests.e2b_compat.conftest import E2BService, gvisor_sandbox
 
 DEADLINE_S = 60.0
 TICKS = "for i in $(seq 1 100000); do echo tick $i; sleep 0.1; done"
@@ -90,6 +90,20 @@ def test_a_background_command_outlives_its_client_and_is_read_from_another(
     assert "tick 3\n" in ended.value.stdout
     assert handle.pid not in {p.pid for p in sbx.commands.list()}
     assert sbx.commands.kill(handle.pid) is False
+
+
+def test_output_dropped_before_it_was_read_is_said(sbx: Sandbox) -> None:
+    # 3 MB written with no reader: the sandbox keeps the last 1 MiB of it.
+    handle = sbx.commands.run("head -c 3000000 /dev/zero | tr '\\0' x", background=True)
+    handle.disconnect()
+    deadline = time.monotonic() + DEADLINE_S
+    while handle.pid in {p.pid for p in sbx.commands.list()}:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    result = sbx.commands.connect(handle.pid).wait()
+    assert result.stdout == "x" * (1024 * 1024)
+    dropped = 3_000_000 - 1024 * 1024
+    assert f"[sandcell: {dropped} bytes of this process's stdout were dropped" in result.stderr
 
 
 def test_stdin_reaches_cat_and_closing_it_ends_cat(sbx: Sandbox) -> None:
@@ -180,6 +194,31 @@ def test_a_commands_timeout_ends_it(sbx: Sandbox) -> None:
     while handle.pid in {p.pid for p in sbx.commands.list()}:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_a_memory_pause_keeps_a_background_command(gvisor_service: tuple[str, str]) -> None:
+    url, key = gvisor_service
+    sbx = gvisor_sandbox(gvisor_service)
+    try:
+        handle = sbx.commands.run(TICKS, background=True, timeout=0)
+        handle.disconnect()
+        _until(iter(sbx.commands.connect(handle.pid, timeout=0)), "tick 2\n")
+        try:
+            sbx.pause(mode="full")
+        except SandboxException as exc:
+            if "keeps only its files" in str(exc) or "memory" in str(exc).lower():
+                pytest.skip(f"this host's gVisor rung does not pause with memory: {exc}")
+            raise
+        back = Sandbox.connect(sbx.sandbox_id, api_key=key, api_url=url, sandbox_url=url)
+        # The same process, its output kept, and it goes on counting.
+        assert handle.pid in {p.pid for p in back.commands.list()}
+        chunks = iter(back.commands.connect(handle.pid, timeout=0))
+        seen = _until(chunks, "tick 1\n")
+        last = int(seen.strip().split("\n")[-1].split()[-1])
+        _until(chunks, f"tick {last + 5}\n")
+        assert back.commands.kill(handle.pid) is True
+    finally:
+        Sandbox.kill(sbx.sandbox_id, api_key=key, api_url=url)
 
 
 # -- async ------------------------------------------------------------------------------------

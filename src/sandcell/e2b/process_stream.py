@@ -25,7 +25,7 @@ from sandcell.e2b.errors import E2BError, from_exception
 from sandcell.e2b.registry import E2BSandbox
 from sandcell.service.core import Service
 from sandcell.sessions import ProcessNotFound, Session, SpawnFailed
-from sandcell.sessions.processes import ProcessOutput
+from sandcell.sessions.processes import RING_BYTES, ProcessOutput
 
 __all__ = ["POLL_MAX_S", "e2b_error", "end_message", "follow_process", "in_session", "streaming"]
 
@@ -123,26 +123,28 @@ async def follow_process(
     pause = POLL_FIRST_S
     last_sent = time.monotonic()
     while True:
-        try:
-            got = await _read(service, box, pid, out_at, err_at)
-        except E2BError as err:
-            yield end_of_stream(err)
-            return
-        out_at, err_at = got.stdout_next, got.stderr_next
-        if got.stdout:
-            yield _data("pty" if pty else "stdout", got.stdout)
-        if got.stderr:
-            yield _data("stderr", got.stderr)
-        if got.stdout or got.stderr:
-            last_sent, pause = time.monotonic(), POLL_FIRST_S
-        if got.exited and not got.more:
-            if on_exit is not None:
-                on_exit()
-            yield envelope({"event": {"end": end_message(got)}})
-            yield end_of_stream()
-            return
-        if got.more:
-            continue
+        got = None
+        # While a cell runs, a read would hold a worker thread (shared by every sandbox) until
+        # it ends: the stream waits here instead, with its keepalives.
+        if not box.session.busy:
+            try:
+                got = await _read(service, box, pid, out_at, err_at)
+            except E2BError as err:
+                yield end_of_stream(err)
+                return
+        if got is not None:
+            out_at, err_at = got.stdout_next, got.stderr_next
+            for chunk in _chunks(got, pty=pty):
+                yield chunk
+                last_sent, pause = time.monotonic(), POLL_FIRST_S
+            if got.exited and not got.more:
+                if on_exit is not None:
+                    on_exit()
+                yield envelope({"event": {"end": end_message(got)}})
+                yield end_of_stream()
+                return
+            if got.more:
+                continue
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             yield end_of_stream(
@@ -155,3 +157,21 @@ async def follow_process(
         wait = pause if deadline is None else min(pause, max(deadline - now, 0.0))
         await asyncio.sleep(wait)
         pause = min(pause * 2, POLL_MAX_S)
+
+
+def _chunks(got: ProcessOutput, *, pty: bool) -> list[bytes]:
+    """The data events of one read; output the sandbox dropped before it was read is said
+    where it was lost, on stderr (a terminal's own stream), never passed over in silence."""
+    chunks = []
+    for skipped, stream in ((got.stdout_skipped, "stdout"), (got.stderr_skipped, "stderr")):
+        if skipped:
+            note = (
+                f"[sandcell: {skipped} bytes of this process's {stream} were dropped before "
+                f"they were read (the sandbox keeps the last {RING_BYTES // 1024} KiB)]\n"
+            )
+            chunks.append(_data("pty" if pty else "stderr", note.encode()))
+    if got.stdout:
+        chunks.append(_data("pty" if pty else "stdout", got.stdout))
+    if got.stderr:
+        chunks.append(_data("stderr", got.stderr))
+    return chunks

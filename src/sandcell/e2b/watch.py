@@ -116,11 +116,14 @@ async def _watching(
         yield envelope({"start": {}})
         last_sent, pause = time.monotonic(), 0.05
         while True:
-            try:
-                found = await in_session(service, box, lambda s: s.watch_events(watch_id))
-            except E2BError as err:
-                yield end_of_stream(err)
-                return
+            found = []
+            # Not while a cell runs: the read would hold a shared worker thread until it ends.
+            if not box.session.busy:
+                try:
+                    found = await in_session(service, box, lambda s: s.watch_events(watch_id))
+                except E2BError as err:
+                    yield end_of_stream(err)
+                    return
             for event in _events(found):
                 yield envelope({"filesystem": event})
             now = time.monotonic()

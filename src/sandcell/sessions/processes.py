@@ -207,6 +207,12 @@ class ProcessControl:
     def _check_alive(self) -> None: ...
     def _end(self, reason: str) -> object: ...
 
+    @property
+    def busy(self) -> bool:
+        """Whether a cell or an operation holds the session now, so a read started now would
+        wait for it (a hint for pollers that must not hold a worker thread meanwhile)."""
+        return self._lock.locked()
+
     # -- processes -------------------------------------------------------------------------------
 
     def spawn(
