@@ -391,6 +391,13 @@ class MicroVMBackend:
                     if sockets.egress
                     else ""
                 )
+                + (
+                    "; a session's ingress agent runs the same way and reaches the host's "
+                    "ingress gate through the guest's ingress.sock: the host asks it for each "
+                    "connection to the program's ports"
+                    if sockets.ingress
+                    else ""
+                )
             )
         return Enforcement(backend=self.name, layers=layers, mode=request.mode)
 

@@ -1,12 +1,15 @@
 """The host half of a VM's ways out: the run's sockets carried over the agent channel.
 
 A guest has no network device and cannot see the host's socket directory. The guest agent
-listens on ``/run/sandcell/egress.sock`` and ``tools.sock`` itself and carries each connection
-it accepts over the agent channel as ``R`` frames: one op byte, a 4-byte connection id and data.
+listens on ``/run/sandcell/egress.sock``, ``tools.sock`` and (a session with ports)
+``ingress.sock`` itself and carries each connection it accepts over the agent channel as ``R``
+frames: one op byte, a 4-byte connection id and data.
 :class:`Pump` takes over the channel once the program is about to start (after ``G``): one thread
 reads every frame, handles the relay's here and queues the others for the run's usual reader,
-connects each connection the guest opens to ``egress.sock`` or ``tools.sock`` of the run's host
-directory, and carries bytes both ways.
+connects each connection the guest opens to ``egress.sock``, ``tools.sock`` or ``ingress.sock``
+of the run's host directory, and carries bytes both ways. The session's ingress agent in the
+guest reaches the host's ingress gate this way: the host never opens a connection into the
+guest, it asks the agent on the agent's own connection.
 
 Flow control is by credit, per connection and direction: a side may have at most
 :data:`WINDOW` bytes in flight, and the receiver grants bytes back as it writes them out. The
@@ -42,6 +45,8 @@ from sandcell.backends.microvm import channel
 from sandcell.run_sockets import (
     BRIDGE_FILE,
     EGRESS_SOCKET,
+    INGRESS_FILE,
+    INGRESS_SOCKET,
     TOOLS_FILE,
     TOOLS_SOCKET,
     SandboxSockets,
@@ -49,7 +54,8 @@ from sandcell.run_sockets import (
 
 RELAY = b"R"
 OPEN = b"o"
-"""guest -> host: a program connected; data: the target (``e`` egress, ``t`` tools)."""
+"""guest -> host: a program connected; data: the target (``e`` egress, ``t`` tools, ``i``
+ingress)."""
 DATA = b"d"
 SHUT = b"h"
 """No more data from the sender on this connection (a half-close)."""
@@ -65,7 +71,7 @@ CHUNK = 64 << 10
 GRANT_AT = WINDOW // 4
 MAX_CONNECTIONS = 128
 PENDING_CAP = 16
-TARGETS = {b"e": EGRESS_SOCKET, b"t": TOOLS_SOCKET}
+TARGETS = {b"e": EGRESS_SOCKET, b"t": TOOLS_SOCKET, b"i": INGRESS_SOCKET}
 GUEST_PYTHON = "/usr/bin/python3"
 """The guest's base interpreter (the agent's own): the bridge needs only the standard library."""
 _POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
@@ -78,15 +84,19 @@ def relay_frame(op: bytes, conn_id: int, data: bytes = b"") -> bytes:
 
 def guest_spec(sockets: SandboxSockets) -> dict[str, object]:
     """What the agent needs to serve ``sockets`` in the guest: which sockets, and the files of
-    ``/run/sandcell/lib`` (the bridge and the client, standard library only)."""
+    ``/run/sandcell/lib`` (the bridge, the client and a session's ingress agent, standard
+    library only)."""
     lib = {}
-    for rel in (BRIDGE_FILE, TOOLS_FILE):
+    files = (BRIDGE_FILE, TOOLS_FILE, *((INGRESS_FILE,) if sockets.ingress else ()))
+    for rel in files:
         lib[Path(rel).name] = (sockets.host_dir / rel).read_text(encoding="utf-8")
     return {
         "egress": sockets.egress,
         "tools": sockets.tools,
+        "ingress": bool(sockets.ingress),
         "lib": lib,
         "bridge_argv": sockets.bridge_argv(GUEST_PYTHON),
+        "ingress_argv": sockets.ingress_argv(GUEST_PYTHON),
     }
 
 
@@ -120,7 +130,9 @@ class Pump:
         self._targets = {
             k: v
             for k, v in TARGETS.items()
-            if (v == EGRESS_SOCKET and sockets.egress) or (v == TOOLS_SOCKET and sockets.tools)
+            if (v == EGRESS_SOCKET and sockets.egress)
+            or (v == TOOLS_SOCKET and sockets.tools)
+            or (v == INGRESS_SOCKET and sockets.ingress)
         }
         self._conns: dict[int, _Conn] = {}
         self._last_id = 0

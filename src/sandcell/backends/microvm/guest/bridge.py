@@ -1,7 +1,9 @@
 """The run's loopback: the interface brought up, and the host's egress bridge served on it.
 
 The bridge (the host's ``sandcell_bridge.py``, sent in the job's ``sockets`` library) listens on
-127.0.0.1 for HTTP clients and forwards to ``egress.sock`` (:mod:`.forward`).
+127.0.0.1 for HTTP clients and forwards to ``egress.sock`` (:mod:`.forward`). A session's ingress
+agent (``sandcell_ingress.py``) is started the same way: it connects to ``ingress.sock`` and
+carries the host's connections to the program's servers on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ def loopback_up() -> None:
         s.close()
 
 
-def start_bridge(spec: Job, lim: Job) -> int:
-    """Start the bridge as the program's user in the program's cgroup (its limits, and it dies
-    with the program's processes); returns the port it printed once listening.
+def start_bridge(spec: Job, lim: Job, key: str = "bridge_argv") -> int:
+    """Start the bridge (or the helper ``spec[key]`` names: ``ingress_argv``) as the program's
+    user in the program's cgroup (its limits, and it dies with the program's processes);
+    returns the number it printed once ready (the bridge's port).
 
     The host's command is ``GUEST_PYTHON -I BRIDGE ARGS``: this interpreter, which runs it in a
     forked child instead of starting anew (seconds under TCG). The child holds none of the
@@ -48,7 +51,7 @@ def start_bridge(spec: Job, lim: Job) -> int:
     dumpable: the program, of the same uid, cannot read its memory."""
     import resource
 
-    argv = spec["bridge_argv"]
+    argv = spec[key]
     script = argv[2]
     if argv[:2] != [GUEST_PYTHON, "-I"] or not script.startswith(SOCKETS_DIR + "/lib/"):
         raise ValueError(f"unexpected bridge command {argv!r}")

@@ -41,10 +41,11 @@ class Conn:
 
 class Forwarder:
     """The guest half of the run's sockets (the host's is ``relay.py``): listens on
-    /run/sandcell/egress.sock and tools.sock, and carries each connection a program makes over
-    the port as ``R`` frames, with the host's credit-based flow control. A loopback bridge
-    (the host's ``sandcell_bridge.py``, :mod:`.bridge`) serves 127.0.0.1:PORT for HTTP
-    clients.
+    /run/sandcell/egress.sock, tools.sock and ingress.sock (as the run asks), and carries each
+    connection a program (or the ingress agent) makes over the port as ``R`` frames, with the
+    host's credit-based flow control. A loopback bridge (the host's ``sandcell_bridge.py``,
+    :mod:`.bridge`) serves 127.0.0.1:PORT for HTTP clients; a session's ingress agent
+    (``sandcell_ingress.py``) carries the host's connections to the program's servers.
 
     The owner's select loop asks for :meth:`rfds` and :meth:`wfds`, hands what is ready to
     :meth:`ready`, and the host's ``R`` frames to :meth:`on_host`."""
@@ -69,7 +70,11 @@ class Forwarder:
             finally:
                 os.close(fd)
         os.chmod(lib, 0o555)  # noqa: S103 - the program reads the library, root owns it
-        served = (("egress.sock", b"e", spec["egress"]), ("tools.sock", b"t", spec["tools"]))
+        served = (
+            ("egress.sock", b"e", spec["egress"]),
+            ("tools.sock", b"t", spec["tools"]),
+            ("ingress.sock", b"i", spec.get("ingress")),
+        )
         for name, target, wanted in served:
             if not wanted:
                 continue
@@ -87,6 +92,10 @@ class Forwarder:
         loopback_up()
         if spec["egress"]:
             report["bridge_port"] = start_bridge(spec, lim)
+        if spec.get("ingress_argv"):
+            # Connected (its hello waiting in the listener's backlog) before the program starts:
+            # the first connection the host's gate sees is the agent's.
+            start_bridge(spec, lim, "ingress_argv")
         self.port.send(b"R", b"r" + RELAY_ID.pack(0) + json.dumps(report).encode())
 
     def rfds(self) -> list[int]:
