@@ -14,6 +14,7 @@ import httpx2
 
 from sandcell.client import ops
 from sandcell.client.errors import ServiceError, ServiceUnavailable, error_for
+from sandcell.client.process_methods import AsyncProcessMethods
 from sandcell.client.streams import EventReader
 from sandcell.client.sync import refusal, timeouts, unreachable
 from sandcell.client.wire import (
@@ -327,8 +328,9 @@ class AsyncClient:
         return await self._do(ops.profiles())
 
 
-class AsyncRemoteSession:
-    """A session on the service for asyncio callers; its methods are awaited."""
+class AsyncRemoteSession(AsyncProcessMethods):
+    """A session on the service for asyncio callers; its methods are awaited (its processes'
+    too: :class:`~sandcell.client.process_methods.AsyncProcessMethods`)."""
 
     def __init__(self, client: AsyncClient, opened: Mapping[str, Any]) -> None:
         self._client = client

@@ -12,6 +12,7 @@ import httpx2
 
 from sandcell.client import ops
 from sandcell.client.errors import ServiceError, ServiceUnavailable, error_for
+from sandcell.client.process_methods import ProcessMethods
 from sandcell.client.streams import EventReader
 from sandcell.client.wire import (
     Approval,
@@ -394,8 +395,10 @@ class Client:
         return self._do(ops.profiles())
 
 
-class RemoteSession:
-    """A session on the service, used like :class:`sandcell.sessions.Session`."""
+class RemoteSession(ProcessMethods):
+    """A session on the service, used like :class:`sandcell.sessions.Session` (its background
+    processes, terminals and watches too: :class:`~sandcell.client.process_methods.
+    ProcessMethods`)."""
 
     def __init__(self, client: Client, opened: Mapping[str, Any]) -> None:
         self._client = client
