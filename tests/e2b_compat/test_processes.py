@@ -110,9 +110,10 @@ def test_stdin_reaches_cat_and_closing_it_ends_cat(sbx: Sandbox) -> None:
     cat = sbx.commands.run("cat", background=True, stdin=True)
     sbx.commands.send_stdin(cat.pid, "first line\n")
     sbx.commands.send_stdin(cat.pid, b"second line\n")
+    sbx.commands.stream_input(cat.pid, ["third ", b"line\n"])
     sbx.commands.close_stdin(cat.pid)
     result = cat.wait()
-    assert (result.exit_code, result.stdout) == (0, "first line\nsecond line\n")
+    assert (result.exit_code, result.stdout) == (0, "first line\nsecond line\nthird line\n")
 
 
 def test_a_tagless_pid_that_never_ran_is_not_found(sbx: Sandbox) -> None:
