@@ -12,11 +12,14 @@ in order:
 
 1. write the ready marker on stderr (a pooled sandbox waits here until a run takes it);
 2. read the request from stdin: one JSON line (``env``, ``rlimits``, ``argv``, and ``bridge``
-   for a run that reaches outside), then the program's standard input up to end-of-file, which
-   is moved into a memfd that becomes fd 0;
+   for a run that reaches outside, ``ingress`` for a session with ports), then the program's
+   standard input up to end-of-file, which is moved into a memfd that becomes fd 0;
 3. with ``bridge``, start the egress bridge (the loopback proxy port, forwarding to the run's
    proxy socket) under the program's rlimits and seccomp filter, with none of the agent's
-   descriptors but its stderr, and wait for the port it prints once it listens;
+   descriptors but its stderr, and wait for the port it prints once it listens; with
+   ``ingress``, start the session's ingress agent the same way (it connects to the session's
+   ``ingress.sock`` before the program exists, and carries the host's connections to the
+   program's servers on loopback);
 4. fork. The child replaces its environment with the request's, lowers every rlimit to the
    request's value (soft and hard), sets no_new_privs and installs the seccomp filter the host
    wrote (``seccomp.bpf``: the namespaces backend's compiled policy), writes the started marker
@@ -49,6 +52,8 @@ EXIT = b"\x00sandcell-gvisor-exit "
 """The exit trailer: ``EXIT``, the program's raw wait status in decimal, a newline."""
 BRIDGE_NAME = b"sandcell-bridge"
 """The egress bridge's process name (``/proc/PID/comm``) inside the sandbox."""
+INGRESS_NAME = b"sandcell-ingress"
+"""The ingress agent's."""
 _FAILED = 125
 _BOOT = "/sandcell/boot.pyc"
 _SECCOMP = "/sandcell/seccomp.bpf"
@@ -117,13 +122,20 @@ def _install_seccomp(ctypes: Any, libc: Any) -> None:
         _fail(f"seccomp: {os.strerror(ctypes.get_errno())}")
 
 
-def _start_bridge(argv: list[str], rlimits: Any, stdin_fd: int | None, deps: Any) -> None:
+def _start_bridge(
+    argv: list[str],
+    rlimits: Any,
+    stdin_fd: int | None,
+    deps: Any,
+    name: bytes = BRIDGE_NAME,
+) -> None:
     """Start the egress bridge (``argv``: ``PYTHON -I SCRIPT ARGS...``) and wait until it
     listens (see the module); it is ended with every other process once the program is gone.
     The script runs in a forked child of this interpreter, as ``python -I`` would run it: a
     fresh interpreter costs some 0.2 s under the ptrace platform."""
+    what = "egress bridge" if name == BRIDGE_NAME else "ingress agent"
     if len(argv) < 3 or argv[1] != "-I":
-        _fail(f"malformed bridge command {argv!r}")
+        _fail(f"malformed {what} command {argv!r}")
     ctypes, libc, resource = deps
     r, w = os.pipe()
     pid = os.fork()
@@ -136,10 +148,10 @@ def _start_bridge(argv: list[str], rlimits: Any, stdin_fd: int | None, deps: Any
             if fd is not None and fd > 2:
                 os.close(fd)
         # Its own name (``comm``): its command line is the agent's, being a fork of it.
-        libc.prctl(_PR_SET_NAME, BRIDGE_NAME, 0, 0, 0)
+        libc.prctl(_PR_SET_NAME, name, 0, 0, 0)
         _limit(resource, rlimits)
         _install_seccomp(ctypes, libc)
-        os._exit(_run_script(argv[2], argv[3:]))
+        os._exit(_run_script(argv[2], argv[3:], what))
     os.close(w)
     said = b""
     while b"\n" not in said:
@@ -149,10 +161,10 @@ def _start_bridge(argv: list[str], rlimits: Any, stdin_fd: int | None, deps: Any
         said += chunk
     os.close(r)
     if not said.strip().isdigit():
-        _fail(f"the egress bridge did not start (it said {said[:200]!r})")
+        _fail(f"the {what} did not start (it said {said[:200]!r})")
 
 
-def _run_script(path: str, args: list[str]) -> int:
+def _run_script(path: str, args: list[str], what: str) -> int:
     """Run the standalone script ``path`` as ``__main__`` with ``args``; its exit status."""
     try:
         with open(path, "rb") as f:
@@ -163,7 +175,7 @@ def _run_script(path: str, args: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:
-        os.write(2, f"sandcell-agent: egress bridge: {exc!r}\n".encode("utf-8", "backslashreplace"))
+        os.write(2, f"sandcell-agent: {what}: {exc!r}\n".encode("utf-8", "backslashreplace"))
         return _FAILED
     return 0
 
@@ -222,18 +234,20 @@ def main(argv: list[str]) -> None:
     try:
         request = boot._parse_json(line.decode("utf-8"))
         env, rlimits, boot_argv = request["env"], request["rlimits"], request["argv"]
-        bridge = request.get("bridge")
+        bridge, ingress = request.get("bridge"), request.get("ingress")
         if not (
             isinstance(env, dict)
             and all(type(k) is str and type(v) is str for k, v in env.items())
             and all(type(a) is str for a in boot_argv)
-            and (bridge is None or (bridge and all(type(a) is str for a in bridge)))
+            and all(h is None or (h and all(type(a) is str for a in h)) for h in (bridge, ingress))
         ):
-            raise ValueError("env, argv and bridge must be strings")
+            raise ValueError("env, argv, bridge and ingress must be strings")
     except Exception as exc:
         _fail(f"malformed request: {exc}")
     if bridge is not None:
         _start_bridge(bridge, rlimits, stdin_fd, (ctypes, libc, resource))
+    if ingress is not None:
+        _start_bridge(ingress, rlimits, stdin_fd, (ctypes, libc, resource), INGRESS_NAME)
     if stdin_fd is not None:
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)

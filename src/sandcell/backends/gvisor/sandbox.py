@@ -68,6 +68,8 @@ from sandcell.errors import InfraError, IsolationUnavailable
 from sandcell.run_sockets import (
     BRIDGE_FILE,
     EGRESS_SOCKET,
+    INGRESS_FILE,
+    INGRESS_SOCKET,
     SANDBOX_LIB,
     TOOLS_FILE,
     TOOLS_SOCKET,
@@ -233,6 +235,14 @@ def bridge_argv(sockets: SandboxSockets | None, runtime: str | None = None) -> l
     if sockets is None:
         return None
     return sockets.bridge_argv(python_runtime(runtime).sandbox_python)
+
+
+def ingress_argv(sockets: SandboxSockets | None, runtime: str | None = None) -> list[str] | None:
+    """A session's ingress agent's command line inside a sandbox of ``runtime`` (None without
+    ingress ports): the agent starts it after the bridge, before the program."""
+    if sockets is None:
+        return None
+    return sockets.ingress_argv(python_runtime(runtime).sandbox_python)
 
 
 class GSandbox:
@@ -406,6 +416,8 @@ class GSandbox:
             raise InfraError("this sandbox was created without a socket view")
         present = [EGRESS_SOCKET] if sockets.egress else []
         present += [TOOLS_SOCKET] if sockets.tools else []
+        present += [INGRESS_SOCKET] if sockets.ingress else []
+        helpers = [BRIDGE_FILE, TOOLS_FILE, *([INGRESS_FILE] if sockets.ingress else [])]
         view = self.ways_view
         try:
             if self.fixed.sockets_later:
@@ -415,7 +427,7 @@ class GSandbox:
                     view.chmod(0o755)
             (view / "lib").mkdir()
             (view / "lib").chmod(0o755)
-            for name in (BRIDGE_FILE, TOOLS_FILE, *present):
+            for name in (*helpers, *present):
                 os.link(sockets.host_dir / name, view / name)
             if not self.host.runsc.rootless:
                 for name in present:

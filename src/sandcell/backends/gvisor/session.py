@@ -82,7 +82,13 @@ from sandcell.backends.cell.verdict import CellCancel, classify_cell
 from sandcell.backends.gvisor import cpu_reader, session_state
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor._agent import EXIT, STARTED
-from sandcell.backends.gvisor.sandbox import GSandbox, bridge_argv, fixed_for, sockets_env
+from sandcell.backends.gvisor.sandbox import (
+    GSandbox,
+    bridge_argv,
+    fixed_for,
+    ingress_argv,
+    sockets_env,
+)
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, decode, trailer_tail
 from sandcell.backends.host import landlock, workspace
 from sandcell.backends.host.layout import (
@@ -324,6 +330,10 @@ class GVisorSessionSandbox:
         if bridge is not None:
             # Started by the agent before the kernel, ended with it.
             doc["bridge"] = bridge
+        ingress = ingress_argv(self.sockets, self.request.runtime)
+        if ingress is not None:
+            # The same, so its connection to ingress.sock is the first the host's gate sees.
+            doc["ingress"] = ingress
         return json.dumps(doc).encode() + b"\n"
 
     def _await_hello(self) -> None:
