@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from sandcell.service import (
     api_ops,
+    api_ports,
     api_processes,
     api_records,
     api_runs,
@@ -95,6 +96,7 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
         api_sessions,
         api_saved_sessions,
         api_processes,
+        api_ports,
         api_records,
         api_tool_approvals,
         api_ops,
