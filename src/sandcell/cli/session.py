@@ -111,10 +111,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     close.add_argument("--json", action="store_true", help="print a JSON object")
     add_service_option(close)
 
-    from sandcell.cli import session_show, session_states
+    from sandcell.cli import session_ports, session_show, session_states
 
     session_show.add_parsers(ss)
     session_states.add_parsers(ss)
+    session_ports.add_parsers(ss)
 
 
 def _session_options(p: argparse.ArgumentParser) -> None:
@@ -230,6 +231,10 @@ def handle(args: argparse.Namespace) -> int:
             from sandcell.cli.session_show import show
 
             return show(args)
+        case "port":
+            from sandcell.cli.session_ports import forward
+
+            return forward(args)
     from sandcell.cli.session_states import handle_states
 
     return handle_states(args)

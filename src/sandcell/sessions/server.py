@@ -25,6 +25,8 @@ Requests and replies are framed JSON objects (:mod:`sandcell.backends.cell.chann
   ``{"ok": true, "state": <summary>}``
 * ``{"op": "fork_point", "mode": M|null}`` -> ``{"ok": true, "state": <summary>}``: the state the
   caller starts each copy's server from (:meth:`Session.fork_point`)
+* a session's port forwards (``forward_port``, ``stop_forward``):
+  :mod:`sandcell.sessions.server_ports`
 * any failure -> ``{"ok": false, "error": MESSAGE, "kind": "config"|"infra"|"ended"|"refused"}``
   (``refused``: a pause mode this session's rung does not offer; the session goes on)
 
@@ -53,6 +55,7 @@ from sandcell.backends.cell.channel import ChannelError, recv_message, send_mess
 from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.sessions import registry
+from sandcell.sessions.server_ports import PORT_OPS, port_reply
 from sandcell.sessions.session import Session, SessionEnded
 from sandcell.sessions.states import StateNotFound, StateStore, StateTampered, StoredState
 from sandcell.spec import artifact_to_dict, result_to_dict
@@ -236,6 +239,8 @@ def _handle(session: Session, request: dict[str, object]) -> tuple[dict[str, obj
                     {"path": r.path, "reason": r.reason} for r in end.rejected_exports
                 ],
             }, True
+        if op in PORT_OPS:
+            return port_reply(session, request), False
         raise ConfigError(f"unknown session request {op!r}")
     except SandcellError as exc:
         if isinstance(exc, SessionEnded) and session.ended == "paused":
