@@ -123,6 +123,16 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
     # Added after BodyLimit, so outside it: a request's key (an E2B sandbox's token) is checked
     # before BodyLimit reads its body.
     app.add_middleware(AuthenticateFirst, service=service, e2b_reached=e2b.state.registry.reached)
+    from sandcell.e2b.port_hosts import PortHosts
+
+    # Outermost: E2B's get_host() names (PORT-SANDBOXID.domain) go to the sandbox's port, with
+    # its token checked before the body is read; every other request goes on as before.
+    app.add_middleware(
+        PortHosts,
+        service=service,
+        registry=e2b.state.registry,
+        max_body=service.config.max_body_bytes,
+    )
     app.router.routes.append(docs_route(app))
     if mcp_app is not None:
         # The MCP app as the ASGI endpoint of exactly /mcp, not a mount: it keeps its own path

@@ -1,0 +1,166 @@
+"""One HTTP request carried to a server inside a session's sandbox, and its response streamed
+back: what ``/v1/sessions/{id}/ports/...`` (``api_ports.py``) and the E2B API's port hosts
+(``e2b/port_hosts.py``) both answer with.
+
+The request goes to ``127.0.0.1:PORT`` inside the sandbox through the session's ingress gate
+(:meth:`Session.connect_port <sandcell.sessions.ports.PortAccess.connect_port>`), one
+connection per request, recorded with ``by``. What authenticated the caller never reaches the
+sandbox: ``Authorization``, ``X-API-KEY``, the E2B access-token headers and the hop-by-hop
+headers are dropped; ``Host`` becomes ``127.0.0.1:PORT``. Refusals are
+:class:`~sandcell.service.problems.ServiceProblem`: the port not the profile's 403, nothing
+listening 502, the agent not answering 503, the session gone 404, an upgrade 501 (not served).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+from collections.abc import Iterator, Mapping
+
+from starlette.responses import Response, StreamingResponse
+
+from sandcell.errors import SandcellError
+from sandcell.network.ingress import IngressUnavailable, PortClosed, PortNotAllowed
+from sandcell.service.core import Service
+from sandcell.service.problems import ServiceProblem
+from sandcell.sessions import Session, SessionEnded
+
+__all__ = ["RESPONSE_TIMEOUT_S", "proxy"]
+
+RESPONSE_TIMEOUT_S = 300.0
+"""How long the program's server may take to answer, and between two reads of its body."""
+_CHUNK = 64 * 1024
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED = _HOP_BY_HOP | {
+    "host",
+    "authorization",
+    "x-api-key",
+    "x-access-token",
+    "e2b-traffic-access-token",
+    "e2b-sandbox-id",
+    "e2b-sandbox-port",
+    "content-length",
+}
+
+
+def _listed(value: str | None) -> set[str]:
+    """The header names a ``Connection`` header lists (hop-by-hop too)."""
+    return {v.strip().lower() for v in (value or "").split(",") if v.strip()}
+
+
+def request_headers(headers: Mapping[str, str], port: int) -> dict[str, str]:
+    """What of the caller's headers the sandbox's server gets (see the module)."""
+    listed = _listed(headers.get("connection"))
+    out = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED | listed}
+    out["Host"] = f"127.0.0.1:{port}"
+    out["Connection"] = "close"
+    return out
+
+
+def _response_headers(response: http.client.HTTPResponse) -> dict[str, str]:
+    listed = _listed(response.getheader("connection"))
+    return {k: v for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP | listed}
+
+
+def _exchange(
+    session: Session,
+    port: int,
+    *,
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    body: bytes,
+    by: str | None,
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """Send the request to the sandbox's port and read the response's head (in a thread)."""
+    sock = session.connect_port(port, by=by)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=RESPONSE_TIMEOUT_S)
+    sock.settimeout(RESPONSE_TIMEOUT_S)
+    conn.sock = sock
+    try:
+        conn.request(method, target, body=body or None, headers=headers)
+        return conn, conn.getresponse()
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _body(conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The response's body as it comes (Starlette iterates it on a worker thread)."""
+    try:
+        while chunk := response.read1(_CHUNK):
+            yield chunk
+    except OSError:
+        return  # the server or the sandbox went away mid-body: the client sees it end
+    finally:
+        conn.close()
+
+
+async def proxy(
+    service: Service,
+    session: Session,
+    port: int,
+    *,
+    method: str,
+    target: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    by: str | None,
+) -> Response:
+    """The sandbox server's response to ``method target`` on ``port`` (see the module).
+
+    Raises:
+        ServiceProblem: the refusals the module lists.
+    """
+    if port not in session.ingress_ports:
+        allowed = ", ".join(map(str, session.ingress_ports)) or "none"
+        raise ServiceProblem(
+            403,
+            f"port {port} is not in the [ingress] ports of profile {session.profile.name!r} "
+            f"({allowed})",
+        )
+    if "upgrade" in _listed(headers.get("connection")):
+        raise ServiceProblem(
+            501,
+            "WebSocket and other upgrades are not served to a session's ports over HTTP; use "
+            "sandcell session port (a local forward) for them",
+        )
+    sent = request_headers(headers, port)
+    try:
+        conn, response = await service.in_thread(
+            lambda: _exchange(
+                session, port, method=method, target=target, headers=sent, body=body, by=by
+            )
+        )
+    except PortNotAllowed as exc:
+        raise ServiceProblem(403, str(exc)) from None
+    except PortClosed as exc:
+        raise ServiceProblem(502, str(exc)) from None
+    except SessionEnded as exc:
+        raise ServiceProblem(404, str(exc)) from None
+    except IngressUnavailable as exc:
+        raise ServiceProblem(503, str(exc)) from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise ServiceProblem(
+            502, f"the server on port {port} in the sandbox did not answer HTTP: {exc}"
+        ) from None
+    except SandcellError as exc:
+        raise ServiceProblem(502, str(exc)) from None
+    if method == "HEAD":
+        with contextlib.suppress(OSError):
+            conn.close()
+        return Response(status_code=response.status, headers=_response_headers(response))
+    return StreamingResponse(
+        _body(conn, response), status_code=response.status, headers=_response_headers(response)
+    )
