@@ -22,6 +22,8 @@ Errors (``code``: the row's name, shown in MCP tool errors)::
     ProcessNotFound         process_not_found       78  404  404 not_found            no
     SpawnRefused            spawn_refused           78  403  403 permission_denied    no
     SpawnFailed             spawn_failed            78  422  400 failed_precondition  no
+    PortNotAllowed          port_not_allowed        78  403  403 permission_denied    no
+    PortClosed              port_closed             75  502  502 unavailable          yes
     QuotaExceeded (client)  quota_exceeded          75  429  429 resource_exhausted   yes
     IsolationUnavailable    isolation_unavailable   78  503  503 unavailable          no
     InfraError              infra_error             75  503  503 unavailable          yes
@@ -272,6 +274,22 @@ ERRORS: Mapping[str, ErrorWire] = MappingProxyType(
             e2b_status=400,
             retryable=False,
             connect="failed_precondition",
+        ),
+        # A session's ports (sessions/ports.py): a port its profile does not list is forbidden;
+        # nothing listening is the upstream's answer, which may change once the program serves.
+        "sandcell.network.ingress.PortNotAllowed": ErrorWire(
+            code="port_not_allowed",
+            exit_code=EXIT_CONFIG,
+            http_status=403,
+            e2b_status=403,
+            retryable=False,
+        ),
+        "sandcell.network.ingress.PortClosed": ErrorWire(
+            code="port_closed",
+            exit_code=EXIT_INFRA,
+            http_status=502,
+            e2b_status=502,
+            retryable=True,
         ),
         "sandcell.client.errors.QuotaExceeded": ErrorWire(
             code="quota_exceeded",

@@ -49,6 +49,7 @@ from sandcell.errors import (
 )
 from sandcell.mcp.content import ContentLimits, run_content
 from sandcell.mcp.tools import _tool_errors
+from sandcell.network.ingress import PortClosed, PortNotAllowed
 from sandcell.service.app import create_app, make_service
 from sandcell.service.core import Service, ServiceConfig
 from sandcell.service.problems import PROBLEM_JSON, ServiceProblem
@@ -129,6 +130,8 @@ SAMPLES: list[SandcellError] = [
     ProcessNotFound("no process 41 was started in this session"),
     SpawnRefused("not started: the command is denied by profile 'strict'"),
     SpawnFailed("the session's process limit is reached"),
+    PortNotAllowed("port 9000 is not in the profile's [ingress] ports (8000)"),
+    PortClosed("nothing accepted a connection on port 8000 in the sandbox: Connection refused"),
     QuotaExceeded("over quota", detail="3 runs at once", retry_after_s=2.0),
     IsolationUnavailable("gvisor", "runsc is not installed", "install gVisor's runsc"),
     InfraError("the sandbox could not be spawned"),
