@@ -6,6 +6,8 @@ the result as ``sandcell run`` does; ``close ID`` ends it (optionally exporting 
 A session also lasts beyond its server: ``pause``, ``resume``, ``fork``, ``snapshot``,
 ``snapshots``, ``snapshot-delete`` and ``delete`` (:mod:`sandcell.cli.session_states`), ``show``
 (:mod:`sandcell.cli.session_show`); what a server opens is :mod:`sandcell.cli.session_serve`'s.
+Background processes and terminals: ``ps``, ``spawn``, ``logs``, ``kill`` and ``attach``
+(:mod:`sandcell.cli.session_processes`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         dest="session_command",
         required=True,
         metavar="{start,run,list,show,close,pause,resume,fork,snapshot,snapshots,"
-        "snapshot-delete,delete}",
+        "snapshot-delete,delete,ps,spawn,logs,kill,attach}",
     )
 
     start = ss.add_parser("start", help="start a session in the background; prints its id")
@@ -111,10 +113,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     close.add_argument("--json", action="store_true", help="print a JSON object")
     add_service_option(close)
 
-    from sandcell.cli import session_ports, session_show, session_states
+    from sandcell.cli import session_ports, session_processes, session_show, session_states
 
     session_show.add_parsers(ss)
     session_states.add_parsers(ss)
+    session_processes.add_parsers(ss)
     session_ports.add_parsers(ss)
 
 
@@ -210,6 +213,10 @@ def _common_argv(args: argparse.Namespace) -> list[str]:
 def handle(args: argparse.Namespace) -> int:
     if args.session_command != "serve":
         target = find_service(args)
+        from sandcell.cli.session_processes import COMMANDS, handle_processes
+
+        if args.session_command in COMMANDS:  # here or through the service alike
+            return handle_processes(args, target)
         if target is not None:
             from sandcell.cli.remote_session import handle_remote
 

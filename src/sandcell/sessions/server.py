@@ -25,6 +25,9 @@ Requests and replies are framed JSON objects (:mod:`sandcell.backends.cell.chann
   ``{"ok": true, "state": <summary>}``
 * ``{"op": "fork_point", "mode": M|null}`` -> ``{"ok": true, "state": <summary>}``: the state the
   caller starts each copy's server from (:meth:`Session.fork_point`)
+* background processes and terminals (``spawn``, ``processes``, ``read_process``,
+  ``send_stdin``, ``close_stdin``, ``signal``, ``resize``):
+  :mod:`sandcell.sessions.server_processes`
 * a session's port forwards (``forward_port``, ``stop_forward``):
   :mod:`sandcell.sessions.server_ports`
 * any failure -> ``{"ok": false, "error": MESSAGE, "kind": "config"|"infra"|"ended"|"refused"}``
@@ -56,6 +59,7 @@ from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError, SandcellError
 from sandcell.sessions import registry
 from sandcell.sessions.server_ports import PORT_OPS, port_reply
+from sandcell.sessions.server_processes import PROCESS_OPS, process_reply
 from sandcell.sessions.session import Session, SessionEnded
 from sandcell.sessions.states import StateNotFound, StateStore, StateTampered, StoredState
 from sandcell.spec import artifact_to_dict, result_to_dict
@@ -239,6 +243,8 @@ def _handle(session: Session, request: dict[str, object]) -> tuple[dict[str, obj
                     {"path": r.path, "reason": r.reason} for r in end.rejected_exports
                 ],
             }, True
+        if op in PROCESS_OPS:
+            return process_reply(session, request), False
         if op in PORT_OPS:
             return port_reply(session, request), False
         raise ConfigError(f"unknown session request {op!r}")
