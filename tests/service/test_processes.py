@@ -102,7 +102,7 @@ def test_processes_of_a_session_over_http(service: ServiceProcess, home: Path) -
         assert [(k, e["stdout_b64"], e["exit_code"]) for k, e in tail] == [("exit", "", 0)]
         listed = _ok(c.get(f"{base}/processes"))
         assert [(x["pid"], x["exited"], x["exit_code"], x["run_id"]) for x in listed] == [
-            (p["pid"], True, 0, None)
+            (p["pid"], True, 0, p["run_id"])
         ]
 
         # Input, then its end.
@@ -176,9 +176,15 @@ def test_processes_of_a_session_over_http(service: ServiceProcess, home: Path) -
 
         # Every spawn is a run of this tenant's, with the session's id; none is the other's.
         records = _audit(c, sid)
+        starts = [r for r in records if r["reason"].startswith("started in the background")]
         spawned = [ticks, "cat", "sleep 600", "sleep 600", "sleep 600; echo never"]
-        assert sorted(r["code"] for r in records) == sorted([*spawned, "/bin/bash --norc -i"])
-        assert {r["outcome"] for r in records} == {"ok"}
+        assert sorted(r["code"] for r in starts) == sorted([*spawned, "/bin/bash --norc -i"])
+        assert {r["outcome"] for r in starts} == {"ok"}
+        # The ends seen are runs of the tenant's too, each naming its start.
+        ends = [r for r in records if r not in starts]
+        started = {r["run_id"] for r in starts}
+        assert ends and all(r["reason"].rsplit(" ", 1)[-1].rstrip(")") in started for r in ends)
+        assert {r["code"]: r["outcome"] for r in ends}[ticks] == "ok"
         assert o.get(f"/v1/audit/{p['run_id']}").status_code == 404
         _ok(c.delete(base))
 
@@ -277,3 +283,21 @@ def test_a_memory_pause_keeps_the_processes_on_gvisor(tmp_path: Path) -> None:
             _ok(c.delete(base))
     finally:
         assert served.stop() == -signal.SIGTERM
+
+
+def test_a_followed_process_waits_out_a_running_cell(service: ServiceProcess, home: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = add_tenant(home, "patient-follower")
+    with service.client(key) as c, service.client(key) as cells:
+        sid = _ok(c.post("/v1/sessions", json={}), 201)["id"]
+        base = f"/v1/sessions/{sid}"
+        p = _ok(c.post(f"{base}/processes", json={"cmd": "for i in 1 2 3; do echo $i; done"}), 201)
+        sleeper = "import time\ntime.sleep(2)\nprint('slept')"
+        with ThreadPoolExecutor(1) as pool:
+            cell = pool.submit(cells.post, f"{base}/cells", json={"code": sleeper})
+            events = _sse(c, f"{base}/processes/{p['pid']}/output/stream")
+            assert _ok(cell.result())["stdout"] == "slept\n"
+        out = b"".join(base64.b64decode(e["stdout_b64"]) for _, e in events)
+        assert (out, events[-1][0], events[-1][1]["exit_code"]) == (b"1\n2\n3\n", "exit", 0)
+        _ok(c.delete(base))

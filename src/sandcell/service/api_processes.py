@@ -156,7 +156,8 @@ async def follow_output(
     for each read with new bytes (the body of ``.../output``), then ``exit`` (the last read,
     once the process has exited and all it wrote was sent) or ``error`` (a problem document:
     the session ended meanwhile); the stream ends after it. No such session or process is an
-    ordinary 404 before the stream starts. A client that leaves stops only the following: the
+    ordinary 404 before the stream starts. While a cell runs the stream waits (with its
+    keep-alive comments) rather than read. A client that leaves stops only the following: the
     process runs on."""
     live = _live(service, tenant, session_id)
 
@@ -179,6 +180,13 @@ async def follow_output(
                 yield b": keep-alive\n\n"
                 sent_at = time.monotonic()
             if not got.more:
+                await asyncio.sleep(FOLLOW_PAUSE_S)
+            while live.session.busy:
+                # A cell runs: a read now would hold one of the service's shared session
+                # threads until it ends. The output is buffered meanwhile.
+                if time.monotonic() - sent_at >= KEEPALIVE_S:
+                    yield b": keep-alive\n\n"
+                    sent_at = time.monotonic()
                 await asyncio.sleep(FOLLOW_PAUSE_S)
             try:
                 got = await _on(service, live, read(got.stdout_next, got.stderr_next))
