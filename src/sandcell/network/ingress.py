@@ -330,28 +330,47 @@ class IngressGate:
         by: str | None,
         started: float,
     ) -> None:
+        """Copy both ways. The connection is recorded once the sandbox's side has ended, before
+        the caller is told so (its end of stream): a caller that saw the end finds the record
+        taken by whatever it does next. Bytes the caller sends after that go nowhere and are
+        not counted."""
         with self._lock:
             closed = self._closed
             if not closed:
                 self._live.update((client, upstream))
         counts = [0, 0]
-        if not closed:
-            back = threading.Thread(target=_copy, args=(upstream, client, counts, 1), daemon=True)
-            back.start()
+
+        def back() -> None:
+            ended = _copy(upstream, client, counts, 1, half_close=False)
+            self._record_carried(port, by, started, counts)
+            if ended:
+                with contextlib.suppress(OSError):
+                    client.shutdown(socket.SHUT_WR)
+
+        if closed:
+            self._record_carried(port, by, started, counts)
+        else:
+            thread = threading.Thread(target=back, name="sandcell-ingress-back", daemon=True)
+            thread.start()
             _copy(client, upstream, counts, 0)
-            back.join()
+            thread.join()
         with self._lock:
             self._live.difference_update((client, upstream))
         for sock in (client, upstream):
             sock.close()
         self._slots.release()
         with self._lock:
+            self._carrying -= 1
+            self._carried.notify_all()
+
+    def _record_carried(self, port: int, by: str | None, started: float, counts: list[int]) -> None:
+        with self._lock:
             self._record_locked(
                 IngressRecord(
                     seq=0,
                     port=port,
                     allowed=True,
-                    reason="closed" if not closed else "the session ended",
+                    reason="closed" if not self._closed else "the session ended",
                     by=by,
                     bytes_to_sandbox=counts[0],
                     bytes_from_sandbox=counts[1],
@@ -359,8 +378,6 @@ class IngressGate:
                     ended_at=time.time(),
                 )
             )
-            self._carrying -= 1
-            self._carried.notify_all()
 
     def _refused(self, port: int, by: str | None, started: float, why: str) -> None:
         with self._lock:
@@ -412,9 +429,16 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)[:120]
 
 
-def _copy(source: socket.socket, sink: socket.socket, counts: list[int], slot: int) -> None:
-    """Copy until end of stream (then half-close ``sink``) or an error (then end both),
-    counting bytes in ``counts[slot]``."""
+def _copy(
+    source: socket.socket,
+    sink: socket.socket,
+    counts: list[int],
+    slot: int,
+    *,
+    half_close: bool = True,
+) -> bool:
+    """Copy until end of stream (then half-close ``sink``, unless not ``half_close``) or an
+    error (then end both), counting bytes in ``counts[slot]``; True at an end of stream."""
     try:
         while data := source.recv(_CHUNK):
             sink.sendall(data)
@@ -423,9 +447,11 @@ def _copy(source: socket.socket, sink: socket.socket, counts: list[int], slot: i
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        return
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
+        return False
+    if half_close:
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+    return True
 
 
 __all__ = [

@@ -56,6 +56,10 @@ class Agent:
 
     def serve(self) -> None:
         """Read ``open`` lines until the host closes the control connection."""
+        with self._control:
+            self._serve()
+
+    def _serve(self) -> None:
         buf = b""
         while True:
             try:
