@@ -180,10 +180,13 @@ def test_a_background_command_is_a_run_of_the_tenant(e2b_service: E2BService) ->
     with e2b_service.proc.client(e2b_service.alice) as client:
         records = client.get("/v1/audit", params={"limit": 100}).json()
         bash = [r for r in records if r["session_id"] == sandbox_id and r["language"] == "bash"]
-        assert len(bash) == 1, bash
-        entry = client.get(f"/v1/audit/{bash[0]['run_id']}").json()
-        assert entry["record"]["code"] == "echo in the record"
-        assert entry["record"]["reason"] == f"started in the background as pid {handle.pid}"
+        assert len(bash) == 2, bash  # its start, and its end (newest first)
+        end, start = (client.get(f"/v1/audit/{r['run_id']}").json()["record"] for r in bash)
+        assert start["code"] == end["code"] == "echo in the record"
+        assert start["reason"] == f"started in the background as pid {handle.pid}"
+        # What it printed and how it ended are in the record, as a foreground command's were.
+        assert (end["outcome"], end["exit_code"], end["stdout"]) == ("ok", 0, "in the record\n")
+        assert end["reason"].endswith(f"(started by run {start['run_id']})")
 
 
 def test_a_commands_timeout_ends_it(sbx: Sandbox) -> None:

@@ -16,8 +16,12 @@ kernel); a files-mode resume starts a fresh kernel with none.
 The command a spawn starts is admitted like a Bash cell under the session's profile (a denied
 command, or one that needs approval, raises :class:`SpawnRefused` and starts nothing) and is one
 run in the record (its code is the command; outcome ``ok``, reason ``started in the background as
-pid N``; ``error`` when it could not start). The other operations are sandcell's own code: no
-runs, no policy check.
+pid N``; ``error`` when it could not start). Its end is another run of the command: its exit
+status and the last :data:`~sandcell.backends.inside._procs.END_TAIL` bytes of each stream (the
+rest was its readers'), recorded once, by the first operation after it exited (any read, listing
+or spawn; the manager tells each end once, so a memory pause does not record it twice); a
+process still running when the session ends has no end record. The other operations are
+sandcell's own code: no runs, no policy check.
 
 Limitation: an operation is a cell, so it takes the session's lock like any cell: while a long
 cell runs, ``read_process``, ``send_stdin``, ``watch_events`` and the rest wait until it ends. The
@@ -45,7 +49,8 @@ from sandcell.errors import ConfigError, InfraError
 from sandcell.pipeline.finish import finish
 from sandcell.pipeline.prepare import prepare
 from sandcell.pipeline.validators import Validators
-from sandcell.spec import Outcome
+from sandcell.sessions.saving import tell_listeners
+from sandcell.spec import Outcome, Usage
 
 if TYPE_CHECKING:
     from sandcell.backends.cell import CellSandbox
@@ -125,8 +130,8 @@ class ProcessInfo:
     signal: int | None
     """The signal that ended it, when one did."""
     run_id: str | None = None
-    """The id of its spawn's run record (returned by :meth:`ProcessControl.spawn`; None in
-    listings)."""
+    """The id of its spawn's run record. When it has ended, another run of its command in the
+    record holds its exit status and the last bytes of its output; its reason names this id."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +207,7 @@ class ProcessControl:
     _last_active: float
     _wake: threading.Event
     _inputs_record: list[dict[str, object]]
+    owner: str | None
     _procs_installed: bool = False
 
     def _check_alive(self) -> None: ...
@@ -270,6 +276,7 @@ class ProcessControl:
                 "stdin": stdin,
                 "pty": list(pty) if pty else None,
                 "tag": tag,
+                "run_id": run_id,
             }
             try:
                 info = _info(self._procs_locked(op))
@@ -298,7 +305,8 @@ class ProcessControl:
         stream; ``more`` says there is more), and whether it exited. Reading does not consume:
         any reader can start again from any offset still kept."""
         cap = self.request.effective_limits.stdout_bytes
-        limit = max(64, min(READ_BYTES, (cap - _REPLY_ROOM) * 3 // 8))
+        # Each stream's bytes go base64 into the reply, beside the ends it may carry.
+        limit = max(64, min(READ_BYTES, (cap * 3 // 4 - _REPLY_ROOM) * 3 // 8))
         reply = self._procs({"op": "read", "pid": int(pid), "stdout_from": int(stdout_from),
                              "stderr_from": int(stderr_from), "max": limit})  # fmt: skip
         info = _info(reply)
@@ -399,6 +407,16 @@ class ProcessControl:
             return self._procs_locked(op)
 
     def _procs_locked(self, op: Mapping[str, object]) -> dict[str, Any]:
+        reply = self._procs_reply(
+            {**op, "ends_budget": self.request.effective_limits.stdout_bytes // 4}
+        )
+        ends = reply.get("ends")
+        if isinstance(ends, list):
+            for ended in ends:
+                self._record_end(ended)
+        return reply
+
+    def _procs_reply(self, op: Mapping[str, object]) -> dict[str, Any]:
         request = json.dumps(op)
         absent = _MARK + json.dumps({"ok": False, "kind": "absent"})
         if self._procs_installed:
@@ -433,6 +451,53 @@ class ProcessControl:
                     return reply
                 break
         raise InfraError("the session's process manager sent no reply")
+
+    def _record_end(self, ended: object) -> None:
+        """The end of a background process, as a run of its command in the record: its exit
+        status, how long it ran, and the last bytes of each stream (:data:`END_TAIL`; the rest
+        was the readers'). Told once by the manager, with any reply after it exited."""
+        if not isinstance(ended, dict):
+            raise InfraError("the session's process manager sent a malformed end")
+        info = _info(ended)
+        out, err = _chunk(ended.get("stdout")), _chunk(ended.get("stderr"))
+        command = info.command or shlex.join(info.argv)
+        request = replace(self.request, code=command, language="bash")
+        prepared = prepare(
+            request,
+            self.profile,
+            wheels=self.executor.wheels,
+            backend=lambda _: self._sandbox.backend,
+        )
+        if info.signal is not None:
+            outcome, how = Outcome.KILLED, f"was ended by signal {info.signal}"
+        elif info.exit_code == 0:
+            outcome, how = Outcome.OK, "exited with 0"
+        else:
+            outcome, how = Outcome.ERROR, f"exited with {info.exit_code}"
+        ended_at = ended.get("ended_at")
+        wall_s = float(ended_at) - info.started_at if isinstance(ended_at, int | float) else 0.0
+        br = BackendResult(
+            outcome=outcome,
+            exit_code=info.exit_code,
+            signal=info.signal,
+            stdout=out[0],
+            stderr=err[0],
+            stdout_truncated=out[1] > 0,
+            stderr_truncated=err[1] > 0,
+            usage=Usage(wall_ms=max(wall_s, 0.0) * 1000, cpu_ms=None, peak_memory_bytes=None),
+            artifacts=(),
+            rejected_exports=(),
+            enforcement=self._sandbox.enforcement(),
+            reason=f"the background process pid {info.pid} {how}"
+            + (f" (started by run {info.run_id})" if info.run_id else ""),
+        )
+        run_id = uuid.uuid4().hex
+        self._record(request, prepared, br, run_id, _now())
+        # No surface is on the stack when a poller's read sees the end: the session's owner is
+        # told through the same hook as its events (the service maps the run to its tenant).
+        entry = self.executor.audit.get(run_id)
+        if entry is not None:
+            tell_listeners(self.executor, self.owner, entry)
 
     def _record(
         self,
@@ -503,6 +568,7 @@ def _info(r: Mapping[str, Any]) -> ProcessInfo:
         env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
         cwd=r["cwd"] if isinstance(r.get("cwd"), str) else None,
         tag=r["tag"] if isinstance(r.get("tag"), str) else None,
+        run_id=r["run_id"] if isinstance(r.get("run_id"), str) else None,
         pty=size,
         stdin=bool(r.get("stdin")),
         started_at=float(started) if isinstance(started, int | float) else 0.0,

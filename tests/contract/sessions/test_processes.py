@@ -78,12 +78,19 @@ def _events_until(s: Session, watch_id: int, wanted: set[tuple[str, str]]) -> li
     return seen
 
 
+def _records(ex: Executor, session_id: str, code: str) -> list[dict[str, object]]:
+    """The runs of ``code`` in the session, oldest first: its spawn, then its end once seen."""
+    found = [
+        e.record
+        for e in ex.audit.list(limit=100)
+        if e.record.get("session_id") == session_id and e.record.get("code") == code
+    ]
+    assert found, f"no record of {code!r} in session {session_id}"
+    return found[::-1]
+
+
 def _spawn_record(ex: Executor, session_id: str, code: str) -> dict[str, object]:
-    for entry in ex.audit.list(limit=100):
-        rec = entry.record
-        if rec.get("session_id") == session_id and rec.get("code") == code:
-            return rec
-    raise AssertionError(f"no record of {code!r} in session {session_id}")
+    return _records(ex, session_id, code)[0]
 
 
 def test_a_background_command_streams_while_cells_run(rung: str, ex: Executor) -> None:
@@ -98,9 +105,14 @@ def test_a_background_command_streams_while_cells_run(rung: str, ex: Executor) -
         again = s.read_process(p.pid, stdout_from=2)
         assert (again.stdout, again.stdout_offset, again.stdout_skipped) == (b"2\n3\n", 2, 0)
         assert [(q.pid, q.exited, q.exit_code) for q in s.processes()] == [(p.pid, True, 0)]
-        record = _spawn_record(ex, s.id, TICKS)
-        assert (record["language"], record["outcome"]) == ("bash", "ok")
-        assert record["reason"] == f"started in the background as pid {p.pid}"
+        start, end = _records(ex, s.id, TICKS)
+        assert (start["language"], start["outcome"]) == ("bash", "ok")
+        assert start["reason"] == f"started in the background as pid {p.pid}"
+        # Its end is a run of its own: exit status and output, linked to its start.
+        assert (end["outcome"], end["exit_code"], end["stdout"]) == ("ok", 0, "1\n2\n3\n")
+        assert end["reason"] == (
+            f"the background process pid {p.pid} exited with 0 (started by run {start['run_id']})"
+        )
         assert s.run("print(x)").stdout == "42\n"  # the manager's scope is not the session's
 
 

@@ -60,6 +60,10 @@ _MASK = (
 )  # fmt: skip
 
 
+END_TAIL = 32 * 1024
+"""The most of each stream a process's end record keeps (its last bytes)."""
+
+
 class Failed(Exception):
     """A request that cannot be done; its message goes back to the host."""
 
@@ -118,6 +122,8 @@ class _Proc:
         self.close_stdin = False
         self.pty_fd: int | None = None
         self.returncode: int | None = None
+        self.end_told = False
+        """Whether its end went to the host in a reply's ``ends`` (once: the host records it)."""
 
     def info(self) -> dict[str, Any]:
         rc = self.returncode
@@ -129,6 +135,7 @@ class _Proc:
             "env": r.get("env") or {},
             "cwd": r.get("cwd"),
             "tag": r.get("tag"),
+            "run_id": r.get("run_id"),
             "pty": r.get("pty"),
             "stdin": bool(r.get("stdin")) or r.get("pty") is not None,
             "started_at": self.started_at,
@@ -604,6 +611,32 @@ _OPS = ("spawn", "list", "read", "write", "close_stdin", "signal", "resize", "wa
         "watch_events", "unwatch")  # fmt: skip
 
 
+def ends(m: Manager, budget: int) -> list[dict[str, Any]]:
+    """The processes that exited since the last reply, each once, with the tail of each stream
+    (base64 of at most :data:`END_TAIL` bytes; fewer so that all of them fit ``budget`` bytes of
+    reply): the host records each one's end. What does not fit goes with a later reply."""
+    told: list[dict[str, Any]] = []
+    with m.lock:
+        for proc in m.procs.values():
+            if proc.returncode is None or proc.end_told:
+                continue
+            tail = min(END_TAIL, budget * 3 // 8)
+            if tail < 64:
+                break
+            out, err = proc.out, proc.err
+            told.append(
+                {
+                    **proc.info(),
+                    "ended_at": time.time(),
+                    "stdout": out.read(max(out.start, out.end - tail), tail),
+                    "stderr": err.read(max(err.start, err.end - tail), tail),
+                }
+            )
+            proc.end_told = True
+            budget -= tail * 8 // 3 + 1024
+    return told
+
+
 def manager() -> Manager:
     """The kernel's one manager, made (and its pump started) on first use."""
     found: Manager | None = globals().get("_MANAGER")
@@ -623,7 +656,9 @@ def main(request_json: str) -> None:
         op = r.get("op")
         if op not in _OPS:
             raise Failed("protocol", f"unknown operation {op!r}")
-        reply = {"ok": True, **getattr(manager(), op)(r)}
+        m = manager()
+        reply = {"ok": True, **getattr(m, op)(r)}
+        reply["ends"] = ends(m, int(r.get("ends_budget", 0)))
     except Failed as exc:
         reply = {"ok": False, "kind": exc.kind, "error": str(exc)}
     except Exception as exc:
