@@ -50,3 +50,29 @@ def test_background_processes_through_the_service(service: ServiceProcess, home:
         ok("session", "close", sid)
     gone = _cli("session", "ps", sid, home=home, key=key)
     assert gone.returncode == 78 and sid in gone.stderr
+
+
+def test_attach_through_the_service(service: ServiceProcess, home: Path) -> None:
+    import shlex
+    import shutil
+
+    import pytest
+    from tests.terminal import Tmux
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install tmux); it drives the terminal here")
+    key = add_tenant(home, "cli-attacher")
+    sid = _cli("session", "start", home=home, key=key).stdout.strip()
+    term = Tmux(home, env={"SANDCELL_API_KEY": key})
+    try:
+        sandcell = f"{shlex.quote(sys.executable)} -m sandcell session"
+        term.type(f"{sandcell} attach {sid}; echo attach-exit=$?", "Enter")
+        term.wait_for("Ctrl-] detaches")
+        term.type("echo remote-$((6 * 7)); stty size", "Enter")
+        term.wait_for("30 100")
+        assert "remote-42" in term.screen()
+        term.type("exit 7", "Enter")
+        term.wait_for("attach-exit=7")
+    finally:
+        term.close()
+        _cli("session", "close", sid, home=home, key=key)

@@ -18,13 +18,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
+from tests.terminal import Tmux
 
 Cli = Callable[..., "subprocess.CompletedProcess[str]"]
 DEADLINE_S = 60.0
@@ -99,50 +98,12 @@ def test_spawn_ps_logs_and_kill(cli: tuple[Cli, Path]) -> None:
     assert gone.returncode == 78 and "no live session" in gone.stderr
 
 
-class _Tmux:
-    """A tmux server of its own with one window of a plain shell."""
-
-    def __init__(self, home: Path) -> None:
-        self.socket = f"sandcell-test-{uuid.uuid4().hex[:8]}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDCELL_")}
-        env.update(SANDCELL_HOME=str(home), PS1="$ ", TERM="xterm")
-        self._env = env
-        self.tmux("new-session", "-d", "-s", "t", "-x", "100", "-y", "30", "bash --norc -i")
-
-    def tmux(self, *args: str) -> str:
-        done = subprocess.run(
-            ["tmux", "-L", self.socket, *args],
-            env=self._env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        return done.stdout
-
-    def type(self, *keys: str) -> None:
-        self.tmux("send-keys", "-t", "t", *keys)
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-J", "-t", "t")
-
-    def wait_for(self, text: str) -> str:
-        deadline = time.monotonic() + DEADLINE_S
-        while text not in (shown := self.screen()):
-            assert time.monotonic() < deadline, (text, shown)
-            time.sleep(0.05)
-        return shown
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, check=False)
-
-
 def test_attach_in_a_real_terminal(cli: tuple[Cli, Path]) -> None:
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (apt-get install tmux); it drives the terminal here")
     call, home = cli
     sid = _start(call)
-    term = _Tmux(home)
+    term = Tmux(home)
     sandcell = f"{shlex.quote(sys.executable)} -m sandcell session"
     try:
         term.type(f"{sandcell} attach {sid}; echo attach-exit=$?", "Enter")
