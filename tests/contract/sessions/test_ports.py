@@ -18,7 +18,7 @@ from tests.contract.sessions.rungs import open_session
 from sandcell import Executor, Limits
 from sandcell.network.ingress import PortClosed, PortNotAllowed
 from sandcell.policy.profiles import Profile, parse_profile
-from sandcell.sessions import Session
+from sandcell.sessions import PauseMode, Session
 from sandcell.spec import MiB
 
 PORT = 8000
@@ -199,3 +199,18 @@ def test_the_sandbox_still_cannot_reach_out(ex: Executor) -> None:
         # The real agent still carries the host's connections.
         reply = http_get(s.connect_port(PORT), "/page.txt")
         assert reply.endswith(b"still-served\n"), reply
+
+
+def test_a_resumed_session_has_ports_of_its_own(ex: Executor) -> None:
+    with open_session(ex, profile=web_profile(), limits=LIMITS) as s:
+        # Sockets (the ingress gate's) keep a session's pause to its files, on every rung.
+        assert PauseMode.MEMORY not in s.pause_modes
+        serve(s, "before the pause")
+        s.pause(mode=PauseMode.FILES)
+    with ex.resume(s.id, profile=web_profile()) as back:
+        # Its files came back, its server did not (a files pause keeps no process).
+        with pytest.raises(PortClosed):
+            back.connect_port(PORT)
+        serve(back, "after the resume")
+        reply = http_get(back.connect_port(PORT), "/page.txt")
+        assert reply.endswith(b"after the resume\n"), reply
