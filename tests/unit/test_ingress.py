@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,3 +197,38 @@ def test_the_profiles_ingress_section() -> None:
     assert parse_ports("8000,8001") == {8000, 8001}
     with pytest.raises(ValueError):
         parse_ports("")
+
+
+def test_a_flood_of_silent_connections_costs_the_host_bounded_threads(
+    tmp_path: Path, echo: _Echo
+) -> None:
+    gate = _gate(tmp_path, (echo.port,))
+    rogues: list[socket.socket] = []
+    try:
+        _agent(gate, (echo.port,))
+        assert _round_trip(gate.connect(echo.port), b"a") == b"A"
+        before = threading.active_count()
+        made = 0
+        for _ in range(300):
+            rogue = socket.socket(socket.AF_UNIX)
+            rogue.setblocking(False)
+            rogues.append(rogue)
+            try:
+                rogue.connect(str(gate.socket_path))
+                made += 1
+            except BlockingIOError:
+                pass  # the listener's backlog is full: refused by the kernel itself
+        # Wait until the gate has taken every connection made (the agent's control one, its
+        # data one, and the rogues).
+        deadline = time.monotonic() + 60
+        while gate._accepted < 2 + made and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gate._accepted == 2 + made
+        assert threading.active_count() - before <= ingress.MAX_GREETING + 1
+        for rogue in rogues:
+            rogue.close()
+        assert _round_trip(gate.connect(echo.port), b"b") == b"B"
+    finally:
+        for rogue in rogues:
+            rogue.close()
+        gate.stop()

@@ -44,6 +44,10 @@ it seconds after the sandbox is up)."""
 OPEN_TIMEOUT_S = 30.0
 """How long the agent may take to answer an ``open``."""
 MAX_CONCURRENT = 64
+MAX_GREETING = 32
+"""New connections on the socket still to say what they are; past this one is closed at once,
+so a program that floods the socket costs the host no more threads (it only delays its own
+answers)."""
 MAX_RECORDS = 10_000
 """Connections kept in the record; past this they are counted (``dropped``), not listed."""
 _LINE_MAX = 256
@@ -117,6 +121,7 @@ class IngressGate:
         self._closed = False
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self._carrying = 0
+        self._greeting = 0
         self._carried = threading.Condition(self._lock)
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -276,13 +281,23 @@ class IngressGate:
             with self._lock:
                 self._accepted += 1
                 first = self._accepted == 1
+                crowded = self._greeting >= MAX_GREETING
+                if not crowded:
+                    self._greeting += 1
+            if crowded:
+                conn.close()
+                continue
             threading.Thread(
                 target=self._greet, args=(conn, first), name="sandcell-ingress-greet", daemon=True
             ).start()
 
     def _greet(self, conn: socket.socket, first: bool) -> None:
         """Read what a new connection is; anything but what the gate waits for is closed."""
-        line = _first_line(conn)
+        try:
+            line = _first_line(conn)
+        finally:
+            with self._lock:
+                self._greeting -= 1
         words = line.split(" ", 2) if line is not None else []
         if first and words == ["hello"]:
             self._on_control(conn)
