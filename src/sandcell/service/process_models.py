@@ -87,7 +87,9 @@ class ProcessBody(BaseModel):
     exit_code: int | None
     signal: int | None = Field(description="the signal that ended it, when one did")
     run_id: str | None = Field(
-        default=None, description="its spawn's run record (in a spawn's answer; null in lists)"
+        default=None,
+        description="its spawn's run record; once it ended, another run of its command names "
+        "this id and holds its exit status and the last bytes of its output",
     )
 
     @classmethod
