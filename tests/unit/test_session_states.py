@@ -237,3 +237,28 @@ def test_snapshot_names_are_checked() -> None:
     for bad in ("", "../x", "a/b", "-x", "x" * 65, "a b"):
         with pytest.raises(Exception, match="not a snapshot name"):
             check_snapshot_name(bad)
+
+
+def test_a_sparse_file_is_hashed_for_its_bytes_not_how_it_is_stored(tmp_path: Path) -> None:
+    """A microVM's RAM file is mostly holes: its blocks of holes are not read, yet the digest is
+    the bytes' (a dense copy hashes the same) and a byte written into a hole changes it."""
+    from sandcell.sessions.states import HASH_BLOCK, _hash_file
+
+    sparse = tmp_path / "ram"
+    with sparse.open("wb") as f:
+        f.truncate(20 * HASH_BLOCK + 123)
+        f.seek(3 * HASH_BLOCK + 5)
+        f.write(b"data" * 1000)
+        f.seek(17 * HASH_BLOCK)
+        f.write(b"more")
+    dense = tmp_path / "dense"
+    dense.write_bytes(sparse.read_bytes())
+    assert sparse.stat().st_blocks < dense.stat().st_blocks
+    assert _hash_file(sparse) == _hash_file(dense)
+    with sparse.open("r+b") as f:
+        f.seek(11 * HASH_BLOCK + 77)  # inside a hole
+        f.write(b"\x01")
+    assert _hash_file(sparse) != _hash_file(dense)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert _hash_file(empty) != _hash_file(tmp_path / "ram")
