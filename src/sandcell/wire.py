@@ -7,8 +7,10 @@ whether a retry can help. :func:`error_wire` walks the exception's MRO, so a sub
 as its parent unless it has a row of its own. The surfaces (:mod:`sandcell.status`,
 :mod:`sandcell.service.problems`, :mod:`sandcell.e2b.errors`, :mod:`sandcell.mcp.tools`,
 :mod:`sandcell.mcp.content`, :mod:`sandcell.client.errors`, :mod:`sandcell.cli.remote`) read
-it and keep no mapping of their own (as do the approval pages, :mod:`sandcell.service.ui.pages`,
-and the E2B command stream's ending, :mod:`sandcell.e2b.process`).
+it and keep no mapping of their own (as do the approval pages, :mod:`sandcell.service.ui.pages`).
+An E2B command is a background process of its session (:mod:`sandcell.e2b.process`): its stream
+ends with the process's exit status, or with the error row of a spawn the profile refused
+(``SpawnRefused``), never with a run's outcome.
 
 Errors (``code``: the row's name, shown in MCP tool errors)::
 
@@ -421,8 +423,6 @@ class OutcomeWire:
     128 + the signal (``exit_code`` - 128 when there is none)."""
     mcp_is_error: bool = False
     """Whether the MCP call is reported failed (the code never ran)."""
-    e2b_status: int | None = None
-    """The E2B error a command's stream ends with; None: an ``end`` event with the status."""
     retryable: bool = False
 
 
@@ -430,12 +430,12 @@ OUTCOMES: Mapping[Outcome, OutcomeWire] = MappingProxyType(
     {
         Outcome.OK: OutcomeWire(exit_code=0),
         Outcome.ERROR: OutcomeWire(exit_code=1, exit_from="program"),
-        Outcome.TIMEOUT: OutcomeWire(exit_code=EXIT_TIMEOUT, e2b_status=504),
+        Outcome.TIMEOUT: OutcomeWire(exit_code=EXIT_TIMEOUT),
         Outcome.MEMORY_LIMIT: OutcomeWire(exit_code=EXIT_MEMORY_LIMIT),
         Outcome.OUTPUT_LIMIT: OutcomeWire(exit_code=EXIT_OUTPUT_LIMIT),
         Outcome.KILLED: OutcomeWire(exit_code=128 + 9, exit_from="signal"),
         Outcome.INFRA_ERROR: OutcomeWire(exit_code=EXIT_INFRA, mcp_is_error=True, retryable=True),
-        Outcome.DENIED: OutcomeWire(exit_code=EXIT_DENIED, mcp_is_error=True, e2b_status=403),
+        Outcome.DENIED: OutcomeWire(exit_code=EXIT_DENIED, mcp_is_error=True),
         Outcome.AWAITING_APPROVAL: OutcomeWire(exit_code=EXIT_AWAITING_APPROVAL),
         Outcome.INVALID_OUTPUT: OutcomeWire(exit_code=EXIT_INVALID_OUTPUT),
     }
