@@ -13,8 +13,8 @@ listening 502, the agent not answering 503, the session gone 404, an upgrade 501
 
 from __future__ import annotations
 
-import contextlib
 import http.client
+import socket
 from collections.abc import Iterator, Mapping
 
 from starlette.responses import Response, StreamingResponse
@@ -30,6 +30,9 @@ __all__ = ["RESPONSE_TIMEOUT_S", "proxy"]
 RESPONSE_TIMEOUT_S = 300.0
 """How long the program's server may take to answer, and between two reads of its body."""
 _CHUNK = 64 * 1024
+SETTLE_S = 5.0
+"""How long, after the response, the connection may take to end (its record is written as it
+ends): the server was asked to close it (``Connection: close``)."""
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -82,21 +85,42 @@ def _exchange(
     headers: dict[str, str],
     body: bytes,
     by: str | None,
-) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    """Send the request to the sandbox's port and read the response's head (in a thread)."""
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, socket.socket]:
+    """Send the request to the sandbox's port and read the response's head (in a thread);
+    with the stream's own copy, for :func:`_settle`."""
     sock = session.connect_port(port, by=by)
+    drain = sock.dup()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=RESPONSE_TIMEOUT_S)
     sock.settimeout(RESPONSE_TIMEOUT_S)
     conn.sock = sock
     try:
         conn.request(method, target, body=body or None, headers=headers)
-        return conn, conn.getresponse()
+        return conn, conn.getresponse(), drain
     except BaseException:
         conn.close()
+        drain.close()
         raise
 
 
-def _body(conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> Iterator[bytes]:
+def _settle(conn: http.client.HTTPConnection, drain: socket.socket) -> None:
+    """Close the connection and wait (at most :data:`SETTLE_S`) for its end of stream, which
+    the ingress gate sends once it recorded the connection: whatever the caller does after
+    this answer (a cell) finds the connection in the record."""
+    conn.close()
+    try:
+        drain.shutdown(socket.SHUT_WR)
+        drain.settimeout(SETTLE_S)
+        while drain.recv(_CHUNK):
+            pass
+    except OSError:
+        pass  # reset, or a server that keeps it open: recorded once it ends
+    finally:
+        drain.close()
+
+
+def _body(
+    conn: http.client.HTTPConnection, response: http.client.HTTPResponse, drain: socket.socket
+) -> Iterator[bytes]:
     """The response's body as it comes (Starlette iterates it on a worker thread)."""
     try:
         while chunk := response.read1(_CHUNK):
@@ -104,7 +128,7 @@ def _body(conn: http.client.HTTPConnection, response: http.client.HTTPResponse) 
     except OSError:
         return  # the server or the sandbox went away mid-body: the client sees it end
     finally:
-        conn.close()
+        _settle(conn, drain)
 
 
 async def proxy(
@@ -138,7 +162,7 @@ async def proxy(
         )
     sent = request_headers(headers, port)
     try:
-        conn, response = await service.in_thread(
+        conn, response, drain = await service.in_thread(
             lambda: _exchange(
                 session, port, method=method, target=target, headers=sent, body=body, by=by
             )
@@ -158,9 +182,10 @@ async def proxy(
     except SandcellError as exc:
         raise ServiceProblem(502, str(exc)) from None
     if method == "HEAD":
-        with contextlib.suppress(OSError):
-            conn.close()
+        await service.in_thread(lambda: _settle(conn, drain))
         return Response(status_code=response.status, headers=_response_headers(response))
     return StreamingResponse(
-        _body(conn, response), status_code=response.status, headers=_response_headers(response)
+        _body(conn, response, drain),
+        status_code=response.status,
+        headers=_response_headers(response),
     )
