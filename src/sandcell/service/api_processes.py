@@ -48,6 +48,7 @@ __all__ = ["router"]
 log = logging.getLogger("sandcell.service")
 router = APIRouter(prefix="/v1/sessions", tags=["session processes"])
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 KEEPALIVE_S = 15.0
 """A followed process that writes nothing for this long gets a comment line, so that proxies
 between the service and the client keep the stream open."""
@@ -64,6 +65,21 @@ async def _on(service: Service, live: LiveSession, call: Callable[[Session], T])
         if live.session.ended is not None:
             service.end_session(live)
     return result
+
+
+def _no_content(method: str, path: str) -> Callable[[F], F]:
+    """A route that answers 204 with no body once done."""
+    return router.api_route(
+        path, methods=[method], status_code=204, response_class=Response, responses=_NO_CONTENT
+    )
+
+
+async def _done(
+    service: Service, tenant: Tenant, session_id: str, call: Callable[[Session], object]
+) -> Response:
+    """``call`` on the tenant's live session, answered with 204."""
+    await _on(service, _live(service, tenant, session_id), call)
+    return Response(status_code=204)
 
 
 def _own(service: Service, tenant: Tenant, run_id: str | None) -> None:
@@ -211,12 +227,7 @@ def _problem(exc: BaseException) -> dict[str, object]:
             "detail": public_message(exc, row)}  # fmt: skip
 
 
-@router.post(
-    "/{session_id}/processes/{pid}/stdin",
-    status_code=204,
-    response_class=Response,
-    responses=_NO_CONTENT,
-)
+@_no_content("POST", "/{session_id}/processes/{pid}/stdin")
 async def send_stdin(
     session_id: str, pid: int, body: StdinBody, service: ServiceDep, tenant: CurrentTenant
 ) -> Response:
@@ -228,65 +239,37 @@ async def send_stdin(
     return Response(status_code=204)
 
 
-@router.post(
-    "/{session_id}/processes/{pid}/stdin/close",
-    status_code=204,
-    response_class=Response,
-    responses=_NO_CONTENT,
-)
+@_no_content("POST", "/{session_id}/processes/{pid}/stdin/close")
 async def close_stdin(
     session_id: str, pid: int, service: ServiceDep, tenant: CurrentTenant
 ) -> Response:
     """End the process's input once what was queued is written (a terminal gets ^D)."""
-    live = _live(service, tenant, session_id)
-    await _on(service, live, lambda s: s.close_stdin(pid))
-    return Response(status_code=204)
+    return await _done(service, tenant, session_id, lambda s: s.close_stdin(pid))
 
 
-@router.post(
-    "/{session_id}/processes/{pid}/signal",
-    status_code=204,
-    response_class=Response,
-    responses=_NO_CONTENT,
-)
+@_no_content("POST", "/{session_id}/processes/{pid}/signal")
 async def signal_process(
     session_id: str, pid: int, body: SignalBody, service: ServiceDep, tenant: CurrentTenant
 ) -> Response:
     """Send a signal to the process and its process group; an exited process is left alone."""
-    live = _live(service, tenant, session_id)
     number = int(body.signal)
-    await _on(service, live, lambda s: s.signal(pid, number))
-    return Response(status_code=204)
+    return await _done(service, tenant, session_id, lambda s: s.signal(pid, number))
 
 
-@router.delete(
-    "/{session_id}/processes/{pid}",
-    status_code=204,
-    response_class=Response,
-    responses=_NO_CONTENT,
-)
+@_no_content("DELETE", "/{session_id}/processes/{pid}")
 async def kill_process(
     session_id: str, pid: int, service: ServiceDep, tenant: CurrentTenant
 ) -> Response:
     """SIGKILL to the process and its group (it stays listed, exited, with its output)."""
-    live = _live(service, tenant, session_id)
-    await _on(service, live, lambda s: s.kill(pid))
-    return Response(status_code=204)
+    return await _done(service, tenant, session_id, lambda s: s.kill(pid))
 
 
-@router.post(
-    "/{session_id}/processes/{pid}/resize",
-    status_code=204,
-    response_class=Response,
-    responses=_NO_CONTENT,
-)
+@_no_content("POST", "/{session_id}/processes/{pid}/resize")
 async def resize_terminal(
     session_id: str, pid: int, body: ResizeBody, service: ServiceDep, tenant: CurrentTenant
 ) -> Response:
     """Set the size of the process's terminal (it gets SIGWINCH); 422 without a terminal."""
-    live = _live(service, tenant, session_id)
-    await _on(service, live, lambda s: s.resize(pid, body.rows, body.cols))
-    return Response(status_code=204)
+    return await _done(service, tenant, session_id, lambda s: s.resize(pid, body.rows, body.cols))
 
 
 @router.post(
@@ -317,16 +300,9 @@ async def watch_events(
     return [WatchEventBody.of(e) for e in found]
 
 
-@router.delete(
-    "/{session_id}/watches/{watch_id}",
-    status_code=204,
-    response_class=Response,
-    responses=_NO_CONTENT,
-)
+@_no_content("DELETE", "/{session_id}/watches/{watch_id}")
 async def remove_watch(
     session_id: str, watch_id: int, service: ServiceDep, tenant: CurrentTenant
 ) -> Response:
     """Stop the watch."""
-    live = _live(service, tenant, session_id)
-    await _on(service, live, lambda s: s.unwatch(watch_id))
-    return Response(status_code=204)
+    return await _done(service, tenant, session_id, lambda s: s.unwatch(watch_id))
