@@ -13,13 +13,12 @@ SpawnRefused`, one that did not start (or an operation the process cannot take)
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sandcell.client.errors import ServiceError, error_for
+from sandcell.client.errors import ServiceError
 from sandcell.client.ops import Call, _ended, _json, _seg
-from sandcell.errors import ConfigError
+from sandcell.client.streams import EventLines, event_error, event_object
 
 if TYPE_CHECKING:
     from sandcell.sessions.processes import ProcessInfo, ProcessOutput, WatchEvent
@@ -250,46 +249,20 @@ class OutputEvents:
     def __init__(self, *, what: str, where: str) -> None:
         self._what = what
         self._where = where
-        self._event: dict[str, str] = {}
+        self._lines = EventLines()
         self.done = False
 
     def feed(self, line: str) -> ProcessOutput | None:
-        if line.startswith(":"):
-            return None  # a keep-alive comment
-        if line:
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "data" and "data" in self._event:
-                self._event["data"] += "\n" + value
-            else:
-                self._event[name] = value
+        event = self._lines.feed(line)
+        if event is None:
             return None
-        kind, data = self._event.get("event", "message"), self._event.get("data", "")
-        self._event = {}
+        kind, data = event
         if kind in ("output", "exit"):
             self.done = kind == "exit"
-            return output_from_dict(_object(data))
+            return output_from_dict(event_object(data))
         if kind == "error":
-            problem = _object(data)
-            status = problem.get("status")
-            error = error_for(
-                status if isinstance(status, int) else 500,
-                data.encode(),
-                {},
-                what=self._what,
-                where=self._where,
-            )
+            error = event_error(data, what=self._what, where=self._where)
             if isinstance(error, ServiceError):
                 process_refused(error)
             raise error
         return None  # kinds a newer service may add
-
-
-def _object(data: str) -> dict[str, Any]:
-    try:
-        found = json.loads(data)
-    except ValueError:
-        found = None
-    if not isinstance(found, dict):
-        raise ConfigError(f"the service sent an event that is not a JSON object: {data[:200]!r}")
-    return found

@@ -19,7 +19,7 @@ from sandcell.spec import RunResult
 if TYPE_CHECKING:
     from sandcell.live_output import OutputListener
 
-__all__ = ["EventReader"]
+__all__ = ["EventLines", "EventReader", "event_error", "event_object"]
 
 _OUTPUT = ("stdout", "stderr")
 
@@ -46,10 +46,35 @@ class EventReader:
         self._on_output = on_output
         self._what = what
         self._where = where
-        self._event: dict[str, str] = {}
+        self._lines = EventLines()
 
     def feed(self, line: str) -> RunResult | None:
         """One line of the stream (without its line break); the result once it is complete."""
+        event = self._lines.feed(line)
+        if event is None:
+            return None
+        kind, data = event
+        if kind in _OUTPUT:
+            if self._on_output is not None:
+                text = event_object(data).get("text")
+                if isinstance(text, str) and text:
+                    self._on_output(kind, text)  # type: ignore[arg-type]
+            return None
+        if kind == "result":
+            return self._read_result(event_object(data))
+        if kind == "error":
+            raise event_error(data, what=self._what, where=self._where)
+        return None  # status, output_limit, and kinds a newer service may add
+
+
+class EventLines:
+    """The lines of a ``text/event-stream`` in (without their line breaks); each event's
+    ``(kind, data)`` out once the blank line that ends it has come."""
+
+    def __init__(self) -> None:
+        self._event: dict[str, str] = {}
+
+    def feed(self, line: str) -> tuple[str, str] | None:
         if line.startswith(":"):
             return None  # a keep-alive comment
         if line:
@@ -62,28 +87,20 @@ class EventReader:
             return None
         kind, data = self._event.get("event", "message"), self._event.get("data", "")
         self._event = {}
-        if kind in _OUTPUT:
-            if self._on_output is not None:
-                text = _json(data).get("text")
-                if isinstance(text, str) and text:
-                    self._on_output(kind, text)  # type: ignore[arg-type]
-            return None
-        if kind == "result":
-            return self._read_result(_json(data))
-        if kind == "error":
-            problem = _json(data)
-            status = problem.get("status")
-            raise error_for(
-                status if isinstance(status, int) else 500,
-                data.encode(),
-                {},
-                what=self._what,
-                where=self._where,
-            )
-        return None  # status, output_limit, and kinds a newer service may add
+        return kind, data
 
 
-def _json(data: str) -> dict[str, Any]:
+def event_error(data: str, *, what: str, where: str) -> Exception:
+    """The error an ``error`` event's problem document stands for (the one the same answer
+    would have been, had the stream not begun)."""
+    status = event_object(data).get("status")
+    return error_for(
+        status if isinstance(status, int) else 500, data.encode(), {}, what=what, where=where
+    )
+
+
+def event_object(data: str) -> dict[str, Any]:
+    """An event's data, which must be a JSON object."""
     try:
         found = json.loads(data)
     except ValueError:
