@@ -18,7 +18,7 @@ from starlette.routing import Route
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.labels import AutoPause
 from sandcell.e2b.listing import ListQuery
-from sandcell.e2b.opening import Opening, adopt, open_sessions
+from sandcell.e2b.opening import Opening, adopt
 from sandcell.e2b.paused import PausedSandbox, paused_detail_json, paused_of, paused_of_tenant
 from sandcell.e2b.pausing import after_pause, resume
 from sandcell.e2b.registry import E2BSandbox
@@ -33,6 +33,7 @@ from sandcell.e2b.wire import (
     parse,
     sandbox_json,
 )
+from sandcell.service.saved_sessions import open_sessions
 
 __all__ = ["control_routes"]
 

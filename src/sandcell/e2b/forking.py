@@ -18,12 +18,12 @@ from starlette.routing import Route
 
 from sandcell.e2b.errors import E2BError, from_exception
 from sandcell.e2b.labels import SandboxLabels
-from sandcell.e2b.opening import Opening, adopt, open_sessions
+from sandcell.e2b.opening import Opening, adopt
 from sandcell.e2b.paused import paused_of
 from sandcell.e2b.pausing import after_pause, by, chosen_mode
 from sandcell.e2b.tenancy import caller
 from sandcell.e2b.wire import ForkBody, parse, sandbox_json
-from sandcell.service.saved_sessions import check_profile, check_room
+from sandcell.service.saved_sessions import check_profile, check_room, open_sessions
 from sandcell.sessions import Session
 
 __all__ = ["fork_routes"]

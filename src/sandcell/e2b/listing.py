@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 from sandcell.e2b.errors import E2BError
 
-__all__ = ["ListQuery", "Listed"]
+__all__ = ["ListQuery", "Listed", "page_limit"]
 
 _PAGE = 100
 _MAX_PAGE = 1000
@@ -90,6 +90,17 @@ def _cursor(raw: str | None) -> tuple[dt.datetime, str] | None:
     return (started, sandbox_id)
 
 
+def page_limit(params: Mapping[str, str]) -> int:
+    """The page size a listing's ``limit`` asks for (default :data:`_PAGE`), or a 400."""
+    try:
+        limit = int(params.get("limit") or _PAGE)
+    except ValueError:
+        raise E2BError(400, "limit: give a whole number") from None
+    if not 1 <= limit <= _MAX_PAGE:
+        raise E2BError(400, f"limit: give a number from 1 to {_MAX_PAGE}")
+    return limit
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ListQuery:
     """One ``GET /v2/sandboxes`` query."""
@@ -117,12 +128,7 @@ class ListQuery:
         order = (params.get("order") or "asc").lower()
         if order not in ("asc", "desc"):
             raise E2BError(400, f"order {order!r}: give asc or desc")
-        try:
-            limit = int(params.get("limit") or _PAGE)
-        except ValueError:
-            raise E2BError(400, "limit: give a whole number") from None
-        if not 1 <= limit <= _MAX_PAGE:
-            raise E2BError(400, f"limit: give a number from 1 to {_MAX_PAGE}")
+        limit = page_limit(params)
         return cls(
             metadata=_metadata(params.get("metadata")),
             states=states,

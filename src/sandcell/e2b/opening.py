@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sandcell.backends.cell.state import PauseMode
@@ -26,7 +26,7 @@ from sandcell.service.tenants import Tenant
 from sandcell.sessions import Session
 from sandcell.spec import Outcome
 
-__all__ = ["Opening", "adopt", "open_sessions"]
+__all__ = ["Opening", "adopt"]
 
 log = logging.getLogger("sandcell.e2b")
 
@@ -50,24 +50,6 @@ class Opening:
     env_added: Mapping[str, str] = field(default_factory=dict)
     """Variables to give a kernel restored with its memory (a sandbox started from a snapshot
     with ``envVars`` of its own)."""
-
-
-async def open_sessions(
-    service: Service, tenant: Tenant, opener: Callable[[], list[Session]], *, count: int = 1
-) -> list[Session]:
-    """``count`` sessions opened by ``opener`` on a worker thread, each holding one of the
-    tenant's sandbox slots (429 over ``max_concurrent``, and nothing opened)."""
-    taken = 0
-    try:
-        for _ in range(count):
-            service.admit(tenant, sandbox=True)
-            taken += 1
-        sessions = await service.in_thread(opener, session=True)
-    except BaseException:
-        for _ in range(taken):
-            service.quotas.release(tenant.id)
-        raise
-    return list(sessions)
 
 
 async def adopt(

@@ -18,13 +18,13 @@ from starlette.routing import Route
 
 from sandcell.backends.cell.state import PauseMode
 from sandcell.e2b.errors import E2BError
-from sandcell.e2b.opening import Opening, adopt, open_sessions
+from sandcell.e2b.opening import Opening, adopt
 from sandcell.e2b.paused import PausedSandbox, paused_of
 from sandcell.e2b.registry import E2BSandbox, SandboxRegistry
 from sandcell.e2b.tenancy import caller
 from sandcell.e2b.wire import DEFAULT_TIMEOUT_S, ConnectBody, PauseBody, parse
 from sandcell.service.core import Service
-from sandcell.service.saved_sessions import check_profile
+from sandcell.service.saved_sessions import check_profile, open_sessions
 from sandcell.service.tenants import Tenant
 
 __all__ = ["after_pause", "by", "chosen_mode", "pause_routes", "resume"]

@@ -21,21 +21,19 @@ from starlette.routing import Route
 
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.labels import AutoPause, SandboxLabels
-from sandcell.e2b.opening import Opening, adopt, open_sessions
+from sandcell.e2b.listing import page_limit
+from sandcell.e2b.opening import Opening, adopt
 from sandcell.e2b.pausing import by, chosen_mode
 from sandcell.e2b.registry import E2BSandbox, SandboxRegistry
 from sandcell.e2b.tenancy import caller
 from sandcell.e2b.wire import NewSandbox, SnapshotBody, parse
 from sandcell.errors import ConfigError
 from sandcell.service.core import Service
-from sandcell.service.saved_sessions import check_profile, check_room
+from sandcell.service.saved_sessions import check_profile, check_room, open_sessions
 from sandcell.service.tenants import Tenant
 from sandcell.sessions.states import StoredState, check_snapshot_name
 
 __all__ = ["snapshot_of", "snapshot_routes", "start_from_snapshot"]
-
-_PAGE = 100
-_MAX_PAGE = 1000
 
 
 def snapshot_of(service: Service, tenant: Tenant, name: str) -> StoredState | None:
@@ -98,12 +96,7 @@ async def list_snapshots(request: Request) -> Response:
     ``name``), a page of ``limit`` at a time; the next page's cursor in ``x-next-token``."""
     service, _, tenant = caller(request)
     params = request.query_params
-    try:
-        limit = int(params.get("limit") or _PAGE)
-    except ValueError:
-        raise E2BError(400, "limit: give a whole number") from None
-    if not 1 <= limit <= _MAX_PAGE:
-        raise E2BError(400, f"limit: give a number from 1 to {_MAX_PAGE}")
+    limit = page_limit(params)
     source, name = params.get("sandboxID"), params.get("name")
     states = await service.in_thread(lambda: service.executor.snapshots(owner=tenant.id))
     found = [

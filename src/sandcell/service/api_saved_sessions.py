@@ -13,6 +13,8 @@ the audit chain the tenant sees in ``/v1/audit``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter
 
 from sandcell.backends.cell.state import PauseMode
@@ -84,6 +86,20 @@ def _paused(service: ServiceDep, tenant: Tenant, session_id: str) -> StoredState
     return state
 
 
+async def _forget(
+    service: ServiceDep, tenant: Tenant, delete: Callable[[], StoredState]
+) -> StateBody:
+    """``delete`` on a worker thread, then drop the inputs the state kept (its bytes stop
+    counting); the state that was."""
+
+    def forget() -> StoredState:
+        state = delete()
+        saved_sessions.drop_inputs(service, tenant.id, state)
+        return state
+
+    return _state(await service.in_thread(forget))
+
+
 @router.get("/v1/paused/{session_id}", response_model=StateBody, responses=_PROBLEMS)
 async def get_paused(session_id: str, service: ServiceDep, tenant: CurrentTenant) -> StateBody:
     return _state(await service.in_thread(lambda: _paused(service, tenant, session_id)))
@@ -92,13 +108,9 @@ async def get_paused(session_id: str, service: ServiceDep, tenant: CurrentTenant
 @router.delete("/v1/paused/{session_id}", response_model=StateBody, responses=_PROBLEMS)
 async def delete_paused(session_id: str, service: ServiceDep, tenant: CurrentTenant) -> StateBody:
     """Forget a paused session for good (its bytes stop counting)."""
-
-    def delete() -> StoredState:
-        state = service.executor.delete_paused(session_id, owner=tenant.id)
-        saved_sessions.drop_inputs(service, tenant.id, state)
-        return state
-
-    return _state(await service.in_thread(delete))
+    return await _forget(
+        service, tenant, lambda: service.executor.delete_paused(session_id, owner=tenant.id)
+    )
 
 
 @router.post(
@@ -113,15 +125,11 @@ async def resume_session(
     service.reap_sessions()
     state = await service.in_thread(lambda: _paused(service, tenant, session_id))
     saved_sessions.check_profile(tenant, state)
-    saved_sessions.take_slots(service, tenant, 1)
-    try:
-        session: Session = await service.in_thread(
-            lambda: service.executor.resume(session_id, owner=tenant.id, by=_by(tenant)),
-            session=True,
-        )
-    except BaseException:
-        service.quotas.release(tenant.id)
-        raise
+    (session,) = await saved_sessions.open_sessions(
+        service,
+        tenant,
+        lambda: [service.executor.resume(session_id, owner=tenant.id, by=_by(tenant))],
+    )
     saved_sessions.hold(service, tenant, session)
     return _info(session)
 
@@ -149,24 +157,13 @@ async def fork_session(
     else:
         state = await service.in_thread(lambda: _paused(service, tenant, session_id))
         saved_sessions.check_profile(tenant, state)
-    saved_sessions.take_slots(service, tenant, body.n)
-    try:
+
+    def opener() -> list[Session]:
         if live is not None:
-            session = live.session
-            forks: list[Session] = await service.in_thread(
-                lambda: session.fork(body.n, mode=mode, by=_by(tenant)), session=True
-            )
-        else:
-            forks = await service.in_thread(
-                lambda: service.executor.fork_paused(
-                    session_id, body.n, owner=tenant.id, by=_by(tenant)
-                ),
-                session=True,
-            )
-    except BaseException:
-        for _ in range(body.n):
-            service.quotas.release(tenant.id)
-        raise
+            return live.session.fork(body.n, mode=mode, by=_by(tenant))
+        return service.executor.fork_paused(session_id, body.n, owner=tenant.id, by=_by(tenant))
+
+    forks = await saved_sessions.open_sessions(service, tenant, opener, count=body.n)
     for fork in forks:
         saved_sessions.hold(service, tenant, fork)
     return ForkedBody(parent=session_id, sessions=[_info(f) for f in forks])
@@ -205,13 +202,9 @@ async def list_snapshots(service: ServiceDep, tenant: CurrentTenant) -> list[Sta
 @router.delete("/v1/snapshots/{name}", response_model=StateBody, responses=_PROBLEMS)
 async def delete_snapshot(name: str, service: ServiceDep, tenant: CurrentTenant) -> StateBody:
     """Forget a snapshot; sessions started from it go on."""
-
-    def delete() -> StoredState:
-        state = service.executor.delete_snapshot(name, owner=tenant.id)
-        saved_sessions.drop_inputs(service, tenant.id, state)
-        return state
-
-    return _state(await service.in_thread(delete))
+    return await _forget(
+        service, tenant, lambda: service.executor.delete_snapshot(name, owner=tenant.id)
+    )
 
 
 @router.get(

@@ -114,17 +114,15 @@ async def _from_snapshot(body: SessionBody, service: Service, tenant: Tenant) ->
     saved_sessions.check_profile(tenant, state)
     if body.profile is not None:
         service.profile_for(tenant, body.profile)
-    saved_sessions.take_slots(service, tenant, 1)
-    try:
-        session = await service.in_thread(
-            lambda: service.executor.session(
+    (session,) = await saved_sessions.open_sessions(
+        service,
+        tenant,
+        lambda: [
+            service.executor.session(
                 snapshot=name, profile=body.profile, owner=tenant.id, by=f"tenant:{tenant.name}"
-            ),
-            session=True,
-        )
-    except BaseException:
-        service.quotas.release(tenant.id)
-        raise
+            )
+        ],
+    )
     saved_sessions.hold(service, tenant, session)
     return _info(session)
 

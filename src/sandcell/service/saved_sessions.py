@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shutil
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,7 @@ __all__ = [
     "hold",
     "inputs_dir",
     "inputs_in_use",
+    "open_sessions",
     "take_slots",
 ]
 
@@ -126,6 +127,22 @@ def take_slots(service: Service, tenant: Tenant, n: int) -> None:
         for _ in range(taken):
             service.quotas.release(tenant.id)
         raise
+
+
+async def open_sessions(
+    service: Service, tenant: Tenant, opener: Callable[[], Sequence[Session]], *, count: int = 1
+) -> list[Session]:
+    """``count`` sessions opened by ``opener`` on a session thread, each holding one of the
+    tenant's sandbox slots (429 over ``max_concurrent``, and nothing opened); the slots are
+    given back when they do not open."""
+    take_slots(service, tenant, count)
+    try:
+        sessions = await service.in_thread(opener, session=True)
+    except BaseException:
+        for _ in range(count):
+            service.quotas.release(tenant.id)
+        raise
+    return list(sessions)
 
 
 def hold(service: Service, tenant: Tenant, session: Session) -> LiveSession:
