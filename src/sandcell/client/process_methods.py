@@ -46,6 +46,14 @@ def _follow_call(session_id: str, pid: int, stdout_from: int, stderr_from: int) 
     )
 
 
+def _refuse(client: Client | AsyncClient, call: Call[None], response: httpx2.Response) -> None:
+    """Raise the error for a refused follow's answer, read to its end (``call.refused`` maps
+    it, as for any other call)."""
+    from sandcell.client.sync import refusal
+
+    refusal(client.endpoint, call, response.status_code, response.content, response.headers)
+
+
 def _cut_short(session_id: str, pid: int) -> ServiceUnavailable:
     return ServiceUnavailable(
         f"the service ended the output stream of process {pid} of session {session_id} before "
@@ -91,7 +99,7 @@ class ProcessMethods:
     ) -> Iterator[ProcessOutput]:
         """The output of process ``pid`` as it comes (the service's event stream), until it
         exited and all it wrote was read; the last item has ``exited``."""
-        from sandcell.client.sync import refusal, unreachable
+        from sandcell.client.sync import unreachable
 
         client = self._client
         call = _follow_call(self.id, pid, stdout_from, stderr_from)
@@ -100,13 +108,7 @@ class ProcessMethods:
             with client._http.stream("GET", call.path, params=dict(call.params)) as response:
                 if response.status_code >= 400:
                     response.read()
-                    refusal(
-                        client.endpoint,
-                        call,
-                        response.status_code,
-                        response.content,
-                        response.headers,
-                    )
+                    _refuse(client, call, response)
                 for line in response.iter_lines():
                     got = reader.feed(line)
                     if got is not None:
@@ -184,7 +186,7 @@ class AsyncProcessMethods:
         self, pid: int, *, stdout_from: int = 0, stderr_from: int = 0
     ) -> AsyncIterator[ProcessOutput]:
         """As :meth:`ProcessMethods.follow`, as an async iterator."""
-        from sandcell.client.sync import refusal, unreachable
+        from sandcell.client.sync import unreachable
 
         client = self._client
         call = _follow_call(self.id, pid, stdout_from, stderr_from)
@@ -193,13 +195,7 @@ class AsyncProcessMethods:
             async with client._http.stream("GET", call.path, params=dict(call.params)) as response:
                 if response.status_code >= 400:
                     await response.aread()
-                    refusal(
-                        client.endpoint,
-                        call,
-                        response.status_code,
-                        response.content,
-                        response.headers,
-                    )
+                    _refuse(client, call, response)
                 async for line in response.aiter_lines():
                     got = reader.feed(line)
                     if got is not None:
