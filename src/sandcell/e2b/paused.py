@@ -15,11 +15,10 @@ from typing import Any
 
 from sandcell.backends.cell.state import PauseMode
 from sandcell.e2b.labels import SandboxLabels
-from sandcell.e2b.wire import CLIENT_ID, ENVD_VERSION, iso
+from sandcell.e2b.wire import sandbox_detail
 from sandcell.errors import ConfigError
 from sandcell.service.core import Service
 from sandcell.sessions.states import StoredState
-from sandcell.spec import MiB
 
 __all__ = ["PausedSandbox", "paused_detail_json", "paused_of", "paused_of_tenant"]
 
@@ -78,23 +77,14 @@ def paused_of_tenant(service: Service, tenant: str) -> list[PausedSandbox]:
 def paused_detail_json(paused: PausedSandbox) -> dict[str, Any]:
     """E2B's SandboxDetail of a paused sandbox (``endAt``: when it was paused)."""
     limits = paused.stored.settings.limits
-    return {
-        "templateID": paused.template,
-        "sandboxID": paused.id,
-        "alias": paused.template,
-        "clientID": CLIENT_ID,
-        "startedAt": iso(paused.started_at),
-        "endAt": iso(dt.datetime.fromisoformat(paused.stored.created_at)),
-        "envdVersion": ENVD_VERSION,
-        "cpuCount": 1,
-        "memoryMB": int(limits.get("memory_bytes", 0)) // MiB,
-        "diskSizeMB": int(limits.get("workspace_bytes", 0)) // MiB,
-        "metadata": dict(paused.metadata),
-        "state": "paused",
-        "pauseMode": "full" if paused.mode is PauseMode.MEMORY else "filesystem",
-        "lifecycle": {
-            "onTimeout": "kill" if paused.labels.auto_pause == "off" else "pause",
-            "autoResume": False,
-        },
-        "domain": None,
-    }
+    return sandbox_detail(
+        template=paused.template,
+        sandbox_id=paused.id,
+        started_at=paused.started_at,
+        end_at=dt.datetime.fromisoformat(paused.stored.created_at),
+        memory_bytes=int(limits.get("memory_bytes", 0)),
+        disk_bytes=int(limits.get("workspace_bytes", 0)),
+        metadata=paused.metadata,
+        auto_pause=paused.labels.auto_pause,
+        pause_mode="full" if paused.mode is PauseMode.MEMORY else "filesystem",
+    )

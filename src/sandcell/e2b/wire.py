@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -30,6 +31,7 @@ __all__ = [
     "iso",
     "metric_json",
     "parse",
+    "sandbox_detail",
     "sandbox_json",
 ]
 
@@ -137,28 +139,62 @@ def sandbox_json(box: E2BSandbox) -> dict[str, Any]:
     }
 
 
+def sandbox_detail(
+    *,
+    template: str,
+    sandbox_id: str,
+    started_at: dt.datetime,
+    end_at: dt.datetime,
+    memory_bytes: int,
+    disk_bytes: int,
+    metadata: Mapping[str, str],
+    auto_pause: str,
+    token: str | None = None,
+    pause_mode: str | None = None,
+) -> dict[str, Any]:
+    """E2B's SandboxDetail: a running sandbox's with its ``token``, a paused one's with its
+    ``pause_mode`` (``full`` or ``filesystem``)."""
+    detail: dict[str, Any] = {
+        "templateID": template,
+        "sandboxID": sandbox_id,
+        "alias": template,
+        "clientID": CLIENT_ID,
+        "startedAt": iso(started_at),
+        "endAt": iso(end_at),
+        "envdVersion": ENVD_VERSION,
+    }
+    if token is not None:
+        detail["envdAccessToken"] = token
+    detail |= {
+        "cpuCount": 1,
+        "memoryMB": memory_bytes // MiB,
+        "diskSizeMB": disk_bytes // MiB,
+        "metadata": dict(metadata),
+        "state": "running" if pause_mode is None else "paused",
+    }
+    if pause_mode is not None:
+        detail["pauseMode"] = pause_mode
+    detail["lifecycle"] = {
+        "onTimeout": "kill" if auto_pause == "off" else "pause",
+        "autoResume": False,
+    }
+    detail["domain"] = None
+    return detail
+
+
 def detail_json(box: E2BSandbox) -> dict[str, Any]:
     limits = box.session.request.effective_limits
-    return {
-        "templateID": box.template,
-        "sandboxID": box.id,
-        "alias": box.template,
-        "clientID": CLIENT_ID,
-        "startedAt": iso(box.started_at),
-        "endAt": iso(box.end_at()),
-        "envdVersion": ENVD_VERSION,
-        "envdAccessToken": box.token,
-        "cpuCount": 1,
-        "memoryMB": limits.memory_bytes // MiB,
-        "diskSizeMB": limits.workspace_bytes // MiB,
-        "metadata": dict(box.metadata),
-        "state": "running",
-        "lifecycle": {
-            "onTimeout": "kill" if box.auto_pause == "off" else "pause",
-            "autoResume": False,
-        },
-        "domain": None,
-    }
+    return sandbox_detail(
+        template=box.template,
+        sandbox_id=box.id,
+        started_at=box.started_at,
+        end_at=box.end_at(),
+        memory_bytes=limits.memory_bytes,
+        disk_bytes=limits.workspace_bytes,
+        metadata=box.metadata,
+        auto_pause=box.auto_pause,
+        token=box.token,
+    )
 
 
 def metric_json(m: SandboxMetrics) -> dict[str, Any]:
