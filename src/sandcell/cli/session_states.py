@@ -116,7 +116,7 @@ def _emit(args: argparse.Namespace, doc: dict[str, object], line: str) -> int:
 def _pause(args: argparse.Namespace) -> int:
     home, sid = home_of(args), registry.check_id(args.id)
     message = {"op": "pause", "mode": args.mode, "by": default_approver()}
-    state = _state(checked(server.request(home, sid, message, timeout_s=_SAVE_TIMEOUT_S)))
+    state = _save(home, sid, message)
     return print_saved(args, f"paused session {sid}", sid, state)
 
 
@@ -142,7 +142,7 @@ def _fork(args: argparse.Namespace) -> int:
     states = _states(home)
     if _live(home, sid):
         message = {"op": "fork_point", "mode": args.mode}
-        point = _state(checked(server.request(home, sid, message, timeout_s=_SAVE_TIMEOUT_S)))
+        point = _save(home, sid, message)
         state = states.get(str(point["id"]), owner=None)
         drop = True
     else:
@@ -224,7 +224,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         "ttl_s": args.ttl,
         "by": default_approver(),
     }
-    state = _state(checked(server.request(home, sid, message, timeout_s=_SAVE_TIMEOUT_S)))
+    state = _save(home, sid, message)
     return print_saved(args, f"snapshot {args.name} of session {sid}", sid, state)
 
 
@@ -308,8 +308,9 @@ def paused_row(state: dict[str, object]) -> dict[str, object]:
     }
 
 
-def _state(reply: dict[str, object]) -> dict[str, object]:
-    state = reply.get("state")
+def _save(home: Path, sid: str, message: dict[str, object]) -> dict[str, object]:
+    """The state the session's server saved on ``message`` (a save may take minutes)."""
+    state = checked(server.request(home, sid, message, timeout_s=_SAVE_TIMEOUT_S)).get("state")
     if not isinstance(state, dict):
         raise ConfigError("the session server's reply names no saved state")
     return state
