@@ -133,13 +133,17 @@ def test_every_cell_and_command_is_in_the_record(e2b_service: E2BService) -> Non
     with e2b_service.proc.client(e2b_service.alice) as client:
         records = client.get("/v1/audit", params={"limit": 100}).json()
         mine = [r for r in records if r["session_id"] == sandbox_id]
-        # The setup cell, the code cell, the command and the write.
-        assert len(mine) == 4, mine
-        assert sorted(r["language"] for r in mine) == ["bash", "python", "python", "python"]
-        bash = next(r for r in mine if r["language"] == "bash")
-        entry = client.get(f"/v1/audit/{bash['run_id']}").json()
-        assert entry["record"]["code"] == "echo recorded"
-        assert entry["record"]["outcome"] == "ok"
+        # The setup cell, the code cell, the command's start and end, and the write.
+        assert len(mine) == 5, mine
+        assert sorted(r["language"] for r in mine) == ["bash", "bash", "python", "python", "python"]
+        bash = [
+            client.get(f"/v1/audit/{r['run_id']}").json()["record"]
+            for r in mine
+            if r["language"] == "bash"
+        ]
+        assert {(r["code"], r["outcome"]) for r in bash} == {("echo recorded", "ok")}
+        end = next(r for r in bash if r["reason"].startswith("the background process"))
+        assert (end["exit_code"], end["stdout"]) == (0, "recorded\n")
 
 
 def test_unserved_calls_say_why(e2b_service: E2BService) -> None:
