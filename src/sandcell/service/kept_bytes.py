@@ -60,8 +60,9 @@ def state_bytes(executor: Executor, tenant: str) -> int:
 def save_estimate(session: Session, mode: PauseMode) -> int:
     """What saving ``session`` in ``mode`` may add, before it is saved (a pause cannot be taken
     back once its sandbox ended): its workspace's bytes, and its memory in ``memory`` mode, as
-    its newest sample says. An estimate: a rung's image may be smaller (compressed) or larger."""
-    samples = session.metrics()
+    its sample taken now says. An estimate: a rung's image may be smaller (compressed) or
+    larger."""
+    samples = session.metrics(fresh=True)
     if not samples:
         return 0
     last = samples[-1]

@@ -592,11 +592,12 @@ class Session(ProcessControl, PortAccess):
                 state_id=uuid.uuid4().hex,
             )
 
-    def metrics(self, since: str | None = None) -> list[SandboxMetrics]:
+    def metrics(self, since: str | None = None, *, fresh: bool = False) -> list[SandboxMetrics]:
         """The session's resource samples taken at or after ``since`` (ISO 8601; None: all
         kept), oldest first, with one taken now when no cell runs (see
-        :mod:`sandcell.sessions.metrics`)."""
-        if self._ended is None and self._lock.acquire(blocking=False):
+        :mod:`sandcell.sessions.metrics`). ``fresh``: the newest is taken now, waiting for a
+        running cell (or the watchdog's own sample) to finish, for a caller that decides on it."""
+        if self._ended is None and self._lock.acquire(blocking=fresh):
             try:
                 if self._ended is None:
                     self._sample()
