@@ -26,12 +26,6 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-@router.api_route(
-    "/{session_id}/ports/{port}/{path:path}",
-    methods=METHODS,
-    responses=_PROBLEMS,
-    response_class=Response,
-)
 async def port_proxy(
     session_id: str,
     port: int,
@@ -56,4 +50,17 @@ async def port_proxy(
         headers=request.headers,
         body=await request.body(),
         by=tenant.id,
+    )
+
+
+# One route per method, each with an operation id of its own (one route of many methods would
+# give them all the same id in the OpenAPI document).
+for _method in METHODS:
+    router.add_api_route(
+        "/{session_id}/ports/{port}/{path:path}",
+        port_proxy,
+        methods=[_method],
+        responses=_PROBLEMS,
+        response_class=Response,
+        operation_id=f"port_proxy_{_method.lower()}",
     )

@@ -596,8 +596,10 @@ class Session(ProcessControl, PortAccess):
         """The session's resource samples taken at or after ``since`` (ISO 8601; None: all
         kept), oldest first, with one taken now when no cell runs (see
         :mod:`sandcell.sessions.metrics`). ``fresh``: the newest is taken now, waiting for a
-        running cell (or the watchdog's own sample) to finish, for a caller that decides on it."""
-        if self._ended is None and self._lock.acquire(blocking=fresh):
+        running cell (or the watchdog's own sample) to finish, for a caller that decides on it;
+        so is the first, when none was kept yet (the watchdog may be taking it)."""
+        wait = fresh or self._metrics.last is None
+        if self._ended is None and self._lock.acquire(blocking=wait):
             try:
                 if self._ended is None:
                     self._sample()
