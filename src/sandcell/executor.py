@@ -23,6 +23,7 @@ from sandcell.artifacts import ArtifactStore, ExportLimits
 from sandcell.audit import AuditLog
 from sandcell.backends.base import Backend
 from sandcell.errors import ConfigError
+from sandcell.home import bulk_dir
 from sandcell.home import data_dir as data_dir  # noqa: PLC0414 - re-exported from its old home
 from sandcell.home_guard import HomeGuard
 from sandcell.packages import WheelCache
@@ -98,10 +99,10 @@ class Executor(SessionCalls):
         self.backend: Backend = self.backend_for(self.profile)
         """The backend of a run under the executor's own profile."""
         self.audit = audit or AuditLog(base / "audit.sqlite3")
-        self.store = store or ArtifactStore(base / "artifacts")
+        self.store = store or ArtifactStore(bulk_dir(base) / "artifacts")
         self.approvals = approvals or ApprovalStore(base / "approvals.sqlite3")
         self.wheels = WheelCache(base / "wheels")
-        self.states = StateStore(base / "states")
+        self.states = StateStore(bulk_dir(base) / "states")
         """Paused sessions, snapshots and fork points (:mod:`sandcell.sessions.states`)."""
         # The stores' directory (when they are in it): a run starts only while it is still the
         # one opened here, so that its record is kept (home_guard.py).

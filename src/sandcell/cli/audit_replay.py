@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sandcell.backends.registry import LADDER
 from sandcell.cli.remote import add_service_option, find_service
+from sandcell.home import bulk_dir
 
 
 def add_parsers(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,7 +99,7 @@ def _replay_here(args: argparse.Namespace, home: Path, env: dict[str, str]) -> i
         original = load_original(log, args.run_id)
     plan = build_plan(
         original,
-        store=ArtifactStore(home / "artifacts"),
+        store=ArtifactStore(bulk_dir(home) / "artifacts"),
         wheels=WheelCache(home / "wheels"),
         use_current_profile=args.use_current_profile,
         backend=args.backend,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.errors import ConfigError
-from sandcell.home import data_dir
+from sandcell.home import bulk_dir, data_dir
 from sandcell.validation.terminal import neutralise
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def _stores(args: argparse.Namespace) -> tuple[AuditLog, ArtifactStore, ChangeAp
     home = args.home or data_dir()
     return (
         AuditLog(home / "audit.sqlite3"),
-        ArtifactStore(home / "artifacts"),
+        ArtifactStore(bulk_dir(home) / "artifacts"),
         ChangeApprovals(home / FILENAME),
     )
 

@@ -28,6 +28,7 @@ from sandcell.cli.remote import add_service_option, find_service
 from sandcell.cli.render import render_outputs
 from sandcell.cli.run import read_code
 from sandcell.errors import ConfigError, InfraError
+from sandcell.home import bulk_dir
 from sandcell.sessions import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_LIFETIME_S,
@@ -354,7 +355,7 @@ def _run(args: argparse.Namespace) -> int:
     reply = checked(server.request(home, registry.check_id(args.id), message, timeout_s=None))
     result = reply["result"]
     assert isinstance(result, dict)
-    return print_cell(args, result, ArtifactStore(home / "artifacts"))
+    return print_cell(args, result, ArtifactStore(bulk_dir(home) / "artifacts"))
 
 
 def print_cell(args: argparse.Namespace, result: dict[str, object], store: ArtifactStore) -> int:
@@ -513,7 +514,7 @@ def _close(args: argparse.Namespace) -> int:
     copied: list[Path] = []
     artifacts = reply.get("artifacts") or []
     if args.out is not None and isinstance(artifacts, list) and artifacts:
-        store = ArtifactStore(home / "artifacts")
+        store = ArtifactStore(bulk_dir(home) / "artifacts")
         copied = store.copy_out([Artifact(**a) for a in artifacts], args.out)
     return print_close(args, reply, copied)
 

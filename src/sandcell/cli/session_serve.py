@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sandcell.cli.session import _session_limits, home_of, idle_timeout, max_lifetime
 from sandcell.errors import ConfigError, SandcellError
+from sandcell.home import bulk_dir
 from sandcell.sessions import DEFAULT_PAUSED_TTL_S, Session, registry, saving, server
 from sandcell.sessions.states import StateNotFound, StateStore, StoredState
 from sandcell.spec import IsolationMode, input_from_path
@@ -53,7 +54,7 @@ def _opening(
     args: argparse.Namespace, home: Path, session_id: str
 ) -> tuple[StoredState | None, Callable[[Executor], Session]]:
     """The state the session comes back from (None for a new one) and how to open it."""
-    states = StateStore(home / "states")
+    states = StateStore(bulk_dir(home) / "states")
     by = args.by
     if args.resume:
         paused = server.paused_state(home, session_id)

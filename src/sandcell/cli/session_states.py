@@ -24,6 +24,7 @@ from sandcell.cli.remote import add_service_option
 from sandcell.cli.session import checked, home_of, new_session_id
 from sandcell.cli.session_render import size, state_line
 from sandcell.errors import ConfigError, SandcellError
+from sandcell.home import bulk_dir
 from sandcell.policy.approvals import default_approver
 from sandcell.sessions import MAX_FORKS, PauseMode, SessionEnded, registry, saving, server
 from sandcell.sessions.states import StateNotFound, StateStore, StoredState
@@ -100,7 +101,7 @@ def handle_states(args: argparse.Namespace) -> int:
 
 
 def _states(home: Path) -> StateStore:
-    return StateStore(home / "states")
+    return StateStore(bulk_dir(home) / "states")
 
 
 def _live(home: Path, session_id: str) -> bool:

@@ -37,6 +37,7 @@ from sandcell.batch.results import Recorded, ResultsFile
 from sandcell.batch.runner import BatchProgress, BatchSummary, ProgressCallback, refuse_stale
 from sandcell.batch.tasks import Task
 from sandcell.errors import ConfigError, InfraError
+from sandcell.home import bulk_dir
 from sandcell.ray._ray import SLOTS, import_ray
 from sandcell.ray.nodes import Node, no_nodes_hint, sandcell_nodes
 from sandcell.ray.worker import NodeInfo, NodeWorker, TaskOutput
@@ -295,7 +296,7 @@ def run_batch_on_ray(
         raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
     ray = import_ray()
     stop = stop or threading.Event()
-    store = ArtifactStore(home / "artifacts")
+    store = ArtifactStore(bulk_dir(home) / "artifacts")
     connected = connect(ray, address)
     try:
         with ResultsFile(results_path, restart=restart) as results:

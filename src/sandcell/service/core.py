@@ -30,6 +30,7 @@ import anyio.to_thread
 from sandcell.backends.warm import WarmStats
 from sandcell.errors import SandcellError
 from sandcell.executor import Executor
+from sandcell.home import bulk_dir
 from sandcell.live_output import OutputListener
 from sandcell.policy.approvals import Ticket
 from sandcell.policy.profiles import Profile, default_profile_dir, load_profile
@@ -205,7 +206,7 @@ class Service:
         (the E2B API pauses its sandboxes whose timeout pauses them, so they outlive it)."""
         self._profiles_used: set[str] = set()
         self._profiles = _ProfileCache()
-        self.inputs_root = config.home / "service" / "inputs"
+        self.inputs_root = bulk_dir(config.home) / "service" / "inputs"
         self.audit_verifications = AuditVerifications(
             audit=executor.audit.path, service_db=self.tenants.path
         )

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 from sandcell.backends.cell.channel import ChannelError, recv_message, send_message
 from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError, SandcellError
+from sandcell.home import bulk_dir
 from sandcell.sessions import registry
 from sandcell.sessions.server_ports import PORT_OPS, port_reply
 from sandcell.sessions.server_processes import PROCESS_OPS, process_reply
@@ -354,7 +355,7 @@ def paused_state(home: Path, session_id: str) -> StoredState | None:
     """This user's paused state of ``session_id`` (manifest checked, files not yet), or None.
     Raises StateTampered for one whose manifest changed on disk."""
     try:
-        state = StateStore(home / "states").get(registry.check_id(session_id), owner=None)
+        state = StateStore(bulk_dir(home) / "states").get(registry.check_id(session_id), owner=None)
     except StateNotFound:
         return None
     return state if state.kind == "paused" else None
