@@ -19,9 +19,11 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -670,3 +672,52 @@ def _no_model_requests(monkeypatch: pytest.MonkeyPatch, _empty_model_config: Pat
 
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+
+
+# --- A real PostgreSQL for the shared-state store (tests/pg_server.py) ------------------------
+
+if TYPE_CHECKING:
+    from tests.pg_server import PostgresServer
+
+REQUIRED_POSTGRES_ENV = "SANDCELL_REQUIRE_POSTGRES"
+"""``1`` (CI sets it): a test that needs PostgreSQL fails where it cannot start one."""
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL cluster for the session (a start costs about a second); tests each take a
+    database of their own from it (``postgres_url``). A test that stops or restarts it must
+    leave it running."""
+    # Imported here: only the tests that use PostgreSQL need psycopg.
+    from tests.pg_server import PostgresServer, PostgresServerError, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is None:
+        server = PostgresServer()
+        try:
+            server.start()
+        except PostgresServerError as exc:
+            server.close()
+            reason = str(exc)
+        else:
+            try:
+                yield server
+            finally:
+                server.close()
+            return
+    if os.environ.get(REQUIRED_POSTGRES_ENV) == "1":
+        pytest.fail(f"PostgreSQL is required here (${REQUIRED_POSTGRES_ENV}=1): {reason}")
+    pytest.skip(f"PostgreSQL is not usable on this host: {reason}")
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """The URL of a fresh, empty database of this test's own, dropped afterwards."""
+    if not postgres_server.is_running():
+        postgres_server.start()  # an earlier test stopped it and failed before starting it again
+    name = f"test_{uuid.uuid4().hex[:16]}"
+    url = postgres_server.create_database(name)
+    yield url
+    if not postgres_server.is_running():
+        postgres_server.start()
+    postgres_server.drop_database(name)
