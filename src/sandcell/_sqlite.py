@@ -1,5 +1,6 @@
 """Private SQLite files: how the audit log, the approval store and the agent's paused
-conversations open theirs, and the store they share (:class:`PrivateStore`).
+conversations open theirs, and the store they share (:class:`PrivateStore`), which keeps its
+tables in PostgreSQL instead when ``$SANDCELL_DATABASE_URL`` is set (:mod:`sandcell.db`).
 
 Each keeps one file that only its owner may read (it holds code, inputs, env values), shared by
 threads (one connection under the store's lock) and by processes (SQLite's locks). Opening one:
@@ -28,15 +29,19 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
-from sandcell.errors import SandcellError
+from sandcell.db.postgres import DatabaseUnavailable, PgConnection
+from sandcell.db.url import database_url
+from sandcell.errors import SandcellError, StoreUnavailable
 
 __all__ = [
     "BUSY_TIMEOUT_S",
     "PrivateStore",
+    "Rows",
+    "StoreConnection",
     "create_private_file",
     "open_private_db",
     "transaction",
@@ -45,6 +50,32 @@ __all__ = [
 BUSY_TIMEOUT_S = 30.0
 """How long a transaction waits for another process's write lock. Transactions hold it for well
 under a millisecond, so only a wedged process makes this expire."""
+
+
+class Rows(Protocol):
+    """What a statement returns, on SQLite and on PostgreSQL alike."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class StoreConnection(Protocol):
+    """A store's connection: :class:`sqlite3.Connection`, or a
+    :class:`~sandcell.db.postgres.PgConnection` that speaks the same part of its interface."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Rows: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> Rows: ...
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+
+_C = TypeVar("_C", bound=StoreConnection)
 
 
 def _fix(advice: str) -> str:
@@ -84,12 +115,13 @@ def create_private_file(
 
 
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+def transaction(conn: _C, *, write: bool = True) -> Iterator[_C]:
     """One explicit transaction on ``conn`` (opened with ``isolation_level=None``).
 
     ``write`` begins it IMMEDIATE, taking the write lock before anything is read, so a check
-    and the change that depends on it are atomic across processes. Committed when the block
-    ends, rolled back when it raises; sqlite3 errors propagate untranslated.
+    and the change that depends on it are atomic across processes (on PostgreSQL: the store's
+    advisory lock, :mod:`sandcell.db.postgres`). Committed when the block ends, rolled back
+    when it raises; sqlite3 errors propagate untranslated.
     """
     conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
     try:
@@ -213,6 +245,8 @@ class PrivateStore:
 
     _error: ClassVar[type[SandcellError]]
     _what: ClassVar[str]
+    _pg_schema: ClassVar[str]
+    """The PostgreSQL schema holding the store's tables (:mod:`sandcell.db.migrations`)."""
 
     def __init__(
         self,
@@ -224,26 +258,44 @@ class PrivateStore:
         check: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         """Open (creating file 0600, parents 0700, schema) the store at ``path``; the arguments
-        after it are :func:`open_private_db`'s."""
+        after it are :func:`open_private_db`'s. With ``$SANDCELL_DATABASE_URL`` set, open the
+        store's schema in that PostgreSQL database instead (migrated to this sandcell's
+        version first); ``path`` then only names the home the store belongs to."""
         self.path = Path(path)
         self._lock = threading.Lock()
+        url = database_url()
         # No implicit transactions: every method opens its own explicitly.
-        self._conn: sqlite3.Connection | None = open_private_db(
-            self.path,
-            application_id=application_id,
-            schema=schema,
-            error=self._error,
-            what=self._what,
-            advice=advice,
-            check=check,
-        )
+        self._conn: StoreConnection | None
+        if url is None:
+            self.where = str(self.path)
+            """Where the store is, for messages: its file, or its database and schema."""
+            self._conn = open_private_db(
+                self.path,
+                application_id=application_id,
+                schema=schema,
+                error=self._error,
+                what=self._what,
+                advice=advice,
+                check=check,
+            )
+            return
+        from sandcell.db.migrate import ensure_current
+
+        ensure_current(url)
+        try:
+            pg = PgConnection(url, schema=self._pg_schema)
+        except DatabaseUnavailable as e:
+            raise StoreUnavailable(f"{self._what}: {e}; try again once it is back") from e
+        self.where = pg.where
+        self._conn = pg
 
     def close(self) -> None:
         """Close the connection; later calls raise the store's error. Idempotent."""
         with self._lock:
             if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+                conn, self._conn = self._conn, None
+                if isinstance(conn, sqlite3.Connection | PgConnection):
+                    conn.close()
 
     def __enter__(self) -> Self:
         return self
@@ -251,14 +303,21 @@ class PrivateStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self) -> StoreConnection:
         """The open connection; the caller holds ``_lock``."""
         if self._conn is None:
-            raise self._error(f"{self._what} {self.path} is closed")
+            raise self._error(f"{self._what} {self.where} is closed")
         return self._conn
 
+    def _failed(self, exc: sqlite3.Error, message: str) -> SandcellError:
+        """What a store raises for ``exc``: StoreUnavailable when the database could not be
+        reached (safe to retry), else the store's own error saying ``message``."""
+        if isinstance(exc, DatabaseUnavailable):
+            return StoreUnavailable(f"{self._what}: {exc}; try again once it is back")
+        return self._error(message)
+
     @contextlib.contextmanager
-    def _txn(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+    def _txn(self, *, write: bool = True) -> Iterator[StoreConnection]:
         """One transaction (:func:`transaction`) under the lock; sqlite3 errors become the
         store's error."""
         # IMMEDIATE takes the write lock before the state is read, so a check and the change
@@ -270,4 +329,4 @@ class PrivateStore:
                 with transaction(conn, write=write) as txn:
                     yield txn
             except sqlite3.Error as e:
-                raise self._error(f"{self._what} {self.path}: {e}") from e
+                raise self._failed(e, f"{self._what} {self.where}: {e}") from e

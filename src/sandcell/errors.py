@@ -43,6 +43,11 @@ class InfraError(SandcellError, RuntimeError):
     """sandcell failed before the code could run (spawn failure, I/O error); safe to retry."""
 
 
+class StoreUnavailable(InfraError):
+    """The shared database ($SANDCELL_DATABASE_URL) cannot be reached now; nothing was changed
+    by the call that raised it, and it is safe to retry once the database is back."""
+
+
 class AuditError(SandcellError, RuntimeError):
     """The audit store cannot be opened or written."""
 

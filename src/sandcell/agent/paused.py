@@ -17,14 +17,13 @@ transaction, so of two racing resumes exactly one gets it.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandcell._sqlite import PrivateStore
+from sandcell._sqlite import PrivateStore, StoreConnection
 from sandcell.errors import ConfigError
 
 __all__ = ["PAUSED_FILENAME", "Paused", "PausedStore", "ResumeError"]
@@ -84,6 +83,7 @@ class PausedStore(PrivateStore):
 
     _error = ResumeError
     _what = "agent conversation store"
+    _pg_schema = "sandcell_agent"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, application_id=_APPLICATION_ID, schema=(_SCHEMA,))
@@ -118,7 +118,7 @@ class PausedStore(PrivateStore):
             )
             return self._get(conn, paused.approval_id)
 
-    def _get(self, conn: sqlite3.Connection, approval_id: str) -> Paused:
+    def _get(self, conn: StoreConnection, approval_id: str) -> Paused:
         key = approval_id.strip().lower()
         row: Any = conn.execute(
             "SELECT approval_id, created_at, status, state, resumed_at FROM paused "
@@ -127,17 +127,17 @@ class PausedStore(PrivateStore):
         ).fetchone()
         if row is None:
             raise ResumeError(
-                f"no conversation waits for approval {key!r} in {self.path}: resume takes the "
+                f"no conversation waits for approval {key!r} in {self.where}: resume takes the "
                 "approval id an `ask` stopped at (awaiting_approval), with the same SANDCELL_HOME"
             )
         try:
             state = json.loads(row[3])
         except ValueError as exc:
             raise ResumeError(
-                f"the conversation of approval {key} in {self.path} is corrupt ({exc})"
+                f"the conversation of approval {key} in {self.where} is corrupt ({exc})"
             ) from exc
         if not isinstance(state, dict):
-            raise ResumeError(f"the conversation of approval {key} in {self.path} is corrupt")
+            raise ResumeError(f"the conversation of approval {key} in {self.where} is corrupt")
         return Paused(
             approval_id=row[0], created_at=row[1], status=row[2], state=state, resumed_at=row[4]
         )

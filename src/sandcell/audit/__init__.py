@@ -54,6 +54,7 @@ import builtins
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -62,10 +63,10 @@ from typing import Any
 
 import platformdirs
 
-from sandcell._sqlite import PrivateStore, transaction
+from sandcell._sqlite import PrivateStore, StoreConnection, transaction
 from sandcell.audit.chain import GENESIS_HASH, canonical_json, chain_hash
 from sandcell.audit.verify import ProblemKind, VerifyProblem, VerifyReport, verify_rows
-from sandcell.errors import AuditError
+from sandcell.errors import AuditError, StoreUnavailable
 
 __all__ = [
     "GENESIS_HASH",
@@ -115,6 +116,19 @@ _SCHEMA = (
 )
 
 
+RECORD_WAIT_ENV = "SANDCELL_RECORD_WAIT_S"
+_RECORD_WAIT_S = 300.0
+
+
+def _record_wait_s() -> float:
+    """How long an append waits for an unreachable shared database before it gives up:
+    ``$SANDCELL_RECORD_WAIT_S``, else five minutes."""
+    try:
+        return max(0.0, float(os.environ.get(RECORD_WAIT_ENV, _RECORD_WAIT_S)))
+    except ValueError:
+        return _RECORD_WAIT_S
+
+
 def default_audit_path() -> Path:
     """Where the audit log lives unless told otherwise.
 
@@ -153,6 +167,7 @@ class AuditLog(PrivateStore):
 
     _error = AuditError
     _what = "audit log"
+    _pg_schema = "sandcell_audit"
 
     def __init__(self, path: Path) -> None:
         """Open the log at ``path``, creating the file, its parent directories and the schema.
@@ -187,6 +202,24 @@ class AuditLog(PrivateStore):
             canonical = canonical_json(record)
         except (TypeError, ValueError) as e:
             raise AuditError(f"record of run {run_id} is not JSON-serialisable: {e}") from e
+        # While the shared database is unreachable the run's answer waits for its record:
+        # a run is never answered without one (on SQLite this never loops).
+        deadline = time.monotonic() + _record_wait_s()
+        pause = 0.05
+        retried = False
+        while True:
+            try:
+                return self._append_once(run_id, canonical, retried=retried)
+            except StoreUnavailable:
+                if time.monotonic() + pause > deadline:
+                    raise
+            retried = True
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    def _append_once(self, run_id: str, canonical: str, *, retried: bool) -> AuditEntry:
+        """One try of :meth:`append`. ``retried``: an earlier try lost its connection, perhaps
+        after its commit went through; finding the very same record then is that commit."""
         created_at = datetime.now(UTC).isoformat(timespec="microseconds")
         with self._lock:
             conn = self._connection()
@@ -197,7 +230,7 @@ class AuditLog(PrivateStore):
                     head = conn.execute("SELECT count, hash FROM head WHERE id = 1").fetchone()
                     if head is None:
                         raise AuditError(
-                            f"audit log {self.path} has lost its head row, so new entries cannot "
+                            f"audit log {self.where} has lost its head row, so new entries cannot "
                             "be chained; it was edited outside sandcell. Keep it for inspection "
                             f"and {_FIX}"
                         )
@@ -214,13 +247,20 @@ class AuditLog(PrivateStore):
                     conn.execute("UPDATE head SET count = ?, hash = ? WHERE id = 1", (seq, digest))
             except sqlite3.IntegrityError as e:
                 if "run_id" in str(e):
-                    raise AuditError(f"run {run_id} is already in the audit log {self.path}") from e
+                    stored = conn.execute(_SELECT + " WHERE run_id = ?", (run_id,)).fetchone()
+                    if retried and stored is not None and str(stored[3]) == canonical:
+                        return self._entry(stored)
+                    raise AuditError(
+                        f"run {run_id} is already in the audit log {self.where}"
+                    ) from e
                 raise AuditError(
-                    f"audit log {self.path} is inconsistent ({e}); run verify to see what was "
+                    f"audit log {self.where} is inconsistent ({e}); run verify to see what was "
                     "changed outside sandcell"
                 ) from e
             except sqlite3.Error as e:
-                raise AuditError(f"cannot append run {run_id} to audit log {self.path}: {e}") from e
+                raise self._failed(
+                    e, f"cannot append run {run_id} to audit log {self.where}: {e}"
+                ) from e
         return AuditEntry(
             seq=seq,
             run_id=run_id,
@@ -260,7 +300,7 @@ class AuditLog(PrivateStore):
                         )
                     row = matches[0] if matches else None
             except sqlite3.Error as e:
-                raise AuditError(f"cannot read audit log {self.path}: {e}") from e
+                raise self._failed(e, f"cannot read audit log {self.where}: {e}") from e
         return None if row is None else self._entry(row)
 
     def list(self, limit: int = 20, offset: int = 0) -> builtins.list[AuditEntry]:
@@ -274,7 +314,7 @@ class AuditLog(PrivateStore):
                     _SELECT + " ORDER BY seq DESC LIMIT ? OFFSET ?", (limit, offset)
                 ).fetchall()
             except sqlite3.Error as e:
-                raise AuditError(f"cannot read audit log {self.path}: {e}") from e
+                raise self._failed(e, f"cannot read audit log {self.where}: {e}") from e
         return [self._entry(r) for r in rows]
 
     def count(self) -> int:
@@ -284,7 +324,7 @@ class AuditLog(PrivateStore):
             try:
                 return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
             except sqlite3.Error as e:
-                raise AuditError(f"cannot read audit log {self.path}: {e}") from e
+                raise self._failed(e, f"cannot read audit log {self.where}: {e}") from e
 
     # --- verification -----------------------------------------------------------------------
 
@@ -307,23 +347,23 @@ class AuditLog(PrivateStore):
                     except sqlite3.OperationalError:
                         heads = []  # the head table itself was dropped
             except sqlite3.Error as e:
-                raise AuditError(f"cannot read audit log {self.path}: {e}") from e
+                raise self._failed(e, f"cannot read audit log {self.where}: {e}") from e
         return verify_rows(rows, heads)
 
     # --- internals --------------------------------------------------------------------------
 
-    def _check_schema(self, conn: sqlite3.Connection) -> None:
+    def _check_schema(self, conn: StoreConnection) -> None:
         """Refuse an existing log this sandcell cannot use (called while it is opened)."""
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version > _SCHEMA_VERSION:
             raise AuditError(
-                f"audit log {self.path} has schema version {version}, newer than this sandcell "
+                f"audit log {self.where} has schema version {version}, newer than this sandcell "
                 f"understands ({_SCHEMA_VERSION}); upgrade sandcell, or {_FIX}"
             )
         tables = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
         if tables.fetchone() is None:
             raise AuditError(
-                f"audit log {self.path} has lost its runs table: it was edited outside sandcell. "
+                f"audit log {self.where} has lost its runs table: it was edited outside sandcell. "
                 f"Keep it for inspection and {_FIX}"
             )
         # A missing head table is left for verify to report (append refuses to chain).
@@ -334,7 +374,7 @@ class AuditLog(PrivateStore):
             parsed = json.loads(str(record))
         except json.JSONDecodeError as e:
             raise AuditError(
-                f"record of run {run_id} (seq {seq}) in {self.path} is not valid JSON: it was "
+                f"record of run {run_id} (seq {seq}) in {self.where} is not valid JSON: it was "
                 "edited outside sandcell; run verify"
             ) from e
         return AuditEntry(

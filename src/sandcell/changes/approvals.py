@@ -64,6 +64,7 @@ def _now() -> str:
 class ChangeApprovals(PrivateStore):
     _error = ChangeApprovalError
     _what = "change approval store"
+    _pg_schema = "sandcell_changes"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, application_id=_APPLICATION_ID, schema=(_SCHEMA,))
@@ -104,7 +105,7 @@ class ChangeApprovals(PrivateStore):
     def list(self, run_id: str | None = None) -> list[ChangeApproval]:
         with self._txn(write=False) as conn:
             rows = conn.execute(
-                "SELECT * FROM change_approvals WHERE ? IS NULL OR run_id = ? "
+                "SELECT * FROM change_approvals WHERE CAST(? AS TEXT) IS NULL OR run_id = ? "
                 "ORDER BY decided_at DESC LIMIT 100",
                 (run_id, run_id),
             ).fetchall()

@@ -41,7 +41,7 @@ from typing import Any, TypeVar, cast
 
 import platformdirs
 
-from sandcell._sqlite import PrivateStore
+from sandcell._sqlite import PrivateStore, StoreConnection
 from sandcell.errors import ConfigError
 from sandcell.policy.tool_tickets import (
     ARGS_JSON_COLUMN,
@@ -294,6 +294,7 @@ class ApprovalStore(PrivateStore):
 
     _error = ApprovalError
     _what = "approval store"
+    _pg_schema = "sandcell_approvals"
 
     def __init__(self, path: Path) -> None:
         """Open (creating file 0600, parents 0700, schema) the store at ``path``."""
@@ -551,7 +552,7 @@ class ApprovalStore(PrivateStore):
             return self._tool_ticket(self._find_tool(conn, ticket.id))
 
     @staticmethod
-    def _expire_overdue(conn: sqlite3.Connection) -> None:
+    def _expire_overdue(conn: StoreConnection) -> None:
         """Pending tool tickets past their deadline become expired (their waiter may be gone)."""
         now = now_utc()
         rows = conn.execute(
@@ -569,7 +570,7 @@ class ApprovalStore(PrivateStore):
                     ),
                 )
 
-    def _find_tool(self, conn: sqlite3.Connection, id_or_prefix: str) -> Any:
+    def _find_tool(self, conn: StoreConnection, id_or_prefix: str) -> Any:
         key = id_or_prefix.strip().lower()
         if not is_tool_ticket_id(key) and self._exists(conn, "approvals", key):
             raise ApprovalError(
@@ -593,13 +594,13 @@ class ApprovalStore(PrivateStore):
                     "give more characters"
                 )
         raise ApprovalError(
-            f"no tool call approval {key!r} in {self.path}; tool call ids start with "
+            f"no tool call approval {key!r} in {self.where}; tool call ids start with "
             f"{_TOOL_PREFIX!r}; give the full id or a unique prefix of at least {MIN_PREFIX} "
             "characters (see `sandcell approvals list`)"
         )
 
     @staticmethod
-    def _exists(conn: sqlite3.Connection, table: str, key: str) -> bool:
+    def _exists(conn: StoreConnection, table: str, key: str) -> bool:
         """Whether ``table`` has the id ``key`` (or, from MIN_PREFIX characters, one starting
         with it): used to name the other kind of ticket when an id is given to the wrong one."""
         row = conn.execute(_FIRST_FROM[table], (key,)).fetchone()
@@ -611,7 +612,7 @@ class ApprovalStore(PrivateStore):
 
     # --- internals ----------------------------------------------------------------------------
 
-    def _find(self, conn: sqlite3.Connection, id_or_prefix: str) -> Any:
+    def _find(self, conn: StoreConnection, id_or_prefix: str) -> Any:
         key = id_or_prefix.strip().lower()
         row = conn.execute(_SELECT + " WHERE id = ?", (key,)).fetchone()
         if row is not None:
@@ -634,7 +635,7 @@ class ApprovalStore(PrivateStore):
                 f"with ApprovalStore.approve_tool or deny_tool (sandcell approve {key})"
             )
         raise ApprovalError(
-            f"no approval {key!r} in {self.path}; give the full id or a unique prefix of at least "
+            f"no approval {key!r} in {self.where}; give the full id or a unique prefix of at least "
             f"{MIN_PREFIX} characters (see `sandcell approvals list`)"
         )
 
@@ -645,7 +646,7 @@ class ApprovalStore(PrivateStore):
             profile, findings = json.loads(col["profile"]), json.loads(col["findings"])
         except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
             raise ApprovalError(
-                f"approval {col['id']} in {self.path} is corrupt ({e}): edited outside sandcell"
+                f"approval {col['id']} in {self.where} is corrupt ({e}): edited outside sandcell"
             ) from e
         # Both hashes: the code is what the approver reads, but inputs, env and limits are as
         # much a part of "the same run".
@@ -674,7 +675,7 @@ class ApprovalStore(PrivateStore):
             )
 
     def _update(
-        self, conn: sqlite3.Connection, id_: str, status: str, by: str, reason: str | None
+        self, conn: StoreConnection, id_: str, status: str, by: str, reason: str | None
     ) -> Ticket:
         conn.execute(
             "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, decision_reason = ? "

@@ -245,6 +245,7 @@ class TenantStore(PrivateStore):
 
     _error = TenantError
     _what = "service store"
+    _pg_schema = "sandcell_service"
 
     def __init__(self, path: Path) -> None:
         super().__init__(
@@ -656,7 +657,7 @@ class TenantStore(PrivateStore):
             try:
                 row: Sequence[object] | None = conn.execute(sql, args).fetchone()
             except sqlite3.Error as e:
-                raise self._error(f"{self._what} {self.path}: {e}") from e
+                raise self._error(f"{self._what} {self.where}: {e}") from e
         return row
 
     def cpu_ms_today(self, tenant: str) -> float:
