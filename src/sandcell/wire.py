@@ -29,6 +29,7 @@ Errors (``code``: the row's name, shown in MCP tool errors)::
     QuotaExceeded (client)  quota_exceeded          75  429  429 resource_exhausted   yes
     IsolationUnavailable    isolation_unavailable   78  503  503 unavailable          no
     InfraError              infra_error             75  503  503 unavailable          yes
+    StoreUnavailable        store_unavailable       75  503  503 unavailable          yes
     AuditError              audit_error             78  500  500 internal             no
     ModelError              model_error             75  500  500 internal             no
     ModelRateLimited        model_rate_limited      75  500  500 internal             yes
@@ -313,6 +314,17 @@ ERRORS: Mapping[str, ErrorWire] = MappingProxyType(
             http_status=503,
             e2b_status=503,
             retryable=True,
+        ),
+        # The shared database is down or restarting: answered with Retry-After, and its
+        # address stays in the service's log.
+        "sandcell.errors.StoreUnavailable": ErrorWire(
+            code="store_unavailable",
+            exit_code=EXIT_INFRA,
+            http_status=503,
+            e2b_status=503,
+            retryable=True,
+            public=False,
+            detail="the service's database cannot be reached just now; retry shortly",
         ),
         "sandcell.errors.AuditError": ErrorWire(
             code="audit_error",

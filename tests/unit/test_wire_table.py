@@ -46,6 +46,7 @@ from sandcell.errors import (
     ModelError,
     ModelRateLimited,
     SandcellError,
+    StoreUnavailable,
 )
 from sandcell.mcp.content import ContentLimits, run_content
 from sandcell.mcp.tools import _tool_errors
@@ -135,6 +136,7 @@ SAMPLES: list[SandcellError] = [
     QuotaExceeded("over quota", detail="3 runs at once", retry_after_s=2.0),
     IsolationUnavailable("gvisor", "runsc is not installed", "install gVisor's runsc"),
     InfraError("the sandbox could not be spawned"),
+    StoreUnavailable("audit log: lost the connection to postgresql://db/sandcell"),
     AuditError("the audit log is locked"),
     ModelError("the provider refused the key", status=401),
     ModelRateLimited("slow down", retry_after_s=1.0),

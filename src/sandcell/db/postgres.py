@@ -14,9 +14,10 @@ PostgreSQL connection that shape, so no store has two code paths:
   chain stays one chain under concurrent appends; a plain ``BEGIN`` reads one snapshot
   (REPEATABLE READ);
 * errors: PostgreSQL's integrity errors are raised as :class:`sqlite3.IntegrityError`
-  subclasses and its other errors as :class:`sqlite3.DatabaseError` ones, so a store's handlers
-  serve both; a lost or refused connection is :class:`DatabaseUnavailable` (an
-  ``OperationalError``), and the next call connects again;
+  subclasses and its other errors as :class:`sqlite3.DatabaseError` ones (each also a
+  :class:`~sandcell.errors.SandcellError`), so a store's handlers serve both; a lost or
+  refused connection is :class:`DatabaseUnavailable` (an ``OperationalError``), and the next
+  call connects again;
 * ``numeric`` values (PostgreSQL's ``sum`` of a ``bigint``) come back as ``int``, as SQLite's do.
 
 The store's tables live in a PostgreSQL schema of its own (``search_path`` is set on connect),
@@ -34,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sandcell.db.url import redacted
+from sandcell.errors import SandcellError
 
 if TYPE_CHECKING:
     import psycopg
@@ -51,16 +53,16 @@ CONNECT_TIMEOUT_S = 10
 """How long a connection attempt may take before the database counts as unreachable."""
 
 
-class DatabaseUnavailable(sqlite3.OperationalError):
+class DatabaseUnavailable(sqlite3.OperationalError, SandcellError):
     """PostgreSQL cannot be reached (refused, restarting, the connection dropped): nothing of the
     statement that raised it was committed unless the loss came after the COMMIT was sent."""
 
 
-class PgIntegrityError(sqlite3.IntegrityError):
+class PgIntegrityError(sqlite3.IntegrityError, SandcellError):
     """A constraint PostgreSQL enforced (unique key, check, not null)."""
 
 
-class PgDatabaseError(sqlite3.DatabaseError):
+class PgDatabaseError(sqlite3.DatabaseError, SandcellError):
     """Any other error PostgreSQL answered with."""
 
 

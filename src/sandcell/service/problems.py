@@ -18,13 +18,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandcell.errors import AuditError, SandcellError
+from sandcell.errors import AuditError, SandcellError, StoreUnavailable
 from sandcell.wire import error_wire, title
 
 __all__ = ["BodyLimit", "ServiceProblem", "install_handlers", "problem_response"]
 
 log = logging.getLogger("sandcell.service")
 PROBLEM_JSON = "application/problem+json"
+STORE_RETRY_AFTER_S = 2
+"""What a 503 for an unreachable database tells the client to wait: a restart takes seconds."""
 
 
 class ServiceProblem(SandcellError):
@@ -102,6 +104,11 @@ def install_handlers(app: FastAPI) -> None:
             if row.http_status == 400:  # a refused request; an ended session is not one
                 count(request, row.http_status)
             return problem_response(row.http_status, str(exc))
+        if isinstance(exc, StoreUnavailable):
+            log.error("database unreachable on %s %s: %s", request.method, request.url.path, exc)
+            count(request, row.http_status)
+            headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
+            return problem_response(row.http_status, row.detail, headers=headers)
         if isinstance(exc, AuditError):
             log.error("audit log error on %s %s: %s", request.method, request.url.path, exc)
             return problem_response(row.http_status, row.detail)
