@@ -29,7 +29,7 @@ from sandcell.home_guard import HomeGuard
 from sandcell.packages import WheelCache
 from sandcell.pipeline import PostCollect as PostCollect  # noqa: PLC0414 - re-exported
 from sandcell.pipeline import execute, not_run, outside, prepare
-from sandcell.pipeline.backends import Backends
+from sandcell.pipeline.backends import Backends, Placement
 from sandcell.pipeline.outside import host_secrets as host_secrets  # noqa: PLC0414 - re-exported
 from sandcell.policy import approval_flow
 from sandcell.policy.approval_flow import ApprovalCallback as ApprovalCallback  # noqa: PLC0414
@@ -76,12 +76,15 @@ class Executor(SessionCalls):
         warm: WarmConfig | None = None,
         tool_approver: Approver | None = None,
         resolver: Resolver | None = None,
+        cluster: Placement | None = None,
     ) -> None:
         """``tool_approver`` answers a governed tool call that needs approval while its run
         waits (None: the approval queue, where a person decides with ``sandcell approve`` or
         ``sandcell deny`` before the run's wall time is up; see
         :mod:`sandcell.tools.queue_approver`); ``resolver`` is the name lookup of the egress
-        proxy (default: the host's)."""
+        proxy (default: the host's). ``cluster``: place each run on a node of a cluster
+        (:class:`sandcell.cluster.Cluster`; warm starts are then the nodes' own) instead of
+        running it on this host; its owner closes it."""
         base = home or data_dir()
         # The profile when a run names none: the argument, $SANDCELL_PROFILE, else strict.
         from_env = os.environ.get("SANDCELL_PROFILE") if profile is None else None
@@ -95,7 +98,7 @@ class Executor(SessionCalls):
             # A name the caller never typed: say where it came from.
             raise ConfigError(f"$SANDCELL_PROFILE: {exc}") from None
         # The rung the caller asked for, else each run's profile's (pipeline/backends.py).
-        self._backends = Backends(backend, warm)
+        self._backends = Backends(backend, warm, placement=cluster)
         self.backend: Backend = self.backend_for(self.profile)
         """The backend of a run under the executor's own profile."""
         self.audit = audit or AuditLog(base / "audit.sqlite3")

@@ -10,152 +10,32 @@ cluster with the head alone.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import json
-import os
-import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'sandcell[ray]'")
 
+from tests.ray_cluster import Cluster, kill_node, local_cluster
+
 pytestmark = pytest.mark.slow
 
-RAY = Path(sys.executable).with_name("ray")
 SLOTS_PER_NODE = 2
-START_TIMEOUT_S = 300
-
-
-@dataclass(frozen=True)
-class Cluster:
-    address: str
-    root: Path
-    """Holds every node's --temp-dir: a process whose command line names it is the cluster's."""
-    homes: dict[str, Path]
-    """Node name (head, worker) → its sandcell home."""
-    temp_dirs: dict[str, Path]
-    sessions: dict[str, int]
-    """Node name → the session its processes run in."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _session_of(stat: bytes) -> int:
-    # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-    return int(stat.rsplit(b")", 1)[1].split()[3])
-
-
-def _node_pids(sessions: set[int], marker: str) -> list[int]:
-    """The processes of the cluster's nodes: each node's ``ray start`` ran in a session of its
-    own, which every process it started keeps; ``marker`` (the temp dir) in a command line or
-    environment is a backstop (Ray's agents overwrite both with their titles)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            session = _session_of((entry / "stat").read_bytes())
-            seen = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if session in sessions or marker.encode() in seen:
-            found.append(int(entry.name))
-    return found
-
-
-def _kill_all(sessions: set[int], marker: str) -> None:
-    for _ in range(50):
-        pids = _node_pids(sessions, marker)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
-def _ray_start(args: list[str], home: Path, temp_dir: Path) -> tuple[int, str]:
-    """Start a node in a session of its own; returns that session's id and what it said."""
-    env = {
-        **os.environ,
-        "SANDCELL_HOME": str(home),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        # A killed node is noticed in about 3 s rather than the default 15.
-        "RAY_health_check_period_ms": "1000",
-        "RAY_health_check_failure_threshold": "3",
-    }
-    cmd = [
-        str(RAY),
-        "start",
-        *args,
-        f"--temp-dir={temp_dir}",
-        "--num-cpus=1",
-        f"--resources={json.dumps({'sandcell_slots': SLOTS_PER_NODE})}",
-        "--object-store-memory=100000000",
-        "--disable-usage-stats",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        said, _ = proc.communicate(timeout=START_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        said, _ = proc.communicate()
-        pytest.fail(f"ray start took over {START_TIMEOUT_S} s: {said[-800:]}")
-    if proc.returncode != 0:
-        _kill_all({proc.pid}, str(temp_dir))
-        pytest.skip(f"Ray cannot start a node here: {said[-800:]}")
-    return proc.pid, said
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    # Short paths: Ray's unix sockets live under --temp-dir, and socket paths are limited.
-    root = Path(tempfile.mkdtemp(prefix="scray-", dir="/tmp"))
-    homes = {"head": root / "home-head", "worker": root / "home-worker"}
-    temps = {"head": root / "h", "worker": root / "w"}
-    sessions: dict[str, int] = {}
-    try:
-        sessions["head"], said = _ray_start(
-            ["--head", f"--port={_free_port()}", "--include-dashboard=false"],
-            homes["head"],
-            temps["head"],
-        )
-        # The head says where it listens (the node's address, which Ray chooses).
-        found = re.search(r"ray start --address='([^']+)'", said)
-        assert found, f"the head did not say its address: {said[-800:]}"
-        address = found.group(1)
-        sessions["worker"], _ = _ray_start(
-            [f"--address={address}"], homes["worker"], temps["worker"]
-        )
-        yield Cluster(address=address, root=root, homes=homes, temp_dirs=temps, sessions=sessions)
-    finally:
-        _kill_all(set(sessions.values()), str(root))
-        shutil.rmtree(root, ignore_errors=True)
+    with local_cluster(("head", "worker"), slots=SLOTS_PER_NODE) as started:
+        yield started
 
 
 def _write_tasks(path: Path, count: int, *, sleep_s: float, export: bool = False) -> list[str]:
@@ -412,7 +292,7 @@ def test_a_node_killed_mid_batch_loses_no_result(cluster: Cluster, tmp_path: Pat
         time.sleep(0.1)
     assert driver.poll() is None, "the batch ended before the worker node could be killed"
     # The worker node goes the way a crashed machine does: its raylet and every process of it.
-    _kill_all({cluster.sessions["worker"]}, str(cluster.temp_dirs["worker"]))
+    kill_node(cluster, "worker")
     out, err = driver.communicate(timeout=300)
     assert driver.returncode == 0, err[-3000:]
     lines = _lines(results)

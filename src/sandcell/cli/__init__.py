@@ -37,6 +37,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("mcp", "handle"),
     "serve": ("serve", "handle"),
     "tenants": ("tenants", "handle"),
+    "cluster": ("cluster", "handle"),
 }
 # The order of the commands in --help; modules that add several commands at once.
 _MODULES = (
@@ -52,6 +53,7 @@ _MODULES = (
     "mcp",
     "serve",
     "tenants",
+    "cluster",
     "policy",
     "approvals",
     "changes",

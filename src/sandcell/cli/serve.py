@@ -6,10 +6,14 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandcell.cli.options import add_backend_option
 from sandcell.errors import ConfigError
 from sandcell.home import data_dir
+
+if TYPE_CHECKING:
+    from sandcell.cluster import Cluster
 
 DEFAULT_PORT = 8790
 
@@ -69,7 +73,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a file holding the operator key /metrics asks for (Authorization: Bearer KEY), "
         "from any address; without it /metrics answers loopback and the local socket only",
     )
+    s.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="place runs on the nodes of a Ray cluster: 'auto' (the cluster this machine is "
+        "part of), HOST:PORT of its head, or ray://HOST:PORT; --start and --pool-size then "
+        "set the warm starts of each node agent this service starts (docs/cluster.md)",
+    )
     add_backend_option(s)
+
+
+def _connect_cluster(args: argparse.Namespace, home: Path) -> Cluster | None:
+    """The cluster of ``--cluster``, connected, or None without it."""
+    if args.cluster is None:
+        return None
+    from sandcell.backends.warm import WarmConfig
+    from sandcell.cluster import Cluster
+
+    warm = None if args.start == "cold" else WarmConfig(mode=args.start, pool_size=args.pool_size)
+    return Cluster.connect(args.cluster, home=home, warm=warm)
 
 
 def _metrics_key_sha256(path: Path | None) -> str | None:
@@ -147,23 +169,33 @@ def handle(args: argparse.Namespace) -> int:
             tenants.get(args.local_tenant)  # a name that is no tenant is refused now, not later
     sockets = [bind_tcp(args.host, args.port)]
     socket_path = None if args.no_socket else (args.socket or default_socket(home))
+    cluster = None
     try:
         if socket_path is not None:
             sockets.append(bind_unix(socket_path))
+        cluster = _connect_cluster(args, home)
         service = make_service(
             config,
             backend=getattr(args, "backend", None),
             start=args.start,
             pool_size=args.pool_size,
+            cluster=cluster,
         )
     except BaseException:
         for s in sockets:
             s.close()
+        if cluster is not None:
+            cluster.close()
         raise
     host, port = sockets[0].getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     where = f"http://{shown}:{port}" + (f" and unix:{socket_path}" if socket_path else "")
-    print(f"sandcell: serving on {where} (home {home})", flush=True)
-    run_server(create_app(service), sockets)
+    on = f", runs on the cluster at {args.cluster}" if cluster is not None else ""
+    print(f"sandcell: serving on {where} (home {home}{on})", flush=True)
+    try:
+        run_server(create_app(service), sockets)
+    finally:
+        if cluster is not None:
+            cluster.close()
     print("sandcell: stopped", file=sys.stderr)
     return 0

@@ -3,14 +3,16 @@
 The rung is the one the executor was asked for (a name, a backend object, else
 ``$SANDCELL_BACKEND``), or, when none was, the one each run's profile chooses; a profile refuses
 a rung below its minimum. With warm starts there is one backend per rung and runtime (a template
-or pool is made of one runtime).
+or pool is made of one runtime). With a placement (a cluster, :mod:`sandcell.cluster`), the
+backend of a rung and runtime is the placement's: its runs go to other nodes, and warm starts are
+those nodes' own.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sandcell.backends.base import Backend
 from sandcell.backends.registry import BackendName, check_name, create_backend, requested_backend
@@ -24,14 +26,35 @@ if TYPE_CHECKING:
     from sandcell.backends.warm import WarmConfig
 
 
+class Placement(Protocol):
+    """Where the runs of an executor go when not to this host's backends (a Ray cluster)."""
+
+    def backend(self, rung: BackendName, runtime: str) -> Backend:
+        """The backend of runs on ``rung`` in ``runtime``."""
+        ...
+
+
 class Backends:
     """The backends of one executor; thread-safe."""
 
-    def __init__(self, backend: Backend | str | None, warm: WarmConfig | None) -> None:
+    def __init__(
+        self,
+        backend: Backend | str | None,
+        warm: WarmConfig | None,
+        *,
+        placement: Placement | None = None,
+    ) -> None:
         """``backend``: the rung asked for, by name or as a backend object (kept as is); None:
         ``$SANDCELL_BACKEND``, else each profile's. ``warm``: the warm starts of the backends
-        built here (ConfigError with a backend object, which was built without them)."""
+        built here (ConfigError with a backend object, which was built without them).
+        ``placement``: build each rung's backend there instead of on this host."""
+        if placement is not None and warm is not None:
+            raise ConfigError(
+                "warm starts of a cluster are its nodes': give them to the cluster, not the "
+                "executor"
+            )
         self._warm = warm
+        self._placement = placement
         self._built: dict[str, Backend] = {}
         self._lock = threading.Lock()
         self.requested: BackendName | None
@@ -84,10 +107,14 @@ class Backends:
     ) -> Backend:
         """The backend of rung ``name``; with warm starts, of ``runtime`` too (its template
         or pool preloads what the ``profile`` that first needed it says)."""
-        key = name if self._warm is None or runtime == DEFAULT_RUNTIME else f"{name}:{runtime}"
+        plain = self._warm is None and self._placement is None
+        key = name if plain or runtime == DEFAULT_RUNTIME else f"{name}:{runtime}"
         with self._lock:
             found = self._built.get(key)
-            if found is None:
+            if found is None and self._placement is not None:
+                found = self._placement.backend(check_name(name), runtime)
+                self._built[key] = found
+            elif found is None:
                 warm = self._warm
                 if warm is not None:
                     preload = profile.runtime.preload if profile is not None else None

@@ -19,7 +19,7 @@ from sandcell.artifacts import ExportLimits, collect_exports, validate_globs
 from sandcell.audit.record import utc_now
 from sandcell.backends.base import Backend, BackendResult
 from sandcell.display import DisplayCollection, take_outputs
-from sandcell.errors import InfraError
+from sandcell.errors import ConfigError, InfraError
 from sandcell.inputs import inspect_inputs
 from sandcell.pipeline.finish import Books, finish
 from sandcell.pipeline.validators import Validators
@@ -80,6 +80,13 @@ def execute(
 ) -> RunResult:
     """Run ``request`` (admitted under ``profile``) on ``backend`` and finish it: the result is
     recorded. A backend's InfraError becomes an ``infra_error`` result, recorded like any."""
+    if post_collect is not None and getattr(backend, "collects_elsewhere", False):
+        # A backend whose workspace is on another machine (a cluster's node) collects there
+        # and never calls this host's collector: the hook would silently not run.
+        raise ConfigError(
+            "this run reshapes its exports on this host (the changes workflow, --workdir-from), "
+            "which needs its workspace here; run it without --cluster"
+        )
     globs = validate_globs(request.exports)
     inputs = inspect_inputs(request.inputs)
     run_id = run_id or uuid.uuid4().hex

@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import FastAPI
 from starlette.applications import Starlette
@@ -31,6 +31,9 @@ from sandcell.service.core import Service, ServiceConfig
 from sandcell.service.mcp_mount import MCP_PATH
 from sandcell.service.problems import BodyLimit, install_handlers
 
+if TYPE_CHECKING:
+    from sandcell.pipeline.backends import Placement
+
 __all__ = ["API_VERSION", "StartMode", "create_app", "make_service"]
 
 log = logging.getLogger("sandcell.service")
@@ -44,11 +47,16 @@ def make_service(
     backend: str | None = None,
     start: StartMode = "cold",
     pool_size: int = 4,
+    cluster: Placement | None = None,
 ) -> Service:
     """A service with its one executor on ``config.home`` (``backend``: the rung every run
-    must get, else each profile's own; ``start``: how namespaces runs of Python start)."""
+    must get, else each profile's own; ``start``: how namespaces runs of Python start).
+    ``cluster``: runs go to its nodes (:class:`sandcell.cluster.Cluster`, whose warm starts
+    are its nodes' own, so ``start`` does not apply here); its owner closes it."""
     from sandcell.executor import Executor
 
+    if cluster is not None:
+        return Service(config, Executor(home=config.home, backend=backend, cluster=cluster))
     warm = None
     if start != "cold":
         from sandcell.backends.warm import WarmConfig

@@ -1,0 +1,384 @@
+"""A replica's view of the cluster: one agent per node, what each advertises, and placement.
+
+:class:`Cluster` finds the live nodes offering ``sandcell_slots`` (``ray.nodes()``), gets or
+starts each node's agent (a named detached actor ``sandcell-node-<node id>`` in the ``sandcell``
+namespace, pinned to its node: every replica reaches the same one), and asks each what it offers
+(:class:`~sandcell.cluster.wire.NodeReport`) every ``refresh_s`` on a thread of its own, so that
+placing a run costs no call to the cluster. A node whose agent or raylet is gone is dropped at
+once (a run that meets it ends ``node lost``) and taken on again only when Ray shows it alive.
+
+Placement (:meth:`Cluster.take`): among the nodes offering the rung, those with a free slot
+first; among them, a node whose warm pool for the runtime has a start waiting; then the least
+loaded (runs in flight over slots, this replica's count or the node's own report, whichever is
+higher: other replicas' runs count too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from sandcell.artifacts import ArtifactStore, ExportLimits
+from sandcell.backends.registry import BackendName
+from sandcell.cluster.agent import RUNG_RESOURCE, NodeAgent
+from sandcell.cluster.connect import NAMESPACE, connect
+from sandcell.cluster.store_id import store_identity
+from sandcell.cluster.wire import NodeReport
+from sandcell.errors import IsolationUnavailable
+from sandcell.home import SHARED_DIR_ENV, bulk_dir
+from sandcell.ray._ray import SLOTS
+from sandcell.ray.nodes import no_nodes_hint
+
+if TYPE_CHECKING:
+    from sandcell.backends.warm import WarmConfig
+    from sandcell.cluster.backend import ClusterBackend
+
+log = logging.getLogger(__name__)
+
+AGENT_PREFIX = "sandcell-node-"
+START_TIMEOUT_S = 120.0
+"""How long a node's agent may take to start (a worker process, the host probe)."""
+CONTROL_CALLS = 8
+"""Threads of an agent beside its runs: describe, cancel, prepare."""
+QUEUE_FACTOR = 8
+"""Runs an agent takes per slot (the rest wait for a slot there); more wait in Ray's queue."""
+
+
+def agent_name(node_id: str) -> str:
+    return f"{AGENT_PREFIX}{node_id}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """A live node with sandcell slots, as ``ray.nodes()`` says."""
+
+    node_id: str
+    address: str
+    slots: int
+    declared_rungs: tuple[str, ...]
+
+
+def sandcell_nodes(ray: ModuleType) -> tuple[NodeSpec, ...]:
+    """The live nodes offering at least one ``sandcell_slots``, with the rungs they declare."""
+    found = []
+    for info in ray.nodes():
+        if not info.get("Alive"):
+            continue
+        resources = info.get("Resources", {})
+        slots = int(float(resources.get(SLOTS, 0)))
+        if slots < 1:
+            continue
+        declared = tuple(
+            sorted(k.removeprefix(RUNG_RESOURCE) for k in resources if k.startswith(RUNG_RESOURCE))
+        )
+        found.append(
+            NodeSpec(
+                node_id=str(info["NodeID"]),
+                address=str(info.get("NodeManagerAddress", "")),
+                slots=slots,
+                declared_rungs=declared,
+            )
+        )
+    return tuple(found)
+
+
+@dataclass(kw_only=True)
+class Member:
+    """A node's agent as this replica sees it (guarded by the cluster's lock)."""
+
+    spec: NodeSpec
+    actor: Any
+    report: NodeReport | None = None
+    pending: Any = None
+    """The describe call in flight, if any."""
+    in_flight: int = 0
+    """This replica's runs on the node now."""
+    sent: int = 0
+    """This replica's runs sent to the node in all (spreads ties)."""
+    alive: bool = True
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def node_id(self) -> str:
+        return self.spec.node_id
+
+    def load(self) -> int:
+        reported = self.report.running + self.report.queued if self.report else 0
+        return max(self.in_flight, reported)
+
+    def warm_for(self, rung: str, runtime: str) -> bool:
+        return self.report is not None and any(
+            p.rung == rung and p.runtime == runtime and p.ready > 0 for p in self.report.pools
+        )
+
+
+class Cluster:
+    """The nodes of a Ray cluster this process places runs on; thread-safe. Build it with
+    :meth:`connect` (or on an already connected ``ray``), close it when done."""
+
+    def __init__(
+        self,
+        ray: ModuleType,
+        *,
+        home: Path,
+        warm: WarmConfig | None = None,
+        export_limits: ExportLimits | None = None,
+        only_nodes: frozenset[str] | None = None,
+        refresh_s: float = 1.0,
+        owns_connection: bool = False,
+    ) -> None:
+        """``home``: this replica's home (its artifact store receives what nodes export).
+        ``warm``: the warm starts of an agent this replica starts (an agent keeps the config it
+        was started with). ``only_nodes``: place only on these node ids (benchmarks, draining).
+        """
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.ray = ray
+        self.store = ArtifactStore(bulk_dir(home) / "artifacts")
+        self.store_id = store_identity(self.store.root)
+        self.shared = _shared_dir()
+        self.export_limits = export_limits or ExportLimits()
+        self.warm = warm
+        self.only_nodes = only_nodes
+        self.own_node_id = str(ray.get_runtime_context().get_node_id())
+        self._affinity = NodeAffinitySchedulingStrategy
+        self._remote = ray.remote(NodeAgent)
+        self._owns_connection = owns_connection
+        self._lock = threading.Lock()
+        self._members: dict[str, Member] = {}
+        self._stop = threading.Event()
+        self.refresh(wait_s=START_TIMEOUT_S)
+        self._thread = threading.Thread(
+            target=self._refresh_loop, args=(refresh_s,), name="sandcell-cluster", daemon=True
+        )
+        self._thread.start()
+
+    @classmethod
+    def connect(cls, address: str, *, home: Path, **options: Any) -> Cluster:
+        """Connect to the cluster at ``address`` (:func:`sandcell.cluster.connect.connect`)."""
+        ray, connected = connect(address)
+        try:
+            return cls(ray, home=home, owns_connection=connected, **options)
+        except BaseException:
+            if connected:
+                ray.shutdown()
+            raise
+
+    def backend(self, rung: BackendName, runtime: str) -> ClusterBackend:
+        """The backend of runs on ``rung`` in ``runtime``, placed on this cluster's nodes."""
+        from sandcell.cluster.backend import ClusterBackend
+
+        return ClusterBackend(self, rung, runtime)
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def refresh(self, *, wait_s: float = 0.0) -> None:
+        """Take on new nodes, drop gone ones, and renew what each agent reports; waits up to
+        ``wait_s`` for agents that have not reported yet."""
+        live = {n.node_id: n for n in sandcell_nodes(self.ray)}
+        if self.only_nodes is not None:
+            live = {k: v for k, v in live.items() if k in self.only_nodes}
+        with self._lock:
+            for node_id, member in list(self._members.items()):
+                if node_id not in live or not member.alive:
+                    del self._members[node_id]
+            new = [n for n in live.values() if n.node_id not in self._members]
+        for spec in new:
+            member = Member(spec=spec, actor=self._agent(spec))
+            with self._lock:
+                self._members[spec.node_id] = member
+        with self._lock:
+            members = list(self._members.values())
+            for m in members:
+                if m.pending is None:
+                    m.pending = m.actor.describe.remote()
+            pending = {m.pending: m for m in members}
+        deadline = time.monotonic() + wait_s
+        while pending:
+            ready, _ = self.ray.wait(
+                list(pending),
+                num_returns=len(pending),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
+            for ref in ready:
+                self._reported(pending.pop(ref), ref)
+            if not ready or time.monotonic() >= deadline:
+                break
+
+    def _agent(self, spec: NodeSpec) -> Any:
+        return self._remote.options(
+            name=agent_name(spec.node_id),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=spec.slots * QUEUE_FACTOR + CONTROL_CALLS,
+            scheduling_strategy=self._affinity(node_id=spec.node_id, soft=False),
+        ).remote(slots=spec.slots, declared_rungs=spec.declared_rungs, warm=self.warm)
+
+    def _reported(self, member: Member, ref: Any) -> None:
+        try:
+            report: NodeReport = self.ray.get(ref)
+        except Exception as exc:  # a dead agent or node, or an agent that could not start
+            log.warning("sandcell agent of node %s is gone: %s", member.node_id, _last_line(exc))
+            self.lost(member)
+            return
+        with self._lock:
+            member.report = report
+            member.pending = None
+
+    def lost(self, member: Member) -> None:
+        """Place nothing more on ``member``'s node until Ray shows its agent alive again."""
+        with self._lock:
+            member.alive = False
+            if self._members.get(member.node_id) is member:
+                del self._members[member.node_id]
+
+    def members(self) -> list[Member]:
+        with self._lock:
+            return [m for m in self._members.values() if m.alive and m.report is not None]
+
+    def reports(self) -> list[NodeReport]:
+        return [m.report for m in self.members() if m.report is not None]
+
+    def _refresh_loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                self.refresh()
+            except Exception as exc:  # the next round tries again; placement keeps the last view
+                log.warning("sandcell cluster refresh failed: %s", _last_line(exc))
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def take(self, rung: str, runtime: str, *, own_node: bool = False) -> Member:
+        """The node a run on ``rung`` in ``runtime`` goes to, counted in flight there until
+        :meth:`give_back`; ``own_node``: only this replica's own node (a run whose sockets
+        are on this host). Raises IsolationUnavailable when no node can take it."""
+        member = self._choose(rung, runtime, own_node)
+        if member is None:
+            # A node may have joined (or this replica's view be stale): look again, once.
+            self.refresh(wait_s=START_TIMEOUT_S)
+            member = self._choose(rung, runtime, own_node)
+        if member is None:
+            raise self._unavailable(rung, own_node)
+        return member
+
+    def _choose(self, rung: str, runtime: str, own_node: bool) -> Member | None:
+        with self._lock:
+            fit = [
+                m
+                for m in self._members.values()
+                if m.alive
+                and m.report is not None
+                and rung in m.report.rungs
+                and (not own_node or m.node_id == self.own_node_id)
+            ]
+            if not fit:
+                return None
+            best = min(
+                fit,
+                key=lambda m: (
+                    m.load() >= m.spec.slots,
+                    not m.warm_for(rung, runtime),
+                    m.load() / m.spec.slots,
+                    m.sent / m.spec.slots,
+                ),
+            )
+            best.in_flight += 1
+            best.sent += 1
+            return best
+
+    def give_back(self, member: Member) -> None:
+        with self._lock:
+            member.in_flight -= 1
+
+    def _unavailable(self, rung: str, own_node: bool) -> IsolationUnavailable:
+        if own_node:
+            return IsolationUnavailable(
+                rung,
+                "this run's profile reaches outside (egress proxy or governed tools), whose "
+                "sockets live in this replica's process, and this replica's own node "
+                f"({self.own_node_id}) runs no sandcell agent offering {rung}",
+                f"run the replica on a node of the cluster that offers {rung} (with "
+                f"{SLOTS}), or give such runs a profile without network or tools",
+            )
+        members = self.members()
+        if not members:
+            return IsolationUnavailable("cluster", no_nodes_hint(), f"start nodes with {SLOTS}")
+        offered = sorted({r for m in members for r in (m.report.rungs if m.report else ())})
+        return IsolationUnavailable(
+            rung,
+            f"no live node of the cluster offers it (offered: {', '.join(offered) or 'none'})",
+            f"add a node that can run {rung} (sandcell doctor there), or choose another rung",
+        )
+
+    @contextlib.contextmanager
+    def placed(self, rung: str, runtime: str, *, own_node: bool = False) -> Iterator[Member]:
+        member = self.take(rung, runtime, own_node=own_node)
+        try:
+            yield member
+        finally:
+            self.give_back(member)
+
+    def prepare(self, rung: str, runtime: str) -> list[NodeReport]:
+        """Build ``rung`` in ``runtime`` on every node offering it (warm pools fill now)."""
+        refs = [
+            m.actor.prepare.remote(rung, runtime)
+            for m in self.members()
+            if m.report is not None and rung in m.report.rungs
+        ]
+        reports: list[NodeReport] = self.ray.get(refs, timeout=START_TIMEOUT_S)
+        self.refresh(wait_s=START_TIMEOUT_S)
+        return reports
+
+    def close(self) -> None:
+        """Stop watching the cluster (the agents stay: other replicas use them)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        if self._owns_connection:
+            self.ray.shutdown()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _shared_dir() -> Path | None:
+    import os
+
+    value = os.environ.get(SHARED_DIR_ENV)
+    return Path(value).expanduser() if value else None
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [x.strip() for x in str(exc).strip().splitlines() if x.strip()]
+    return " | ".join(lines[-2:])[-400:] or type(exc).__name__
+
+
+def lost_errors(ray: ModuleType) -> tuple[type[BaseException], ...]:
+    """What Ray raises when a call's actor, worker or node is gone."""
+    e = ray.exceptions
+    return (e.RayActorError, e.WorkerCrashedError, e.ObjectLostError, e.NodeDiedError)
+
+
+__all__ = [
+    "AGENT_PREFIX",
+    "Cluster",
+    "Member",
+    "NodeSpec",
+    "agent_name",
+    "lost_errors",
+    "sandcell_nodes",
+]
