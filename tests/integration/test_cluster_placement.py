@@ -1,0 +1,249 @@
+"""Runs placed on the nodes of a real local Ray cluster (docs/cluster.md, "Nodes and placement").
+
+One cluster for the module: three ``ray start`` nodes on loopback, each with its own sandcell
+home, one CPU and two ``sandcell_slots``; node ``c`` declares ``sandcell_rung_namespaces`` alone,
+so it offers no other rung. The test process is the replica: an Executor whose runs the cluster
+places. The node kill comes last: it leaves the cluster with two nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'sandcell[ray]'")
+
+from tests.ray_cluster import Cluster, kill_node, local_cluster
+
+from sandcell.cluster import Cluster as Placement
+from sandcell.cluster.backend import ClusterBackend
+from sandcell.executor import Executor
+from sandcell.spec import InputFile, Outcome, RunRequest, RunResult
+
+pytestmark = pytest.mark.slow
+
+SLOTS_PER_NODE = 2
+WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Replica:
+    nodes: Cluster
+    placement: Placement
+    executor: Executor
+    home: Path
+    name_of: dict[str, str]
+    """Node id → node name (a, b, c)."""
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replica]:
+    with local_cluster(
+        ("a", "b", "c"),
+        slots=SLOTS_PER_NODE,
+        extra_resources={"c": {"sandcell_rung_namespaces": 1}},
+        prefix="sccl-",
+    ) as nodes:
+        home = tmp_path_factory.mktemp("replica-home")
+        placement = Placement.connect(nodes.address, home=home)
+        try:
+            reports = placement.reports()
+            by_home = {str(h): name for name, h in nodes.homes.items()}
+            name_of = {r.node_id: by_home[r.home] for r in reports}
+            assert sorted(name_of.values()) == ["a", "b", "c"], reports
+            executor = Executor(home=home, cluster=placement)
+            try:
+                yield Replica(nodes, placement, executor, home, name_of)
+            finally:
+                executor.close()
+        finally:
+            placement.close()
+
+
+def _node_of(replica: Replica, result: RunResult) -> str:
+    entry = replica.executor.audit.get(result.run_id)
+    assert entry is not None, f"run {result.run_id} has no record"
+    backend = entry.record["backend"]
+    assert isinstance(backend, dict)
+    return replica.name_of[str(backend["node_id"])]
+
+
+def _ticking(seconds: float) -> str:
+    """A program that says it started, then sleeps (stopped by a cancel or a node loss)."""
+    return f"import time\nprint('tick', flush=True)\ntime.sleep({seconds})\nprint('done')"
+
+
+def test_runs_spread_over_every_node_with_inputs_artifacts_and_output(
+    replica: Replica, tmp_path: Path
+) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("from the replica")
+    code = (
+        "import time\n"
+        "text = open('/inputs/data.txt').read()\n"
+        "open('out.txt', 'w').write(text.upper())\n"
+        "time.sleep(0.5)\n"
+        "print(text)"
+    )
+    request = RunRequest(
+        code=code, inputs=(InputFile(host_path=data, name="data.txt"),), exports=("out.txt",)
+    )
+    pieces: dict[int, list[str]] = {i: [] for i in range(6)}
+
+    def one(i: int) -> RunResult:
+        return replica.executor.run(request, on_output=lambda _s, t: pieces[i].append(t))
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    assert all(r.outcome is Outcome.OK for r in results), [r.reason for r in results]
+    assert all(r.stdout == "from the replica\n" for r in results)
+    assert all("".join(p) == "from the replica\n" for p in pieces.values()), pieces
+    placed = Counter(_node_of(replica, r) for r in results)
+    assert set(placed) == {"a", "b", "c"}, placed
+
+    # Each artifact is in the replica's store (the nodes' stores are other directories).
+    (artifact,) = results[0].artifacts
+    stored = replica.executor.store.path_for(artifact.sha256).read_bytes()
+    assert stored == b"FROM THE REPLICA"
+    assert hashlib.sha256(stored).hexdigest() == artifact.sha256
+    assert replica.executor.audit.verify().ok
+
+
+def test_a_node_without_a_rung_never_gets_it(replica: Replica) -> None:
+    offered = {replica.name_of[r.node_id]: r.rungs for r in replica.placement.reports()}
+    assert offered["c"] == ("namespaces",)
+    if "gvisor" not in offered["a"] or "gvisor" not in offered["b"]:
+        pytest.skip(f"gVisor cannot run on this host (nodes offer {offered})")
+    with Executor(home=replica.home, backend="gvisor", cluster=replica.placement) as ex:
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda _: ex.run(RunRequest(code="print(7)")), range(3)))
+        assert all(r.outcome is Outcome.OK for r in results), [r.reason for r in results]
+        entries = [ex.audit.get(r.run_id) for r in results]
+    nodes = set()
+    for entry in entries:
+        assert entry is not None
+        backend = entry.record["backend"]
+        assert isinstance(backend, dict)
+        assert backend["name"] == "gvisor"
+        nodes.add(replica.name_of[str(backend["node_id"])])
+    assert "c" not in nodes, nodes
+
+
+def _start_ticking(
+    replica: Replica, count: int, seconds: float
+) -> tuple[list[threading.Thread], dict[str, RunResult], dict[str, threading.Event]]:
+    """``count`` runs started on threads; returns them, their results by run id (once they
+    end), and an event per run id set when its program said 'tick'."""
+    results: dict[str, RunResult] = {}
+    ticked = {uuid.uuid4().hex: threading.Event() for _ in range(count)}
+
+    def one(run_id: str) -> None:
+        def heard(_stream: str, text: str) -> None:
+            if "tick" in text:
+                ticked[run_id].set()
+
+        results[run_id] = replica.executor.run(
+            RunRequest(code=_ticking(seconds)), run_id=run_id, on_output=heard
+        )
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ticked]
+    for t in threads:
+        t.start()
+    for run_id, event in ticked.items():
+        assert event.wait(WAIT_S), f"run {run_id} never said tick"
+    return threads, results, ticked
+
+
+def _backend(replica: Replica) -> ClusterBackend:
+    backend = replica.executor.backend
+    assert isinstance(backend, ClusterBackend)
+    return backend
+
+
+def test_live_output_comes_while_running_and_cancel_reaches_the_node(replica: Replica) -> None:
+    threads, results, ticked = _start_ticking(replica, 1, 60)
+    (run_id,) = ticked
+    assert _backend(replica).node_of(run_id) is not None
+    assert replica.executor.cancel(run_id, "the test is done with it")
+    threads[0].join(WAIT_S)
+    result = results[run_id]
+    assert result.outcome is Outcome.KILLED, result.reason
+    assert "the test is done with it" in result.reason
+    assert "done" not in result.stdout
+
+
+def test_cluster_status_shows_every_node(replica: Replica) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandcell",
+            "cluster",
+            "status",
+            "--cluster",
+            replica.nodes.address,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nodes = json.loads(proc.stdout.strip().splitlines()[-1])["nodes"]
+    by_name = {replica.name_of[n["node_id"]]: n for n in nodes}
+    assert sorted(by_name) == ["a", "b", "c"]
+    for node in nodes:
+        assert node["agent"] == "running"
+        assert node["slots"] == SLOTS_PER_NODE
+        assert 0 <= node["free_slots"] <= SLOTS_PER_NODE
+        assert "namespaces" in node["rungs"]
+    assert by_name["c"]["rungs"] == ["namespaces"]
+    assert by_name["c"]["declared_rungs"] == ["namespaces"]
+
+
+def test_a_node_killed_mid_run_ends_its_runs_node_lost_and_new_runs_go_elsewhere(
+    replica: Replica,
+) -> None:
+    backend = _backend(replica)
+    own = replica.name_of.get(replica.placement.own_node_id)
+    # Not the head (the cluster would go with it), not the replica's own node (its driver).
+    victim = next(n for n in ("b", "c") if n != own)
+    threads, results, ticked = _start_ticking(replica, 2 * len(replica.name_of), 60)
+    on_victim = [r for r in ticked if replica.name_of.get(backend.node_of(r) or "") == victim]
+    assert on_victim, "no run was placed on the node to be killed"
+    kill_node(replica.nodes, victim)
+    for run_id in ticked:
+        if run_id not in on_victim:
+            replica.executor.cancel(run_id, "the test is done with it")
+    for t in threads:
+        t.join(WAIT_S)
+    for run_id in ticked:
+        result = results[run_id]
+        if run_id in on_victim:
+            assert result.outcome is Outcome.INFRA_ERROR, result.reason
+            assert result.reason.startswith("node lost"), result.reason
+        else:
+            assert result.outcome is Outcome.KILLED, result.reason
+    # Recorded once each, in one chain that verifies.
+    recorded = Counter(e.run_id for e in replica.executor.audit.list(limit=1000))
+    assert all(recorded[r] == 1 for r in ticked), recorded
+    assert replica.executor.audit.verify().ok
+
+    with ThreadPoolExecutor(4) as pool:
+        later = list(
+            pool.map(lambda _: replica.executor.run(RunRequest(code="print(1)")), range(4))
+        )
+    assert all(r.outcome is Outcome.OK for r in later), [r.reason for r in later]
+    assert victim not in {_node_of(replica, r) for r in later}
