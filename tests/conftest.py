@@ -721,3 +721,37 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
     if not postgres_server.is_running():
         postgres_server.start()
     postgres_server.drop_database(name)
+
+
+# --- One store contract, two databases (tests/store_backend.py) -------------------------------
+
+if TYPE_CHECKING:
+    from tests.store_backend import StoreBackend
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test using ``store_backend`` runs once per database: ``[sqlite]`` and ``[postgres]``;
+    one marked ``sqlite_only`` (it is about the SQLite file itself) runs on SQLite alone."""
+    if "store_backend" not in metafunc.fixturenames:
+        return
+    from tests.store_backend import BACKENDS
+
+    only_sqlite = metafunc.definition.get_closest_marker("sqlite_only") is not None
+    names = ["sqlite"] if only_sqlite else list(BACKENDS)
+    metafunc.parametrize("store_backend", names, indirect=True, ids=names)
+
+
+@pytest.fixture
+def store_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> StoreBackend:
+    """Where the test's stores live: SQLite files under the home (``$SANDCELL_DATABASE_URL``
+    unset), or a fresh PostgreSQL database of the test's own (``postgres_url``). Used through
+    ``pytestmark = pytest.mark.usefixtures("store_backend")`` so it is set up before the
+    test's other fixtures open stores."""
+    from tests.store_backend import StoreBackend
+
+    if request.param == "sqlite":
+        monkeypatch.delenv("SANDCELL_DATABASE_URL", raising=False)
+        return StoreBackend("sqlite")
+    url: str = request.getfixturevalue("postgres_url")
+    monkeypatch.setenv("SANDCELL_DATABASE_URL", url)
+    return StoreBackend("postgres", url)

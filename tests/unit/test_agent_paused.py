@@ -1,4 +1,5 @@
-"""The store of conversations waiting for an approval, and the agent state kept in it."""
+"""The store of conversations waiting for an approval, and the agent state kept in it; the store
+runs against both databases (``store_backend``) unless a test is about the SQLite file itself."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from sandcell.agent.transcript import Attempt, Event
 from sandcell.models.base import Message, TokenUsage, ToolCall
 from sandcell.policy.profiles import load_profile
 from sandcell.spec import Artifact, InputFile
+
+pytestmark = pytest.mark.usefixtures("store_backend")
 
 
 def _task() -> Task:
@@ -105,6 +108,13 @@ def test_save_get_claim_once(tmp_path: Path) -> None:
             store.claim("abc123def456")
         with pytest.raises(ResumeError, match="no conversation waits"):
             store.get("000000000000")
+
+
+@pytest.mark.sqlite_only
+def test_the_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "agent.sqlite3"
+    with PausedStore(path) as store:
+        store.save("abc123def456", {"question": "q"})
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
@@ -135,6 +145,7 @@ def test_two_racing_resumes_one_wins(tmp_path: Path) -> None:
     assert all("already resumed" in loss for loss in losses)
 
 
+@pytest.mark.sqlite_only
 def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
     import sqlite3
 

@@ -1,6 +1,8 @@
 """Tests of sandcell.policy.approvals: the queue of runs waiting for a person.
 
-Tampering is done as someone with write access would: raw sqlite3 statements on the file.
+Tampering is done as someone with write access would: raw SQL statements on the store's own
+tables (the SQLite file, or the PostgreSQL schema). Every test runs against both databases
+(``store_backend``) unless it is about the SQLite file itself.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ import os
 import pwd
 import secrets
 import socket
-import sqlite3
 import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.store_backend import StoreBackend
 
 from sandcell.errors import ConfigError
 from sandcell.policy.approvals import (
@@ -33,6 +35,11 @@ from sandcell.policy.approvals import (
     request_to_dict,
 )
 from sandcell.spec import InputFile, IsolationMode, Limits, MiB, RunRequest
+
+pytestmark = pytest.mark.usefixtures("store_backend")
+
+SCHEMA = "sandcell_approvals"
+"""The approval store's PostgreSQL schema."""
 
 PROFILE = {"name": "review", "source": "builtin", "sha256": "ab" * 32}
 CODE = "import os\nx = 1\nprint(os.listdir('.'))\n"
@@ -96,13 +103,10 @@ def full_request(tmp_path: Path) -> RunRequest:
     )
 
 
-def tamper(path: Path, statement: str) -> None:
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            conn.execute(statement)
-    finally:
-        conn.close()
+def tamper(backend: StoreBackend, path: Path, statement: str) -> None:
+    """Edit the store behind sandcell's back."""
+    with backend.raw(path, SCHEMA) as conn:
+        conn.execute(statement)
 
 
 # --- serialisation ----------------------------------------------------------------------------
@@ -287,11 +291,11 @@ def test_prefix_lookup_and_ambiguity(store: ApprovalStore, monkeypatch: pytest.M
     ],
 )
 def test_request_changed_after_submission_is_refused(
-    store: ApprovalStore, db: Path, statement: str
+    store: ApprovalStore, db: Path, statement: str, store_backend: StoreBackend
 ) -> None:
     t = submit(store, env={"MODE": "fast"})
     code_sha = hashlib.sha256(CODE.replace("x = 1", "x = 2").encode()).hexdigest()
-    tamper(db, statement.format(code_sha=code_sha))
+    tamper(store_backend, db, statement.format(code_sha=code_sha))
     changed = store.get(t.id)
     assert changed.request != t.request and not changed.intact
     assert "WARNING" in render_ticket(changed)
@@ -303,9 +307,11 @@ def test_request_changed_after_submission_is_refused(
     assert store.deny(t.id, by="ana", reason="tampered").status == "denied"
 
 
-def test_corrupt_row_is_reported(store: ApprovalStore, db: Path) -> None:
+def test_corrupt_row_is_reported(
+    store: ApprovalStore, db: Path, store_backend: StoreBackend
+) -> None:
     t = submit(store)
-    tamper(db, "UPDATE approvals SET request = '{not json'")
+    tamper(store_backend, db, "UPDATE approvals SET request = '{not json'")
     with pytest.raises(ApprovalError, match=f"approval {t.id} .* is corrupt"):
         store.get(t.id)
 
@@ -346,6 +352,7 @@ def test_concurrent_approvals_exactly_one_wins(db: Path, shared: bool) -> None:
 # --- the file ---------------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_only
 def test_file_is_private_whatever_the_umask(tmp_path: Path) -> None:
     path = tmp_path / "new" / "deeper" / "approvals.sqlite3"
     old = os.umask(0)
@@ -361,9 +368,10 @@ def test_file_is_private_whatever_the_umask(tmp_path: Path) -> None:
         assert s.get(t.id) == t
 
 
+@pytest.mark.sqlite_only
 def test_foreign_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.sqlite3"
-    tamper(path, "CREATE TABLE t (x)")
+    tamper(StoreBackend("sqlite"), path, "CREATE TABLE t (x)")
     with pytest.raises(ApprovalError, match="not a sandcell approval store"):
         ApprovalStore(path)
     garbage = tmp_path / "garbage.sqlite3"

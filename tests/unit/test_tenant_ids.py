@@ -1,5 +1,7 @@
 """The service's tenant store: ids that are never reused, approver keys, and a store made before
-either existed (its tenants get ids; what they own and their CPU use move from names to ids)."""
+either existed (its tenants get ids; what they own and their CPU use move from names to ids).
+The store runs against both databases (``store_backend``); the migration of an old SQLite file
+is SQLite's alone (PostgreSQL's schema is kept by sandcell.db.migrations)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from sandcell.service.tenants import TenantError, TenantStore, hash_key
+
+pytestmark = pytest.mark.usefixtures("store_backend")
 
 QUOTAS = {
     "max_concurrent": 2,
@@ -78,6 +82,7 @@ def test_approver_keys_authenticate_as_approvers_only(tmp_path: Path) -> None:
         assert store.principal_with_key(tenant.id, hash_key(approver)) is None
 
 
+@pytest.mark.sqlite_only
 def test_a_store_from_before_ids_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "service.sqlite3"
     conn = sqlite3.connect(path)

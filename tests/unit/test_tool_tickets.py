@@ -1,6 +1,7 @@
 """Tool-call tickets in the approval store (sandcell.policy.approvals + tool_tickets): a real
-SQLite file per test, decisions from threads as another terminal would make them, and every way
-an approval can be forged short of writing the file (which its 0600 mode keeps to the owner)."""
+SQLite file, or a real PostgreSQL database (``store_backend``), per test; decisions from threads
+as another terminal would make them, and every way an approval can be forged short of writing
+the store (which its 0600 mode, or the database's credentials, keep to the owner)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from sandcell.policy.tool_tickets import (
 )
 from sandcell.spec import RunRequest
 from sandcell.tools.records import digest
+
+pytestmark = pytest.mark.usefixtures("store_backend")
 
 ARGS = {"title": "refund for order 17", "priority": 2}
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5" * 4  # the shape of a GitHub token: redacted in previews
@@ -101,6 +104,7 @@ def test_the_request_line_leads_and_no_redaction_or_padding_hides_it(
     assert ticket.to_dict()["request_line"] == line
 
 
+@pytest.mark.sqlite_only
 def test_a_store_made_before_full_arguments_were_kept_is_upgraded(tmp_path: Path) -> None:
     path = tmp_path / "approvals.sqlite3"
     with ApprovalStore(path) as old:
@@ -228,6 +232,7 @@ def test_racing_deciders_exactly_one_wins(tmp_path: Path) -> None:
     assert final.decided_by == f"approver{next(r for r in results if r != 'lost').split()[1]}"
 
 
+@pytest.mark.sqlite_only
 def test_a_store_from_before_tool_tickets_gets_the_table(tmp_path: Path) -> None:
     path = tmp_path / "approvals.sqlite3"
     with ApprovalStore(path):

@@ -66,6 +66,7 @@ import platformdirs
 from sandcell._sqlite import PrivateStore, StoreConnection, transaction
 from sandcell.audit.chain import GENESIS_HASH, canonical_json, chain_hash
 from sandcell.audit.verify import ProblemKind, VerifyProblem, VerifyReport, verify_rows
+from sandcell.db.postgres import DatabaseUnavailable, PgDatabaseError
 from sandcell.errors import AuditError, StoreUnavailable
 
 __all__ = [
@@ -344,8 +345,13 @@ class AuditLog(PrivateStore):
                     ).fetchall()
                     try:
                         heads = conn.execute("SELECT count, hash FROM head").fetchall()
-                    except sqlite3.OperationalError:
-                        heads = []  # the head table itself was dropped
+                    except (sqlite3.OperationalError, PgDatabaseError) as e:
+                        # A lost connection is no evidence of tampering: the call fails.
+                        if isinstance(e, DatabaseUnavailable):
+                            raise
+                        # The head table itself was dropped. (PostgreSQL has aborted the
+                        # transaction, and its COMMIT rolls back: it had only read.)
+                        heads = []
             except sqlite3.Error as e:
                 raise self._failed(e, f"cannot read audit log {self.where}: {e}") from e
         return verify_rows(rows, heads)

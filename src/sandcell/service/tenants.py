@@ -621,7 +621,9 @@ class TenantStore(PrivateStore):
             )
             conn.execute(
                 "INSERT INTO cpu_usage (tenant, day, cpu_ms) VALUES (?, ?, ?) "
-                "ON CONFLICT (tenant, day) DO UPDATE SET cpu_ms = cpu_ms + excluded.cpu_ms",
+                # Qualified: PostgreSQL finds a bare cpu_ms ambiguous (the row or excluded's).
+                "ON CONFLICT (tenant, day) "
+                "DO UPDATE SET cpu_ms = cpu_usage.cpu_ms + excluded.cpu_ms",
                 (tenant, today(), max(0.0, cpu_ms)),
             )
 
@@ -631,7 +633,9 @@ class TenantStore(PrivateStore):
         with self._txn() as conn:
             conn.execute(
                 "INSERT INTO cpu_usage (tenant, day, cpu_ms) VALUES (?, ?, ?) "
-                "ON CONFLICT (tenant, day) DO UPDATE SET cpu_ms = cpu_ms + excluded.cpu_ms",
+                # Qualified: PostgreSQL finds a bare cpu_ms ambiguous (the row or excluded's).
+                "ON CONFLICT (tenant, day) "
+                "DO UPDATE SET cpu_ms = cpu_usage.cpu_ms + excluded.cpu_ms",
                 (tenant, today(), max(0.0, cpu_ms)),
             )
 
@@ -657,7 +661,9 @@ class TenantStore(PrivateStore):
             try:
                 row: Sequence[object] | None = conn.execute(sql, args).fetchone()
             except sqlite3.Error as e:
-                raise self._error(f"{self._what} {self.where}: {e}") from e
+                # An unreachable database is StoreUnavailable (the service answers 503), as in
+                # every other method of the store.
+                raise self._failed(e, f"{self._what} {self.where}: {e}") from e
         return row
 
     def cpu_ms_today(self, tenant: str) -> float:
