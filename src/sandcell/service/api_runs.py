@@ -109,6 +109,7 @@ async def create_run(
         raise
     state = service.new_run(tenant)
     state.stdin = kept_stdin(run_request)
+    state.code, state.language = run_request.code, run_request.language
     # Only an asynchronous run has an id to subscribe to while it runs: its output is streamed.
     on_output = None if body.wait else service.output_listener(state)
 

@@ -30,6 +30,7 @@ from sandcell.service import (
 from sandcell.service.core import Service, ServiceConfig
 from sandcell.service.mcp_mount import MCP_PATH
 from sandcell.service.problems import BodyLimit, install_handlers
+from sandcell.service.replica import ReplicaWatch
 
 if TYPE_CHECKING:
     from sandcell.pipeline.backends import Placement
@@ -74,16 +75,21 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        watch = ReplicaWatch(service, service.replica) if service.replica is not None else None
         async with AsyncExitStack() as stack:
             try:
                 if mcp_app is not None:
                     # Starlette runs only the outer app's lifespan, not a routed app's: the
                     # MCP SDK's session manager starts (and stops) here.
                     await stack.enter_async_context(mcp_app.router.lifespan_context(mcp_app))
+                if watch is not None:
+                    watch.start()
                 yield
             finally:
                 await stack.aclose()  # MCP first: its sessions end, its calls stop coming
                 await service.drain()
+                if watch is not None:  # after the drain: its runs count until they end
+                    await watch.stop()
                 service.close()
 
     app = FastAPI(

@@ -42,6 +42,7 @@ from sandcell.service.metrics import Metrics
 from sandcell.service.models import RunStatusName
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.quotas import Quotas
+from sandcell.service.replica import replica_state
 from sandcell.service.tenants import Tenant, TenantStore
 from sandcell.sessions import Session, saving
 from sandcell.spec import InputFile, Outcome, RunRequest, RunResult, result_to_dict
@@ -108,6 +109,10 @@ class RunState:
     """Live output kept in :attr:`events` so far (at most :data:`OUTPUT_KEPT_CHARS`)."""
     stdin: tuple[str, int] | None = None
     """``(sha256, size)`` of its stdin, which its record keeps: counted as the tenant's."""
+    code: str = ""
+    language: str = ""
+    """What it runs: kept with the run while it is in flight, for the record of a run whose
+    replica is lost (:mod:`sandcell.service.replica`)."""
 
     def kept_chars(self) -> int:
         """The output this state holds: its result's streams and its live output events."""
@@ -189,7 +194,12 @@ class Service:
         self.config = config
         self.executor = executor
         self.tenants = TenantStore.in_home(config.home)
-        self.quotas = Quotas(self.tenants, states=lambda tenant: state_bytes(executor, tenant))
+        self.replica = replica_state()
+        """This replica's shared rows when replicas share a PostgreSQL database (else None):
+        quotas counted across replicas, runs in flight noted until answered."""
+        self.quotas = Quotas(
+            self.tenants, states=lambda tenant: state_bytes(executor, tenant), shared=self.replica
+        )
         saving.on_event(executor, saved_sessions.event_listener(self))
         self.metrics = Metrics()
         self.runs: dict[str, RunState] = {}
@@ -335,6 +345,8 @@ class Service:
                 self.queued -= 1
             try:
                 state.status = "running"
+                if self.replica is not None:
+                    await anyio.to_thread.run_sync(self._note_started, state)
                 await state.emit("status", {"id": state.id, "status": "running"})
                 if state.cancel_requested:
                     self._keep_cancelling(state)
@@ -356,6 +368,9 @@ class Service:
             state.result = _failure(state.id, exc)
             self.metrics.finished("error", time.monotonic() - began)
         finally:
+            if self.replica is not None:
+                with contextlib.suppress(Exception):
+                    await anyio.to_thread.run_sync(self.replica.run_finished, state.id)
             self.quotas.release(state.tenant)
             if cleanup is not None:
                 with contextlib.suppress(Exception):
@@ -367,6 +382,17 @@ class Service:
             state.done.set()
             if state.output_chars:
                 asyncio.get_running_loop().call_later(OUTPUT_KEPT_S, state.forget_output)
+
+    def _note_started(self, state: RunState) -> None:
+        """Note the run as this replica's until it is answered (see replica.py); a database
+        that is down then does not stop the run: only the note of it is missing."""
+        assert self.replica is not None
+        try:
+            self.replica.run_started(
+                state.id, state.tenant, code=state.code, language=state.language
+            )
+        except SandcellError as exc:
+            log.warning("run %s: cannot note it as in flight: %s", state.id, exc)
 
     @staticmethod
     def output_listener(state: RunState) -> OutputListener:
@@ -597,6 +623,8 @@ class Service:
     def close(self) -> None:
         self.executor.close()
         self.tenants.close()
+        if self.replica is not None:
+            self.replica.close()
 
     def gauges(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         self.reap_sessions()

@@ -7,9 +7,12 @@ they are decided, and its saved session states (paused sessions, snapshots; coun
 executor's state store, which knows their owner). A submission is refused when what it may
 leave stored would go over; a pause, snapshot or fork when its estimated size would.
 
-Sandboxes at once and the rate window live in memory (a restart forgives a minute's runs and
-ends every session anyway); CPU per day and stored bytes live in the service store. Over a
-quota, :meth:`Quotas.acquire` raises a 429 problem with ``Retry-After``.
+On one machine, sandboxes at once and the rate window live in memory (a restart forgives a
+minute's runs and ends every session anyway). With replicas sharing a PostgreSQL database they
+are counted there, across every live replica (:class:`~sandcell.db.replicas.ReplicaState`), so
+a tenant's limits hold whichever replica its requests reach. CPU per day and stored bytes live
+in the service store. Over a quota, :meth:`Quotas.start` raises a 429 problem with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant, TenantStore
+
+if TYPE_CHECKING:
+    from sandcell.db.replicas import ReplicaState
 
 __all__ = ["Quotas"]
 
@@ -39,13 +46,34 @@ def _too_many(detail: str, retry_after: int) -> ServiceProblem:
     return ServiceProblem(429, detail, headers={"Retry-After": str(max(1, retry_after))})
 
 
+def _holding_too_many(tenant: Tenant, holding: int) -> str:
+    return (
+        f"tenant {tenant.name!r} holds {holding} sandboxes, its limit (max_concurrent "
+        f"{tenant.max_concurrent}); wait for one to finish or close a session"
+    )
+
+
+def _started_too_many(tenant: Tenant, started: int, wait: int) -> str:
+    return (
+        f"tenant {tenant.name!r} started {started} runs in the last minute, its limit "
+        f"(runs_per_minute {tenant.runs_per_minute}); retry in {wait} s"
+    )
+
+
 class Quotas:
     """The quota checks of every run, cell and session start."""
 
-    def __init__(self, store: TenantStore, states: Callable[[str], int] | None = None) -> None:
+    def __init__(
+        self,
+        store: TenantStore,
+        states: Callable[[str], int] | None = None,
+        *,
+        shared: ReplicaState | None = None,
+    ) -> None:
         """``states(tenant_id)``: the bytes of the tenant's saved session states (None: it
-        keeps none)."""
+        keeps none); ``shared``: count sandboxes and starts across the replicas there."""
         self._store = store
+        self._shared = shared
         self._states = states or (lambda _: 0)
         self._lock = threading.Lock()
         self._holding: dict[str, int] = {}
@@ -54,6 +82,8 @@ class Quotas:
     def holding(self, tenant: str) -> int:
         """Sandboxes the tenant (by id, as everything here) holds now (runs in flight and live
         sessions)."""
+        if self._shared is not None:
+            return self._shared.holding(tenant)
         with self._lock:
             return self._holding.get(tenant, 0)
 
@@ -79,31 +109,44 @@ class Quotas:
             stored = self._store.stored_bytes(tenant.id) + self._states(tenant.id)
         self._check_stored(tenant, stored, adding)
         self._check_cpu(tenant, cpu_ms)
+        if self._shared is not None:
+            self._admit_shared(tenant, sandbox=sandbox)
+            return
         now = time.monotonic()
         with self._lock:
             holding = self._holding.get(tenant.id, 0)
             if sandbox and holding >= tenant.max_concurrent:
-                raise _too_many(
-                    f"tenant {tenant.name!r} holds {holding} sandboxes, its limit "
-                    f"(max_concurrent {tenant.max_concurrent}); wait for one to finish or close "
-                    "a session",
-                    1,
-                )
+                raise _too_many(_holding_too_many(tenant, holding), 1)
             starts = self._starts.setdefault(tenant.id, deque())
             while starts and starts[0] <= now - _WINDOW_S:
                 starts.popleft()
             if len(starts) >= tenant.runs_per_minute:
                 wait = math.ceil(starts[0] + _WINDOW_S - now)
-                raise _too_many(
-                    f"tenant {tenant.name!r} started {len(starts)} runs in the last minute, its "
-                    f"limit (runs_per_minute {tenant.runs_per_minute}); retry in {wait} s",
-                    wait,
-                )
+                raise _too_many(_started_too_many(tenant, len(starts), wait), wait)
             starts.append(now)
             if sandbox:
                 self._holding[tenant.id] = holding + 1
 
+    def _admit_shared(self, tenant: Tenant, *, sandbox: bool) -> None:
+        assert self._shared is not None
+        got = self._shared.admit(
+            tenant.id,
+            max_concurrent=tenant.max_concurrent,
+            runs_per_minute=tenant.runs_per_minute,
+            sandbox=sandbox,
+        )
+        if got.admitted:
+            return
+        if sandbox and got.holding >= tenant.max_concurrent:
+            raise _too_many(_holding_too_many(tenant, got.holding), got.retry_after_s)
+        raise _too_many(
+            _started_too_many(tenant, got.started, got.retry_after_s), got.retry_after_s
+        )
+
     def release(self, tenant: str) -> None:
+        if self._shared is not None:
+            self._shared.release(tenant)
+            return
         with self._lock:
             left = self._holding.get(tenant, 0) - 1
             if left > 0:

@@ -1,0 +1,368 @@
+"""What the replicas of a service share in PostgreSQL beyond the stores (schema
+``sandcell_cluster``, :mod:`sandcell.db.migrations`): who is alive, the quota counts, the runs
+in flight and the session directory.
+
+Each replica (one ``sandcell serve`` on ``$SANDCELL_DATABASE_URL``) registers a row and keeps it
+fresh with :meth:`ReplicaState.heartbeat`; a row older than ``dead_after_s`` is a dead replica.
+What a dead replica held stops counting at once (every count joins on live replicas only) and is
+swept by whichever replica notices (:meth:`ReplicaState.sweep`): its holds and quota starts are
+dropped, its runs in flight are handed to the caller to be recorded as lost (each exactly once:
+the audit log refuses a second record of a run id), its sessions leave the directory.
+
+Quotas count across replicas: a tenant's ``max_concurrent`` against the sum of the holds of
+every live replica, its ``runs_per_minute`` against the starts of the last minute on the
+database's clock. Each admission is one transaction under an advisory lock of its tenant, so two
+replicas admitting the same tenant's runs at once take turns and never both take the last slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sandcell.db.postgres import DatabaseUnavailable, PgConnection
+from sandcell.errors import StoreUnavailable
+
+__all__ = [
+    "DEAD_AFTER_ENV",
+    "DEAD_AFTER_S",
+    "Admission",
+    "LostRun",
+    "ReplicaState",
+    "SessionPlace",
+    "configured_dead_after_s",
+    "new_replica_id",
+]
+
+SCHEMA = "sandcell_cluster"
+DEAD_AFTER_S = 15.0
+"""A replica whose heartbeat is older than this is dead (it beats every few seconds);
+``$SANDCELL_REPLICA_DEAD_AFTER_S`` sets another figure."""
+DEAD_AFTER_ENV = "SANDCELL_REPLICA_DEAD_AFTER_S"
+
+
+def configured_dead_after_s() -> float:
+    """:data:`DEAD_AFTER_S`, or ``$SANDCELL_REPLICA_DEAD_AFTER_S`` when set to a number."""
+    try:
+        return max(1.0, float(os.environ.get(DEAD_AFTER_ENV, DEAD_AFTER_S)))
+    except ValueError:
+        return DEAD_AFTER_S
+
+
+_WINDOW_S = 60
+
+
+_HOLDING = (
+    "SELECT coalesce(sum(h.count), 0) FROM holds h JOIN replicas r ON r.id = h.replica "
+    "WHERE h.tenant = ? AND r.seen_at > now() - make_interval(secs => ?)"
+)
+"""Sandboxes a tenant holds across the live replicas."""
+_STARTED = (
+    "SELECT count(*), coalesce(extract(epoch FROM now() - min(at)), 0) FROM starts "
+    "WHERE tenant = ? AND at > now() - make_interval(secs => ?)"
+)
+"""A tenant's starts in the window, and the age of the oldest."""
+
+
+def new_replica_id() -> str:
+    """This process's name among the replicas: host, pid and a random tail (a restarted replica
+    with the same pid is a new one)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _tenant_lock(tenant: str) -> int:
+    digest = hashlib.sha256(f"sandcell-quota:{tenant}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admission:
+    """Whether a start was admitted; when not, why and how long until it may be."""
+
+    admitted: bool
+    holding: int
+    """Sandboxes the tenant holds across live replicas (before this start)."""
+    started: int
+    """Its starts in the last minute (before this one)."""
+    retry_after_s: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LostRun:
+    """A run a dead replica had begun and not answered."""
+
+    run_id: str
+    tenant: str
+    replica: str
+    node: str | None
+    started_at: str
+    code: str
+    language: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionPlace:
+    """Where a live session is: its node, the replica that opened it."""
+
+    session_id: str
+    tenant: str
+    node: str
+    replica: str
+    e2b_id: str | None
+    profile: str
+
+
+class ReplicaState:
+    """One replica's rows in ``sandcell_cluster`` (see the module). Thread-safe."""
+
+    def __init__(
+        self, url: str, *, replica_id: str | None = None, dead_after_s: float | None = None
+    ) -> None:
+        from sandcell.db.migrate import ensure_current
+
+        ensure_current(url)
+        self.id = replica_id or new_replica_id()
+        self.dead_after_s = dead_after_s if dead_after_s is not None else configured_dead_after_s()
+        self._lock = threading.Lock()
+        try:
+            self._conn = PgConnection(url, schema=SCHEMA)
+        except DatabaseUnavailable as e:
+            raise StoreUnavailable(f"replica state: {e}") from e
+        self.where = self._conn.where
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def _txn(self) -> Iterator[PgConnection]:
+        with self._lock:
+            conn = self._conn
+            try:
+                # READ COMMITTED: each statement sees what committed before it, so a count read
+                # after taking a tenant's lock includes the turn that held it before.
+                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            except DatabaseUnavailable as e:
+                raise StoreUnavailable(f"replica state: {e}; try again once it is back") from e
+
+    @staticmethod
+    def _one(conn: PgConnection, sql: str, params: tuple[object, ...]) -> tuple[object, ...]:
+        row = conn.execute(sql, params).fetchone()
+        assert row is not None  # an aggregate always answers one row
+        return row
+
+    # --- liveness ----------------------------------------------------------------------------
+
+    def register(self) -> None:
+        """Add (or refresh) this replica's row."""
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT INTO replicas (id, host, pid) VALUES (?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET seen_at = now()",
+                (self.id, socket.gethostname(), os.getpid()),
+            )
+
+    def heartbeat(self) -> None:
+        """Say this replica is alive; its row comes back if a sweep removed it."""
+        self.register()
+
+    def leave(self) -> None:
+        """Remove this replica and everything it holds (a clean stop)."""
+        with self._txn() as conn:
+            for table in ("holds", "runs_in_flight", "sessions"):
+                conn.execute(f"DELETE FROM {table} WHERE replica = ?", (self.id,))  # noqa: S608
+            conn.execute("DELETE FROM replicas WHERE id = ?", (self.id,))
+
+    def live_replicas(self) -> list[str]:
+        with self._txn() as conn:
+            rows = conn.execute(
+                "SELECT id FROM replicas WHERE seen_at > now() - make_interval(secs => ?) "
+                "ORDER BY id",
+                (self.dead_after_s,),
+            )
+            return [str(r[0]) for r in rows.fetchall()]
+
+    def sweep(self) -> list[LostRun]:
+        """Remove the dead replicas and what they held; return the runs they left unanswered
+        (the caller records each as lost). Each dead replica is swept by one caller only."""
+        lost: list[LostRun] = []
+        with self._txn() as conn:
+            dead = conn.execute(
+                "SELECT id FROM replicas WHERE seen_at <= now() - make_interval(secs => ?) "
+                "FOR UPDATE SKIP LOCKED",
+                (self.dead_after_s,),
+            ).fetchall()
+            for (replica,) in dead:
+                rows = conn.execute(
+                    "DELETE FROM runs_in_flight WHERE replica = ? "
+                    "RETURNING run_id, tenant, node, started_at, code, language",
+                    (replica,),
+                ).fetchall()
+                lost += [
+                    LostRun(
+                        run_id=str(r[0]),
+                        tenant=str(r[1]),
+                        replica=str(replica),
+                        node=None if r[2] is None else str(r[2]),
+                        started_at=r[3].isoformat(),
+                        code=str(r[4]),
+                        language=str(r[5]),
+                    )
+                    for r in rows
+                ]
+                conn.execute("DELETE FROM holds WHERE replica = ?", (replica,))
+                conn.execute("DELETE FROM sessions WHERE replica = ?", (replica,))
+                conn.execute("DELETE FROM replicas WHERE id = ?", (replica,))
+            # Starts age out on their own; drop those no window will count again.
+            conn.execute(
+                "DELETE FROM starts WHERE at <= now() - make_interval(secs => ?)", (_WINDOW_S,)
+            )
+        return lost
+
+    # --- quotas ------------------------------------------------------------------------------
+
+    def admit(
+        self, tenant: str, *, max_concurrent: int, runs_per_minute: int, sandbox: bool
+    ) -> Admission:
+        """Count one start of ``tenant`` (``sandbox``: it holds a sandbox until
+        :meth:`release`) if its quotas allow, across every live replica."""
+        with self._txn() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (_tenant_lock(tenant),))
+            holding = int(str(self._one(conn, _HOLDING, (tenant, self.dead_after_s))[0]))
+            counted, oldest_age = self._one(conn, _STARTED, (tenant, _WINDOW_S))
+            started = int(str(counted))
+            if sandbox and holding >= max_concurrent:
+                return Admission(admitted=False, holding=holding, started=started, retry_after_s=1)
+            if started >= runs_per_minute:
+                wait = max(1, int(_WINDOW_S - float(str(oldest_age))) + 1)
+                return Admission(
+                    admitted=False, holding=holding, started=started, retry_after_s=wait
+                )
+            conn.execute("INSERT INTO starts (tenant) VALUES (?)", (tenant,))
+            if sandbox:
+                conn.execute(
+                    "INSERT INTO holds (replica, tenant, count) VALUES (?, ?, 1) "
+                    "ON CONFLICT (replica, tenant) DO UPDATE SET count = holds.count + 1",
+                    (self.id, tenant),
+                )
+            return Admission(admitted=True, holding=holding, started=started)
+
+    def release(self, tenant: str) -> None:
+        """Give back one sandbox of ``tenant`` held by this replica."""
+        with self._txn() as conn:
+            conn.execute(
+                "UPDATE holds SET count = count - 1 WHERE replica = ? AND tenant = ? AND count > 0",
+                (self.id, tenant),
+            )
+            conn.execute("DELETE FROM holds WHERE replica = ? AND count = 0", (self.id,))
+
+    def holding(self, tenant: str) -> int:
+        """Sandboxes ``tenant`` holds across the live replicas."""
+        with self._txn() as conn:
+            return int(str(self._one(conn, _HOLDING, (tenant, self.dead_after_s))[0]))
+
+    # --- runs in flight ----------------------------------------------------------------------
+
+    def run_started(
+        self,
+        run_id: str,
+        tenant: str,
+        *,
+        code: str = "",
+        language: str = "",
+        node: str | None = None,
+    ) -> None:
+        """Note a run this replica has begun (its code and language go into the record of a
+        run lost with the replica)."""
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT INTO runs_in_flight (run_id, tenant, replica, node, code, language) "
+                "VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET node = excluded.node",
+                (run_id, tenant, self.id, node, code, language),
+            )
+
+    def run_finished(self, run_id: str) -> None:
+        with self._txn() as conn:
+            conn.execute("DELETE FROM runs_in_flight WHERE run_id = ?", (run_id,))
+
+    def runs_in_flight(self) -> list[str]:
+        """This replica's runs begun and not answered."""
+        with self._txn() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM runs_in_flight WHERE replica = ? ORDER BY run_id", (self.id,)
+            )
+            return [str(r[0]) for r in rows.fetchall()]
+
+    # --- the session directory ---------------------------------------------------------------
+
+    def place_session(
+        self, session_id: str, *, tenant: str, node: str, profile: str, e2b_id: str | None = None
+    ) -> None:
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT INTO sessions (session_id, tenant, node, replica, e2b_id, profile) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, tenant, node, self.id, e2b_id, profile),
+            )
+
+    def session_place(self, session_id: str) -> SessionPlace | None:
+        """Where ``session_id`` (or an E2B sandbox id) lives, if it is live anywhere."""
+        with self._txn() as conn:
+            row = conn.execute(
+                "SELECT session_id, tenant, node, replica, e2b_id, profile FROM sessions "
+                "WHERE session_id = ? OR e2b_id = ?",
+                (session_id, session_id),
+            ).fetchone()
+        if row is None:
+            return None
+        return SessionPlace(
+            session_id=str(row[0]),
+            tenant=str(row[1]),
+            node=str(row[2]),
+            replica=str(row[3]),
+            e2b_id=None if row[4] is None else str(row[4]),
+            profile=str(row[5]),
+        )
+
+    def sessions_on(self, node: str) -> list[SessionPlace]:
+        with self._txn() as conn:
+            rows = conn.execute(
+                "SELECT session_id, tenant, node, replica, e2b_id, profile FROM sessions "
+                "WHERE node = ? ORDER BY session_id",
+                (node,),
+            ).fetchall()
+        return [
+            SessionPlace(
+                session_id=str(r[0]),
+                tenant=str(r[1]),
+                node=str(r[2]),
+                replica=str(r[3]),
+                e2b_id=None if r[4] is None else str(r[4]),
+                profile=str(r[5]),
+            )
+            for r in rows
+        ]
+
+    def session_ended(self, session_id: str) -> None:
+        with self._txn() as conn:
+            conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+
+    def forget_node(self, node: str) -> list[SessionPlace]:
+        """Drop the sessions of a lost node from the directory; returns them."""
+        gone = self.sessions_on(node)
+        with self._txn() as conn:
+            conn.execute("DELETE FROM sessions WHERE node = ?", (node,))
+        return gone

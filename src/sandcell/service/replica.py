@@ -1,0 +1,129 @@
+"""This service as one replica of several sharing a PostgreSQL database.
+
+With ``$SANDCELL_DATABASE_URL`` set, :func:`replica_state` gives the service a
+:class:`~sandcell.db.replicas.ReplicaState`: its quotas count across replicas, each run it
+begins is noted until it is answered, and :class:`ReplicaWatch` keeps its heartbeat and sweeps
+the replicas that stopped beating. A dead replica's unanswered runs are recorded here as
+``infra_error`` ("replica lost"), each once (the audit log keeps one record per run id, so a
+replica that comes back late cannot record it a second time), and their sandboxes are told to
+stop (on a cluster, the nodes running them get the cancel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from typing import TYPE_CHECKING
+
+from sandcell.audit.record import utc_now
+from sandcell.db.url import database_url
+from sandcell.errors import AuditError, SandcellError
+
+if TYPE_CHECKING:
+    from sandcell.db.replicas import LostRun, ReplicaState
+    from sandcell.service.core import Service
+
+__all__ = ["HEARTBEAT_S", "ReplicaWatch", "lost_run_record", "replica_state"]
+
+log = logging.getLogger("sandcell.service")
+
+HEARTBEAT_S = 2.0
+"""How often a replica says it is alive (a replica is dead after DEAD_AFTER_S without)."""
+
+
+def replica_state() -> ReplicaState | None:
+    """This process's replica rows when the state is shared in PostgreSQL, else None."""
+    url = database_url()
+    if url is None:
+        return None
+    from sandcell.db.replicas import ReplicaState
+
+    state = ReplicaState(url)
+    state.register()
+    return state
+
+
+def lost_run_record(lost: LostRun) -> dict[str, object]:
+    """The record of a run whose replica died before answering it: what is known of it (its
+    code, when it began, where it ran), an ``infra_error`` outcome and no output."""
+    empty = hashlib.sha256(b"").hexdigest()
+    where = f" on node {lost.node}" if lost.node else ""
+    return {
+        "run_id": lost.run_id,
+        "started_at": lost.started_at,
+        "finished_at": utc_now(),
+        "code": lost.code,
+        "code_sha256": hashlib.sha256(lost.code.encode()).hexdigest(),
+        "language": lost.language,
+        "outcome": "infra_error",
+        "reason": (
+            f"replica lost: the service replica {lost.replica} that ran it{where} stopped "
+            "answering before the run finished; its sandbox was told to stop"
+        ),
+        "exit_code": None,
+        "signal": None,
+        "stdout": "",
+        "stderr": "",
+        "stdout_sha256": empty,
+        "stderr_sha256": empty,
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "artifacts": [],
+        "rejected_exports": [],
+        "outputs": [],
+        "lost": {"replica": lost.replica, "node": lost.node},
+    }
+
+
+class ReplicaWatch:
+    """The heartbeat and the sweep of one replica (an asyncio task of the service)."""
+
+    def __init__(self, service: Service, state: ReplicaState, interval_s: float = HEARTBEAT_S):
+        self._service = service
+        self._state = state
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self.swept = 0
+        """Runs of dead replicas this replica recorded as lost."""
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(SandcellError):
+            await asyncio.to_thread(self._state.leave)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.beat)
+            except SandcellError as exc:
+                # The database is down or restarting: beat again next time; the rows come back.
+                log.warning("replica %s: heartbeat failed: %s", self._state.id, exc)
+            await asyncio.sleep(self._interval_s)
+
+    def beat(self) -> None:
+        """One heartbeat, then record the runs of the replicas found dead."""
+        self._state.heartbeat()
+        for lost in self._state.sweep():
+            self.record_lost(lost)
+
+    def record_lost(self, lost: LostRun) -> None:
+        executor = self._service.executor
+        try:
+            executor.audit.append(lost_run_record(lost))
+        except AuditError as exc:
+            if "already in the audit log" not in str(exc):
+                raise
+            # The replica recorded it after all (it came back late): one record stays.
+        with contextlib.suppress(SandcellError):
+            self._service.tenants.own(lost.tenant, "run", [lost.run_id])
+        executor.cancel(lost.run_id, f"its replica {lost.replica} was lost")
+        self.swept += 1
+        log.warning("run %s of replica %s recorded as lost", lost.run_id, lost.replica)
