@@ -19,6 +19,7 @@ the exports and rich outputs there, and streams the output back as it is written
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -128,6 +129,11 @@ class ClusterBackend:
                     reply = item
         except lost_errors(ray) as exc:
             self._cluster.lost(member)
+            # Ray says the same when only the connection broke (ActorUnavailableError): the run
+            # may still be going there, with no one to hear its result. Told to stop, should
+            # the agent be reachable again; nothing to wait for if it is gone.
+            with contextlib.suppress(Exception):
+                member.actor.cancel.remote(job.run_id, "its replica lost contact with the node")
             where = member.report.hostname if member.report else member.spec.address
             raise InfraError(
                 f"node lost: node {member.node_id} ({where}) or its sandcell agent went away "
