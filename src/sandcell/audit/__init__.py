@@ -327,6 +327,16 @@ class AuditLog(PrivateStore):
             except sqlite3.Error as e:
                 raise self._failed(e, f"cannot read audit log {self.where}: {e}") from e
 
+    def run_ids(self) -> set[str]:
+        """The run id of every entry present (one snapshot)."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                rows = conn.execute("SELECT run_id FROM runs").fetchall()
+            except sqlite3.Error as e:
+                raise self._failed(e, f"cannot read audit log {self.where}: {e}") from e
+        return {str(row[0]) for row in rows}
+
     # --- verification -----------------------------------------------------------------------
 
     def verify(self) -> VerifyReport:

@@ -15,7 +15,6 @@ and the service only waits for the answer (:mod:`sandcell.service.audit_verifica
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -31,12 +30,7 @@ def verify_for_tenant(audit: Path, service_db: Path, tenant: str) -> dict[str, o
         mine = store.all_owned(tenant, "run")
     with AuditLog(audit) as log:
         report = log.verify()
-    # Read-only: this process never writes the log; one snapshot of the ids is enough to count.
-    conn = sqlite3.connect(f"{audit.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        present = {str(row[0]) for row in conn.execute("SELECT run_id FROM runs")}
-    finally:
-        conn.close()
+        present = log.run_ids()
     own = [p for p in report.problems if p.run_id in mine]
     return {
         "ok": report.ok,
