@@ -197,6 +197,19 @@ def test_submit_list_approve_mark_ran(store: ApprovalStore, tmp_path: Path) -> N
         store.mark_ran(t.id, "run-456")
 
 
+def test_get_many_and_reopen(store: ApprovalStore) -> None:
+    a, b = submit(store, "print(1)"), submit(store, "print(2)")
+    assert store.get_many([a.id, b.id, "0" * 12]) == {a.id: a, b.id: b}
+    assert store.get_many([a.id[:8]]) == {}  # exact ids only
+    store.approve(a.id, by="ana", reason="fine")
+    reopened = store.reopen(a.id)
+    assert (reopened.status, reopened.decided_by, reopened.decided_at) == ("pending", None, None)
+    assert reopened.decision_reason is None
+    with pytest.raises(ApprovalError, match="pending"):
+        store.reopen(a.id)  # only an approved ticket goes back
+    assert store.approve(a.id, by="bo").ticket.decided_by == "bo"
+
+
 def test_list_is_newest_first_and_filters(store: ApprovalStore) -> None:
     ids = [submit(store, f"print({i})").id for i in range(4)]
     store.deny(ids[0], by="bo", reason="no")

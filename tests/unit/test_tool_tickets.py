@@ -193,6 +193,19 @@ def test_the_two_kinds_of_ticket_never_stand_in_for_each_other(store: ApprovalSt
     assert store.get_tool(tool_id).status == "pending"
 
 
+def test_tool_tickets_page_newest_first_by_position(store: ApprovalStore) -> None:
+    ids = [submit(store, run_id=f"{n:032d}") for n in range(5)]
+    store.deny_tool(ids[1], by="ana", reason="no")
+    first = store.tools_before(None, 2, before=None)
+    assert [t.id for _, t in first] == [ids[4], ids[3]]
+    rest = store.tools_before(None, 10, before=first[-1][0])
+    assert [t.id for _, t in rest] == [ids[2], ids[1], ids[0]]
+    submit(store)  # filed meanwhile: it never shifts a later page
+    assert store.tools_before(None, 10, before=first[-1][0]) == rest
+    pending = store.tools_before("pending", 10, before=first[-1][0])
+    assert [t.id for _, t in pending] == [ids[2], ids[0]]
+
+
 def test_unknown_and_ambiguous_ids(store: ApprovalStore) -> None:
     with pytest.raises(ApprovalError, match="no tool call approval 't00000000000'"):
         store.approve_tool("t00000000000", by="alice@host")
