@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the local Unix socket (default: service.sock in the sandcell home)",
     )
     s.add_argument("--no-socket", action="store_true", help="listen on TCP only")
+    s.add_argument(
+        "--advertise",
+        metavar="URL",
+        help="with $SANDCELL_DATABASE_URL: the URL other replicas reach this one at, for the "
+        "sessions and runs it holds (default: http://HOST:PORT as bound)",
+    )
     s.add_argument(
         "--allow-remote",
         action="store_true",
@@ -134,6 +142,20 @@ def _host_name(text: str) -> str:
     )
 
 
+def _advertised(given: str | None, bound: socket.socket) -> str:
+    """Where the other replicas reach this one: ``--advertise``, else the bound address (a
+    wildcard address is replaced by this host's name)."""
+    if given:
+        if not given.startswith(("http://", "https://")):
+            raise ConfigError(f"--advertise {given!r}: give a URL, e.g. http://10.0.0.5:8080")
+        return given.rstrip("/")
+    host, port = bound.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):  # noqa: S104 - naming the wildcard, not binding it
+        host = socket.gethostname()
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
 def handle(args: argparse.Namespace) -> int:
     from sandcell.service.server import bind_tcp, bind_unix, is_loopback
 
@@ -168,6 +190,7 @@ def handle(args: argparse.Namespace) -> int:
         with TenantStore.in_home(home) as tenants:
             tenants.get(args.local_tenant)  # a name that is no tenant is refused now, not later
     sockets = [bind_tcp(args.host, args.port)]
+    config = dataclasses.replace(config, advertise=_advertised(args.advertise, sockets[0]))
     socket_path = None if args.no_socket else (args.socket or default_socket(home))
     cluster = None
     try:

@@ -34,6 +34,7 @@ __all__ = [
     "DEAD_AFTER_S",
     "Admission",
     "LostRun",
+    "Owner",
     "ReplicaState",
     "SessionPlace",
     "configured_dead_after_s",
@@ -107,6 +108,14 @@ class LostRun:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Owner:
+    """The replica that holds something, and where it answers."""
+
+    replica: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionPlace:
     """Where a live session is: its node, the replica that opened it."""
 
@@ -122,14 +131,26 @@ class ReplicaState:
     """One replica's rows in ``sandcell_cluster`` (see the module). Thread-safe."""
 
     def __init__(
-        self, url: str, *, replica_id: str | None = None, dead_after_s: float | None = None
+        self,
+        url: str,
+        *,
+        replica_id: str | None = None,
+        dead_after_s: float | None = None,
+        address: str = "",
     ) -> None:
+        """``address``: the base URL other replicas reach this one at (requests for what this
+        replica holds are forwarded there, :mod:`sandcell.service.forwarding`)."""
         from sandcell.db.migrate import ensure_current
 
         ensure_current(url)
         self.id = replica_id or new_replica_id()
+        self.address = address
         self.dead_after_s = dead_after_s if dead_after_s is not None else configured_dead_after_s()
         self._lock = threading.Lock()
+        self.unreachable: str | None = None
+        """Why the database was unreachable at this replica's last use of it (the heartbeat
+        uses it every few seconds), or None when that use worked: what ``/healthz`` tells
+        without a query of its own."""
         try:
             self._conn = PgConnection(url, schema=SCHEMA)
         except DatabaseUnavailable as e:
@@ -155,7 +176,9 @@ class ReplicaState:
                     conn.execute("ROLLBACK")
                     raise
             except DatabaseUnavailable as e:
+                self.unreachable = str(e)
                 raise StoreUnavailable(f"replica state: {e}; try again once it is back") from e
+            self.unreachable = None
 
     @staticmethod
     def _one(conn: PgConnection, sql: str, params: tuple[object, ...]) -> tuple[object, ...]:
@@ -169,9 +192,9 @@ class ReplicaState:
         """Add (or refresh) this replica's row."""
         with self._txn() as conn:
             conn.execute(
-                "INSERT INTO replicas (id, host, pid) VALUES (?, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET seen_at = now()",
-                (self.id, socket.gethostname(), os.getpid()),
+                "INSERT INTO replicas (id, host, pid, address) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET seen_at = now(), address = excluded.address",
+                (self.id, socket.gethostname(), os.getpid(), self.address),
             )
 
     def heartbeat(self) -> None:
@@ -230,6 +253,28 @@ class ReplicaState:
                 "DELETE FROM starts WHERE at <= now() - make_interval(secs => ?)", (_WINDOW_S,)
             )
         return lost
+
+    def owner(self, kind: str, key: str) -> Owner | None:
+        """The live replica (other than this one) holding a ``session`` (by session or E2B
+        sandbox id) or a ``run`` in flight, with the address it serves at; None when none
+        does (unknown, here, or its replica is dead)."""
+        if kind == "run":
+            sql = "SELECT t.replica FROM runs_in_flight t WHERE t.run_id = ?"
+            params: tuple[object, ...] = (key,)
+        elif kind == "session":
+            sql = "SELECT t.replica FROM sessions t WHERE t.session_id = ? OR t.e2b_id = ?"
+            params = (key, key)
+        else:
+            raise ValueError(f"no owner kind {kind!r}")
+        with self._txn() as conn:
+            row = conn.execute(
+                f"SELECT r.id, r.address FROM replicas r WHERE r.id = ({sql}) "  # noqa: S608
+                "AND r.seen_at > now() - make_interval(secs => ?)",
+                (*params, self.dead_after_s),
+            ).fetchone()
+        if row is None or str(row[0]) == self.id or not row[1]:
+            return None
+        return Owner(replica=str(row[0]), address=str(row[1]))
 
     # --- quotas ------------------------------------------------------------------------------
 
@@ -314,7 +359,8 @@ class ReplicaState:
         with self._txn() as conn:
             conn.execute(
                 "INSERT INTO sessions (session_id, tenant, node, replica, e2b_id, profile) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+                "node = excluded.node, replica = excluded.replica, profile = excluded.profile",
                 (session_id, tenant, node, self.id, e2b_id, profile),
             )
 

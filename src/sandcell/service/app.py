@@ -147,6 +147,12 @@ def create_app(service: Service, *, mcp: bool = True) -> FastAPI:
         registry=e2b.state.registry,
         max_body=service.config.max_body_bytes,
     )
+    if service.replica is not None:
+        from sandcell.service.forwarding import OwnerForwarding
+
+        # Outermost of all: a request for what another replica holds goes there before
+        # anything here looks for it (the owner authenticates it).
+        app.add_middleware(OwnerForwarding, replica=service.replica, holds=service.holds)
     app.router.routes.append(docs_route(app))
     if mcp_app is not None:
         # The MCP app as the ASGI endpoint of exactly /mcp, not a mount: it keeps its own path

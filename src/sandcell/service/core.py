@@ -16,6 +16,7 @@ import hmac
 import logging
 import re
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -79,6 +80,9 @@ class ServiceConfig:
     max_code_bytes: int = 512 * 1024
     drain_timeout_s: float = 300.0
     """How long a graceful stop waits for runs in flight."""
+    advertise: str = ""
+    """The base URL other replicas reach this one at (``--advertise``): requests for the
+    sessions and runs it holds are forwarded there (:mod:`sandcell.service.forwarding`)."""
     local_tenant: str | None = None
     """The tenant a keyless request from the service's own user on the Unix socket acts as;
     None: the built-in ``@local`` (see :mod:`sandcell.service.local_owner`)."""
@@ -194,7 +198,7 @@ class Service:
         self.config = config
         self.executor = executor
         self.tenants = TenantStore.in_home(config.home)
-        self.replica = replica_state()
+        self.replica = replica_state(address=config.advertise)
         """This replica's shared rows when replicas share a PostgreSQL database (else None):
         quotas counted across replicas, runs in flight noted until answered."""
         self.quotas = Quotas(
@@ -504,7 +508,21 @@ class Service:
 
     # -- sessions -------------------------------------------------------------------------------
 
+    def holds(self, kind: str, key: str) -> bool:
+        """Whether this replica holds the session or the run ``key`` (the others forward
+        requests for it here)."""
+        if kind == "session":
+            return key in self.sessions
+        return key in self.runs
+
     def add_session(self, live: LiveSession) -> None:
+        if self.replica is not None:
+            self.replica.place_session(
+                live.session.id,
+                tenant=live.tenant,
+                node=getattr(live.session, "node", None) or socket.gethostname(),
+                profile=live.session.profile.name,
+            )
         with self._sessions_lock:
             old = self.sessions.get(live.session.id)
             self.sessions[live.session.id] = live
@@ -544,6 +562,9 @@ class Service:
             released, live.released = live.released, True
         if not released:
             self.quotas.release(live.tenant)
+            if self.replica is not None:
+                with contextlib.suppress(SandcellError):
+                    self.replica.session_ended(live.session.id)
         # A paused session's, a fork's or a snapshot's inputs are read again when it comes back.
         folder = live.inputs_dir
         if folder is not None and not saved_sessions.inputs_in_use(self, live.tenant, folder):

@@ -33,14 +33,15 @@ HEARTBEAT_S = 2.0
 """How often a replica says it is alive (a replica is dead after DEAD_AFTER_S without)."""
 
 
-def replica_state() -> ReplicaState | None:
-    """This process's replica rows when the state is shared in PostgreSQL, else None."""
+def replica_state(*, address: str = "") -> ReplicaState | None:
+    """This process's replica rows when the state is shared in PostgreSQL, else None;
+    ``address``: where the other replicas reach it."""
     url = database_url()
     if url is None:
         return None
     from sandcell.db.replicas import ReplicaState
 
-    state = ReplicaState(url)
+    state = ReplicaState(url, address=address)
     state.register()
     return state
 
@@ -80,10 +81,16 @@ def lost_run_record(lost: LostRun) -> dict[str, object]:
 class ReplicaWatch:
     """The heartbeat and the sweep of one replica (an asyncio task of the service)."""
 
-    def __init__(self, service: Service, state: ReplicaState, interval_s: float = HEARTBEAT_S):
+    def __init__(
+        self, service: Service, state: ReplicaState, interval_s: float | None = None
+    ) -> None:
         self._service = service
         self._state = state
-        self._interval_s = interval_s
+        # Several beats within the time that makes a replica dead: a beat late by a moment
+        # (a busy machine, a slow commit) must not get a live replica swept by another.
+        self._interval_s = (
+            interval_s if interval_s is not None else min(HEARTBEAT_S, state.dead_after_s / 3)
+        )
         self._task: asyncio.Task[None] | None = None
         self.swept = 0
         """Runs of dead replicas this replica recorded as lost."""

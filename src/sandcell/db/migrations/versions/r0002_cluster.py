@@ -28,6 +28,7 @@ STATEMENTS = (
         id {T} PRIMARY KEY,
         host {T} NOT NULL,
         pid BIGINT NOT NULL,
+        address {T} NOT NULL DEFAULT '',
         started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         seen_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     # Sandboxes each replica holds for each tenant now (max_concurrent counts their sum).

@@ -1,0 +1,186 @@
+"""Any replica answers for what another replica holds: requests forwarded to the owner.
+
+A live session (an HTTP session, an E2B sandbox) and a run in flight are held in the memory of
+the replica that started them, with their sandbox on that replica's node. Behind a load
+balancer the next request for them may reach any replica: :class:`OwnerForwarding` finds the
+thing's id in the request, and when this replica does not hold it but a live replica does
+(the directory in PostgreSQL, :meth:`~sandcell.db.replicas.ReplicaState.owner`), it passes the
+request there and streams the answer back unchanged (Server-Sent Events and Connect streams
+included). The owner authenticates the request itself, with the client's own key: forwarding
+grants nothing. A request is forwarded at most once (``X-Sandcell-Forwarded``), so two replicas
+that disagree about an owner cannot pass it back and forth.
+
+What is forwarded: ``/v1/sessions/{id}...``, ``/v1/runs/{id}...`` (while the run is in
+flight; a finished run is answered from its record by any replica), and E2B traffic naming a
+sandbox (``/e2b/sandboxes/{id}``, ``/e2b/v2/sandboxes/{id}``, the ``E2b-Sandbox-Id`` header,
+a ``PORT-ID.domain`` host). An id no live replica holds is answered here, as on one machine: a
+session whose replica died is not found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandcell.errors import SandcellError
+
+if TYPE_CHECKING:
+    from sandcell.db.replicas import Owner, ReplicaState
+
+__all__ = ["FORWARDED_HEADER", "OwnerForwarding", "owned_key"]
+
+log = logging.getLogger("sandcell.service")
+
+FORWARDED_HEADER = "x-sandcell-forwarded"
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    }
+)
+_SESSION = re.compile(r"^/v1/sessions/([A-Za-z0-9_.-]+)(?:/|$)")
+_RUN = re.compile(r"^/v1/runs/([A-Za-z0-9_.-]+)(?:/|$)")
+_E2B_PATH = re.compile(r"^/e2b(?:/v2)?/sandboxes/([A-Za-z0-9_.-]+)(?:/|$)")
+_E2B_HOST = re.compile(r"^\d{1,5}-([0-9a-z]{8,64})\.", re.ASCII)
+
+
+def owned_key(scope: Scope) -> tuple[str, str] | None:
+    """``(kind, id)`` of what the request is for, when it names something a replica holds."""
+    path = str(scope.get("path", ""))
+    found = _SESSION.match(path)
+    if found is not None:
+        return "session", found.group(1)
+    found = _RUN.match(path)
+    if found is not None:
+        return "run", found.group(1)
+    found = _E2B_PATH.match(path)
+    if found is not None:
+        return "session", found.group(1)
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    sandbox = headers.get("e2b-sandbox-id")
+    if sandbox:
+        return "session", sandbox
+    host = _E2B_HOST.match(headers.get("host", "").lower())
+    if host is not None:
+        return "session", host.group(1)
+    return None
+
+
+class OwnerForwarding:
+    """ASGI middleware (see the module)."""
+
+    def __init__(
+        self, app: ASGIApp, *, replica: ReplicaState, holds: Callable[[str, str], bool]
+    ) -> None:
+        """``holds(kind, id)``: whether this replica holds it (answered without the
+        database, so that requests for what is here cost nothing more)."""
+        self.app = app
+        self.replica = replica
+        self.holds = holds
+        self.forwarded = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        key = owned_key(scope)
+        if key is None or self.holds(*key) or _was_forwarded(scope):
+            await self.app(scope, receive, send)
+            return
+        try:
+            owner = await asyncio.to_thread(self.replica.owner, *key)
+        except SandcellError:
+            owner = None  # the directory is unreachable: answered here (the 503 follows)
+        if owner is None:
+            await self.app(scope, receive, send)
+            return
+        self.forwarded += 1
+        await self._forward(scope, receive, send, owner)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, owner: Owner) -> None:
+        import httpx2
+
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = owner.address.rstrip("/") + scope.get("root_path", "") + str(scope["path"])
+        if query:
+            url += "?" + query
+        headers = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in scope["headers"]
+            if k.decode("latin-1").lower() not in _HOP
+        ]
+        # The Host header travels unchanged: E2B's port hosts name the sandbox in it.
+        headers.append((FORWARDED_HEADER, self.replica.id))
+
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                chunk = message.get("body", b"")
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    return
+
+        async with httpx2.AsyncClient(timeout=None) as client:
+            request = client.build_request(
+                str(scope["method"]), url, headers=headers, content=body()
+            )
+            try:
+                response = await client.send(request, stream=True)
+            except httpx2.HTTPError as exc:
+                log.warning("forwarding to replica %s failed: %s", owner.replica, exc)
+                await _unavailable(send)
+                return
+            try:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,
+                        "headers": [
+                            (k.encode("latin-1"), v.encode("latin-1"))
+                            for k, v in response.headers.multi_items()
+                            if k.lower() not in _HOP
+                        ],
+                    }
+                )
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                await response.aclose()
+
+
+def _was_forwarded(scope: Scope) -> bool:
+    return any(k.lower() == FORWARDED_HEADER.encode() for k, _ in scope["headers"])
+
+
+async def _unavailable(send: Send) -> None:
+    body = (
+        b'{"type":"about:blank","title":"Service Unavailable","status":503,'
+        b'"detail":"the replica holding it did not answer; retry shortly"}'
+    )
+    start: Message = {
+        "type": "http.response.start",
+        "status": 503,
+        "headers": [
+            (b"content-type", b"application/problem+json"),
+            (b"retry-after", b"2"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
+    await send(start)
+    await send({"type": "http.response.body", "body": body, "more_body": False})
