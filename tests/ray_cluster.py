@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -154,21 +153,19 @@ def local_cluster(
     sessions: dict[str, int] = {}
     extra = extra_resources or {}
     try:
-        address = ""
+        port = free_port()
+        address = f"127.0.0.1:{port}"
         for i, name in enumerate(names):
             resources = {"sandcell_slots": slots, **extra.get(name, {})}
             if i == 0:
-                args = ["--head", f"--port={free_port()}", "--include-dashboard=false"]
+                args = ["--head", f"--port={port}", "--include-dashboard=false"]
             else:
                 args = [f"--address={address}"]
             sessions[name], said = _ray_start(
                 args, homes[name], temps[name], resources=resources, env=env or {}
             )
             if i == 0:
-                # The head says where it listens.
-                found = re.search(r"ray start --address='([^']+)'", said)
-                assert found, f"the head did not say its address: {said[-800:]}"
-                address = found.group(1)
+                assert "Ray runtime started" in said, f"the head did not start: {said[-800:]}"
         yield Cluster(address=address, root=root, homes=homes, temp_dirs=temps, sessions=sessions)
     finally:
         kill_all(set(sessions.values()), str(root))

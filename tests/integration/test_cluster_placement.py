@@ -24,15 +24,20 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'sandcell[ray]'")
 
+from tests.integration.loopback_http import JsonHandler, serving
 from tests.ray_cluster import Cluster, kill_node, local_cluster
+from tests.service.server import ServiceProcess, add_tenant
 
+from sandcell.audit import AuditLog
 from sandcell.cluster import Cluster as Placement
 from sandcell.cluster.backend import ClusterBackend
+from sandcell.errors import IsolationUnavailable
 from sandcell.executor import Executor
 from sandcell.spec import InputFile, Outcome, RunRequest, RunResult
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
 SLOTS_PER_NODE = 2
 WAIT_S = 120.0
 
@@ -211,6 +216,81 @@ def test_cluster_status_shows_every_node(replica: Replica) -> None:
         assert "namespaces" in node["rungs"]
     assert by_name["c"]["rungs"] == ["namespaces"]
     assert by_name["c"]["declared_rungs"] == ["namespaces"]
+
+
+class _Hello(JsonHandler):
+    def do_GET(self) -> None:
+        self.send_json({"hello": "from outside"})
+
+
+def _net_profile(folder: Path, port: int) -> Path:
+    """The built-in ``unchecked`` profile with an allowlist of one loopback port."""
+    text = (REPO / "src" / "sandcell" / "policy" / "builtin" / "unchecked.toml").read_text()
+    start, end = text.index("[network]"), text.index("[isolation]")
+    net = (
+        f'[network]\nmode = "allowlist"\nhosts = ["127.0.0.1:{port}"]\n'
+        'allow_addresses = ["127.0.0.1/32"]\n'
+    )
+    path = folder / "net.toml"
+    path.write_text(text[:start] + net + "\n" + text[end:])
+    return path
+
+
+def test_a_run_with_an_egress_proxy_runs_on_the_replicas_own_node_only(
+    replica: Replica, tmp_path: Path
+) -> None:
+    code = (
+        "import os, urllib.request\n"
+        "proxy = urllib.request.ProxyHandler({'http': os.environ['http_proxy']})\n"
+        "print(urllib.request.build_opener(proxy).open('http://127.0.0.1:{PORT}/').read())"
+    )
+    with serving(_Hello) as port:
+        profile = str(_net_profile(tmp_path, port))
+        request = RunRequest(code=code.replace("{PORT}", str(port)))
+        result = replica.executor.run(request, profile=profile)
+        assert result.outcome is Outcome.OK, result.reason + result.stderr
+        assert "from outside" in result.stdout
+        entry = replica.executor.audit.get(result.run_id)
+        assert entry is not None
+        backend = entry.record["backend"]
+        assert isinstance(backend, dict)
+        assert backend["node_id"] == replica.placement.own_node_id
+
+        # A replica whose own node is not among the nodes it may use cannot run it.
+        others = frozenset(i for i in replica.name_of if i != replica.placement.own_node_id)
+        elsewhere = Placement(replica.placement.ray, home=replica.home, only_nodes=others)
+        try:
+            with Executor(home=replica.home, cluster=elsewhere) as ex:
+                with pytest.raises(IsolationUnavailable, match="reaches outside"):
+                    ex.run(request, profile=profile)
+                assert ex.run(RunRequest(code="print(2)")).outcome is Outcome.OK
+        finally:
+            elsewhere.close()
+
+
+def test_sandcell_serve_places_runs_on_the_cluster(replica: Replica, tmp_path: Path) -> None:
+    home = tmp_path / "serve-home"
+    home.mkdir()
+    key = add_tenant(home, "t1")
+    service = ServiceProcess(
+        home, args=("--cluster", replica.nodes.address, "--start", "cold", "--no-socket")
+    )
+    service.start(timeout=WAIT_S)
+    try:
+        with service.client(key) as client:
+            answer = client.post("/v1/runs", json={"code": "print(6 * 7)"})
+            assert answer.status_code == 200, answer.text
+            body = answer.json()["result"]
+            assert body["outcome"] == "ok", body
+            assert body["stdout"] == "42\n"
+    finally:
+        service.stop()
+    with AuditLog(home / "audit.sqlite3") as log:
+        entry = log.get(body["run_id"])
+        assert entry is not None
+        backend = entry.record["backend"]
+        assert isinstance(backend, dict)
+        assert backend["node_id"] in replica.name_of
 
 
 def test_a_node_killed_mid_run_ends_its_runs_node_lost_and_new_runs_go_elsewhere(
