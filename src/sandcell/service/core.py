@@ -341,6 +341,9 @@ class Service:
         began = time.monotonic()
         result: RunResult | None = None
         try:
+            if self.replica is not None:
+                # Noted while queued already: another replica asked about it forwards here.
+                await anyio.to_thread.run_sync(self._note_started, state)
             await state.emit("status", {"id": state.id, "status": "queued"})
             self.queued += 1
             try:
@@ -349,8 +352,6 @@ class Service:
                 self.queued -= 1
             try:
                 state.status = "running"
-                if self.replica is not None:
-                    await anyio.to_thread.run_sync(self._note_started, state)
                 await state.emit("status", {"id": state.id, "status": "running"})
                 if state.cancel_requested:
                     self._keep_cancelling(state)
