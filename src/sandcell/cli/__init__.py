@@ -38,6 +38,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "handle"),
     "tenants": ("tenants", "handle"),
     "cluster": ("cluster", "handle"),
+    "db": ("db", "handle"),
 }
 # The order of the commands in --help; modules that add several commands at once.
 _MODULES = (
@@ -54,6 +55,7 @@ _MODULES = (
     "serve",
     "tenants",
     "cluster",
+    "db",
     "policy",
     "approvals",
     "changes",
