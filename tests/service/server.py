@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,8 @@ class ServiceProcess:
     proc: subprocess.Popen[str] | None = None
     port: int = 0
     log: list[str] = field(default_factory=list)
+    env: Mapping[str, str] = field(default_factory=dict)
+    """More environment for the process (e.g. ``SANDCELL_DATABASE_URL`` for a replica)."""
 
     @property
     def url(self) -> str:
@@ -39,7 +41,12 @@ class ServiceProcess:
         return self.home / "service.sock"
 
     def start(self, timeout: float = 60.0) -> ServiceProcess:
-        env = {**os.environ, "SANDCELL_HOME": str(self.home), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "SANDCELL_HOME": str(self.home),
+            "PYTHONUNBUFFERED": "1",
+            **self.env,
+        }
         env.pop("SANDCELL_BACKEND", None)
         with (self.home / "serve.log").open("a") as log:
             self.proc = subprocess.Popen(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandcell.service.api_runs import _PROBLEMS
 from sandcell.service.deps import CurrentTenant, ServiceDep
 from sandcell.service.kept_bytes import state_bytes
 from sandcell.service.metrics import CONTENT_TYPE, check_metrics_access
 from sandcell.service.models import HealthBody, TenantBody
+from sandcell.service.problems import STORE_RETRY_AFTER_S
 
 __all__ = ["router"]
 
@@ -28,15 +29,32 @@ _VERSION = _version()
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz", response_model=HealthBody)
-async def healthz(service: ServiceDep) -> HealthBody:
-    """Up, or draining (a graceful stop waits for runs in flight). No key needed."""
+@router.get(
+    "/healthz",
+    response_model=HealthBody,
+    responses={503: {"model": HealthBody, "description": "the shared database is unreachable"}},
+)
+async def healthz(service: ServiceDep) -> HealthBody | JSONResponse:
+    """Up, or draining (a graceful stop waits for runs in flight); 503 for a replica that
+    cannot reach its shared database (a load balancer then sends requests elsewhere). No key
+    needed. It runs no query: the replica's heartbeat uses the database every few seconds, and
+    its last outcome is what is told here."""
     service.reap_sessions()
-    return HealthBody(
+    replica = service.replica
+    body = HealthBody(
         status="draining" if service.draining else "ok",
         version=_VERSION,
         runs_in_flight=service.in_flight(),
         sessions=len(service.sessions),
+        replica=None if replica is None else replica.id,
+    )
+    down = None if replica is None else replica.unreachable
+    if down is None:
+        return body
+    body.status = "database_unreachable"
+    body.detail = f"the shared database is unreachable: {down}"
+    return JSONResponse(
+        body.model_dump(), status_code=503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)}
     )
 
 

@@ -20,17 +20,22 @@ none at all, is answered in E2B's error shape before the body is read. A signed 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandcell.e2b import E2B_PATH
+from sandcell.errors import StoreUnavailable
 from sandcell.service.core import Service
 from sandcell.service.deps import PRINCIPAL, principal_of
 from sandcell.service.mcp_mount import MCP_PATH
-from sandcell.service.problems import ServiceProblem, problem_response
+from sandcell.service.problems import STORE_RETRY_AFTER_S, ServiceProblem, problem_response
 from sandcell.service.ui.guard import MAX_FORM_BYTES, UI_PATH
+from sandcell.wire import error_wire
+
+log = logging.getLogger("sandcell.service")
 
 __all__ = ["AuthenticateFirst"]
 
@@ -87,6 +92,11 @@ class AuthenticateFirst:
                     scope, receive, send, exc.status, exc.detail, headers=exc.headers or {}
                 )
                 return
+            except StoreUnavailable as exc:
+                # Outside the app's handlers: the tenant store's database is down, which is
+                # the 503 with Retry-After they would answer, not an internal error.
+                await _unavailable(scope, receive, send, exc)
+                return
             if path == MCP_PATH and principal.role == "approver":
                 await _refuse(
                     scope,
@@ -100,7 +110,11 @@ class AuthenticateFirst:
                 return
             scope.setdefault("state", {})[PRINCIPAL] = principal
         elif _is_e2b(path) and scope.get("method") in _BODY_METHODS:
-            refused = self._e2b_refusal(scope)
+            try:
+                refused = self._e2b_refusal(scope)
+            except StoreUnavailable as exc:
+                await _unavailable(scope, receive, send, exc)
+                return
             if refused is not None:
                 await _refuse_e2b(send, *refused)
                 return
@@ -160,3 +174,12 @@ async def _refuse(
     # The body was not read: the connection cannot carry another request.
     response = problem_response(status, detail, headers={**headers, "connection": "close"})
     await response(scope, receive, send)
+
+
+async def _unavailable(scope: Scope, receive: Receive, send: Send, exc: StoreUnavailable) -> None:
+    """503 with Retry-After for a key that cannot be checked: the database is unreachable."""
+    log.error("database unreachable checking a key on %s: %s", scope.get("path", ""), exc)
+    detail = error_wire(exc).detail
+    await _refuse(
+        scope, receive, send, 503, detail, headers={"Retry-After": str(STORE_RETRY_AFTER_S)}
+    )

@@ -18,6 +18,7 @@ in the service store. Over a quota, :meth:`Quotas.start` raises a 429 problem wi
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import threading
 import time
@@ -25,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sandcell.errors import StoreUnavailable
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant, TenantStore
 
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from sandcell.db.replicas import ReplicaState
 
 __all__ = ["Quotas"]
+
+log = logging.getLogger("sandcell.service")
 
 _WINDOW_S = 60.0
 
@@ -78,11 +82,15 @@ class Quotas:
         self._lock = threading.Lock()
         self._holding: dict[str, int] = {}
         self._starts: dict[str, deque[float]] = {}
+        self._unreleased: dict[str, int] = {}
+        """Shared holds given back while the database was unreachable, by tenant: released
+        there once it answers again (before the next admission), never dropped."""
 
     def holding(self, tenant: str) -> int:
         """Sandboxes the tenant (by id, as everything here) holds now (runs in flight and live
         sessions)."""
         if self._shared is not None:
+            self._release_pending()
             return self._shared.holding(tenant)
         with self._lock:
             return self._holding.get(tenant, 0)
@@ -129,6 +137,7 @@ class Quotas:
 
     def _admit_shared(self, tenant: Tenant, *, sandbox: bool) -> None:
         assert self._shared is not None
+        self._release_pending()
         got = self._shared.admit(
             tenant.id,
             max_concurrent=tenant.max_concurrent,
@@ -144,8 +153,13 @@ class Quotas:
         )
 
     def release(self, tenant: str) -> None:
+        """Give back one sandbox of ``tenant``. Never raises for an unreachable database: the
+        end of a run must not fail on it (its waiters would never hear), so the hold is kept
+        here and given back there once the database answers."""
         if self._shared is not None:
-            self._shared.release(tenant)
+            with self._lock:
+                self._unreleased[tenant] = self._unreleased.get(tenant, 0) + 1
+            self._release_pending()
             return
         with self._lock:
             left = self._holding.get(tenant, 0) - 1
@@ -153,6 +167,26 @@ class Quotas:
                 self._holding[tenant] = left
             else:
                 self._holding.pop(tenant, None)
+
+    def _release_pending(self) -> None:
+        """Give back the shared holds released while the database was unreachable; those it
+        still cannot take stay pending."""
+        assert self._shared is not None
+        while True:
+            with self._lock:
+                if not self._unreleased:
+                    return
+                tenant = next(iter(self._unreleased))
+                left = self._unreleased.pop(tenant) - 1
+                if left:
+                    self._unreleased[tenant] = left
+            try:
+                self._shared.release(tenant)
+            except StoreUnavailable as exc:
+                with self._lock:
+                    self._unreleased[tenant] = self._unreleased.get(tenant, 0) + 1
+                log.warning("a sandbox of tenant %s is given back later: %s", tenant, exc)
+                return
 
     def _check_cpu(self, tenant: Tenant, cpu_ms: float) -> None:
         used_s = cpu_ms / 1000.0

@@ -1,0 +1,353 @@
+"""Replicas sharing one PostgreSQL database (``$SANDCELL_DATABASE_URL``): two real ``sandcell
+serve`` processes on loopback ports, each with a home of its own, one database and one shared
+directory between them.
+
+The record is one hash chain whichever replica ran a run; a tenant added once is known to both;
+quotas count across both; a replica killed with a run in flight has that run recorded once as
+lost by the other; PostgreSQL restarting under a replica makes it answer 503 while it is down and
+costs no record. The first tests share two replicas (they leave nothing running); the
+destructive ones start processes (and a PostgreSQL) of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import httpx2
+import pytest
+from tests.pg_server import PostgresServer
+from tests.service.server import REPO, ServiceProcess, add_tenant
+
+T = TypeVar("T")
+
+_DEADLINE_S = 90.0
+"""How long to wait for an event (generous: a loaded 2-core machine is slow, not wrong)."""
+_LONG_RUN = {"code": "import time\ntime.sleep(60)", "limits": {"wall_time_s": 60}, "wait": False}
+"""A run that stays in flight until it is cancelled or its replica dies."""
+
+
+def _eventually(what: str, probe: Callable[[], T | None], deadline_s: float = _DEADLINE_S) -> T:
+    """Poll ``probe`` until it answers something other than None."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        got = probe()
+        if got is not None:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what} after {deadline_s} s")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the replicas share: the database, the shared directory, the environment."""
+
+    url: str
+    shared: Path
+    env: Mapping[str, str]
+
+    def replica(self, home: Path, **more: str) -> ServiceProcess:
+        home.mkdir(parents=True, exist_ok=True)
+        return ServiceProcess(home, args=("--start", "cold"), env={**self.env, **more}).start()
+
+    def tenant(
+        self, home: Path, name: str, *, max_concurrent: int = 4, runs_per_minute: int = 600
+    ) -> str:
+        """A tenant added once, in the shared store (``sandcell tenants add`` with the env)."""
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in self.env.items():
+                mp.setenv(k, v)
+            return add_tenant(
+                home, name, max_concurrent=max_concurrent, runs_per_minute=runs_per_minute
+            )
+
+    def cli(self, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **self.env, "SANDCELL_HOME": str(home)}
+        return subprocess.run(
+            [sys.executable, "-m", "sandcell", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def verified_count(self, home: Path) -> int:
+        """``sandcell audit verify``: ok, and the number of records in the chain."""
+        done = self.cli(home, "audit", "verify")
+        assert done.returncode == 0, done.stdout + done.stderr
+        first = done.stdout.split()
+        assert first[0] == "ok:", done.stdout
+        return int(first[1])
+
+
+def _cluster(url: str, shared: Path, **more: str) -> Cluster:
+    return Cluster(
+        url=url,
+        shared=shared,
+        env={"SANDCELL_DATABASE_URL": url, "SANDCELL_SHARED_DIR": str(shared), **more},
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    name = f"replicas_{uuid.uuid4().hex[:12]}"
+    url = postgres_server.create_database(name)
+    yield _cluster(url, tmp_path_factory.mktemp("replicas-shared"))
+    if not postgres_server.is_running():
+        postgres_server.start()
+    postgres_server.drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def pair(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
+    root = tmp_path_factory.mktemp("replicas")
+    a = cluster.replica(root / "a")
+    try:
+        b = cluster.replica(root / "b")
+    except BaseException:
+        a.stop()
+        raise
+    yield a, b
+    codes = (a.stop(), b.stop())
+    assert codes == (-signal.SIGTERM, -signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def recorded() -> list[str]:
+    """The run ids the module's shared replicas recorded so far (the chain's expected count)."""
+    return []
+
+
+def _finished(client: httpx2.Client, run_id: str) -> Callable[[], dict[str, object] | None]:
+    def probe() -> dict[str, object] | None:
+        got = client.get(f"/v1/runs/{run_id}")
+        assert got.status_code == 200, got.text
+        body: dict[str, object] = got.json()
+        return body if body["status"] == "finished" else None
+
+    return probe
+
+
+def _too_many(response: httpx2.Response) -> None:
+    assert response.status_code == 429, response.text
+    assert int(response.headers["Retry-After"]) >= 1
+
+
+# --- shared replicas ----------------------------------------------------------------------------
+
+
+def test_the_record_is_one_chain(
+    cluster: Cluster, pair: tuple[ServiceProcess, ServiceProcess], recorded: list[str]
+) -> None:
+    a, b = pair
+    key = cluster.tenant(a.home, "chain")
+    made: list[tuple[str, str]] = []
+    with a.client(key) as ca, b.client(key) as cb:
+        for i, c in enumerate((ca, cb, ca, cb)):
+            got = c.post("/v1/runs", json={"code": f"print({i} * 7)"})
+            assert got.status_code == 200, got.text
+            body = got.json()
+            assert body["result"]["outcome"] == "ok", body
+            made.append((body["id"], f"{i * 7}\n"))
+        recorded += [run_id for run_id, _ in made]
+        # Every run is visible from either replica, whichever ran it.
+        for c in (ca, cb):
+            for run_id, stdout in made:
+                seen = c.get(f"/v1/runs/{run_id}")
+                assert seen.status_code == 200, seen.text
+                assert seen.json()["status"] == "finished"
+                assert seen.json()["result"]["stdout"] == stdout
+                record = c.get(f"/v1/audit/{run_id}")
+                assert record.status_code == 200, record.text
+            listed = {r["run_id"] for r in c.get("/v1/audit").json()}
+            assert {run_id for run_id, _ in made} <= listed
+        seqs = sorted(cb.get(f"/v1/audit/{run_id}").json()["seq"] for run_id, _ in made)
+        assert len(set(seqs)) == len(made)  # one chain: four places in it, none shared
+    for home in (a.home, b.home):
+        assert cluster.verified_count(home) == len(recorded)
+
+
+def test_a_tenant_added_once_is_known_to_both(
+    cluster: Cluster, pair: tuple[ServiceProcess, ServiceProcess]
+) -> None:
+    a, b = pair
+    key = cluster.tenant(b.home, "everywhere")
+    for replica in (a, b):
+        with replica.client(key) as c:
+            me = c.get("/v1/tenant")
+            assert me.status_code == 200, me.text
+            assert me.json()["name"] == "everywhere"
+        with replica.client("sc_not-a-key") as c:
+            assert c.get("/v1/tenant").status_code == 401
+
+
+def test_max_concurrent_counts_across_replicas(
+    cluster: Cluster, pair: tuple[ServiceProcess, ServiceProcess], recorded: list[str]
+) -> None:
+    a, b = pair
+    key = cluster.tenant(a.home, "busy", max_concurrent=2)
+    with a.client(key) as ca, b.client(key) as cb:
+        long_runs: list[tuple[httpx2.Client, str]] = []
+        for c in (ca, cb):
+            got = c.post("/v1/runs", json=_LONG_RUN)
+            assert got.status_code == 202, got.text
+            long_runs.append((c, got.json()["id"]))
+        assert ca.get("/v1/tenant").json()["in_flight"] == 2
+        for c in (ca, cb):
+            _too_many(c.post("/v1/runs", json={"code": "print(1)"}))
+        for c, run_id in long_runs:
+            assert c.post(f"/v1/runs/{run_id}/cancel").status_code == 202
+        for c, run_id in long_runs:
+            body = _eventually(f"run {run_id} to end", _finished(c, run_id))
+            assert body["result"]["outcome"] == "killed"  # type: ignore[index]
+        recorded += [run_id for _, run_id in long_runs]
+        for c in (ca, cb):
+            got = c.post("/v1/runs", json={"code": "print(1)"})
+            assert got.status_code == 200, got.text
+            recorded.append(got.json()["id"])
+
+
+def test_runs_per_minute_counts_across_replicas(
+    cluster: Cluster, pair: tuple[ServiceProcess, ServiceProcess], recorded: list[str]
+) -> None:
+    a, b = pair
+    key = cluster.tenant(b.home, "hasty", runs_per_minute=3)
+    with a.client(key) as ca, b.client(key) as cb:
+        for c in (ca, cb, ca):
+            got = c.post("/v1/runs", json={"code": "print(2)"})
+            assert got.status_code == 200, got.text
+            recorded.append(got.json()["id"])
+        for c in (cb, ca):
+            _too_many(c.post("/v1/runs", json={"code": "print(3)"}))
+    assert cluster.verified_count(a.home) == len(recorded)
+
+
+# --- destructive: processes of their own --------------------------------------------------------
+
+
+def _record(client: httpx2.Client, run_id: str) -> Callable[[], dict[str, object] | None]:
+    def probe() -> dict[str, object] | None:
+        got = client.get(f"/v1/audit/{run_id}")
+        if got.status_code == 404:
+            return None
+        assert got.status_code == 200, got.text
+        body: dict[str, object] = got.json()
+        return body
+
+    return probe
+
+
+def test_a_killed_replica_s_run_is_recorded_lost_once(postgres_url: str, tmp_path: Path) -> None:
+    cluster = _cluster(postgres_url, tmp_path / "shared")
+    (tmp_path / "shared").mkdir()
+    # B notices a silent replica after 3 s (and beats often enough not to seem dead itself).
+    quick = {"SANDCELL_REPLICA_DEAD_AFTER_S": "3"}
+    a = cluster.replica(tmp_path / "a", **quick)
+    b = cluster.replica(tmp_path / "b", **quick)
+    try:
+        key = cluster.tenant(a.home, "victim", max_concurrent=2)
+        with a.client(key) as ca, b.client(key) as cb:
+            got = ca.post("/v1/runs", json=_LONG_RUN)
+            assert got.status_code == 202, got.text
+            run_id = got.json()["id"]
+            _eventually(
+                "the run to be running",
+                lambda: ca.get(f"/v1/runs/{run_id}").json()["status"] == "running" or None,
+            )
+            assert cb.get("/v1/tenant").json()["in_flight"] == 1
+            a.stop(signal.SIGKILL)
+
+            record = _eventually("B to record the lost run", _record(cb, run_id))
+            result = record["record"]
+            assert isinstance(result, dict)
+            assert result["outcome"] == "infra_error"
+            assert str(result["reason"]).startswith("replica lost")
+            seen = cb.get(f"/v1/runs/{run_id}").json()
+            assert seen["status"] == "finished" and seen["record_only"] is True
+            listed = [r["run_id"] for r in cb.get("/v1/audit").json()]
+            assert listed.count(run_id) == 1
+            # The dead replica's hold no longer counts: B admits max_concurrent runs.
+            assert cb.get("/v1/tenant").json()["in_flight"] == 0
+            again = [cb.post("/v1/runs", json=_LONG_RUN) for _ in range(2)]
+            assert [r.status_code for r in again] == [202, 202], [r.text for r in again]
+            for r in again:
+                assert cb.post(f"/v1/runs/{r.json()['id']}/cancel").status_code == 202
+            for r in again:
+                _eventually("the run to end", _finished(cb, r.json()["id"]))
+            listed = [r["run_id"] for r in cb.get("/v1/audit").json()]
+            assert listed.count(run_id) == 1
+        assert cluster.verified_count(b.home) == 3
+    finally:
+        for replica in (a, b):
+            replica.stop(signal.SIGKILL if replica.proc and replica.proc.poll() else signal.SIGTERM)
+
+
+def test_postgres_restarting_under_a_replica(tmp_path: Path, postgres_server: object) -> None:
+    del postgres_server  # only for its skip or failure where PostgreSQL cannot run
+    with PostgresServer() as pg:
+        url = pg.create_database("replicas")
+        cluster = _cluster(url, tmp_path / "shared", SANDCELL_RECORD_WAIT_S="120")
+        (tmp_path / "shared").mkdir()
+        replica = cluster.replica(tmp_path / "a")
+        try:
+            key = cluster.tenant(replica.home, "steady")
+            with replica.client(key) as c, replica.client(None) as anon:
+                got = c.post(
+                    "/v1/runs",
+                    json={"code": "import time\ntime.sleep(1)\nprint('done')", "wait": False},
+                )
+                assert got.status_code == 202, got.text
+                run_id = got.json()["id"]
+                _eventually(
+                    "the run to be running",
+                    lambda: c.get(f"/v1/runs/{run_id}").json()["status"] == "running" or None,
+                )
+                pg.stop()
+
+                refused = c.post("/v1/runs", json={"code": "print(1)"})
+                assert refused.status_code == 503, refused.text
+                assert int(refused.headers["Retry-After"]) >= 1
+
+                def health_down() -> dict[str, object] | None:
+                    got = anon.get("/healthz")
+                    body: dict[str, object] = got.json()
+                    return body if got.status_code == 503 else None
+
+                down = _eventually("/healthz to say the database is down", health_down)
+                assert down["status"] == "database_unreachable", down
+                assert down["replica"], down
+                assert "database" in str(down["detail"])
+
+                pg.start()
+                _eventually(
+                    "/healthz to be ok again",
+                    lambda: anon.get("/healthz").status_code == 200 or None,
+                )
+                body = _eventually("the run to end", _finished(c, run_id))
+                assert body["result"]["outcome"] == "ok", body  # type: ignore[index]
+                assert body["result"]["stdout"] == "done\n"  # type: ignore[index]
+                again = c.post("/v1/runs", json={"code": "print(1)"})
+                assert again.status_code == 200, again.text
+                listed = [r["run_id"] for r in c.get("/v1/audit").json()]
+                assert listed.count(run_id) == 1
+                assert len(listed) == 2
+                assert c.get("/v1/tenant").json()["in_flight"] == 0
+            assert cluster.verified_count(replica.home) == 2
+        finally:
+            if not pg.is_running():
+                pg.start()
+            replica.stop()
