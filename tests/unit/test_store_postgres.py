@@ -277,3 +277,93 @@ def test_a_record_appended_while_the_database_is_down_is_stored_once_it_is_back(
         assert report.ok, report.problems
         ids = [e.run_id for e in audit.list(limit=10)]
     assert ids == ["while-down", "before"]
+
+
+def test_a_record_whose_commit_answer_was_lost_is_stored_once(
+    own_db: str, own_server: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit went through but its answer never came back: the append tries again, finds
+    its own record, and the log has it once.
+
+    Made real with PostgreSQL's synchronous replication to a standby that never comes: the
+    commit is written, then the backend waits for the standby before answering; terminated
+    there, it has committed locally and the client only sees its connection drop.
+    """
+    admin_url = own_server.url("postgres")
+    dbname = urlsplit(own_db).path.strip("/")
+    # Before the append tries again, the record is already in the database: the first try's
+    # commit went through (the real attempts run unchanged).
+    stored_before_retry: list[bool] = []
+    attempt = AuditLog._append_once
+
+    def watched(self: AuditLog, run_id: str, canonical: str, *, retried: bool) -> AuditEntry:
+        if retried:
+            with psycopg.connect(own_server.url(dbname)) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM sandcell_audit.runs WHERE run_id = %s", (run_id,)
+                ).fetchone()
+            stored_before_retry.append(row is not None and row[0] == 1)
+        return attempt(self, run_id, canonical, retried=retried)
+
+    monkeypatch.setattr(AuditLog, "_append_once", watched)
+    with AuditLog(tmp_path / "audit.sqlite3") as audit:
+        audit.append({"run_id": "before"})
+        outcome: list[AuditEntry | BaseException] = []
+
+        def append() -> None:
+            try:
+                outcome.append(audit.append({"run_id": "answer-lost", "n": 1}))
+            except BaseException as e:  # reported by the assertion below
+                outcome.append(e)
+
+        appender = threading.Thread(target=append)
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            try:
+                _set_standby(admin, "never_connects")
+                appender.start()
+                waiting = _wait_for_sync_rep(admin, dbname)
+                admin.execute("SELECT pg_terminate_backend(%s)", (waiting,))
+            finally:
+                _set_standby(admin, None)
+        appender.join(timeout=300)
+        assert not appender.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], AuditEntry), outcome
+        assert stored_before_retry == [True]  # one retry, and the commit had gone through
+        assert outcome[0] == audit.get("answer-lost")
+        report = audit.verify()
+        assert report.ok, report.problems
+        ids = [e.run_id for e in audit.list(limit=10)]
+    assert ids == ["answer-lost", "before"]
+
+
+def _set_standby(admin: psycopg.Connection[tuple[object, ...]], name: str | None) -> None:
+    """Name a synchronous standby (commits then wait for it), or none; returns once new
+    sessions see the setting (the server has signalled every backend by then)."""
+    if name is None:
+        admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+    else:
+        admin.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+    admin.execute("SELECT pg_reload_conf()")
+    url = admin.info.dsn
+    for _ in range(600):
+        with psycopg.connect(url) as probe:
+            row = probe.execute("SHOW synchronous_standby_names").fetchone()
+        if row is not None and row[0] == (name or ""):
+            return
+        admin.execute("SELECT pg_sleep(0.05)")  # the postmaster rereads its files meanwhile
+    raise AssertionError(f"synchronous_standby_names never became {name!r}")
+
+
+def _wait_for_sync_rep(admin: psycopg.Connection[tuple[object, ...]], dbname: str) -> int:
+    """The pid of the sandcell backend in ``dbname`` waiting for the standby to confirm its
+    commit, once there is one."""
+    for _ in range(2400):
+        row = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = "
+            "'sandcell' AND wait_event = 'SyncRep'",
+            (dbname,),
+        ).fetchone()
+        if row is not None:
+            return int(str(row[0]))
+        admin.execute("SELECT pg_sleep(0.05)")
+    raise AssertionError("no append ever waited for its commit to be confirmed")
