@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -54,9 +55,22 @@ class Cluster:
     shared: Path
     env: Mapping[str, str]
 
-    def replica(self, home: Path, **more: str) -> ServiceProcess:
-        home.mkdir(parents=True, exist_ok=True)
-        return ServiceProcess(home, args=("--start", "cold"), env={**self.env, **more}).start()
+    def replicas(self, *homes: Path, **more: str) -> list[ServiceProcess]:
+        """One replica per home, started at once (as a deployment does: they migrate the
+        database under its lock); all stopped again if one fails to start."""
+        procs = []
+        for home in homes:
+            home.mkdir(parents=True, exist_ok=True)
+            procs.append(ServiceProcess(home, args=("--start", "cold"), env={**self.env, **more}))
+        with ThreadPoolExecutor(len(procs)) as pool:
+            started = [pool.submit(p.start) for p in procs]
+        failed = [e for f in started if (e := f.exception()) is not None]
+        if failed:
+            for p in procs:
+                if p.proc is not None:
+                    p.stop(signal.SIGKILL)
+            raise failed[0]
+        return procs
 
     def tenant(
         self, home: Path, name: str, *, max_concurrent: int = 4, runs_per_minute: int = 600
@@ -115,12 +129,7 @@ def pair(
     cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
     root = tmp_path_factory.mktemp("replicas")
-    a = cluster.replica(root / "a")
-    try:
-        b = cluster.replica(root / "b")
-    except BaseException:
-        a.stop()
-        raise
+    a, b = cluster.replicas(root / "a", root / "b")
     yield a, b
     codes = (a.stop(), b.stop())
     assert codes == (-signal.SIGTERM, -signal.SIGTERM)
@@ -256,8 +265,7 @@ def test_a_killed_replica_s_run_is_recorded_lost_once(postgres_url: str, tmp_pat
     (tmp_path / "shared").mkdir()
     # B notices a silent replica after 3 s (and beats often enough not to seem dead itself).
     quick = {"SANDCELL_REPLICA_DEAD_AFTER_S": "3"}
-    a = cluster.replica(tmp_path / "a", **quick)
-    b = cluster.replica(tmp_path / "b", **quick)
+    a, b = cluster.replicas(tmp_path / "a", tmp_path / "b", **quick)
     try:
         key = cluster.tenant(a.home, "victim", max_concurrent=2)
         with a.client(key) as ca, b.client(key) as cb:
@@ -293,7 +301,7 @@ def test_a_killed_replica_s_run_is_recorded_lost_once(postgres_url: str, tmp_pat
         assert cluster.verified_count(b.home) == 3
     finally:
         for replica in (a, b):
-            replica.stop(signal.SIGKILL if replica.proc and replica.proc.poll() else signal.SIGTERM)
+            replica.stop()  # A is gone already: only B is asked to stop
 
 
 def test_postgres_restarting_under_a_replica(tmp_path: Path, postgres_server: object) -> None:
@@ -302,7 +310,7 @@ def test_postgres_restarting_under_a_replica(tmp_path: Path, postgres_server: ob
         url = pg.create_database("replicas")
         cluster = _cluster(url, tmp_path / "shared", SANDCELL_RECORD_WAIT_S="120")
         (tmp_path / "shared").mkdir()
-        replica = cluster.replica(tmp_path / "a")
+        (replica,) = cluster.replicas(tmp_path / "a")
         try:
             key = cluster.tenant(replica.home, "steady")
             with replica.client(key) as c, replica.client(None) as anon:
