@@ -20,14 +20,13 @@ import psycopg
 import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from tests import store_workers
 from tests.pg_server import PostgresServer
 
 import sandcell.db.migrate
-from sandcell.agent.paused import PausedStore
 from sandcell.audit import AuditEntry, AuditLog
 from sandcell.db.migrate import HEAD, KNOWN, VERSION_SCHEMA
 from sandcell.errors import ConfigError, StoreUnavailable
-from sandcell.policy.approvals import ApprovalStore
 from sandcell.service.tenants import TenantStore
 
 pytestmark = pytest.mark.timeout(600)
@@ -36,12 +35,7 @@ URL_ENV = "SANDCELL_DATABASE_URL"
 MIGRATIONS = Path(sandcell.db.migrate.__file__).with_name("migrations")
 PASSWORD = "pw-never-shown"
 """In the URLs of the tests that stop their server: no message may show it."""
-QUOTAS = {
-    "max_concurrent": 2,
-    "runs_per_minute": 10,
-    "cpu_seconds_per_day": 60,
-    "max_stored_bytes": 1 << 20,
-}
+QUOTAS = store_workers.QUOTAS
 
 
 @pytest.fixture
@@ -52,15 +46,6 @@ def shared_db(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 # --- several processes ----------------------------------------------------------------------
-
-
-def _append_many(home: str, worker: int, count: int, barrier: object) -> None:
-    """Child process body: its own AuditLog on the shared database, ``count`` appends."""
-    assert hasattr(barrier, "wait")
-    with AuditLog(Path(home) / "audit.sqlite3") as audit:
-        barrier.wait()  # all appending at once, so their transactions interleave
-        for i in range(count):
-            audit.append({"run_id": f"w{worker}-{i:03d}", "worker": worker, "i": i})
 
 
 def _run_children(target: object, args: list[tuple[object, ...]]) -> None:
@@ -82,7 +67,7 @@ def test_the_chain_stays_one_chain_under_appends_from_four_processes(
 ) -> None:
     AuditLog(tmp_path / "audit.sqlite3").close()  # migrated before the children start
     barrier = multiprocessing.get_context("spawn").Barrier(4)
-    _run_children(_append_many, [(str(tmp_path), w, 50, barrier) for w in range(4)])
+    _run_children(store_workers.append_many, [(str(tmp_path), w, 50, barrier) for w in range(4)])
     with AuditLog(tmp_path / "audit.sqlite3") as audit:
         report = audit.verify()
         entries = audit.list(limit=500)
@@ -90,26 +75,6 @@ def test_the_chain_stays_one_chain_under_appends_from_four_processes(
     assert report.count == 200
     assert sorted(e.seq for e in entries) == list(range(1, 201))
     assert {e.run_id for e in entries} == {f"w{w}-{i:03d}" for w in range(4) for i in range(50)}
-
-
-def _open_one_store(home: str, which: int, barrier: object) -> None:
-    """Child process body: open one of the stores on a fresh database, at the same moment as
-    the others, and use it."""
-    assert hasattr(barrier, "wait")
-    barrier.wait()
-    path = Path(home)
-    if which == 0:
-        with AuditLog(path / "audit.sqlite3") as audit:
-            audit.append({"run_id": "from-child"})
-    elif which == 1:
-        with TenantStore(path / "service.sqlite3") as tenants:
-            tenants.add("acme", profiles=["strict"], **QUOTAS)
-    elif which == 2:
-        with PausedStore(path / "agent.sqlite3") as paused:
-            paused.save("a1", {"question": "q"})
-    else:
-        with ApprovalStore(path / "approvals.sqlite3") as approvals:
-            approvals.list()
 
 
 def test_a_fresh_database_is_migrated_once_when_four_processes_open_it(
@@ -120,7 +85,9 @@ def test_a_fresh_database_is_migrated_once_when_four_processes_open_it(
         # The server log then shows every DDL statement run in this database, whoever ran it.
         conn.execute(f"ALTER DATABASE {dbname} SET log_statement = 'ddl'")
     barrier = multiprocessing.get_context("spawn").Barrier(4)
-    _run_children(_open_one_store, [(str(tmp_path), which, barrier) for which in range(4)])
+    _run_children(
+        store_workers.open_one_store, [(str(tmp_path), which, barrier) for which in range(4)]
+    )
     with psycopg.connect(shared_db) as conn:
         versions = conn.execute(f"SELECT version_num FROM {VERSION_SCHEMA}.alembic_version")
         assert [row[0] for row in versions.fetchall()] == [HEAD]
