@@ -218,6 +218,63 @@ def test_cluster_status_shows_every_node(replica: Replica) -> None:
     assert by_name["c"]["declared_rungs"] == ["namespaces"]
 
 
+def _elsewhere(replica: Replica, *names: str) -> Placement:
+    """A placement on the named nodes only (none of them the replica's own)."""
+    ids = frozenset(i for i, n in replica.name_of.items() if n in names)
+    return Placement(replica.placement.ray, home=replica.home, only_nodes=ids)
+
+
+def test_a_session_lives_on_a_node_and_its_cells_reach_it(replica: Replica, tmp_path: Path) -> None:
+    own = replica.name_of[replica.placement.own_node_id]
+    other = next(n for n in ("a", "b", "c") if n != own)
+    data = tmp_path / "seed.txt"
+    data.write_text("41")
+    placement = _elsewhere(replica, other)
+    try:
+        with Executor(home=replica.home, cluster=placement) as ex:
+            session = ex.session(inputs=(InputFile(host_path=data, name="seed.txt"),))
+            try:
+                first = session.run("x = int(open('/inputs/seed.txt').read())")
+                assert first.outcome is Outcome.OK, first.reason
+                heard: list[str] = []
+                second = session.run("print(x + 1)", on_output=lambda _s, t: heard.append(t))
+                assert (second.outcome, second.stdout, "".join(heard)) == (
+                    Outcome.OK,
+                    "42\n",
+                    "42\n",
+                )
+                placement.refresh(wait_s=WAIT_S)
+                sessions = {replica.name_of[r.node_id]: r.sessions for r in placement.reports()}
+                assert sessions == {other: 1}
+
+                # A cancel reaches the node; the session and its state go on.
+                ticked = threading.Event()
+                results: list[RunResult] = []
+                cell = threading.Thread(
+                    target=lambda: results.append(
+                        session.run(
+                            _ticking(60),
+                            on_output=lambda _s, t: ticked.set() if "tick" in t else None,
+                        )
+                    )
+                )
+                cell.start()
+                assert ticked.wait(WAIT_S), "the cell never said tick"
+                assert session.cancel("enough")
+                cell.join(WAIT_S)
+                assert results[0].outcome is Outcome.KILLED, results[0].reason
+                assert session.run("print(x)").stdout == "41\n"
+                session.run("open('made.txt', 'w').write('on the node')")
+            finally:
+                end = session.close(exports=("made.txt",))
+            (artifact,) = end.artifacts
+            assert ex.store.path_for(artifact.sha256).read_bytes() == b"on the node"
+            placement.refresh(wait_s=WAIT_S)
+            assert all(r.sessions == 0 for r in placement.reports())
+    finally:
+        placement.close()
+
+
 class _Hello(JsonHandler):
     def do_GET(self) -> None:
         self.send_json({"hello": "from outside"})
@@ -261,7 +318,7 @@ def test_a_run_with_an_egress_proxy_runs_on_the_replicas_own_node_only(
         elsewhere = Placement(replica.placement.ray, home=replica.home, only_nodes=others)
         try:
             with Executor(home=replica.home, cluster=elsewhere) as ex:
-                with pytest.raises(IsolationUnavailable, match="reaches outside"):
+                with pytest.raises(IsolationUnavailable, match=r"needs this replica's host"):
                     ex.run(request, profile=profile)
                 assert ex.run(RunRequest(code="print(2)")).outcome is Outcome.OK
         finally:
@@ -300,6 +357,10 @@ def test_a_node_killed_mid_run_ends_its_runs_node_lost_and_new_runs_go_elsewhere
     own = replica.name_of.get(replica.placement.own_node_id)
     # Not the head (the cluster would go with it), not the replica's own node (its driver).
     victim = next(n for n in ("b", "c") if n != own)
+    doomed = _elsewhere(replica, victim)
+    session_ex = Executor(home=replica.home, cluster=doomed)
+    session = session_ex.session()
+    assert session.run("y = 1").outcome is Outcome.OK
     threads, results, ticked = _start_ticking(replica, 2 * len(replica.name_of), 60)
     on_victim = [r for r in ticked if replica.name_of.get(backend.node_of(r) or "") == victim]
     assert on_victim, "no run was placed on the node to be killed"
@@ -320,6 +381,15 @@ def test_a_node_killed_mid_run_ends_its_runs_node_lost_and_new_runs_go_elsewhere
     recorded = Counter(e.run_id for e in replica.executor.audit.list(limit=1000))
     assert all(recorded[r] == 1 for r in ticked), recorded
     assert replica.executor.audit.verify().ok
+
+    # The session's sandbox went with its node: its next cell says so and the session ends.
+    lost = session.run("print(y)")
+    assert lost.outcome is Outcome.INFRA_ERROR, lost.reason
+    assert lost.reason.startswith("node lost"), lost.reason
+    assert session.ended is not None
+    session.close()
+    session_ex.close()
+    doomed.close()
 
     with ThreadPoolExecutor(4) as pool:
         later = list(

@@ -17,19 +17,25 @@ import hashlib
 import os
 import queue
 import shutil
+import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from sandcell.artifacts import ArtifactStore, collect_exports
+from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports
 from sandcell.backends.base import Backend, BackendResult, OutputSink
+from sandcell.backends.cell.state import PauseMode, SandboxMetrics, SavedState
 from sandcell.backends.registry import LADDER
 from sandcell.cluster.bundles import unpack
+from sandcell.cluster.cells import NodeSessions
 from sandcell.cluster.store_id import store_identity
 from sandcell.cluster.wire import (
+    CellJob,
+    CellReply,
+    Collected,
     CollectSpec,
     NodeReport,
     OutputPiece,
@@ -37,6 +43,9 @@ from sandcell.cluster.wire import (
     RunFailure,
     RunJob,
     RunReply,
+    SessionFacts,
+    SessionJob,
+    Shown,
 )
 from sandcell.display import DisplayCollection, take_outputs
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
@@ -46,6 +55,8 @@ from sandcell.spec import Artifact, Enforcement, Outcome, RejectedExport, RunReq
 
 if TYPE_CHECKING:
     from sandcell.backends.warm import WarmConfig
+
+T = TypeVar("T")
 
 RUNG_RESOURCE = "sandcell_rung_"
 """Prefix of the custom resources by which a node names the rungs it offers
@@ -111,6 +122,7 @@ class NodeAgent:
     ) -> None:
         import ray
 
+        _unblock_interrupt()
         self._home = data_dir()
         self._node_id = str(ray.get_runtime_context().get_node_id())
         self._store = ArtifactStore(bulk_dir(self._home) / "artifacts")
@@ -122,6 +134,7 @@ class NodeAgent:
         self._cond = threading.Condition()
         self._running: dict[str, Backend] = {}
         self._queued: dict[str, str | None] = {}
+        self._sessions = NodeSessions(self._store, self._store_id, self._home)
         """Run id → None while it waits for a slot, the reason once cancelled there."""
 
     # -- what a replica calls ------------------------------------------------------------------
@@ -153,42 +166,62 @@ class NodeAgent:
             pools=tuple(pools),
             runtimes=_runtimes(),
             store_id=self._store_id,
+            sessions=self._sessions.count(),
         )
 
     def prepare(self, rung: str, runtime: str) -> NodeReport:
         """Build the backend of ``rung`` in ``runtime`` now (its warm pool fills), so that the
         first run placed here does not pay for it."""
+        _unblock_interrupt()  # a warm pool's processes start from here
         self._backend(rung, runtime)
         return self.describe()
 
     def run(self, job: RunJob) -> Iterator[OutputPiece | RunReply | RunFailure]:
         """Run ``job``: yields its output pieces (with ``job.stream``) as the program writes
         them, then one RunReply, or one RunFailure when it could not be attempted."""
-        items: queue.SimpleQueue[OutputPiece | RunReply | RunFailure] = queue.SimpleQueue()
+        # ``yield from``: Ray streams the results of a method that is a generator function.
+        yield from _streamed(
+            lambda sink: self._run(job, sink if job.stream else None), f"sandcell-run-{job.run_id}"
+        )
 
-        def sink(stream: str, data: bytes) -> None:
-            items.put(OutputPiece(stream=stream, data=data))
+    # -- sessions (cluster/cells.py holds them) ------------------------------------------------
 
-        def body() -> None:
-            try:
-                items.put(self._run(job, sink if job.stream else None))
-            except SandcellError as exc:
-                items.put(failure_of(exc))
-            except Exception as exc:  # the replica must hear of it as a failure, not hang
-                items.put(
-                    RunFailure(
-                        kind="infra", message=f"the node agent failed: {type(exc).__name__}: {exc}"
-                    )
-                )
+    def session_open(self, job: SessionJob) -> SessionFacts | RunFailure:
+        return _answer(lambda: self._sessions.open(self._backend(job.rung, job.runtime), job))
 
-        # The backend calls the sink from its own threads; a generator yields from one: the
-        # run goes on a thread of its own and this one hands its pieces on in order.
-        threading.Thread(target=body, name=f"sandcell-run-{job.run_id}", daemon=True).start()
-        while True:
-            item = items.get()
-            yield item
-            if not isinstance(item, OutputPiece):
-                return
+    def session_cell(self, job: CellJob) -> Iterator[OutputPiece | CellReply | RunFailure]:
+        """A cell: yields its output pieces (with ``job.stream``), then one CellReply."""
+        yield from _streamed(
+            lambda sink: self._sessions.cell(job, sink if job.stream else None),
+            f"sandcell-cell-{job.session_id}",
+        )
+
+    def session_cancel(self, session_id: str, reason: str) -> bool:
+        return self._sessions.cancel(session_id, reason)
+
+    def session_files(self, session_id: str) -> list[str] | RunFailure:
+        return _answer(lambda: self._sessions.files(session_id))
+
+    def session_export(
+        self, session_id: str, globs: tuple[str, ...], limits: ExportLimits, store_id: str
+    ) -> Collected | RunFailure:
+        return _answer(lambda: self._sessions.export(session_id, globs, limits, store_id))
+
+    def session_outputs(self, session_id: str, out_dir: str, store_id: str) -> Shown | RunFailure:
+        return _answer(lambda: self._sessions.outputs(session_id, out_dir, store_id))
+
+    def session_save(
+        self, session_id: str, state_dir: str, mode: PauseMode, keep_running: bool
+    ) -> SavedState | RunFailure:
+        return _answer(lambda: self._sessions.save(session_id, Path(state_dir), mode, keep_running))
+
+    def session_metrics(self, session_id: str) -> tuple[SandboxMetrics, str | None] | RunFailure:
+        return _answer(lambda: self._sessions.metrics(session_id))
+
+    def session_teardown(
+        self, session_id: str, globs: tuple[str, ...], limits: ExportLimits, store_id: str
+    ) -> Collected | RunFailure:
+        return _answer(lambda: self._sessions.teardown(session_id, globs, limits, store_id))
 
     def cancel(self, run_id: str, reason: str) -> bool:
         with self._cond:
@@ -200,6 +233,7 @@ class NodeAgent:
         return backend is not None and backend.cancel(run_id, reason)
 
     def close(self) -> None:
+        self._sessions.close()
         for backend in self._backends.all():
             backend.close()
 
@@ -288,6 +322,52 @@ class NodeAgent:
 
     def _versions(self, backend: Backend) -> dict[str, str]:
         return {**backend.versions(), "node_id": self._node_id, "node_home": str(self._home)}
+
+
+def _unblock_interrupt() -> None:
+    """Let SIGINT through in this thread. Ray's worker threads block it, and a blocked mask is
+    inherited by every process started from the thread, across exec: a sandbox started from one
+    would hold SIGINT blocked, and a session's cell could not be interrupted (nor a program see
+    SIGINT as it does on one machine)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _answer(call: Callable[[], T]) -> T | RunFailure:
+    """``call()``, or the sandcell error it raised as data (see RunFailure)."""
+    _unblock_interrupt()
+    try:
+        return call()
+    except SandcellError as exc:
+        return failure_of(exc)
+
+
+def _streamed(
+    call: Callable[[OutputSink], T], thread_name: str
+) -> Iterator[OutputPiece | T | RunFailure]:
+    """``call(sink)`` on a thread of its own, yielding what it tells the sink as it comes, then
+    its return value (or its failure). The backend calls the sink from its own threads; a
+    generator yields from one."""
+    items: queue.SimpleQueue[OutputPiece | T | RunFailure] = queue.SimpleQueue()
+
+    def sink(stream: str, data: bytes) -> None:
+        items.put(OutputPiece(stream=stream, data=data))
+
+    def body() -> None:
+        _unblock_interrupt()
+        try:
+            items.put(call(sink))
+        except SandcellError as exc:
+            items.put(failure_of(exc))
+        except Exception as exc:  # the replica must hear of it as a failure, not hang
+            message = f"the node agent failed: {type(exc).__name__}: {exc}"
+            items.put(RunFailure(kind="infra", message=message))
+
+    threading.Thread(target=body, name=thread_name, daemon=True).start()
+    while True:
+        item = items.get()
+        yield item
+        if not isinstance(item, OutputPiece):
+            return
 
 
 def _runtimes() -> tuple[str, ...]:

@@ -15,6 +15,8 @@ the exports and rich outputs there, and streams the output back as it is written
   the agent of this replica's own node, which sees that directory; else IsolationUnavailable.
 - A node or agent that dies during a run ends it with InfraError ``node lost``: the pipeline
   records it once as ``infra_error``, and the node gets no more runs from this replica.
+- A session's sandbox lives on a node too (:mod:`sandcell.cluster.remote_cell`); the session
+  itself stays in the replica.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from sandcell.cluster.wire import (
     RunFailure,
     RunJob,
     RunReply,
+    SessionJob,
 )
-from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
+from sandcell.errors import InfraError
 from sandcell.spec import RunRequest
 
 if TYPE_CHECKING:
@@ -103,7 +106,7 @@ class ClusterBackend:
             finally:
                 with self._lock:
                     self._in_flight.pop(run_id, None)
-        _store_blobs(cluster.store, reply, run_id)
+        store_blobs(cluster.store, reply.blobs, f"run {run_id}")
         self._last.versions = dict(reply.versions)
         return reply.result
 
@@ -124,7 +127,7 @@ class ClusterBackend:
                     if on_output is not None:
                         on_output(item.stream, item.data)
                 elif isinstance(item, RunFailure):
-                    raise _error_of(item)
+                    raise item.error()
                 else:
                     reply = item
         except lost_errors(ray) as exc:
@@ -137,11 +140,11 @@ class ClusterBackend:
             where = member.report.hostname if member.report else member.spec.address
             raise InfraError(
                 f"node lost: node {member.node_id} ({where}) or its sandcell agent went away "
-                f"during the run: {_last_line(exc)}"
+                f"during the run: {last_line(exc)}"
             ) from None
         except ray.exceptions.RayTaskError as exc:
             raise InfraError(
-                f"the sandcell agent of node {member.node_id} failed: {_last_line(exc)}"
+                f"the sandcell agent of node {member.node_id} failed: {last_line(exc)}"
             ) from None
         if reply is None:
             raise InfraError(f"the sandcell agent of node {member.node_id} ended without a result")
@@ -190,29 +193,39 @@ class ClusterBackend:
         sockets: SandboxSockets | None = None,
         restore: RestorePoint | None = None,
     ) -> CellSandbox:
-        raise ConfigError(
-            "sessions on a cluster are not available yet: a session's sandbox would live on a "
-            "node while its calls come to a replica; run sessions on a service without --cluster"
+        """A session's sandbox on a node (:class:`~sandcell.cluster.remote_cell.
+        RemoteCellSandbox`, not started yet). It holds no slot; it goes to this replica's own
+        node when its ways out are sockets here, or when it comes back from a state the other
+        nodes do not see."""
+        from sandcell.cluster.remote_cell import RemoteCellSandbox
+
+        cluster = self._cluster
+        here = sockets is not None or (
+            restore is not None and not visible(restore.state_dir, cluster.shared)
         )
+        member = cluster.take(self.name, self.runtime, own_node=here)
+        cluster.give_back(member)  # placed by load now; a session is not a run in flight
+        job = SessionJob(
+            session_id=session_id,
+            rung=self.name,
+            runtime=self.runtime,
+            request=request,
+            bundles=self._bundles(request, member),
+            sockets=sockets,
+            restore=restore,
+        )
+        return RemoteCellSandbox(self, cluster, member, job)
 
     def close(self) -> None:
         """Nothing of its own to close: the cluster's owner closes the cluster."""
 
 
-def _error_of(failure: RunFailure) -> SandcellError:
-    if failure.kind == "isolation":
-        return IsolationUnavailable(failure.layer, failure.reason, failure.fix)
-    if failure.kind == "config":
-        return ConfigError(failure.message)
-    return InfraError(failure.message)
-
-
-def _store_blobs(store: ArtifactStore, reply: RunReply, run_id: str) -> None:
+def store_blobs(store: ArtifactStore, blobs: Mapping[str, bytes], what: str) -> None:
     """Put the run's artifacts into this replica's store, each checked against its SHA-256."""
-    for sha, data in reply.blobs.items():
+    for sha, data in blobs.items():
         if hashlib.sha256(data).hexdigest() != sha:
             raise InfraError(
-                f"artifact {sha} of run {run_id} arrived damaged from its node (its content "
+                f"artifact {sha} of {what} arrived damaged from its node (its content "
                 "does not match its SHA-256)"
             )
         if store.has(sha):
@@ -232,7 +245,7 @@ def _store_blobs(store: ArtifactStore, reply: RunReply, run_id: str) -> None:
             )
 
 
-def _last_line(exc: BaseException) -> str:
+def last_line(exc: BaseException) -> str:
     lines = [x.strip() for x in str(exc).strip().splitlines() if x.strip()]
     return " | ".join(lines[-2:])[-400:] or type(exc).__name__
 

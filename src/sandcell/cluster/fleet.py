@@ -305,9 +305,10 @@ class Cluster:
         if own_node:
             return IsolationUnavailable(
                 rung,
-                "this run's profile reaches outside (egress proxy or governed tools), whose "
-                "sockets live in this replica's process, and this replica's own node "
-                f"({self.own_node_id}) runs no sandcell agent offering {rung}",
+                "this run needs this replica's host (its profile reaches outside, through an "
+                "egress proxy or tool gateway whose sockets live in this replica's process, "
+                "or it comes back from a state outside the shared directory), and this "
+                f"replica's own node ({self.own_node_id}) runs no sandcell agent offering {rung}",
                 f"run the replica on a node of the cluster that offers {rung} (with "
                 f"{SLOTS}), or give such runs a profile without network or tools",
             )

@@ -85,7 +85,8 @@ def render(rows: list[NodeStatus]) -> str:
             or "none built yet"
         )
         out.append(
-            f"{head}  free {r.free}  running {r.running}  queued {r.queued}\n"
+            f"{head}  free {r.free}  running {r.running}  queued {r.queued}  "
+            f"sessions {r.sessions}\n"
             f"  host {r.hostname}  home {r.home}\n"
             f"  rungs: {', '.join(r.rungs) or 'none'}\n  pools: {pools}\n"
             f"  runtimes: {', '.join(r.runtimes) or 'none'}"

@@ -13,9 +13,13 @@ from typing import Literal
 
 from sandcell.artifacts import ExportLimits
 from sandcell.backends.base import BackendResult
+from sandcell.backends.cell import CellRun, CellScope
+from sandcell.backends.cell.state import PauseMode, RestorePoint
 from sandcell.cluster.bundles import PathBundle
+from sandcell.display import DisplayCollection
+from sandcell.errors import ConfigError, InfraError, IsolationUnavailable, SandcellError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.spec import RunRequest
+from sandcell.spec import Artifact, Enforcement, RejectedExport, RunRequest
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +85,14 @@ class RunFailure:
     reason: str = ""
     fix: str = ""
 
+    def error(self) -> SandcellError:
+        """The error again, as the replica raises it."""
+        if self.kind == "isolation":
+            return IsolationUnavailable(self.layer, self.reason, self.fix)
+        if self.kind == "config":
+            return ConfigError(self.message)
+        return InfraError(self.message)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolReport:
@@ -111,6 +123,8 @@ class NodeReport:
     runtimes: tuple[str, ...]
     """The runtimes built on the node (``sandcell runtime list`` there)."""
     store_id: str
+    sessions: int = 0
+    """Session sandboxes alive on the node (they hold no slot)."""
 
     @property
     def free(self) -> int:
@@ -127,6 +141,7 @@ class NodeReport:
             "free_slots": self.free,
             "running": self.running,
             "queued": self.queued,
+            "sessions": self.sessions,
             "pools": [
                 {
                     "rung": p.rung,
@@ -142,11 +157,83 @@ class NodeReport:
 
 
 __all__ = [
+    "CellJob",
+    "CellReply",
     "CollectSpec",
+    "Collected",
     "NodeReport",
     "OutputPiece",
     "PoolReport",
     "RunFailure",
     "RunJob",
     "RunReply",
+    "SessionFacts",
+    "SessionJob",
+    "Shown",
 ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionJob:
+    """A session's sandbox to open on a node (``Backend.session_sandbox``'s arguments)."""
+
+    session_id: str
+    rung: str
+    runtime: str
+    request: RunRequest
+    bundles: tuple[PathBundle, ...]
+    sockets: SandboxSockets | None = None
+    restore: RestorePoint | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionFacts:
+    """What a replica keeps of a session's sandbox on a node once it started."""
+
+    enforcement: Enforcement
+    pause_modes: frozenset[PauseMode]
+    run_dir: str
+    """The sandbox's directory on the node's host."""
+    sandbox_pid: int | None
+    """Its outermost process, on the node's host."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellJob:
+    """One cell for a session's sandbox on a node."""
+
+    session_id: str
+    code: str
+    timeout_s: float
+    deadline_in_s: float | None
+    """The session's hard deadline as seconds from when the replica sent it (monotonic clocks
+    are not comparable across machines)."""
+    scope: CellScope | None
+    stream: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellReply:
+    """How a cell ended on the node, and whether the sandbox lives on."""
+
+    cell: CellRun
+    ended: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collected:
+    """Files exported from a session's workspace on the node, with their bytes when the
+    stores differ, and whether the sandbox lives on."""
+
+    artifacts: tuple[Artifact, ...]
+    rejected: tuple[RejectedExport, ...]
+    blobs: Mapping[str, bytes]
+    ended: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shown:
+    """A cell's rich outputs read on the node, with their artifacts' bytes when needed."""
+
+    collection: DisplayCollection
+    blobs: Mapping[str, bytes]

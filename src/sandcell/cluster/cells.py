@@ -1,0 +1,210 @@
+"""The session sandboxes of one node, held by its agent for the replicas that opened them.
+
+A session (:mod:`sandcell.sessions.session`) stays in the replica that opened it, with its policy,
+records and watchdog; only its sandbox is here, reached by its session id. Each call is what the
+replica's :class:`~sandcell.cluster.remote_cell.RemoteCellSandbox` was asked, done on the live
+sandbox; exports and rich outputs land in the node's store and travel back as bytes when the
+replica's store is another directory. A session holds no slot: it is idle most of its life, and
+runs are what slots bound.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports
+from sandcell.backends.base import Backend, Collector, OutputSink
+from sandcell.backends.cell import CellSandbox, open_cell_sandbox
+from sandcell.backends.cell.state import PauseMode, SandboxMetrics, SavedState
+from sandcell.backends.cell.verdict import CellCancel
+from sandcell.cluster.bundles import unpack
+from sandcell.cluster.wire import CellJob, CellReply, Collected, SessionFacts, SessionJob, Shown
+from sandcell.errors import ConfigError, InfraError
+from sandcell.spec import Artifact
+
+
+@dataclass(kw_only=True)
+class _Live:
+    sandbox: CellSandbox
+    staged: Path
+    cancel: CellCancel | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class NodeSessions:
+    """The live session sandboxes of this node, by session id; thread-safe."""
+
+    def __init__(self, store: ArtifactStore, store_id: str, home: Path) -> None:
+        self._store = store
+        self._store_id = store_id
+        self._home = home
+        self._live: dict[str, _Live] = {}
+        self._lock = threading.Lock()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def open(self, backend: Backend, job: SessionJob) -> SessionFacts:
+        """Open and start the sandbox of ``job``; its facts for the replica."""
+        with self._lock:
+            if job.session_id in self._live:
+                raise ConfigError(f"session {job.session_id} already has a sandbox on this node")
+        staged = self._home / "cluster-inputs" / f"session-{job.session_id}"
+        request = job.request
+        try:
+            if job.bundles:
+                moved: dict[str, Path] = {}
+                for i, bundle in enumerate(job.bundles):
+                    (staged / str(i)).mkdir(parents=True)
+                    name = Path(bundle.path).name or "in"
+                    moved[bundle.path] = unpack(bundle, staged / str(i) / name)
+                request = replace(
+                    request,
+                    inputs=tuple(
+                        replace(i, host_path=moved.get(str(i.host_path), i.host_path))
+                        for i in request.inputs
+                    ),
+                    packages=tuple(moved.get(str(p), p) for p in request.packages),
+                )
+            sandbox = open_cell_sandbox(
+                backend,
+                request,
+                session_id=job.session_id,
+                sockets=job.sockets,
+                restore=job.restore,
+            )
+            sandbox.start()
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        with self._lock:
+            self._live[job.session_id] = _Live(sandbox=sandbox, staged=staged)
+        return SessionFacts(
+            enforcement=sandbox.enforcement(),
+            pause_modes=sandbox.pause_modes,
+            run_dir=str(sandbox.run_dir),
+            sandbox_pid=sandbox.sandbox_pid,
+        )
+
+    def _get(self, session_id: str) -> _Live:
+        with self._lock:
+            live = self._live.get(session_id)
+        if live is None:
+            raise InfraError(
+                f"session {session_id} has no sandbox on this node any more (its agent was "
+                "restarted, or the session ended)"
+            )
+        return live
+
+    def cell(self, job: CellJob, sink: OutputSink | None) -> CellReply:
+        live = self._get(job.session_id)
+        with live.lock:
+            live.cancel = CellCancel()
+            deadline = (
+                time.monotonic() + job.deadline_in_s if job.deadline_in_s is not None else None
+            )
+            try:
+                cell = live.sandbox.run_cell(
+                    job.code,
+                    timeout_s=job.timeout_s,
+                    hard_deadline=deadline,
+                    cancel=live.cancel,
+                    on_output=sink,
+                    scope=job.scope,
+                )
+            finally:
+                live.cancel = None
+            return CellReply(cell=cell, ended=live.sandbox.ended)
+
+    def cancel(self, session_id: str, reason: str) -> bool:
+        with self._lock:
+            live = self._live.get(session_id)
+        cancel = live.cancel if live is not None else None
+        if cancel is None:
+            return False
+        cancel.request(reason)
+        return True
+
+    def files(self, session_id: str) -> list[str]:
+        live = self._get(session_id)
+        with live.lock:
+            return live.sandbox.files()
+
+    def export(
+        self, session_id: str, globs: Sequence[str], limits: ExportLimits, store_id: str
+    ) -> Collected:
+        live = self._get(session_id)
+        with live.lock:
+            artifacts, rejected = live.sandbox.export(globs, self._collector(globs, limits))
+            ended = live.sandbox.ended
+        return Collected(
+            artifacts=artifacts,
+            rejected=rejected,
+            blobs=self._blobs(artifacts, store_id),
+            ended=ended,
+        )
+
+    def outputs(self, session_id: str, out_dir: str, store_id: str) -> Shown:
+        live = self._get(session_id)
+        with live.lock:
+            shown = live.sandbox.outputs(out_dir, self._store)
+        found = tuple(a for o in shown.outputs for a in o.artifacts)
+        return Shown(collection=shown, blobs=self._blobs(found, store_id))
+
+    def save(
+        self, session_id: str, state_dir: Path, mode: PauseMode, keep_running: bool
+    ) -> SavedState:
+        live = self._get(session_id)
+        with live.lock:
+            return live.sandbox.save(state_dir, mode=mode, keep_running=keep_running)
+
+    def metrics(self, session_id: str) -> tuple[SandboxMetrics, str | None]:
+        live = self._get(session_id)
+        return live.sandbox.metrics(), live.sandbox.ended
+
+    def teardown(
+        self, session_id: str, globs: Sequence[str], limits: ExportLimits, store_id: str
+    ) -> Collected:
+        with self._lock:
+            live = self._live.pop(session_id, None)
+        if live is None:
+            return Collected(artifacts=(), rejected=(), blobs={}, ended="closed")
+        try:
+            with live.lock:
+                collect = self._collector(globs, limits) if globs else None
+                artifacts, rejected = live.sandbox.teardown(globs, collect)
+        finally:
+            shutil.rmtree(live.staged, ignore_errors=True)
+        return Collected(
+            artifacts=artifacts,
+            rejected=rejected,
+            blobs=self._blobs(artifacts, store_id),
+            ended=live.sandbox.ended,
+        )
+
+    def close(self) -> None:
+        """End every session sandbox here (the agent is going away)."""
+        with self._lock:
+            live = list(self._live.values())
+            self._live.clear()
+        for one in live:
+            one.sandbox.teardown()
+            shutil.rmtree(one.staged, ignore_errors=True)
+
+    def _collector(self, globs: Sequence[str], limits: ExportLimits) -> Collector:
+        store = self._store
+        return lambda view: collect_exports(view, tuple(globs), store, limits)
+
+    def _blobs(self, artifacts: Sequence[Artifact], store_id: str) -> dict[str, bytes]:
+        if store_id == self._store_id:
+            return {}
+        return {a.sha256: self._store.path_for(a.sha256).read_bytes() for a in artifacts}
+
+
+__all__ = ["NodeSessions"]
