@@ -304,17 +304,40 @@ def test_a_killed_replica_s_run_is_recorded_lost_once(postgres_url: str, tmp_pat
             replica.stop()  # A is gone already: only B is asked to stop
 
 
-def test_postgres_restarting_under_a_replica(tmp_path: Path, postgres_server: object) -> None:
+def _health(client: httpx2.Client, status: int) -> Callable[[], dict[str, object] | None]:
+    def probe() -> dict[str, object] | None:
+        got = client.get("/healthz")
+        body: dict[str, object] = got.json()
+        return body if got.status_code == status else None
+
+    return probe
+
+
+def test_postgres_restarting_under_replicas(tmp_path: Path, postgres_server: object) -> None:
+    """PostgreSQL stops for longer than makes a replica dead, with a run in flight on A: both
+    answer 503 meanwhile; once it is back, neither takes the other for dead (every beat was
+    missed alike), the run ends with its own record, once, and requests work again."""
     del postgres_server  # only for its skip or failure where PostgreSQL cannot run
+    dead_after_s = 2.0
     with PostgresServer() as pg:
         url = pg.create_database("replicas")
-        cluster = _cluster(url, tmp_path / "shared", SANDCELL_RECORD_WAIT_S="120")
+        cluster = _cluster(
+            url,
+            tmp_path / "shared",
+            SANDCELL_RECORD_WAIT_S="120",
+            SANDCELL_REPLICA_DEAD_AFTER_S=str(dead_after_s),
+        )
         (tmp_path / "shared").mkdir()
-        (replica,) = cluster.replicas(tmp_path / "a")
+        a, b = cluster.replicas(tmp_path / "a", tmp_path / "b")
         try:
-            key = cluster.tenant(replica.home, "steady")
-            with replica.client(key) as c, replica.client(None) as anon:
-                got = c.post(
+            key = cluster.tenant(a.home, "steady")
+            with (
+                a.client(key) as ca,
+                b.client(key) as cb,
+                a.client(None) as anon_a,
+                b.client(None) as anon_b,
+            ):
+                got = ca.post(
                     "/v1/runs",
                     json={"code": "import time\ntime.sleep(1)\nprint('done')", "wait": False},
                 )
@@ -322,40 +345,50 @@ def test_postgres_restarting_under_a_replica(tmp_path: Path, postgres_server: ob
                 run_id = got.json()["id"]
                 _eventually(
                     "the run to be running",
-                    lambda: c.get(f"/v1/runs/{run_id}").json()["status"] == "running" or None,
+                    lambda: ca.get(f"/v1/runs/{run_id}").json()["status"] == "running" or None,
                 )
                 pg.stop()
+                stopped = time.monotonic()
 
-                refused = c.post("/v1/runs", json={"code": "print(1)"})
-                assert refused.status_code == 503, refused.text
-                assert int(refused.headers["Retry-After"]) >= 1
-
-                def health_down() -> dict[str, object] | None:
-                    got = anon.get("/healthz")
-                    body: dict[str, object] = got.json()
-                    return body if got.status_code == 503 else None
-
-                down = _eventually("/healthz to say the database is down", health_down)
-                assert down["status"] == "database_unreachable", down
-                assert down["replica"], down
-                assert "database" in str(down["detail"])
+                for c in (ca, cb):
+                    refused = c.post("/v1/runs", json={"code": "print(1)"})
+                    assert refused.status_code == 503, refused.text
+                    assert int(refused.headers["Retry-After"]) >= 1
+                down = [
+                    _eventually("/healthz to say the database is down", _health(anon, 503))
+                    for anon in (anon_a, anon_b)
+                ]
+                for body in down:
+                    assert body["status"] == "database_unreachable", body
+                    assert "database" in str(body["detail"]), body
+                assert down[0]["replica"] and down[1]["replica"]
+                assert down[0]["replica"] != down[1]["replica"]
+                # A lower bound, not a timing assumption: the outage must outlast the time that
+                # makes a silent replica dead (a slow machine only makes it longer).
+                _eventually(
+                    "an outage longer than a replica's death",
+                    lambda: time.monotonic() - stopped > dead_after_s + 1 or None,
+                )
 
                 pg.start()
-                _eventually(
-                    "/healthz to be ok again",
-                    lambda: anon.get("/healthz").status_code == 200 or None,
-                )
-                body = _eventually("the run to end", _finished(c, run_id))
+                for anon in (anon_a, anon_b):
+                    up = _eventually("/healthz to be ok again", _health(anon, 200))
+                    assert up["status"] == "ok" and up["replica"], up
+                body = _eventually("the run to end", _finished(ca, run_id))
                 assert body["result"]["outcome"] == "ok", body  # type: ignore[index]
                 assert body["result"]["stdout"] == "done\n"  # type: ignore[index]
-                again = c.post("/v1/runs", json={"code": "print(1)"})
-                assert again.status_code == 200, again.text
-                listed = [r["run_id"] for r in c.get("/v1/audit").json()]
+                for c in (ca, cb):
+                    again = c.post("/v1/runs", json={"code": "print(1)"})
+                    assert again.status_code == 200, again.text
+                record = cb.get(f"/v1/audit/{run_id}").json()["record"]
+                assert record["outcome"] == "ok", record  # not taken for lost by B
+                listed = [r["run_id"] for r in cb.get("/v1/audit").json()]
                 assert listed.count(run_id) == 1
-                assert len(listed) == 2
-                assert c.get("/v1/tenant").json()["in_flight"] == 0
-            assert cluster.verified_count(replica.home) == 2
+                assert len(listed) == 3
+                assert cb.get("/v1/tenant").json()["in_flight"] == 0
+            assert cluster.verified_count(b.home) == 3
         finally:
             if not pg.is_running():
                 pg.start()
-            replica.stop()
+            for replica in (a, b):
+                replica.stop()

@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -217,9 +217,12 @@ class ReplicaState:
             )
             return [str(r[0]) for r in rows.fetchall()]
 
-    def sweep(self) -> list[LostRun]:
-        """Remove the dead replicas and what they held; return the runs they left unanswered
-        (the caller records each as lost). Each dead replica is swept by one caller only."""
+    def sweep(self, record: Callable[[LostRun], None] | None = None) -> list[LostRun]:
+        """Remove the dead replicas and what they held; return the runs they left unanswered.
+        Each dead replica is swept by one caller only. ``record(lost)`` records a run as lost
+        inside the sweep's transaction: if it fails (or this process dies first), nothing is
+        removed and the next sweep tries again, so no lost run goes unrecorded (a second try
+        finds its record already there)."""
         lost: list[LostRun] = []
         with self._txn() as conn:
             dead = conn.execute(
@@ -252,6 +255,9 @@ class ReplicaState:
             conn.execute(
                 "DELETE FROM starts WHERE at <= now() - make_interval(secs => ?)", (_WINDOW_S,)
             )
+            if record is not None:
+                for run in lost:
+                    record(run)
         return lost
 
     def owner(self, kind: str, key: str) -> Owner | None:

@@ -15,11 +15,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from sandcell.audit.record import utc_now
 from sandcell.db.url import database_url
-from sandcell.errors import AuditError, SandcellError
+from sandcell.errors import AuditError, SandcellError, StoreUnavailable
 
 if TYPE_CHECKING:
     from sandcell.db.replicas import LostRun, ReplicaState
@@ -94,6 +95,8 @@ class ReplicaWatch:
         self._task: asyncio.Task[None] | None = None
         self.swept = 0
         """Runs of dead replicas this replica recorded as lost."""
+        self._missed = False
+        self._sweep_from = 0.0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -117,20 +120,40 @@ class ReplicaWatch:
 
     def beat(self) -> None:
         """One heartbeat, then record the runs of the replicas found dead."""
-        self._state.heartbeat()
-        for lost in self._state.sweep():
-            self.record_lost(lost)
+        try:
+            self._state.heartbeat()
+        except SandcellError:
+            self._missed = True
+            raise
+        now = time.monotonic()
+        if self._missed:
+            # The database was unreachable: every replica's beats were missed alike, so each
+            # looks dead until it beats again. Sweep only once they all had the time to.
+            self._missed = False
+            self._sweep_from = now + self._state.dead_after_s
+        if now < self._sweep_from:
+            return
+        for lost in self._state.sweep(self.record_lost):
+            # Told to stop once the records are in (the node may run it still).
+            self._service.executor.cancel(lost.run_id, f"its replica {lost.replica} was lost")
+            self.swept += 1
+            log.warning("run %s of replica %s recorded as lost", lost.run_id, lost.replica)
 
     def record_lost(self, lost: LostRun) -> None:
-        executor = self._service.executor
+        """Record ``lost`` (inside the sweep's transaction: a failure here keeps the run for
+        the next sweep) and give it to its tenant."""
         try:
-            executor.audit.append(lost_run_record(lost))
+            self._service.executor.audit.append(lost_run_record(lost))
         except AuditError as exc:
             if "already in the audit log" not in str(exc):
                 raise
-            # The replica recorded it after all (it came back late): one record stays.
-        with contextlib.suppress(SandcellError):
+            # Recorded already: by its replica after all (it came back late), or by an earlier
+            # sweep whose transaction did not commit. One record stays.
+        try:
             self._service.tenants.own(lost.tenant, "run", [lost.run_id])
-        executor.cancel(lost.run_id, f"its replica {lost.replica} was lost")
-        self.swept += 1
-        log.warning("run %s of replica %s recorded as lost", lost.run_id, lost.replica)
+        except StoreUnavailable:
+            raise  # the next sweep gives it to its tenant
+        except SandcellError as exc:  # the tenant is gone: the record stays, owned by none
+            log.warning(
+                "run %s lost: cannot give it to tenant %s: %s", lost.run_id, lost.tenant, exc
+            )
