@@ -243,6 +243,11 @@ def test_a_session_lives_on_a_node_and_its_cells_reach_it(replica: Replica, tmp_
                     "42\n",
                     "42\n",
                 )
+                entry = ex.audit.get(second.run_id)
+                assert entry is not None
+                backend = entry.record["backend"]
+                assert isinstance(backend, dict)
+                assert replica.name_of[str(backend["node_id"])] == other
                 placement.refresh(wait_s=WAIT_S)
                 sessions = {replica.name_of[r.node_id]: r.sessions for r in placement.reports()}
                 assert sessions == {other: 1}

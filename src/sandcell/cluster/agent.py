@@ -134,7 +134,8 @@ class NodeAgent:
         self._cond = threading.Condition()
         self._running: dict[str, Backend] = {}
         self._queued: dict[str, str | None] = {}
-        self._sessions = NodeSessions(self._store, self._store_id, self._home)
+        where = {"node_id": self._node_id, "node_home": str(self._home)}
+        self._sessions = NodeSessions(self._store, self._store_id, self._home, where)
         """Run id → None while it waits for a slot, the reason once cancelled there."""
 
     # -- what a replica calls ------------------------------------------------------------------

@@ -56,8 +56,19 @@ _CANCEL_TIMEOUT_S = 10.0
 class ClusterBackend:
     """Runs on ``rung`` in ``runtime``, each placed on a node of ``cluster``; thread-safe."""
 
-    def __init__(self, cluster: Cluster, rung: BackendName, runtime: str) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        rung: BackendName,
+        runtime: str,
+        *,
+        pinned: Mapping[str, str] | None = None,
+    ) -> None:
+        """``pinned``: the versions this backend reports whatever ran last (a session's, whose
+        cells all run on its node)."""
         self.name: str = rung
+        self._rung: BackendName = rung
+        self._pinned = dict(pinned) if pinned is not None else None
         self.collects_elsewhere = True
         """Read by the pipeline: the workspace is on a node, and so is the collector."""
         self.runtime = runtime
@@ -150,6 +161,10 @@ class ClusterBackend:
             raise InfraError(f"the sandcell agent of node {member.node_id} ended without a result")
         return reply
 
+    def pinned(self, versions: Mapping[str, str]) -> ClusterBackend:
+        """This backend, reporting ``versions`` (those of a session's node) in every record."""
+        return ClusterBackend(self._cluster, self._rung, self.runtime, pinned=versions)
+
     def node_of(self, run_id: str) -> str | None:
         """The node id of the run ``run_id`` while it is in flight from here, else None."""
         with self._lock:
@@ -158,6 +173,8 @@ class ClusterBackend:
 
     def versions(self) -> Mapping[str, str]:
         """The versions of the node backend that ran this thread's last run, and the node."""
+        if self._pinned is not None:
+            return self._pinned
         found: dict[str, str] | None = getattr(self._last, "versions", None)
         return found if found is not None else {"placement": "ray cluster"}
 

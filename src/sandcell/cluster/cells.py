@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -39,7 +39,11 @@ class _Live:
 class NodeSessions:
     """The live session sandboxes of this node, by session id; thread-safe."""
 
-    def __init__(self, store: ArtifactStore, store_id: str, home: Path) -> None:
+    def __init__(
+        self, store: ArtifactStore, store_id: str, home: Path, where: Mapping[str, str]
+    ) -> None:
+        """``where``: the node's id and home, named in each cell's record."""
+        self._where = dict(where)
         self._store = store
         self._store_id = store_id
         self._home = home
@@ -90,6 +94,7 @@ class NodeSessions:
             pause_modes=sandbox.pause_modes,
             run_dir=str(sandbox.run_dir),
             sandbox_pid=sandbox.sandbox_pid,
+            versions={**backend.versions(), **self._where},
         )
 
     def _get(self, session_id: str) -> _Live:

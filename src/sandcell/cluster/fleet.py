@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 AGENT_PREFIX = "sandcell-node-"
 START_TIMEOUT_S = 120.0
 """How long a node's agent may take to start (a worker process, the host probe)."""
+PLACE_WAIT_S = 15.0
+"""How long a run with no node to go to waits for agents that have not reported yet."""
 CONTROL_CALLS = 8
 """Threads of an agent beside its runs: describe, cancel, prepare."""
 QUEUE_FACTOR = 8
@@ -265,8 +267,9 @@ class Cluster:
         are on this host). Raises IsolationUnavailable when no node can take it."""
         member = self._choose(rung, runtime, own_node)
         if member is None:
-            # A node may have joined (or this replica's view be stale): look again, once.
-            self.refresh(wait_s=START_TIMEOUT_S)
+            # A node may have joined (or this replica's view be stale): look again, once, for
+            # as long as a new agent takes to start, not as long as a dying node takes to go.
+            self.refresh(wait_s=PLACE_WAIT_S)
             member = self._choose(rung, runtime, own_node)
         if member is None:
             raise self._unavailable(rung, own_node)

@@ -23,7 +23,7 @@ from sandcell.artifacts import ArtifactStore
 from sandcell.backends.base import Backend, Collector, OutputSink
 from sandcell.backends.cell import CellRun, CellScope, Exported
 from sandcell.backends.cell.state import PauseMode, PauseRefused, SandboxMetrics, SavedState
-from sandcell.cluster.backend import last_line, store_blobs
+from sandcell.cluster.backend import ClusterBackend, last_line, store_blobs
 from sandcell.cluster.bundles import visible
 from sandcell.cluster.fleet import Cluster, Member, lost_errors
 from sandcell.cluster.wire import (
@@ -54,8 +54,11 @@ class RemoteCellSandbox:
     """The live sandbox of session ``job.session_id`` on ``member``'s node. Not thread-safe,
     as the contract says: the session serialises its calls."""
 
-    def __init__(self, backend: Backend, cluster: Cluster, member: Member, job: SessionJob) -> None:
-        self._backend = backend
+    def __init__(
+        self, backend: ClusterBackend, cluster: Cluster, member: Member, job: SessionJob
+    ) -> None:
+        self._backend: Backend = backend
+        self._placing = backend
         self._cluster = cluster
         self._member = member
         self._job = job
@@ -99,7 +102,10 @@ class RemoteCellSandbox:
     # -- the contract --------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._facts = self._call(self._member.actor.session_open.remote(self._job))
+        facts: SessionFacts = self._call(self._member.actor.session_open.remote(self._job))
+        self._facts = facts
+        # Every cell's record names the node and its backend's versions.
+        self._backend = self._placing.pinned(facts.versions)
 
     def run_cell(
         self,

@@ -196,6 +196,8 @@ class SessionFacts:
     """The sandbox's directory on the node's host."""
     sandbox_pid: int | None
     """Its outermost process, on the node's host."""
+    versions: Mapping[str, str]
+    """The node backend's versions, and the node, for the records of the session's cells."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
