@@ -210,9 +210,14 @@ class PostgresServer:
         """The same database over the unix socket in the server's directory."""
         return f"postgresql://{SUPERUSER}@/{dbname}?host={self.socket_dir}&port={self.port}"
 
-    def create_database(self, name: str) -> str:
-        """Create an empty database ``name`` (a copy of ``template0``) and return its URL."""
-        self._admin(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(self._ident(name)))
+    def create_database(self, name: str, *, template: str = "template0") -> str:
+        """Create database ``name`` as a copy of ``template`` (by default ``template0``: empty)
+        and return its URL. Nobody may be connected to ``template`` meanwhile."""
+        self._admin(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                self._ident(name), self._ident(template)
+            )
+        )
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
