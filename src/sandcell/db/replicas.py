@@ -147,6 +147,8 @@ class ReplicaState:
         self.address = address
         self.dead_after_s = dead_after_s if dead_after_s is not None else configured_dead_after_s()
         self._lock = threading.Lock()
+        self._ended: set[str] = set()
+        """Runs answered while the database was unreachable, still to leave runs_in_flight."""
         self.unreachable: str | None = None
         """Why the database was unreachable at this replica's last use of it (the heartbeat
         uses it every few seconds), or None when that use worked: what ``/healthz`` tells
@@ -198,8 +200,13 @@ class ReplicaState:
             )
 
     def heartbeat(self) -> None:
-        """Say this replica is alive; its row comes back if a sweep removed it."""
+        """Say this replica is alive; its row comes back if a sweep removed it. The runs that
+        ended while the database was unreachable leave ``runs_in_flight`` now."""
         self.register()
+        with self._lock:
+            ended = sorted(self._ended)
+        for run_id in ended:
+            self.run_finished(run_id)
 
     def leave(self) -> None:
         """Remove this replica and everything it holds (a clean stop)."""
@@ -346,8 +353,18 @@ class ReplicaState:
             )
 
     def run_finished(self, run_id: str) -> None:
-        with self._txn() as conn:
-            conn.execute("DELETE FROM runs_in_flight WHERE run_id = ?", (run_id,))
+        """The run was answered. While the database is unreachable the note is kept here and
+        removed there by a later heartbeat (it must not stay: the run would be recorded as lost
+        should this replica die later, and other replicas would ask this one about it)."""
+        try:
+            with self._txn() as conn:
+                conn.execute("DELETE FROM runs_in_flight WHERE run_id = ?", (run_id,))
+        except StoreUnavailable:
+            with self._lock:
+                self._ended.add(run_id)
+            raise
+        with self._lock:
+            self._ended.discard(run_id)
 
     def runs_in_flight(self) -> list[str]:
         """This replica's runs begun and not answered."""
