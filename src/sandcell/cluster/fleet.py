@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -149,7 +149,7 @@ class Cluster:
         self.export_limits = export_limits or ExportLimits()
         self.warm = warm
         self.only_nodes = only_nodes
-        self.own_node_id = str(ray.get_runtime_context().get_node_id())
+        self.own_node_id = _own_node(ray)
         self._affinity = NodeAffinitySchedulingStrategy
         self._remote = ray.remote(NodeAgent)
         self._owns_connection = owns_connection
@@ -357,6 +357,17 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _own_node(ray: ModuleType) -> str:
+    """The node this process runs on; none ("") through Ray Client, whose driver runs on the
+    head: that node is not this host, and a run needing this host must not go there."""
+    from ray.util.client import ray as client
+
+    through_client: Callable[[], bool] = client.is_connected
+    if through_client():
+        return ""
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _shared_dir() -> Path | None:
