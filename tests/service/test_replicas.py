@@ -363,6 +363,8 @@ def test_postgres_restarting_under_replicas(tmp_path: Path, postgres_server: obj
                     assert "database" in str(body["detail"]), body
                 assert down[0]["replica"] and down[1]["replica"]
                 assert down[0]["replica"] != down[1]["replica"]
+                for anon in (anon_a, anon_b):  # alive all the same: no reason to restart it
+                    assert anon.get("/livez").status_code == 200
                 # A lower bound, not a timing assumption: the outage must outlast the time that
                 # makes a silent replica dead (a slow machine only makes it longer).
                 _eventually(

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandcell.service.api_runs import _PROBLEMS
+from sandcell.service.core import Service
 from sandcell.service.deps import CurrentTenant, ServiceDep
 from sandcell.service.kept_bytes import state_bytes
 from sandcell.service.metrics import CONTENT_TYPE, check_metrics_access
@@ -29,26 +30,29 @@ _VERSION = _version()
 router = APIRouter(tags=["operations"])
 
 
+def _health(service: Service) -> HealthBody:
+    service.reap_sessions()
+    return HealthBody(
+        status="draining" if service.draining else "ok",
+        version=_VERSION,
+        runs_in_flight=service.in_flight(),
+        sessions=len(service.sessions),
+        replica=None if service.replica is None else service.replica.id,
+    )
+
+
 @router.get(
     "/healthz",
     response_model=HealthBody,
     responses={503: {"model": HealthBody, "description": "the shared database is unreachable"}},
 )
 async def healthz(service: ServiceDep) -> HealthBody | JSONResponse:
-    """Up, or draining (a graceful stop waits for runs in flight); 503 for a replica that
-    cannot reach its shared database (a load balancer then sends requests elsewhere). No key
-    needed. It runs no query: the replica's heartbeat uses the database every few seconds, and
-    its last outcome is what is told here."""
-    service.reap_sessions()
-    replica = service.replica
-    body = HealthBody(
-        status="draining" if service.draining else "ok",
-        version=_VERSION,
-        runs_in_flight=service.in_flight(),
-        sessions=len(service.sessions),
-        replica=None if replica is None else replica.id,
-    )
-    down = None if replica is None else replica.unreachable
+    """Ready: up, or draining (a graceful stop waits for runs in flight); 503 for a replica
+    that cannot reach its shared database (a load balancer then sends requests elsewhere). No
+    key needed. It runs no query: the replica's heartbeat uses the database every few seconds,
+    and its last outcome is what is told here."""
+    body = _health(service)
+    down = None if service.replica is None else service.replica.unreachable
     if down is None:
         return body
     body.status = "database_unreachable"
@@ -56,6 +60,14 @@ async def healthz(service: ServiceDep) -> HealthBody | JSONResponse:
     return JSONResponse(
         body.model_dump(), status_code=503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)}
     )
+
+
+@router.get("/livez", response_model=HealthBody)
+async def livez(service: ServiceDep) -> HealthBody:
+    """Alive: /healthz's body, answered 200 while the shared database is unreachable too (for
+    a liveness probe: restarting every replica for an outage would end the runs that wait it
+    out; /healthz is for readiness). No key needed."""
+    return _health(service)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
