@@ -418,10 +418,12 @@ def _ray_problems(docs: list[Doc]) -> list[str]:
         problems.append("the API listens on loopback only")
     port = int(options.get("--port", "0"))
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
-    for probe in ("readinessProbe", "livenessProbe"):
+    # Readiness follows the shared database (/healthz); liveness must not (/livez), or an
+    # outage would restart every replica and end its runs.
+    for probe, path in (("readinessProbe", "/healthz"), ("livenessProbe", "/livez")):
         get = container.get(probe, {}).get("httpGet", {})
-        if get.get("path") != "/healthz" or named.get(get.get("port"), get.get("port")) != port:
-            problems.append(f"the API's {probe} is not /healthz on --port")
+        if get.get("path") != path or named.get(get.get("port"), get.get("port")) != port:
+            problems.append(f"the API's {probe} is not {path} on --port")
     if api["spec"]["replicas"] < 2:
         problems.append("one API replica")
     return problems
