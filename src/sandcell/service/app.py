@@ -57,7 +57,9 @@ def make_service(
     from sandcell.executor import Executor
 
     if cluster is not None:
-        return Service(config, Executor(home=config.home, backend=backend, cluster=cluster))
+        service = Service(config, Executor(home=config.home, backend=backend, cluster=cluster))
+        service.nodes = getattr(cluster, "reports", None)
+        return service
     warm = None
     if start != "cold":
         from sandcell.backends.warm import WarmConfig

@@ -20,10 +20,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -50,6 +50,9 @@ from sandcell.spec import InputFile, Outcome, RunRequest, RunResult, result_to_d
 from sandcell.wire import error_wire
 
 __all__ = ["RunState", "Service", "ServiceConfig"]
+
+if TYPE_CHECKING:
+    from sandcell.cluster.wire import NodeReport
 
 log = logging.getLogger("sandcell.service")
 _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -201,6 +204,8 @@ class Service:
         self.replica = replica_state(address=config.advertise)
         """This replica's shared rows when replicas share a PostgreSQL database (else None):
         quotas counted across replicas, runs in flight noted until answered."""
+        self.nodes: Callable[[], Sequence[NodeReport]] | None = None
+        """The reports of the cluster's nodes when runs go to a cluster (their /metrics)."""
         self.quotas = Quotas(
             self.tenants, states=lambda tenant: state_bytes(executor, tenant), shared=self.replica
         )
@@ -660,12 +665,39 @@ class Service:
                 if isinstance(stats, WarmStats) and stats.pool is not None:
                     ready = float(stats.pool.ready)
                     pools.append(({"backend": backend.name, "profile": name}, ready))
-        return {
+        found: dict[str, list[tuple[dict[str, str], float]]] = {
             "sandcell_runs_in_flight": [({}, float(self.in_flight()))],
             "sandcell_queue_length": [({}, float(self.queued))],
             "sandcell_sessions": [({}, float(len(self.sessions)))],
             "sandcell_pool_ready": pools,
         }
+        if self.replica is not None:
+            up = 0.0 if self.replica.unreachable else 1.0
+            found["sandcell_database_up"] = [({"replica": self.replica.id}, up)]
+        if self.nodes is not None:
+            found.update(node_gauges(self.nodes()))
+        return found
+
+
+def node_gauges(reports: Sequence[NodeReport]) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Each node of the cluster as this replica last saw it (its agent's report)."""
+    gauges: dict[str, list[tuple[dict[str, str], float]]] = {
+        "sandcell_node_slots": [],
+        "sandcell_node_running": [],
+        "sandcell_node_queued": [],
+        "sandcell_node_sessions": [],
+        "sandcell_node_pool_ready": [],
+    }
+    for report in reports:
+        node = {"node": report.node_id, "host": report.hostname}
+        gauges["sandcell_node_slots"].append((node, float(report.slots)))
+        gauges["sandcell_node_running"].append((node, float(report.running)))
+        gauges["sandcell_node_queued"].append((node, float(report.queued)))
+        gauges["sandcell_node_sessions"].append((node, float(report.sessions)))
+        for pool in report.pools:
+            labels = {**node, "rung": pool.rung, "runtime": pool.runtime}
+            gauges["sandcell_node_pool_ready"].append((labels, float(pool.ready)))
+    return gauges
 
 
 class _ProfileCache:
