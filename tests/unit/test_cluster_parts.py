@@ -1,4 +1,5 @@
-"""The parts of cluster placement that need no cluster: bundles, store identity, rungs."""
+"""The parts of cluster placement that need no cluster: bundles, store identity, rungs, and
+the choice of a node from what the agents reported."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 from sandcell.cluster.agent import offered_rungs
 from sandcell.cluster.bundles import pack, unpack, visible
+from sandcell.cluster.fleet import Member, NodeSpec, choose
 from sandcell.cluster.store_id import store_identity
+from sandcell.cluster.wire import NodeReport, PoolReport
 
 
 def test_a_directory_travels_with_files_modes_and_links(tmp_path: Path) -> None:
@@ -59,3 +62,52 @@ def test_a_node_offers_only_rungs_its_probe_passes() -> None:
     assert offered_rungs(probed, ("gvisor",)) == ("gvisor",)
     # Declaring a rung the host cannot enforce does not make it offered.
     assert offered_rungs(probed, ("microvm",)) == ()
+
+
+def _member(
+    node_id: str,
+    *,
+    rungs: tuple[str, ...] = ("namespaces",),
+    slots: int = 2,
+    running: int = 0,
+    ready: int = 0,
+    sent: int = 0,
+) -> Member:
+    pools = (PoolReport(rung="namespaces", runtime="default", mode="pool", ready=ready, size=3),)
+    report = NodeReport(
+        node_id=node_id,
+        hostname="h",
+        home=f"/homes/{node_id}",
+        pid=1,
+        rungs=rungs,
+        slots=slots,
+        running=running,
+        queued=0,
+        pools=pools if ready else (),
+        runtimes=("minimal",),
+        store_id="0" * 32,
+    )
+    spec = NodeSpec(node_id=node_id, address="127.0.0.1", slots=slots, declared_rungs=())
+    return Member(spec=spec, actor=None, report=report, sent=sent)
+
+
+def test_placement_takes_the_rung_then_a_free_slot_then_a_warm_pool_then_the_least_loaded() -> None:
+    def chosen(*members: Member, rung: str = "namespaces", only: str | None = None) -> str | None:
+        found = choose(members, rung, "default", only=only)
+        return found.node_id if found is not None else None
+
+    assert chosen(_member("a"), _member("b", rungs=("gvisor",)), rung="gvisor") == "b"
+    assert chosen(_member("a"), rung="microvm") is None
+    # A full node only when every node is full; then the least loaded.
+    assert chosen(_member("full", running=2, ready=3), _member("free", running=1)) == "free"
+    assert chosen(_member("x", running=3), _member("y", running=2)) == "y"
+    # Among free nodes, a warm pool before load.
+    assert chosen(_member("cold"), _member("warm", running=1, ready=1)) == "warm"
+    assert chosen(_member("busy", running=1), _member("idle")) == "idle"
+    # Ties go in turn: to the node sent fewer runs.
+    assert chosen(_member("many", sent=5), _member("few", sent=1)) == "few"
+    # A lost node, or one not allowed, never.
+    lost = _member("lost")
+    lost.alive = False
+    assert chosen(lost, _member("b", running=1)) == "b"
+    assert chosen(_member("a"), _member("b", running=1), only="b") == "b"

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -119,6 +119,32 @@ class Member:
         return self.report is not None and any(
             p.rung == rung and p.runtime == runtime and p.ready > 0 for p in self.report.pools
         )
+
+
+def choose(
+    members: Sequence[Member], rung: str, runtime: str, *, only: str | None = None
+) -> Member | None:
+    """The member a run on ``rung`` in ``runtime`` goes to (see the module), None when no live
+    one offers the rung; ``only``: that node id alone may take it."""
+    fit = [
+        m
+        for m in members
+        if m.alive
+        and m.report is not None
+        and rung in m.report.rungs
+        and (only is None or m.node_id == only)
+    ]
+    if not fit:
+        return None
+    return min(
+        fit,
+        key=lambda m: (
+            m.load() >= m.spec.slots,
+            not m.warm_for(rung, runtime),
+            m.load() / m.spec.slots,
+            m.sent / m.spec.slots,
+        ),
+    )
 
 
 class Cluster:
@@ -277,27 +303,15 @@ class Cluster:
 
     def _choose(self, rung: str, runtime: str, own_node: bool) -> Member | None:
         with self._lock:
-            fit = [
-                m
-                for m in self._members.values()
-                if m.alive
-                and m.report is not None
-                and rung in m.report.rungs
-                and (not own_node or m.node_id == self.own_node_id)
-            ]
-            if not fit:
-                return None
-            best = min(
-                fit,
-                key=lambda m: (
-                    m.load() >= m.spec.slots,
-                    not m.warm_for(rung, runtime),
-                    m.load() / m.spec.slots,
-                    m.sent / m.spec.slots,
-                ),
+            best = choose(
+                list(self._members.values()),
+                rung,
+                runtime,
+                only=self.own_node_id if own_node else None,
             )
-            best.in_flight += 1
-            best.sent += 1
+            if best is not None:
+                best.in_flight += 1
+                best.sent += 1
             return best
 
     def give_back(self, member: Member) -> None:
@@ -394,6 +408,7 @@ __all__ = [
     "Member",
     "NodeSpec",
     "agent_name",
+    "choose",
     "lost_errors",
     "sandcell_nodes",
 ]
