@@ -211,7 +211,7 @@ class ReplicaState:
     def leave(self) -> None:
         """Remove this replica and everything it holds (a clean stop)."""
         with self._txn() as conn:
-            for table in ("holds", "runs_in_flight", "sessions"):
+            for table in ("holds", "runs_in_flight", "sessions", "mcp_sessions"):
                 conn.execute(f"DELETE FROM {table} WHERE replica = ?", (self.id,))  # noqa: S608
             conn.execute("DELETE FROM replicas WHERE id = ?", (self.id,))
 
@@ -223,6 +223,17 @@ class ReplicaState:
                 (self.dead_after_s,),
             )
             return [str(r[0]) for r in rows.fetchall()]
+
+    def live_peers(self) -> list[Owner]:
+        """The live replicas other than this one that serve at an address, with it (a listing
+        asks each of them for its own part, :mod:`sandcell.service.listings`)."""
+        with self._txn() as conn:
+            rows = conn.execute(
+                "SELECT id, address FROM replicas WHERE seen_at > now() - make_interval(secs => ?) "
+                "AND id <> ? AND address <> '' ORDER BY id",
+                (self.dead_after_s, self.id),
+            ).fetchall()
+        return [Owner(replica=str(r[0]), address=str(r[1])) for r in rows]
 
     def sweep(self, record: Callable[[LostRun], None] | None = None) -> list[LostRun]:
         """Remove the dead replicas and what they held; return the runs they left unanswered.
@@ -257,6 +268,7 @@ class ReplicaState:
                 ]
                 conn.execute("DELETE FROM holds WHERE replica = ?", (replica,))
                 conn.execute("DELETE FROM sessions WHERE replica = ?", (replica,))
+                conn.execute("DELETE FROM mcp_sessions WHERE replica = ?", (replica,))
                 conn.execute("DELETE FROM replicas WHERE id = ?", (replica,))
             # Starts age out on their own; drop those no window will count again.
             conn.execute(
@@ -274,6 +286,9 @@ class ReplicaState:
         if kind == "run":
             sql = "SELECT t.replica FROM runs_in_flight t WHERE t.run_id = ?"
             params: tuple[object, ...] = (key,)
+        elif kind == "mcp":
+            sql = "SELECT t.replica FROM mcp_sessions t WHERE t.mcp_session_id = ?"
+            params = (key,)
         elif kind == "session":
             sql = "SELECT t.replica FROM sessions t WHERE t.session_id = ? OR t.e2b_id = ?"
             params = (key, key)
@@ -424,6 +439,19 @@ class ReplicaState:
             )
             for r in rows
         ]
+
+    def place_mcp(self, mcp_session_id: str) -> None:
+        """Note an MCP connection this replica answered the initialize of."""
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT INTO mcp_sessions (mcp_session_id, replica) VALUES (?, ?) "
+                "ON CONFLICT (mcp_session_id) DO UPDATE SET replica = excluded.replica",
+                (mcp_session_id, self.id),
+            )
+
+    def mcp_ended(self, mcp_session_id: str) -> None:
+        with self._txn() as conn:
+            conn.execute("DELETE FROM mcp_sessions WHERE mcp_session_id = ?", (mcp_session_id,))
 
     def session_ended(self, session_id: str) -> None:
         with self._txn() as conn:

@@ -11,10 +11,12 @@ grants nothing. A request is forwarded at most once (``X-Sandcell-Forwarded``), 
 that disagree about an owner cannot pass it back and forth.
 
 What is forwarded: ``/v1/sessions/{id}...``, ``/v1/runs/{id}...`` (while the run is in
-flight; a finished run is answered from its record by any replica), and E2B traffic naming a
+flight; a finished run is answered from its record by any replica), E2B traffic naming a
 sandbox (``/e2b/sandboxes/{id}``, ``/e2b/v2/sandboxes/{id}``, the ``E2b-Sandbox-Id`` header,
-a ``PORT-ID.domain`` host). An id no live replica holds is answered here, as on one machine: a
-session whose replica died is not found.
+a ``PORT-ID.domain`` host), and MCP requests carrying an ``Mcp-Session-Id`` (the replica that
+answered the connection's ``initialize`` holds it: the id it answers with is noted then, and
+forgotten when the client ends the connection). An id no live replica holds is answered here,
+as on one machine: a session whose replica died is not found.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ __all__ = ["FORWARDED_HEADER", "OwnerForwarding", "owned_key"]
 log = logging.getLogger("sandcell.service")
 
 FORWARDED_HEADER = "x-sandcell-forwarded"
+MCP_SESSION_HEADER = "mcp-session-id"
+MCP_PATH = "/mcp"
 _HOP = frozenset(
     {
         "connection",
@@ -69,6 +73,9 @@ def owned_key(scope: Scope) -> tuple[str, str] | None:
     if found is not None:
         return "session", found.group(1)
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    mcp = headers.get(MCP_SESSION_HEADER)
+    if mcp and path == MCP_PATH:
+        return "mcp", mcp
     sandbox = headers.get("e2b-sandbox-id")
     if sandbox:
         return "session", sandbox
@@ -90,13 +97,24 @@ class OwnerForwarding:
         self.replica = replica
         self.holds = holds
         self.forwarded = 0
+        self._mcp: set[str] = set()
+        """The MCP connections this replica holds (their Mcp-Session-Id)."""
+
+    def _held(self, kind: str, key: str) -> bool:
+        return key in self._mcp if kind == "mcp" else self.holds(kind, key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         key = owned_key(scope)
-        if key is None or self.holds(*key) or _was_forwarded(scope):
+        # An MCP request without a connection id (an initialize) or with one held here.
+        if scope.get("path") == MCP_PATH and (
+            key is None or (key[0] == "mcp" and key[1] in self._mcp)
+        ):
+            await self.app(scope, receive, self._noting_mcp(scope, send))
+            return
+        if key is None or self._held(*key) or _was_forwarded(scope):
             await self.app(scope, receive, send)
             return
         try:
@@ -108,6 +126,37 @@ class OwnerForwarding:
             return
         self.forwarded += 1
         await self._forward(scope, receive, send, owner)
+
+    def _noting_mcp(self, scope: Scope, send: Send) -> Send:
+        """``send`` that notes the Mcp-Session-Id this replica answers an initialize with (so
+        the others forward that connection here), and forgets one the client ended."""
+        ended = scope.get("method") == "DELETE"
+        asked = dict(scope["headers"]).get(MCP_SESSION_HEADER.encode())
+
+        async def noting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message.get("status", 0))
+                given = dict(message.get("headers", [])).get(MCP_SESSION_HEADER.encode())
+                if given is not None and not ended and status < 400:
+                    mcp_id = given.decode("latin-1")
+                    if mcp_id not in self._mcp:
+                        self._mcp.add(mcp_id)
+                        await self._directory(self.replica.place_mcp, mcp_id)
+                elif ended and asked is not None and status < 400:
+                    mcp_id = asked.decode("latin-1")
+                    self._mcp.discard(mcp_id)
+                    await self._directory(self.replica.mcp_ended, mcp_id)
+            await send(message)
+
+        return noting
+
+    @staticmethod
+    async def _directory(call: Callable[[str], None], mcp_id: str) -> None:
+        try:
+            await asyncio.to_thread(call, mcp_id)
+        except SandcellError as exc:
+            # Unreachable just now: the connection still works on this replica.
+            log.warning("MCP connection %s: the directory was not updated: %s", mcp_id, exc)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, owner: Owner) -> None:
         import httpx2

@@ -62,6 +62,13 @@ STATEMENTS = (
         profile {T} NOT NULL,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE INDEX sessions_by_node ON sandcell_cluster.sessions (node)",
+    # MCP connections (streamable HTTP): each Mcp-Session-Id lives in the replica that
+    # answered its initialize, where the other replicas forward its requests.
+    f"""CREATE TABLE sandcell_cluster.mcp_sessions (
+        mcp_session_id {T} PRIMARY KEY,
+        replica {T} NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    "CREATE INDEX mcp_sessions_by_replica ON sandcell_cluster.mcp_sessions (replica)",
 )
 
 
