@@ -29,7 +29,8 @@ from sandcell.artifacts import ArtifactStore, ExportLimits, collect_exports
 from sandcell.backends.base import Backend, BackendResult, OutputSink
 from sandcell.backends.cell.state import PauseMode, SandboxMetrics, SavedState
 from sandcell.backends.registry import LADDER
-from sandcell.cluster.bundles import unpack
+from sandcell.backends.warm import WarmStats
+from sandcell.cluster.bundles import staging_dir, unpack
 from sandcell.cluster.cells import NodeSessions
 from sandcell.cluster.store_id import store_identity
 from sandcell.cluster.wire import (
@@ -134,9 +135,9 @@ class NodeAgent:
         self._cond = threading.Condition()
         self._running: dict[str, Backend] = {}
         self._queued: dict[str, str | None] = {}
+        """Run id → None while it waits for a slot, the reason once cancelled there."""
         where = {"node_id": self._node_id, "node_home": str(self._home)}
         self._sessions = NodeSessions(self._store, self._store_id, self._home, where)
-        """Run id → None while it waits for a slot, the reason once cancelled there."""
 
     # -- what a replica calls ------------------------------------------------------------------
 
@@ -149,9 +150,9 @@ class NodeAgent:
             stats = backend.warm_stats()
             if stats is None:
                 continue
-            pool = getattr(stats, "pool", stats)
-            ready = int(getattr(pool, "ready", 0)) if pool is not None else 0
-            size = int(getattr(pool, "size", 0)) if pool is not None else 0
+            # A template's own pool (none in template mode), or gVisor's pool of sandboxes.
+            pool = stats.pool if isinstance(stats, WarmStats) else stats
+            ready, size = (pool.ready, pool.size) if pool is not None else (0, 0)
             pools.append(
                 PoolReport(rung=rung, runtime=runtime, mode=stats.mode, ready=ready, size=size)
             )
@@ -261,7 +262,7 @@ class NodeAgent:
             result = BackendResult.not_run(Outcome.KILLED, f"cancelled: {cancelled}", enforcement)
             return RunReply(result=result, versions=self._versions(backend))
         # The slot is held from here: every way out of the try gives it back.
-        staged = self._home / "cluster-inputs" / job.run_id
+        staged = staging_dir(self._home, "run", job.run_id)
         try:
             request = self._staged(job, staged)
             collector = _Collector(job.collect, self._store)

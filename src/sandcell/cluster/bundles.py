@@ -10,6 +10,7 @@ record, so only files, directories and links are met here.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Iterable
@@ -54,7 +55,7 @@ def visible(path: Path, shared: Path | None) -> bool:
 
 
 def pack(paths: Iterable[Path]) -> tuple[PathBundle, ...]:
-    """The contents of ``paths``, walked without following links (InfraError past the cap)."""
+    """The contents of ``paths``, walked without following links (ConfigError past the cap)."""
     total = 0
     bundles = []
     for path in dict.fromkeys(paths):
@@ -91,6 +92,13 @@ def _walk(path: Path, rel: str) -> Iterable[Entry]:
         raise ConfigError(f"input {str(path)!r} cannot be read: {exc.strerror}") from None
 
 
+def staging_dir(home: Path, kind: str, ident: str) -> Path:
+    """Where the bundles of run or session ``ident`` are written on a node: named by a hash of
+    the id, which a replica chose (and a caller may have given)."""
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:32]
+    return home / "cluster-inputs" / f"{kind}-{digest}"
+
+
 def unpack(bundle: PathBundle, dest: Path) -> Path:
     """Write ``bundle`` at ``dest`` (which must not exist); returns ``dest``."""
     for entry in bundle.entries:
@@ -118,4 +126,4 @@ def unpack(bundle: PathBundle, dest: Path) -> Path:
     return dest
 
 
-__all__ = ["MAX_BUNDLE_BYTES", "Entry", "PathBundle", "pack", "unpack", "visible"]
+__all__ = ["MAX_BUNDLE_BYTES", "Entry", "PathBundle", "pack", "staging_dir", "unpack", "visible"]

@@ -22,7 +22,7 @@ from sandcell.backends.base import Backend, Collector, OutputSink
 from sandcell.backends.cell import CellSandbox, open_cell_sandbox
 from sandcell.backends.cell.state import PauseMode, SandboxMetrics, SavedState
 from sandcell.backends.cell.verdict import CellCancel
-from sandcell.cluster.bundles import unpack
+from sandcell.cluster.bundles import staging_dir, unpack
 from sandcell.cluster.wire import CellJob, CellReply, Collected, SessionFacts, SessionJob, Shown
 from sandcell.errors import ConfigError, InfraError
 from sandcell.spec import Artifact
@@ -59,7 +59,7 @@ class NodeSessions:
         with self._lock:
             if job.session_id in self._live:
                 raise ConfigError(f"session {job.session_id} already has a sandbox on this node")
-        staged = self._home / "cluster-inputs" / f"session-{job.session_id}"
+        staged = staging_dir(self._home, "session", job.session_id)
         request = job.request
         try:
             if job.bundles:
