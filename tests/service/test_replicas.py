@@ -11,117 +11,31 @@ destructive ones start processes (and a PostgreSQL) of their own.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import httpx2
 import pytest
 from tests.pg_server import PostgresServer
-from tests.service.server import REPO, ServiceProcess, add_tenant
-
-T = TypeVar("T")
-
-_DEADLINE_S = 90.0
-"""How long to wait for an event (generous: a loaded 2-core machine is slow, not wrong)."""
-_LONG_RUN = {"code": "import time\ntime.sleep(60)", "limits": {"wall_time_s": 60}, "wait": False}
-"""A run that stays in flight until it is cancelled or its replica dies."""
-
-
-def _eventually(what: str, probe: Callable[[], T | None], deadline_s: float = _DEADLINE_S) -> T:
-    """Poll ``probe`` until it answers something other than None."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got is not None:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what} after {deadline_s} s")
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """What the replicas share: the database, the shared directory, the environment."""
-
-    url: str
-    shared: Path
-    env: Mapping[str, str]
-
-    def replicas(self, *homes: Path, **more: str) -> list[ServiceProcess]:
-        """One replica per home, started at once (as a deployment does: they migrate the
-        database under its lock); all stopped again if one fails to start."""
-        procs = []
-        for home in homes:
-            home.mkdir(parents=True, exist_ok=True)
-            procs.append(ServiceProcess(home, args=("--start", "cold"), env={**self.env, **more}))
-        with ThreadPoolExecutor(len(procs)) as pool:
-            started = [pool.submit(p.start) for p in procs]
-        failed = [e for f in started if (e := f.exception()) is not None]
-        if failed:
-            for p in procs:
-                if p.proc is not None:
-                    p.stop(signal.SIGKILL)
-            raise failed[0]
-        return procs
-
-    def tenant(
-        self, home: Path, name: str, *, max_concurrent: int = 4, runs_per_minute: int = 600
-    ) -> str:
-        """A tenant added once, in the shared store (``sandcell tenants add`` with the env)."""
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in self.env.items():
-                mp.setenv(k, v)
-            return add_tenant(
-                home, name, max_concurrent=max_concurrent, runs_per_minute=runs_per_minute
-            )
-
-    def cli(self, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, **self.env, "SANDCELL_HOME": str(home)}
-        return subprocess.run(
-            [sys.executable, "-m", "sandcell", *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
-    def verified_count(self, home: Path) -> int:
-        """``sandcell audit verify``: ok, and the number of records in the chain."""
-        done = self.cli(home, "audit", "verify")
-        assert done.returncode == 0, done.stdout + done.stderr
-        first = done.stdout.split()
-        assert first[0] == "ok:", done.stdout
-        return int(first[1])
-
-
-def _cluster(url: str, shared: Path, **more: str) -> Cluster:
-    return Cluster(
-        url=url,
-        shared=shared,
-        env={"SANDCELL_DATABASE_URL": url, "SANDCELL_SHARED_DIR": str(shared), **more},
-    )
+from tests.service.replicas import (
+    LONG_RUN,
+    Cluster,
+    cluster_in,
+    cluster_of,
+    eventually,
+    finished,
+)
+from tests.service.server import ServiceProcess
 
 
 @pytest.fixture(scope="module")
 def cluster(
     postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    name = f"replicas_{uuid.uuid4().hex[:12]}"
-    url = postgres_server.create_database(name)
-    yield _cluster(url, tmp_path_factory.mktemp("replicas-shared"))
-    if not postgres_server.is_running():
-        postgres_server.start()
-    postgres_server.drop_database(name)
+    with cluster_in(postgres_server, tmp_path_factory) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -139,16 +53,6 @@ def pair(
 def recorded() -> list[str]:
     """The run ids the module's shared replicas recorded so far (the chain's expected count)."""
     return []
-
-
-def _finished(client: httpx2.Client, run_id: str) -> Callable[[], dict[str, object] | None]:
-    def probe() -> dict[str, object] | None:
-        got = client.get(f"/v1/runs/{run_id}")
-        assert got.status_code == 200, got.text
-        body: dict[str, object] = got.json()
-        return body if body["status"] == "finished" else None
-
-    return probe
 
 
 def _too_many(response: httpx2.Response) -> None:
@@ -212,7 +116,7 @@ def test_max_concurrent_counts_across_replicas(
     with a.client(key) as ca, b.client(key) as cb:
         long_runs: list[tuple[httpx2.Client, str]] = []
         for c in (ca, cb):
-            got = c.post("/v1/runs", json=_LONG_RUN)
+            got = c.post("/v1/runs", json=LONG_RUN)
             assert got.status_code == 202, got.text
             long_runs.append((c, got.json()["id"]))
         assert ca.get("/v1/tenant").json()["in_flight"] == 2
@@ -221,7 +125,7 @@ def test_max_concurrent_counts_across_replicas(
         for c, run_id in long_runs:
             assert c.post(f"/v1/runs/{run_id}/cancel").status_code == 202
         for c, run_id in long_runs:
-            body = _eventually(f"run {run_id} to end", _finished(c, run_id))
+            body = eventually(f"run {run_id} to end", finished(c, run_id))
             assert body["result"]["outcome"] == "killed"  # type: ignore[index]
         recorded += [run_id for _, run_id in long_runs]
         for c in (ca, cb):
@@ -261,7 +165,7 @@ def _record(client: httpx2.Client, run_id: str) -> Callable[[], dict[str, object
 
 
 def test_a_killed_replica_s_run_is_recorded_lost_once(postgres_url: str, tmp_path: Path) -> None:
-    cluster = _cluster(postgres_url, tmp_path / "shared")
+    cluster = cluster_of(postgres_url, tmp_path / "shared")
     (tmp_path / "shared").mkdir()
     # B notices a silent replica after 3 s (and beats often enough not to seem dead itself).
     quick = {"SANDCELL_REPLICA_DEAD_AFTER_S": "3"}
@@ -269,17 +173,17 @@ def test_a_killed_replica_s_run_is_recorded_lost_once(postgres_url: str, tmp_pat
     try:
         key = cluster.tenant(a.home, "victim", max_concurrent=2)
         with a.client(key) as ca, b.client(key) as cb:
-            got = ca.post("/v1/runs", json=_LONG_RUN)
+            got = ca.post("/v1/runs", json=LONG_RUN)
             assert got.status_code == 202, got.text
             run_id = got.json()["id"]
-            _eventually(
+            eventually(
                 "the run to be running",
                 lambda: ca.get(f"/v1/runs/{run_id}").json()["status"] == "running" or None,
             )
             assert cb.get("/v1/tenant").json()["in_flight"] == 1
             a.stop(signal.SIGKILL)
 
-            record = _eventually("B to record the lost run", _record(cb, run_id))
+            record = eventually("B to record the lost run", _record(cb, run_id))
             result = record["record"]
             assert isinstance(result, dict)
             assert result["outcome"] == "infra_error"
@@ -290,12 +194,12 @@ def test_a_killed_replica_s_run_is_recorded_lost_once(postgres_url: str, tmp_pat
             assert listed.count(run_id) == 1
             # The dead replica's hold no longer counts: B admits max_concurrent runs.
             assert cb.get("/v1/tenant").json()["in_flight"] == 0
-            again = [cb.post("/v1/runs", json=_LONG_RUN) for _ in range(2)]
+            again = [cb.post("/v1/runs", json=LONG_RUN) for _ in range(2)]
             assert [r.status_code for r in again] == [202, 202], [r.text for r in again]
             for r in again:
                 assert cb.post(f"/v1/runs/{r.json()['id']}/cancel").status_code == 202
             for r in again:
-                _eventually("the run to end", _finished(cb, r.json()["id"]))
+                eventually("the run to end", finished(cb, r.json()["id"]))
             listed = [r["run_id"] for r in cb.get("/v1/audit").json()]
             assert listed.count(run_id) == 1
         assert cluster.verified_count(b.home) == 3
@@ -321,7 +225,7 @@ def test_postgres_restarting_under_replicas(tmp_path: Path, postgres_server: obj
     dead_after_s = 2.0
     with PostgresServer() as pg:
         url = pg.create_database("replicas")
-        cluster = _cluster(
+        cluster = cluster_of(
             url,
             tmp_path / "shared",
             SANDCELL_RECORD_WAIT_S="120",
@@ -343,7 +247,7 @@ def test_postgres_restarting_under_replicas(tmp_path: Path, postgres_server: obj
                 )
                 assert got.status_code == 202, got.text
                 run_id = got.json()["id"]
-                _eventually(
+                eventually(
                     "the run to be running",
                     lambda: ca.get(f"/v1/runs/{run_id}").json()["status"] == "running" or None,
                 )
@@ -355,7 +259,7 @@ def test_postgres_restarting_under_replicas(tmp_path: Path, postgres_server: obj
                     assert refused.status_code == 503, refused.text
                     assert int(refused.headers["Retry-After"]) >= 1
                 down = [
-                    _eventually("/healthz to say the database is down", _health(anon, 503))
+                    eventually("/healthz to say the database is down", _health(anon, 503))
                     for anon in (anon_a, anon_b)
                 ]
                 for body in down:
@@ -367,16 +271,16 @@ def test_postgres_restarting_under_replicas(tmp_path: Path, postgres_server: obj
                     assert anon.get("/livez").status_code == 200
                 # A lower bound, not a timing assumption: the outage must outlast the time that
                 # makes a silent replica dead (a slow machine only makes it longer).
-                _eventually(
+                eventually(
                     "an outage longer than a replica's death",
                     lambda: time.monotonic() - stopped > dead_after_s + 1 or None,
                 )
 
                 pg.start()
                 for anon in (anon_a, anon_b):
-                    up = _eventually("/healthz to be ok again", _health(anon, 200))
+                    up = eventually("/healthz to be ok again", _health(anon, 200))
                     assert up["status"] == "ok" and up["replica"], up
-                body = _eventually("the run to end", _finished(ca, run_id))
+                body = eventually("the run to end", finished(ca, run_id))
                 assert body["result"]["outcome"] == "ok", body  # type: ignore[index]
                 assert body["result"]["stdout"] == "done\n"  # type: ignore[index]
                 for c in (ca, cb):
