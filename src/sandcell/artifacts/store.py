@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sandcell.artifacts.copy import copy_out
@@ -70,6 +70,28 @@ class ArtifactStore:
     def has(self, sha256: str) -> bool:
         """Whether content with this digest is stored."""
         return self.path_for(sha256).is_file()
+
+    def put_arrived(self, blobs: Mapping[str, bytes], *, what: str, fix: str = "") -> None:
+        """Store content that came from elsewhere (a node of a cluster) keyed by the SHA-256
+        its sender gave: each one is checked against its key before it is kept. ``what``
+        names whose it is in the InfraError of a damaged one, ``fix`` is added to it."""
+        for sha, data in blobs.items():
+            if hashlib.sha256(data).hexdigest() != sha:
+                raise InfraError(
+                    f"artifact {sha} of {what} arrived damaged from its node (its content "
+                    f"does not match its SHA-256){fix}"
+                )
+            if self.has(sha):
+                continue
+            fd = os.memfd_create("sandcell-artifact", os.MFD_CLOEXEC)
+            try:
+                write_all(fd, data)
+                os.lseek(fd, 0, os.SEEK_SET)
+                stored, _ = self.put_fd(fd, len(data))
+            finally:
+                os.close(fd)
+            if stored != sha:
+                raise InfraError(f"artifact {sha} was stored as {stored}; {self._root} is damaged")
 
     def put_fd(self, fd: int, max_bytes: int) -> tuple[str, int]:
         """Store what can be read from ``fd`` (from its current offset to end of file).

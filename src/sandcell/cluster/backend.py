@@ -22,8 +22,6 @@ the exports and rich outputs there, and streams the output back as it is written
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -239,27 +237,7 @@ class ClusterBackend:
 
 def store_blobs(store: ArtifactStore, blobs: Mapping[str, bytes], what: str) -> None:
     """Put the run's artifacts into this replica's store, each checked against its SHA-256."""
-    for sha, data in blobs.items():
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise InfraError(
-                f"artifact {sha} of {what} arrived damaged from its node (its content "
-                "does not match its SHA-256)"
-            )
-        if store.has(sha):
-            continue
-        fd = os.memfd_create("sandcell-artifact", os.MFD_CLOEXEC)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.lseek(fd, 0, os.SEEK_SET)
-            stored, _ = store.put_fd(fd, len(data))
-        finally:
-            os.close(fd)
-        if stored != sha:
-            raise InfraError(
-                f"artifact {sha} was stored as {stored}; this replica's store is damaged"
-            )
+    store.put_arrived(blobs, what=what)
 
 
 def last_line(exc: BaseException) -> str:

@@ -18,9 +18,7 @@ into the driver's artifact store after their SHA-256 is checked.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import os
 import signal
 import socket
 import threading
@@ -206,27 +204,8 @@ class _Fleet:
 
 def _store_artifacts(store: ArtifactStore, out: TaskOutput) -> None:
     """Put the task's artifacts into the driver's store, each checked against its SHA-256."""
-    for sha, data in out.artifacts.items():
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise InfraError(
-                f"artifact {sha} of task {out.line.get('id')!r} arrived damaged from its node "
-                "(its content does not match its SHA-256); rerun the batch to resume"
-            )
-        if store.has(sha):
-            continue
-        fd = os.memfd_create("sandcell-artifact", os.MFD_CLOEXEC)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.lseek(fd, 0, os.SEEK_SET)
-            stored, _ = store.put_fd(fd, len(data))
-        finally:
-            os.close(fd)
-        if stored != sha:
-            raise InfraError(
-                f"artifact {sha} was stored as {stored}; the driver's store is damaged"
-            )
+    what = f"task {out.line.get('id')!r}"
+    store.put_arrived(out.artifacts, what=what, fix="; rerun the batch to resume")
 
 
 def _connect_hint(address: str, why: str) -> InfraError:
