@@ -15,11 +15,11 @@ import datetime as dt
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sandcell.e2b.errors import E2BError
 
-__all__ = ["ListQuery", "Listed", "page_limit"]
+__all__ = ["ListQuery", "Listed", "merge_pages", "page_limit"]
 
 _PAGE = 100
 _MAX_PAGE = 1000
@@ -70,7 +70,11 @@ def _key(box: Listed) -> tuple[dt.datetime, str]:
 
 
 def _token(box: Listed) -> str:
-    text = f"{box.started_at.isoformat()}|{box.id}"
+    return _token_of(box.started_at, box.id)
+
+
+def _token_of(started_at: dt.datetime, sandbox_id: str) -> str:
+    text = f"{started_at.isoformat()}|{sandbox_id}"
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
@@ -158,3 +162,31 @@ class ListQuery:
             ]
         page = ordered[: self.limit]
         return page, (_token(page[-1]) if len(ordered) > self.limit else None)
+
+
+def _shown_key(shown: Mapping[str, Any]) -> tuple[dt.datetime, str]:
+    return (dt.datetime.fromisoformat(str(shown["startedAt"])), str(shown["sandboxID"]))
+
+
+def merge_pages(
+    params: Mapping[str, str], pages: Sequence[tuple[Sequence[Mapping[str, Any]], str | None]]
+) -> tuple[list[Mapping[str, Any]], str | None]:
+    """One page of the same query answered by several replicas (each its own sandboxes, as
+    shown on the wire, and its next page's token), as one replica holding them all would
+    answer it. The cursor is a position in the order of every sandbox, not of one replica's,
+    so each replica's page starts where the merged page does: the merged page is the first
+    ``limit`` of their union, and there is a next page when that union or any replica has
+    more. A sandbox two replicas show (a paused one, stored in the shared directory) is
+    shown once."""
+    query = ListQuery.of(params)
+    seen: dict[str, Mapping[str, Any]] = {}
+    more = False
+    for shown, token in pages:
+        more = more or token is not None
+        for box in shown:
+            seen.setdefault(str(box["sandboxID"]), box)
+    ordered = sorted(seen.values(), key=_shown_key, reverse=query.descending)
+    page = ordered[: query.limit]
+    if page and (more or len(ordered) > query.limit):
+        return page, _token_of(*_shown_key(page[-1]))
+    return page, None

@@ -16,7 +16,11 @@ sandbox (``/e2b/sandboxes/{id}``, ``/e2b/v2/sandboxes/{id}``, the ``E2b-Sandbox-
 a ``PORT-ID.domain`` host), and MCP requests carrying an ``Mcp-Session-Id`` (the replica that
 answered the connection's ``initialize`` holds it: the id it answers with is noted then, and
 forgotten when the client ends the connection). An id no live replica holds is answered here,
-as on one machine: a session whose replica died is not found.
+as on one machine: a session whose replica died is not found. A replica that holds it and does
+not answer (dead, not yet known dead) gets a 503 with ``Retry-After``.
+
+Listings of live sessions (``GET /v1/sessions``, E2B's sandbox list) are answered with every
+live replica's part (:mod:`sandcell.service.listings`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from sandcell.errors import SandcellError
 if TYPE_CHECKING:
     from sandcell.db.replicas import Owner, ReplicaState
 
-__all__ = ["FORWARDED_HEADER", "OwnerForwarding", "owned_key"]
+__all__ = ["FORWARDED_HEADER", "OwnerForwarding", "owned_key", "passed_headers"]
 
 log = logging.getLogger("sandcell.service")
 
@@ -114,6 +118,15 @@ class OwnerForwarding:
         ):
             await self.app(scope, receive, self._noting_mcp(scope, send))
             return
+        if key is None and not _was_forwarded(scope):
+            from sandcell.service.listings import is_listing, merged_listing
+
+            if is_listing(scope):
+                headers = passed_headers(scope, self.replica.id)
+                await merged_listing(
+                    self.app, scope, receive, send, replica=self.replica, headers=headers
+                )
+                return
         if key is None or self._held(*key) or _was_forwarded(scope):
             await self.app(scope, receive, send)
             return
@@ -165,13 +178,7 @@ class OwnerForwarding:
         url = owner.address.rstrip("/") + scope.get("root_path", "") + str(scope["path"])
         if query:
             url += "?" + query
-        headers = [
-            (k.decode("latin-1"), v.decode("latin-1"))
-            for k, v in scope["headers"]
-            if k.decode("latin-1").lower() not in _HOP
-        ]
-        # The Host header travels unchanged: E2B's port hosts name the sandbox in it.
-        headers.append((FORWARDED_HEADER, self.replica.id))
+        headers = passed_headers(scope, self.replica.id)
 
         async def body() -> AsyncIterator[bytes]:
             while True:
@@ -211,6 +218,19 @@ class OwnerForwarding:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
                 await response.aclose()
+
+
+def passed_headers(scope: Scope, replica_id: str) -> list[tuple[str, str]]:
+    """The request's headers as passed on to another replica: all but the hop-by-hop ones,
+    marked forwarded by ``replica_id``. The Host header travels unchanged: E2B's port hosts
+    name the sandbox in it."""
+    headers = [
+        (k.decode("latin-1"), v.decode("latin-1"))
+        for k, v in scope["headers"]
+        if k.decode("latin-1").lower() not in _HOP
+    ]
+    headers.append((FORWARDED_HEADER, replica_id))
+    return headers
 
 
 def _was_forwarded(scope: Scope) -> bool:
