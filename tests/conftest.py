@@ -782,3 +782,16 @@ def store_backend(
     with _fresh_database(server, template) as url:
         monkeypatch.setenv("SANDCELL_DATABASE_URL", url)
         yield StoreBackend("postgres", url)
+
+
+@pytest.fixture(scope="module")
+def own_server(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
+    """A PostgreSQL of the module's own, which its tests stop and start (the session's shared
+    one is never down); ``postgres_server`` is asked for first: it skips or fails where
+    PostgreSQL is not usable."""
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()

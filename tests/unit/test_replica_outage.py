@@ -18,18 +18,6 @@ from sandcell.service.quotas import Quotas
 from sandcell.service.tenants import TenantStore
 
 
-@pytest.fixture(scope="module")
-def own_server(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
-    """A cluster the tests stop and start (the session's shared one is never down);
-    ``postgres_server`` first: it skips or fails where PostgreSQL is not usable."""
-    server = PostgresServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
-
-
 @pytest.fixture
 def state(own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[ReplicaState]:
     if not own_server.is_running():

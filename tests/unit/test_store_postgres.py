@@ -146,19 +146,6 @@ def test_a_database_url_that_is_not_postgresql_is_a_config_error(
 # --- a database that goes away --------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def own_server(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
-    """A cluster of this module's own, which its tests stop and start (the session's shared one
-    is never down); ``postgres_server`` is asked for first: it skips or fails where PostgreSQL
-    is not usable."""
-    server = PostgresServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
-
-
 @pytest.fixture
 def own_db(own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A fresh database on ``own_server``, its URL carrying a password (the server trusts
