@@ -789,6 +789,8 @@ def own_server(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
     """A PostgreSQL of the module's own, which its tests stop and start (the session's shared
     one is never down); ``postgres_server`` is asked for first: it skips or fails where
     PostgreSQL is not usable."""
+    from tests.pg_server import PostgresServer
+
     server = PostgresServer()
     try:
         server.start()
