@@ -424,6 +424,14 @@ def _ray_problems(docs: list[Doc]) -> list[str]:
         get = container.get(probe, {}).get("httpGet", {})
         if get.get("path") != path or named.get(get.get("port"), get.get("port")) != port:
             problems.append(f"the API's {probe} is not {path} on --port")
+    # Each replica is reached by the others at its pod's address (they forward requests for
+    # the sessions and runs it holds).
+    pod_ip = _env(container).get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {})
+    if (
+        options.get("--advertise") != f"http://$(POD_IP):{port}"
+        or pod_ip.get("fieldPath") != "status.podIP"
+    ):
+        problems.append("the API does not advertise its pod's address and --port")
     if api["spec"]["replicas"] < 2:
         problems.append("one API replica")
     return problems
@@ -537,6 +545,11 @@ def _break_probe(docs: list[Doc]) -> None:
     _api_pod(docs)["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] = "/"
 
 
+def _break_advertise(docs: list[Doc]) -> None:
+    argv = _api_pod(docs)["spec"]["containers"][0]["command"]
+    argv[argv.index("--advertise") + 1] = "http://sandcell-api:80"
+
+
 def _break_image(docs: list[Doc]) -> None:
     _group(docs, "microvm")["template"]["spec"]["containers"][0]["image"] = "sandcell:latest"
 
@@ -555,6 +568,7 @@ BREAKAGES: dict[str, tuple[str, Callable[[list[Doc]], None]]] = {
     "privileged": ("ray", _break_privileged),
     "cluster-address": ("ray", _break_cluster_address),
     "probe": ("ray", _break_probe),
+    "advertise": ("ray", _break_advertise),
     "image": ("images", _break_image),
 }
 
