@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,16 @@ class ServiceProcess:
     def client(self, key: str | None, **kwargs: object) -> httpx2.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx2.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+
+def sse_events(stream: httpx2.Response) -> Iterator[tuple[str, dict[str, object]]]:
+    """The Server-Sent Events of a streamed response: (event, its JSON data), as they come."""
+    kind = "message"
+    for line in stream.iter_lines():
+        if line.startswith("event: "):
+            kind = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            yield kind, json.loads(line.removeprefix("data: "))
 
 
 def add_tenant(

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
-from tests.service.server import ServiceProcess, add_tenant
+from tests.service.server import ServiceProcess, add_tenant, sse_events
 
 from sandcell.client import AsyncClient, Client
 from sandcell.live_output import Stream
@@ -30,15 +29,6 @@ FIRST_THEN_WAIT = (
     "print('never printed')\n"
 )
 TOKEN = "ghp_" + "Yx7Wv5Ut3Sr1Qp9On7Ml5Kj3Ih1Gf9Ed7Cb5Az"
-
-
-def _events(stream: httpx2.Response) -> Iterator[tuple[str, dict[str, object]]]:
-    kind = "message"
-    for line in stream.iter_lines():
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield kind, json.loads(line.removeprefix("data: "))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +48,7 @@ def test_run_output_is_streamed_before_the_result(service: ServiceProcess, key: 
         seen: list[tuple[str, dict[str, object]]] = []
         cancelled = None
         with c.stream("GET", f"/v1/runs/{run_id}/events") as stream:
-            for kind, data in _events(stream):
+            for kind, data in sse_events(stream):
                 seen.append((kind, data))
                 if kind == "stdout" and "first line" in str(data["text"]) and cancelled is None:
                     cancelled = control.post(f"/v1/runs/{run_id}/cancel").status_code
@@ -82,12 +72,12 @@ def test_a_late_subscriber_gets_the_output_so_far_then_live(
         run_id = _submit(c, code)
         late_seen: list[tuple[str, dict[str, object]]] = []
         with c.stream("GET", f"/v1/runs/{run_id}/events") as stream:
-            for kind, data in _events(stream):
+            for kind, data in sse_events(stream):
                 if kind == "stdout" and "two" in str(data["text"]):
                     break
         # The run is still running (it sleeps): this subscriber starts from its beginning.
         with late.stream("GET", f"/v1/runs/{run_id}/events") as stream:
-            for kind, data in _events(stream):
+            for kind, data in sse_events(stream):
                 late_seen.append((kind, data))
                 if kind == "stdout" and "two" in str(data["text"]):
                     assert control.post(f"/v1/runs/{run_id}/cancel").status_code == 202
@@ -105,7 +95,7 @@ def test_streamed_output_is_redacted_and_scoped_to_the_tenant(
         run_id = _submit(c, f"print('key={TOKEN}')")
         assert intruder.get(f"/v1/runs/{run_id}/events").status_code == 404
         with c.stream("GET", f"/v1/runs/{run_id}/events") as stream:
-            seen = list(_events(stream))
+            seen = list(sse_events(stream))
     out = "".join(str(d["text"]) for k, d in seen if k == "stdout")
     assert out == "key=[REDACTED:github_token]\n"
     assert TOKEN not in json.dumps(seen)
@@ -126,7 +116,7 @@ def test_session_cell_streams_its_output(service: ServiceProcess, key: str) -> N
             with c.stream("POST", f"/v1/sessions/{sid}/cells/stream", json={"code": cell}) as s:
                 assert s.status_code == 200
                 assert s.headers["content-type"].startswith("text/event-stream")
-                for kind, data in _events(s):
+                for kind, data in sse_events(s):
                     seen.append((kind, data))
                     if kind == "stdout" and "first line" in str(data["text"]) and not stopped:
                         stopped = control.post(f"/v1/sessions/{sid}/cancel").status_code

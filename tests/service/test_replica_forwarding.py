@@ -12,7 +12,6 @@ found. The last test kills A.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -25,7 +24,7 @@ import httpx2
 import pytest
 from tests.pg_server import PostgresServer
 from tests.service.replicas import Cluster, cluster_in, eventually, finished
-from tests.service.server import ServiceProcess
+from tests.service.server import ServiceProcess, sse_events
 
 from sandcell.db.replicas import ReplicaState
 
@@ -52,15 +51,6 @@ def pair(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     a_code, b_code = a.stop(), b.stop()
     assert a_code in (-signal.SIGTERM, -signal.SIGKILL)  # the last test kills A
     assert b_code == -signal.SIGTERM
-
-
-def _events(stream: httpx2.Response) -> Iterator[tuple[str, dict[str, Any]]]:
-    kind = "message"
-    for line in stream.iter_lines():
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield kind, json.loads(line.removeprefix("data: "))
 
 
 def _session(client: httpx2.Client) -> str:
@@ -117,7 +107,7 @@ def test_a_run_on_a_is_followed_and_streamed_through_b(cluster: Cluster, pair: P
         assert seen.json()["status"] in ("queued", "running", "finished")
         with cb.stream("GET", f"/v1/runs/{run_id}/events") as stream:
             assert stream.status_code == 200
-            events = list(_events(stream))
+            events: list[tuple[str, dict[str, Any]]] = list(sse_events(stream))
         assert events[-1][0] == "result", events
         result = events[-1][1]["result"]
         assert result["outcome"] == "ok" and result["stdout"] == "line 0\nline 1\nline 2\n"
@@ -138,7 +128,7 @@ def test_a_run_on_a_streams_live_and_is_cancelled_through_b(cluster: Cluster, pa
         run_id = got.json()["id"]
         seen: list[tuple[str, dict[str, Any]]] = []
         with cb.stream("GET", f"/v1/runs/{run_id}/events") as stream:
-            for kind, data in _events(stream):
+            for kind, data in sse_events(stream):
                 seen.append((kind, data))
                 if kind == "stdout" and "line 2" in str(data["text"]):
                     # Live: the run sleeps a minute after this line, still running.

@@ -126,6 +126,8 @@ async def create_run(
 
     service.start(state, call, cleanup=_cleanup(folder))
     if not body.wait:
+        # Once in the directory of runs in flight: any replica asked about it next finds it.
+        await state.noted.wait()
         return FastJSONResponse(
             status_json(state), status_code=202, headers={"Location": f"/v1/runs/{state.id}"}
         )

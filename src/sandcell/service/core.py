@@ -110,6 +110,10 @@ class RunState:
     error: Exception | None = None
     """What the executor raised instead of returning a result (a request it refused)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    noted: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the run is in the directory of runs in flight (where replicas share one, else
+    at once): an asynchronous run's 202 waits for it, so that another replica asked about the
+    run just after forwards to this one instead of answering 404."""
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     events: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     output_chars: int = 0
@@ -349,6 +353,7 @@ class Service:
             if self.replica is not None:
                 # Noted while queued already: another replica asked about it forwards here.
                 await anyio.to_thread.run_sync(self._note_started, state)
+            state.noted.set()
             await state.emit("status", {"id": state.id, "status": "queued"})
             self.queued += 1
             try:
@@ -386,6 +391,7 @@ class Service:
                 with contextlib.suppress(Exception):
                     cleanup(result)
             state.status = "finished"
+            state.noted.set()  # a run that failed before it was noted: its 202 waits no more
             await state.emit(
                 "result", {"id": state.id, "status": "finished", "result": state.result}
             )
