@@ -6,6 +6,7 @@ and a listing so marked is that replica's own part only)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Iterator
 
@@ -65,16 +66,18 @@ def states(postgres_url: str) -> Iterator[tuple[ReplicaState, ReplicaState]]:
 
 
 def test_a_forwarded_request_is_answered_where_it_lands(
-    states: tuple[ReplicaState, ReplicaState],
+    states: tuple[ReplicaState, ReplicaState], caplog: pytest.LogCaptureFixture
 ) -> None:
     here, there = states
+    caplog.set_level(logging.WARNING, logger="sandcell.service")
     there.place_session("s1", tenant="t", node="n", profile="strict")
     reached: list[str] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         reached.append(str(scope["path"]))
         body = b"[]" if scope["path"] == "/v1/sessions" else b"{}"
-        await send({"type": "http.response.start", "status": 200, "headers": []})
+        status = 401 if (b"x-refuse", b"1") in scope["headers"] else 200
+        await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
     forwarding = OwnerForwarding(app, replica=here, holds=lambda kind, key: False)
@@ -99,5 +102,11 @@ def test_a_forwarded_request_is_answered_where_it_lands(
             listed = await ask("/v1/sessions", **headers)
             assert listed.status_code == 200 and listed.json() == []
         assert reached[1:] == ["/v1/sessions", "/v1/sessions"]
+        asked = [r for r in caplog.records if "listing: replica" in r.getMessage()]
+        assert len(asked) == 1 and there.id in asked[0].getMessage()
+        # A listing this replica refuses (no key, say) is answered so, and sent on to no one.
+        refused = await ask("/v1/sessions", **{"x-refuse": "1"})
+        assert refused.status_code == 401
+        assert len([r for r in caplog.records if "listing: replica" in r.getMessage()]) == 1
 
     asyncio.run(scenario())

@@ -69,18 +69,19 @@ async def merged_listing(
     target = _target(scope)
     params = _params(scope)
     sessions = str(scope["path"]).rstrip("/") == _SESSIONS
-    local = asyncio.ensure_future(_answer_here(app, dict(scope), receive))
+    # This replica answers first: a request it refuses (no key, a bad query) is answered as
+    # it refused it, and never sent on to every other replica.
+    start, body = await _answer_here(app, dict(scope), receive)
+    own = _part(start, body)
+    if own is None:
+        await _send(send, start, body)
+        return
     try:
         peers = await asyncio.to_thread(replica.live_peers)
     except SandcellError as exc:
         log.warning("listing: the other replicas are unknown (%s); this one's part only", exc)
         peers = []
     parts = await asyncio.gather(*(_ask(peer, target, headers) for peer in peers))
-    start, body = await local
-    own = _part(start, body)
-    if own is None:  # an error, or no listing: answered as this replica answered it
-        await _send(send, start, body)
-        return
     found = [own, *(p for p in parts if p is not None)]
     if sessions:
         merged = _merge_sessions(found)
