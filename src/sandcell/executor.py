@@ -149,6 +149,7 @@ class Executor(SessionCalls):
             backend.close()
         self.audit.close()
         self.approvals.close()
+        self.states.close()
 
     def cancel_all(self, reason: str = "cancelled by the caller") -> int:
         """Stop every run of this executor that is in flight, from any thread.

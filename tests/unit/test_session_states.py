@@ -1,6 +1,11 @@
 """The store of saved session states (sandcell/sessions/states.py), on real files: a state is
 committed whole or not at all, loads only as it was written (every byte and the manifest), only
-for its owner, once per resume, and is swept when it expires."""
+for its owner, once per resume, and is swept when it expires.
+
+Each test of the store runs twice (``store_backend``): with the manifests beside the bytes, and
+with them in PostgreSQL (``$SANDCELL_DATABASE_URL``, :mod:`sandcell.sessions.state_index`); a
+test that edits a manifest or moves a state behind the store's back does it where that backend
+keeps it (:func:`_edit_manifest`, :func:`_move`)."""
 
 from __future__ import annotations
 
@@ -8,9 +13,12 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from tests.store_backend import StoreBackend
 
 from sandcell.backends.cell.state import PauseMode, SavedState
 from sandcell.errors import InfraError
@@ -19,6 +27,7 @@ from sandcell.sessions.states import (
     StateNotFound,
     StateStore,
     StateTampered,
+    StoredState,
     check_snapshot_name,
 )
 
@@ -36,9 +45,56 @@ SETTINGS = SessionSettings(
 )
 SAVED = SavedState(backend="gvisor", mode=PauseMode.MEMORY, detail={"runsc": "x"})
 SID = "0123456789abcdef0123456789abcdef"
+SCHEMA = "sandcell_states"
 
 
-def _save(store: StateStore, *, state_id: str = SID, owner: str | None = "t1", **kw: object):
+Opener = Callable[[Path], StateStore]
+
+
+@pytest.fixture
+def open_store(store_backend: StoreBackend) -> Iterator[Opener]:
+    """Opens stores on the test's backend; closes them (their database connections) after."""
+    opened: list[StateStore] = []
+
+    def open_(root: Path) -> StateStore:
+        opened.append(StateStore(root))
+        return opened[-1]
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def _edit_manifest(
+    backend: StoreBackend, root: Path, state_id: str, edit: Callable[[dict[str, Any]], None]
+) -> None:
+    """Change a committed state's manifest where it is kept, as someone with write access to
+    the shared directory (or the database) would, without re-signing it."""
+    if not backend.is_postgres:
+        manifest = root / state_id / "manifest.json"
+        raw = json.loads(manifest.read_text())
+        edit(raw)
+        manifest.write_text(json.dumps(raw))
+        return
+    assert not (root / state_id / "manifest.json").exists()  # the row holds it, not a file
+    with backend.raw(root, SCHEMA) as db:
+        row = db.execute("SELECT manifest FROM states WHERE id = ?", (state_id,)).fetchone()
+        raw = json.loads(row[0])
+        edit(raw)
+        db.execute("UPDATE states SET manifest = ? WHERE id = ?", (json.dumps(raw), state_id))
+
+
+def _move(backend: StoreBackend, root: Path, old: str, new: str) -> None:
+    """Put a whole state under another id."""
+    os.rename(root / old, root / new)
+    if backend.is_postgres:
+        with backend.raw(root, SCHEMA) as db:
+            db.execute("UPDATE states SET id = ? WHERE id = ?", (new, old))
+
+
+def _save(
+    store: StateStore, *, state_id: str = SID, owner: str | None = "t1", **kw: object
+) -> StoredState:
     staging = store.staging()
     data = staging / "data"
     (data / "img").mkdir()
@@ -62,8 +118,10 @@ def _save(store: StateStore, *, state_id: str = SID, owner: str | None = "t1", *
     )
 
 
-def test_a_committed_state_loads_as_it_was_written(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_a_committed_state_loads_as_it_was_written(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     state = _save(store)
     assert set(state.files) == {"img/pages", "meta.json"}
     assert state.stored_bytes >= 10_000
@@ -75,14 +133,24 @@ def test_a_committed_state_loads_as_it_was_written(tmp_path: Path) -> None:
     assert store.stored_bytes(owner="t1") == state.stored_bytes
     assert (tmp_path / "states").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "states" / ".key").stat().st_mode & 0o777 == 0o600
+    if store_backend.is_postgres:  # the manifest is the row's, the bytes stay in the directory
+        assert not (tmp_path / "states" / SID / "manifest.json").exists()
+        with store_backend.raw(tmp_path, SCHEMA) as db:
+            row = db.execute(
+                "SELECT kind, owner, session_id, stored_bytes, claim FROM states WHERE id = ?",
+                (SID,),
+            ).fetchone()
+        assert tuple(row) == ("paused", "t1", SID, state.stored_bytes, None)
 
 
 @pytest.mark.parametrize(
     "tamper",
     ["change a byte", "truncate", "add a file", "remove a file", "replace with a link"],
 )
-def test_a_state_whose_files_changed_is_refused(tmp_path: Path, tamper: str) -> None:
-    store = StateStore(tmp_path / "states")
+def test_a_state_whose_files_changed_is_refused(
+    tmp_path: Path, tamper: str, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     _save(store)
     data = tmp_path / "states" / SID / "data"
     pages = data / "img" / "pages"
@@ -106,52 +174,61 @@ def test_a_state_whose_files_changed_is_refused(tmp_path: Path, tamper: str) -> 
     assert (tmp_path / "states" / SID).is_dir()  # refused, and kept for inspection
 
 
-def test_an_edited_or_moved_manifest_is_refused(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_an_edited_or_moved_manifest_is_refused(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     _save(store)
-    manifest = tmp_path / "states" / SID / "manifest.json"
-    raw = json.loads(manifest.read_text())
-    raw["manifest"]["owner"] = "t2"  # someone gives the state to another tenant
-    manifest.write_text(json.dumps(raw))
+
+    def give_away(raw: dict[str, Any]) -> None:
+        raw["manifest"]["owner"] = "t2"  # someone gives the state to another tenant
+
+    _edit_manifest(store_backend, tmp_path / "states", SID, give_away)
     with pytest.raises(StateTampered, match="changed after it was saved"):
         store.load(SID, owner="t2")
     with pytest.raises(StateNotFound):  # to anyone the manifest does not name, it is not there
         store.load(SID, owner="t1")
     assert store.list(owner="t2") == []
     # A whole, correctly signed state copied under another id is refused too.
-    other = StateStore(tmp_path / "states")
+    other = open_store(tmp_path / "states")
     _save(other, state_id="a" * 32)
-    os.rename(tmp_path / "states" / ("a" * 32), tmp_path / "states" / ("b" * 32))
+    _move(store_backend, tmp_path / "states", "a" * 32, "b" * 32)
     with pytest.raises(StateTampered, match="holds the manifest of"):
         other.load("b" * 32, owner="t1")
 
 
-def test_labels_are_kept_signed_and_not_listed(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_labels_are_kept_signed_and_not_listed(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     state = _save(store, labels={"e2b.token": "secret", "e2b.template": "base"})
     loaded = store.load(SID, owner="t1")
     assert loaded.labels == {"e2b.token": "secret", "e2b.template": "base"}
     assert store.set_record(loaded, "r1").labels == loaded.labels
     assert "secret" not in json.dumps(state.summary())
-    manifest = tmp_path / "states" / SID / "manifest.json"
-    raw = json.loads(manifest.read_text())
-    raw["manifest"]["labels"]["e2b.token"] = "mine now"
-    manifest.write_text(json.dumps(raw))
+
+    def steal(raw: dict[str, Any]) -> None:
+        raw["manifest"]["labels"]["e2b.token"] = "mine now"
+
+    _edit_manifest(store_backend, tmp_path / "states", SID, steal)
     with pytest.raises(StateTampered, match="changed after it was saved"):
         store.load(SID, owner="t1")
 
 
-def test_another_owner_sees_nothing(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_another_owner_sees_nothing(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     _save(store)
     _save(store, state_id="c" * 32, kind="snapshot", name="base", ttl_s=None)
-    for call in (
+    calls: tuple[Callable[[], object], ...] = (
         lambda: store.load(SID, owner="t2"),
         lambda: store.get(SID, owner=None),
         lambda: store.delete(SID, owner="t2"),
         lambda: store.claim(SID, owner="t2"),
         lambda: store.find_snapshot("base", owner="t2"),
-    ):
+    )
+    for call in calls:
         with pytest.raises(StateNotFound):
             call()
     assert store.list(owner="t2") == []
@@ -159,8 +236,10 @@ def test_another_owner_sees_nothing(tmp_path: Path) -> None:
     assert store.load(SID, owner="t1").id == SID
 
 
-def test_one_resume_claims_a_state(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_one_resume_claims_a_state(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     _save(store)
     got: list[object] = []
     barrier = threading.Barrier(4)
@@ -189,8 +268,10 @@ def test_one_resume_claims_a_state(tmp_path: Path) -> None:
         store.get(SID, owner="t1")
 
 
-def test_expired_states_and_dead_saves_are_swept(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_expired_states_and_dead_saves_are_swept(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     _save(store, ttl_s=0.001)
     kept = _save(store, state_id="d" * 32, ttl_s=None)
     dead = store.staging()
@@ -204,8 +285,10 @@ def test_expired_states_and_dead_saves_are_swept(tmp_path: Path) -> None:
         store.load(SID, owner="t1")
 
 
-def test_an_abandoned_claim_is_given_back_not_lost(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_an_abandoned_claim_is_given_back_not_lost(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     _save(store)
     claimed = store.claim(SID, owner="t1")  # the resuming process dies here
     old = time.time() - 7200
@@ -213,8 +296,10 @@ def test_an_abandoned_claim_is_given_back_not_lost(tmp_path: Path) -> None:
     assert [s.id for s in store.list(owner="t1")] == [SID]
 
 
-def test_a_state_holding_a_link_is_not_committed(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "states")
+def test_a_state_holding_a_link_is_not_committed(
+    tmp_path: Path, store_backend: StoreBackend, open_store: Opener
+) -> None:
+    store = open_store(tmp_path / "states")
     staging = store.staging()
     (staging / "data" / "link").symlink_to("/etc/passwd")
     with pytest.raises(InfraError, match="not a regular file"):

@@ -18,11 +18,11 @@ from sandcell.errors import ConfigError, StoreUnavailable
 
 __all__ = ["HEAD", "VERSION_SCHEMA", "current_version", "ensure_current", "upgrade"]
 
-HEAD = "0002"
+HEAD = "0003"
 """The newest revision under ``migrations/versions`` (a test holds this to Alembic's head)."""
 VERSION_SCHEMA = "sandcell"
 """Where Alembic keeps its ``alembic_version`` table."""
-KNOWN = ("0001", "0002")
+KNOWN = ("0001", "0002", "0003")
 """Every revision this sandcell has, oldest first."""
 
 _MIGRATIONS = Path(__file__).with_name("migrations")

@@ -355,7 +355,8 @@ def paused_state(home: Path, session_id: str) -> StoredState | None:
     """This user's paused state of ``session_id`` (manifest checked, files not yet), or None.
     Raises StateTampered for one whose manifest changed on disk."""
     try:
-        state = StateStore(bulk_dir(home) / "states").get(registry.check_id(session_id), owner=None)
+        with StateStore(bulk_dir(home) / "states") as states:
+            state = states.get(registry.check_id(session_id), owner=None)
     except StateNotFound:
         return None
     return state if state.kind == "paused" else None

@@ -47,13 +47,19 @@ from typing import Any, Literal
 
 from sandcell.backends.cell.state import RestorePoint, SavedState
 from sandcell.errors import ConfigError, InfraError
+from sandcell.sessions.state_index import (
+    CLAIM_STALE_S,
+    Entry,
+    NotIndexed,
+    StateIndex,
+    claim_dir,
+    open_index,
+)
 
 StateKind = Literal["paused", "snapshot", "fork"]
 
 _ID = re.compile(r"^[0-9a-f]{8,32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_STAGING_STALE_S = 3600.0
-"""A staging directory older than this belongs to a save that died: swept."""
 
 
 class StateNotFound(ConfigError):
@@ -272,11 +278,26 @@ def _walk(data: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
 
 
 class StateStore:
-    """The saved states of one home (see the module docstring). Safe to share between threads
-    and processes: a state is written once, renamed into place, and only deleted after."""
+    """The saved states of one home (see the module). Safe to share between threads
+    and processes: a state is written once, put in place in one step, and only deleted after.
 
-    def __init__(self, root: Path) -> None:
+    Where the manifests live is ``index``'s business (:mod:`sandcell.sessions.state_index`):
+    beside the bytes by default, rows of PostgreSQL with ``$SANDCELL_DATABASE_URL`` set, so the
+    replicas sharing the directory and the database list, resume and sweep the same states."""
+
+    def __init__(self, root: Path, index: StateIndex | None = None) -> None:
         self.root = root
+        self._index = index if index is not None else open_index(root)
+
+    def close(self) -> None:
+        """Let go of the index's connection (a later call opens it again)."""
+        self._index.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the directory ---------------------------------------------------------------------
 
@@ -341,7 +362,8 @@ class StateStore:
     ) -> StoredState:
         """Hash what the rung wrote under ``staging/data``, sign the manifest and put the state
         in place as ``state_id`` (an existing state of that id is replaced: a session paused
-        again). Raises InfraError for anything in it but directories and regular files."""
+        again). Raises InfraError for anything in it but directories and regular files, and
+        StoreUnavailable (nothing committed) when the database cannot be reached."""
         data = staging / "data"
         files: dict[str, tuple[int, str]] = {}
         blocks = 0
@@ -368,49 +390,71 @@ class StateStore:
             record=record,
             labels=dict(labels or {}),
         )
-        self._write_manifest(staging, state)
         final = self._dir() / state_id
         old = None
         if final.exists():
             old = self._dir() / ".staging" / f"old-{uuid.uuid4().hex}"
             final.rename(old)
-        staging.rename(final)
+        try:
+            self._index.put(self._entry(state), staging, final)
+        except BaseException:
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    old.rename(final)  # the state it was to replace stays
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return _with_dir(state, final)
 
-    def _write_manifest(self, directory: Path, state: StoredState) -> None:
+    def _entry(self, state: StoredState) -> Entry:
+        """The state's index entry: its manifest, signed with the home's key."""
         body = _manifest_body(state)
         sig = hmac.new(self._key(), _canonical(body), hashlib.sha256).hexdigest()
-        tmp = directory / "manifest.json.tmp"
-        tmp.write_text(json.dumps({"manifest": body, "hmac": sig}, indent=1))
-        tmp.chmod(0o600)
-        tmp.replace(directory / "manifest.json")
+        return Entry(
+            id=state.id,
+            kind=state.kind,
+            name=state.name,
+            owner=state.owner,
+            session_id=state.session_id,
+            created_at=state.created_at,
+            expires_at=state.expires_at,
+            stored_bytes=state.stored_bytes,
+            document=json.dumps({"manifest": body, "hmac": sig}, indent=1),
+        )
 
     def set_record(self, state: StoredState, record: str) -> StoredState:
         """The state with the run id of the record that saved it (re-signed)."""
         updated = StoredState(**{**_fields(state), "record": record})
-        self._write_manifest(state.directory, updated)
+        self._index.rewrite(self._entry(updated), state.directory)
         return updated
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _read(self, directory: Path, state_id: str | None = None) -> StoredState:
-        """The manifest in ``directory``, signature checked, and naming ``state_id`` (default:
-        the directory's name): a state copied under another id is refused too."""
+    def _document(self, state_id: str, claim: str | None = None) -> str:
+        """The state's manifest document as the index holds it, unverified."""
         try:
-            raw = json.loads((directory / "manifest.json").read_text())
-            body, sig = raw["manifest"], raw["hmac"]
-        except FileNotFoundError:
-            raise StateNotFound(f"no saved state {directory.name}") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return self._index.document(state_id, claim)
+        except NotIndexed:
+            raise StateNotFound(f"no saved state {state_id}") from None
+        except OSError as exc:
             raise StateTampered(
-                f"the manifest of saved state {directory.name} is unreadable ({exc})"
+                f"the manifest of saved state {state_id} is unreadable ({exc})"
+            ) from None
+
+    def _parse(self, document: str, state_id: str, directory: Path) -> StoredState:
+        """The manifest ``document``, signature checked, and naming ``state_id``: a state copied
+        under another id is refused too."""
+        try:
+            raw = json.loads(document)
+            body, sig = raw["manifest"], raw["hmac"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateTampered(
+                f"the manifest of saved state {state_id} is unreadable ({exc})"
             ) from None
         want = hmac.new(self._key(), _canonical(body), hashlib.sha256).hexdigest()
         if not isinstance(sig, str) or not hmac.compare_digest(sig, want):
             raise StateTampered(
-                f"the manifest of saved state {directory.name} was changed after it was saved; "
+                f"the manifest of saved state {state_id} was changed after it was saved; "
                 "it will not be loaded (delete it)"
             )
         try:
@@ -432,10 +476,10 @@ class StateStore:
                 labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise StateTampered(f"the manifest of saved state {directory.name}: {exc}") from None
-        if state.id != (state_id or directory.name):
+            raise StateTampered(f"the manifest of saved state {state_id}: {exc}") from None
+        if state.id != state_id:
             raise StateTampered(
-                f"saved state {state_id or directory.name} holds the manifest of {state.id}; "
+                f"saved state {state_id} holds the manifest of {state.id}; "
                 "it will not be loaded (delete it)"
             )
         return _with_dir(state, directory)
@@ -443,12 +487,14 @@ class StateStore:
     def _visible(self, state_id: str, owner: str | None) -> StoredState:
         if not _ID.match(state_id):
             raise StateNotFound(f"{state_id!r} is not a state id (8-32 hex digits)")
+        directory = self._dir() / state_id
+        document = self._document(state_id)
         try:
-            state = self._read(self._dir() / state_id)
+            state = self._parse(document, state_id, directory)
         except StateTampered:
             # Tampering is said only to the owner the manifest names; to anyone else the
             # state does not exist, as an intact one of another owner does not.
-            if _claimed_owner(self._dir() / state_id) != owner:
+            if _claimed_owner(document) != owner:
                 raise StateNotFound(f"no saved state {state_id}") from None
             raise
         if state.owner != owner or state.expired():
@@ -463,10 +509,10 @@ class StateStore:
         """The state, checked whole: signature, then every file's size and hash, and nothing
         more in ``data/`` than the manifest names. Raises StateNotFound, StateTampered."""
         state = self._visible(state_id, owner)
-        return self._checked(state.directory, state_id)
+        return self._checked(state.directory, state_id, None)
 
-    def _checked(self, directory: Path, state_id: str) -> StoredState:
-        state = self._read(directory, state_id)
+    def _checked(self, directory: Path, state_id: str, claim: str | None) -> StoredState:
+        state = self._parse(self._document(state_id, claim), state_id, directory)
         data = directory / "data"
         seen: set[str] = set()
         for rel, path, st in _walk(data):
@@ -494,9 +540,8 @@ class StateStore:
 
     def find_snapshot(self, name: str, *, owner: str | None) -> StoredState:
         check_snapshot_name(name)
-        for state in self.list(owner=owner, kind="snapshot"):
-            if state.name == name:
-                return state
+        for state in self._listed(owner=owner, kind="snapshot", name=name, any_owner=False):
+            return state
         raise StateNotFound(f"no snapshot named {name!r}; see the snapshot listing")
 
     def list(
@@ -505,16 +550,32 @@ class StateStore:
         """The owner's states (every owner's with ``any_owner``), oldest first; expired ones and
         leftovers of dead saves are swept on the way. A state whose manifest is damaged is
         listed nowhere (and kept for inspection)."""
+        return self._listed(owner=owner, kind=kind, name=None, any_owner=any_owner)
+
+    def _listed(
+        self, *, owner: str | None, kind: StateKind | None, name: str | None, any_owner: bool
+    ) -> builtins.list[StoredState]:
         self.sweep()
+        root = self._dir()
         found: list[StoredState] = []
-        for d in self._dir().iterdir():
-            if not _ID.match(d.name):
+        now = time.time()
+        candidates = self._index.entries(
+            owner=owner, any_owner=any_owner, kind=kind, name=name, expired_before=None
+        )
+        for state_id, document in candidates:
+            if not _ID.match(state_id):
                 continue
             try:
-                state = self._read(d)
+                state = self._parse(document, state_id, root / state_id)
             except ConfigError:
                 continue
-            if (any_owner or state.owner == owner) and (kind is None or state.kind == kind):
+            # The manifest decides, never the index's columns (they are not signed).
+            if (
+                (any_owner or state.owner == owner)
+                and (kind is None or state.kind == kind)
+                and (name is None or state.name == name)
+                and not state.expired(now)
+            ):
                 found.append(state)
         return sorted(found, key=lambda s: s.created_at)
 
@@ -525,81 +586,89 @@ class StateStore:
 
     def claim(self, state_id: str, *, owner: str | None) -> StoredState:
         """Take the state out of the listing for one resume, checked whole (as :meth:`load`):
-        a second resume of the same state finds nothing. :meth:`release` puts it back when the
-        resume fails; :meth:`drop_claimed` removes it once the resume succeeded."""
-        state = self._visible(state_id, owner)
-        claimed = self._dir() / ".staging" / f"claim-{state_id}-{uuid.uuid4().hex}"
+        a second resume of the same state, in this process or another replica, finds nothing.
+        :meth:`release` puts it back when the resume fails; :meth:`drop_claimed` removes it once
+        the resume succeeded."""
+        self._visible(state_id, owner)
+        token = uuid.uuid4().hex
+        claimed = claim_dir(self._dir(), state_id, token)
         claimed.parent.mkdir(mode=0o700, exist_ok=True)
+        if not self._index.claim(state_id, token, claimed):
+            raise StateNotFound(f"no saved state {state_id} (another resume took it)")
         try:
-            state.directory.rename(claimed)
-        except FileNotFoundError:
-            raise StateNotFound(f"no saved state {state_id} (another resume took it)") from None
-        os.utime(claimed)  # a claim is young: the sweep gives it back only if it is abandoned
-        try:
-            checked = self._checked(claimed, state_id)
+            os.utime(claimed)  # a claim is young: the sweep gives it back only if it is abandoned
+            return self._checked(claimed, state_id, token)
         except BaseException:
-            self.release(_with_dir(state, claimed))
+            self._index.release(state_id, token, claimed)
             raise
-        return checked
 
     def release(self, state: StoredState) -> None:
         """Put a claimed state back (its resume failed: nothing is lost)."""
-        with contextlib.suppress(FileNotFoundError, OSError):
-            state.directory.rename(self._dir() / state.id)
+        token = _claim_token(state)
+        if token is not None:
+            self._index.release(state.id, token, state.directory)
 
     def drop_claimed(self, state: StoredState) -> None:
-        shutil.rmtree(state.directory, ignore_errors=True)
+        token = _claim_token(state)
+        if token is not None:
+            self._index.drop(state.id, token, state.directory)
 
     # -- removing --------------------------------------------------------------------------
 
     def delete(self, state_id: str, *, owner: str | None) -> StoredState:
         state = self._visible(state_id, owner)
-        self._remove(state.directory)
+        self._index.delete(state_id)
         return state
 
-    def _remove(self, directory: Path) -> None:
-        # Renamed out of the listing first, so a concurrent list never reads half a state.
-        gone = self._dir() / ".staging" / f"gone-{uuid.uuid4().hex}"
-        gone.parent.mkdir(mode=0o700, exist_ok=True)
-        try:
-            directory.rename(gone)
-        except FileNotFoundError:
-            return
-        shutil.rmtree(gone, ignore_errors=True)
-
     def sweep(self) -> builtins.list[str]:
-        """Remove expired states and the staging leftovers of saves that died. Returns the ids
-        of the states removed."""
+        """Remove expired states and the staging leftovers of saves that died; give back the
+        states of resumes that died holding them. Returns the ids of the states removed."""
         removed: builtins.list[str] = []
         root = self._dir()
         now = time.time()
-        for d in root.iterdir():
-            if not _ID.match(d.name):
+        expired = self._index.entries(
+            owner=None, any_owner=True, kind=None, name=None, expired_before=now
+        )
+        for state_id, document in expired:
+            if not _ID.match(state_id):
                 continue
             with contextlib.suppress(ConfigError):
-                if self._read(d).expired(now):
-                    self._remove(d)
-                    removed.append(d.name)
+                state = self._parse(document, state_id, root / state_id)
+                if state.expired(now) and self._index.delete(state_id):
+                    removed.append(state_id)
         staging = root / ".staging"
         if staging.is_dir():
             for d in staging.iterdir():
                 with contextlib.suppress(FileNotFoundError):
                     gone = d.name.startswith(("gone-", "old-"))
-                    stale = now - d.lstat().st_mtime > _STAGING_STALE_S
+                    stale = now - d.lstat().st_mtime > CLAIM_STALE_S
                     if d.name.startswith("claim-"):
                         # A resume that died with the state claimed: give it back, never lose it.
-                        if stale and not (root / d.name.split("-")[1]).exists():
-                            d.rename(root / d.name.split("-")[1])
+                        state_id, _, token = d.name.removeprefix("claim-").partition("-")
+                        if stale and _ID.match(state_id) and not (root / state_id).exists():
+                            d.rename(root / state_id)
+                            self._index.unclaim(state_id, token)
                     elif gone or stale:
                         shutil.rmtree(d, ignore_errors=True)
+        for state_id, token in self._index.stale_claims(now):
+            self._index.unclaim(state_id, token)
         return removed
 
 
-def _claimed_owner(directory: Path) -> object:
+def _claim_token(state: StoredState) -> str | None:
+    """The claim a claimed state's directory was taken under; None for a state not claimed."""
+    prefix = f"claim-{state.id}-"
+    name = state.directory.name
+    if state.directory.parent.name != ".staging" or not name.startswith(prefix):
+        return None
+    return name[len(prefix) :]
+
+
+def _claimed_owner(document: str) -> object:
     """The owner an unverified manifest names (a sentinel when it names none)."""
     try:
-        return json.loads((directory / "manifest.json").read_text())["manifest"]["owner"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return json.loads(document)["manifest"]["owner"]
+    except (ValueError, KeyError, TypeError):
         return _NOBODY
 
 
