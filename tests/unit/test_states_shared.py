@@ -173,6 +173,28 @@ def test_a_claim_left_by_a_resume_that_died_is_given_back(
     assert _rows(postgres_url) == []
 
 
+def test_states_saved_before_the_database_was_set_are_taken_in(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home that starts using the database keeps its paused sessions and snapshots: their
+    manifests move into rows; one that does not verify stays a file, listed nowhere."""
+    monkeypatch.delenv(URL_ENV, raising=False)
+    monkeypatch.setenv(SHARED_DIR_ENV, str(tmp_path / "shared"))
+    root = bulk_dir(tmp_path / "home") / "states"
+    with StateStore(root) as files:
+        paused = _save(files)
+        _save(files, state_id="d" * 32)
+    damaged = root / ("d" * 32) / "manifest.json"
+    damaged.write_text(damaged.read_text().replace('"t1"', '"t2"'))
+    monkeypatch.setenv(URL_ENV, postgres_url)
+    with StateStore(root) as db:
+        assert [s.id for s in db.list(owner="t1")] == [SID]
+        assert not (paused.directory / "manifest.json").exists()
+        assert damaged.exists()
+        assert db.load(SID, owner="t1").digest == paused.digest
+    assert _rows(postgres_url) == [(SID, "paused", None, "t1", False)]
+
+
 def test_a_state_is_not_committed_while_the_database_is_down(
     own_server: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -139,6 +139,15 @@ class StateIndex(ABC):
         staging area (a resume that died between taking the claim and moving the bytes)."""
 
     @abstractmethod
+    def strays(self) -> builtins.list[tuple[str, str]]:
+        """(id, manifest) of states committed with their manifest beside the bytes that this
+        index does not hold (saved before the home used the database): to :meth:`adopt`."""
+
+    @abstractmethod
+    def adopt(self, entry: Entry) -> None:
+        """Hold a stray state (its manifest checked by the caller) as if committed here."""
+
+    @abstractmethod
     def close(self) -> None:
         """Let go of what the index holds open (a later call opens it again)."""
 
@@ -165,6 +174,12 @@ class FileIndex(StateIndex):
 
     def close(self) -> None:
         pass  # nothing held open between calls
+
+    def strays(self) -> builtins.list[tuple[str, str]]:
+        return []  # every manifest beside its bytes is this index's own
+
+    def adopt(self, entry: Entry) -> None:
+        _write(self.directory(entry.id), entry.document)  # where it already is: kept as it is
 
     def put(self, entry: Entry, staging: Path, final: Path) -> None:
         _write(staging, entry.document)
@@ -253,6 +268,26 @@ class PgIndex(StateIndex):
                 self._conn.close()
                 self._conn = None
 
+    def strays(self) -> builtins.list[tuple[str, str]]:
+        found: builtins.list[tuple[str, str]] = []
+        for d in self.root.iterdir():
+            with contextlib.suppress(OSError):
+                found.append((d.name, (d / MANIFEST).read_text()))
+        return found
+
+    def adopt(self, entry: Entry) -> None:
+        with self._db() as db:
+            # A row of that id already there is newer than the file: the file just goes.
+            db.execute(
+                "INSERT INTO states (id, kind, name, owner, session_id, manifest, stored_bytes, "
+                "created_at, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?::timestamptz, to_timestamp(?)) "
+                "ON CONFLICT (id) DO NOTHING",
+                _row(entry),
+            )
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory(entry.id) / MANIFEST).unlink()
+
     def put(self, entry: Entry, staging: Path, final: Path) -> None:
         staging.rename(final)  # the bytes first: a row never names bytes not yet in place
         try:
@@ -266,17 +301,7 @@ class PgIndex(StateIndex):
                     "manifest = excluded.manifest, stored_bytes = excluded.stored_bytes, "
                     "created_at = excluded.created_at, expires_at = excluded.expires_at, "
                     "claim = NULL, claimed_at = NULL",
-                    (
-                        entry.id,
-                        entry.kind,
-                        entry.name,
-                        entry.owner,
-                        entry.session_id,
-                        entry.document,
-                        entry.stored_bytes,
-                        entry.created_at,
-                        entry.expires_at,
-                    ),
+                    _row(entry),
                 )
         except BaseException:
             with contextlib.suppress(OSError):
@@ -391,6 +416,21 @@ def claim_dir(root: Path, state_id: str, token: str) -> Path:
     """Where a claimed state's directory waits for its resume (the store's sweep gives back
     one left there by a resume that died)."""
     return root / ".staging" / f"claim-{state_id}-{token}"
+
+
+def _row(entry: Entry) -> tuple[object, ...]:
+    """The values of a row of ``states``, in the order its INSERTs name them."""
+    return (
+        entry.id,
+        entry.kind,
+        entry.name,
+        entry.owner,
+        entry.session_id,
+        entry.document,
+        entry.stored_bytes,
+        entry.created_at,
+        entry.expires_at,
+    )
 
 
 def _write(directory: Path, document: str) -> None:

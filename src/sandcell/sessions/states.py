@@ -626,6 +626,12 @@ class StateStore:
         removed: builtins.list[str] = []
         root = self._dir()
         now = time.time()
+        for state_id, document in self._index.strays():
+            # Saved before this home used the database: taken in, never lost (a manifest that
+            # does not verify stays a file, listed nowhere, as a damaged one always was).
+            if _ID.match(state_id):
+                with contextlib.suppress(ConfigError):
+                    self._index.adopt(self._entry(self._parse(document, state_id, root)))
         expired = self._index.entries(
             owner=None, any_owner=True, kind=None, name=None, expired_before=now
         )
