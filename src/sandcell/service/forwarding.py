@@ -38,7 +38,7 @@ from sandcell.errors import SandcellError
 if TYPE_CHECKING:
     from sandcell.db.replicas import Owner, ReplicaState
 
-__all__ = ["FORWARDED_HEADER", "OwnerForwarding", "owned_key", "passed_headers"]
+__all__ = ["FORWARDED_HEADER", "OwnerForwarding", "owned_key", "passed_headers", "request_target"]
 
 log = logging.getLogger("sandcell.service")
 
@@ -174,10 +174,7 @@ class OwnerForwarding:
     async def _forward(self, scope: Scope, receive: Receive, send: Send, owner: Owner) -> None:
         import httpx2
 
-        query = scope.get("query_string", b"").decode("latin-1")
-        url = owner.address.rstrip("/") + scope.get("root_path", "") + str(scope["path"])
-        if query:
-            url += "?" + query
+        url = owner.address.rstrip("/") + request_target(scope)
         headers = passed_headers(scope, self.replica.id)
 
         async def body() -> AsyncIterator[bytes]:
@@ -218,6 +215,13 @@ class OwnerForwarding:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
                 await response.aclose()
+
+
+def request_target(scope: Scope) -> str:
+    """The request's path and query, as they follow another replica's address."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    target = str(scope.get("root_path", "")) + str(scope["path"])
+    return f"{target}?{query}" if query else target
 
 
 def passed_headers(scope: Scope, replica_id: str) -> list[tuple[str, str]]:

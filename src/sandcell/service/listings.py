@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandcell.errors import SandcellError
+from sandcell.service.forwarding import request_target
 
 if TYPE_CHECKING:
     from sandcell.db.replicas import Owner, ReplicaState
@@ -66,7 +67,7 @@ async def merged_listing(
     ``headers``: the client's, as passed on to another replica."""
     # What the peers are asked is taken first: the app changes its scope (a mount sets
     # root_path) while it answers.
-    target = _target(scope)
+    target = request_target(scope)
     params = _params(scope)
     sessions = str(scope["path"]).rstrip("/") == _SESSIONS
     # This replica answers first: a request it refuses (no key, a bad query) is answered as
@@ -153,13 +154,6 @@ def _items(body: bytes) -> list[Mapping[str, Any]] | None:
     if not isinstance(loaded, list) or not all(isinstance(i, dict) for i in loaded):
         return None
     return loaded
-
-
-def _target(scope: Scope) -> str:
-    """The request's path and query, as a replica's address is followed by."""
-    query = scope.get("query_string", b"").decode("latin-1")
-    target = str(scope.get("root_path", "")) + str(scope["path"])
-    return f"{target}?{query}" if query else target
 
 
 async def _ask(peer: Owner, target: str, headers: Sequence[tuple[str, str]]) -> _Part | None:
