@@ -243,6 +243,57 @@ def test_an_e2b_sandbox_made_through_a_is_used_through_b(cluster: Cluster, pair:
             sbx.kill()
 
 
+class _RoundRobin(httpx2.AsyncHTTPTransport):
+    """A load balancer with no affinity: each request goes to the next replica in turn."""
+
+    def __init__(self, ports: list[int]) -> None:
+        super().__init__()
+        self.ports = ports
+        self.sent: list[int] = []
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        port = self.ports[len(self.sent) % len(self.ports)]
+        self.sent.append(port)
+        request.url = request.url.copy_with(port=port)
+        return await super().handle_async_request(request)
+
+
+def test_an_mcp_client_behind_a_balancer_without_affinity(cluster: Cluster, pair: Pair) -> None:
+    """The official MCP client's requests alternate between A and B: the connection lives on
+    the replica that answered its initialize, and the other forwards to it."""
+    import asyncio
+
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.types import TextContent
+
+    a, b = pair
+    key = cluster.tenant(a.home, "mcp-balanced", profiles=("strict",))
+    balancer = _RoundRobin([a.port, b.port])
+
+    async def scenario() -> list[str]:
+        said = []
+        async with (
+            httpx2.AsyncClient(
+                transport=balancer,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=httpx2.Timeout(30, read=120),
+            ) as http,
+            streamable_http_client(f"{a.url}/mcp", http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            for n in range(4):
+                ran = await session.call_tool("run_python", {"code": f"print({n} * 7)"})
+                assert not ran.is_error, ran.content
+                said.append("".join(c.text for c in ran.content if isinstance(c, TextContent)))
+        return said
+
+    said = asyncio.run(scenario())
+    assert all(str(n * 7) in text for n, text in enumerate(said)), said
+    assert set(balancer.sent) == {a.port, b.port}, balancer.sent
+
+
 def test_a_killed_replica_s_session_is_not_found_once_it_is_known_dead(
     cluster: Cluster, pair: Pair
 ) -> None:
