@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -53,12 +54,13 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 import httpx2  # noqa: E402
 from tests.pg_server import PostgresServer  # noqa: E402
@@ -66,12 +68,29 @@ from tests.ray_cluster import Cluster as Nodes  # noqa: E402
 from tests.ray_cluster import _node_pids, kill_node, local_cluster  # noqa: E402
 from tests.service.server import ServiceProcess, add_tenant  # noqa: E402
 
-import soak as single  # noqa: E402
 from sandcell.audit import AuditLog  # noqa: E402
 from sandcell.client.wire import run_body  # noqa: E402
 from sandcell.spec import Outcome  # noqa: E402
 
-KINDS: tuple[single.Kind, ...] = tuple(
+
+def _single() -> ModuleType:
+    """bench/soak.py (the one-machine soak: its mix and its leftover checks), by its path: a
+    plain ``import soak`` would find tests/soak under pytest."""
+    name = "sandcell_bench_soak"  # the name tests/soak/conftest.py loads it under
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "soak.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+single = _single()
+if TYPE_CHECKING:
+    from bench.soak import Kind, Snapshot
+
+KINDS: tuple[Kind, ...] = tuple(
     k
     for k in single.KINDS
     if k.name in {"ok", "error", "timeout", "output_flood", "export", "denied"}
@@ -100,11 +119,11 @@ def tagged(index: int, code: str) -> str:
     return f"# soak request {index}\n{code}"
 
 
-def plan(runs: int) -> list[single.Kind]:
+def plan(runs: int) -> list[Kind]:
     """``runs`` kinds in a fixed, evenly spread interleaving (smooth weighted round robin)."""
     total = sum(k.weight for k in KINDS)
     credit = [0] * len(KINDS)
-    out: list[single.Kind] = []
+    out: list[Kind] = []
     for _ in range(runs):
         for i, k in enumerate(KINDS):
             credit[i] += k.weight
@@ -222,22 +241,32 @@ class Load:
         self.books = books
         self.lock = threading.Lock()
         self._local = threading.local()
+        self._clients: list[httpx2.Client] = []
 
     def _http(self) -> httpx2.Client:
         client: httpx2.Client | None = getattr(self._local, "client", None)
-        if client is None:
+        if client is None or client.is_closed:
             client = httpx2.Client(
                 headers={"Authorization": f"Bearer {self.key}"}, timeout=RUN_TIMEOUT_S
             )
             self._local.client = client
+            with self.lock:
+                self._clients.append(client)
         return client
+
+    def close(self) -> None:
+        """Close every thread's client (once no request is being sent)."""
+        with self.lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
 
     def _retry(self, why: str, seconds: float) -> None:
         with self.lock:
             self.books.retries[why] += 1
         time.sleep(seconds)
 
-    def send(self, index: int, kind: single.Kind) -> Answer | None:
+    def send(self, index: int, kind: Kind) -> Answer | None:
         """The answer to request ``index``; None when its connection broke in flight."""
         body = run_body(
             kind.request,
@@ -282,7 +311,7 @@ class Load:
                 "result",
             )
 
-    def one(self, index: int, kind: single.Kind) -> None:
+    def one(self, index: int, kind: Kind) -> None:
         try:
             answer = self.send(index, kind)
         except Exception as exc:
@@ -387,12 +416,12 @@ def staged(nodes: Nodes) -> list[str]:
     ]
 
 
-def settled_snapshot(tmp: Path, tags: Sequence[str], places: Sequence[Path]) -> single.Snapshot:
+def settled_snapshot(tmp: Path, tags: Sequence[str], places: Sequence[Path]) -> Snapshot:
     """A snapshot once no sandbox of the supervisors ``tags`` runs (runs a lost replica left on
     a node end when told to stop, or at their wall time): at most SETTLE_S."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        snap = single.snapshot(tmp, tags, places=places)
+        snap: Snapshot = single.snapshot(tmp, tags, places=places)
         if not snap.processes or time.monotonic() > deadline:
             return snap
         time.sleep(0.5)
@@ -406,18 +435,27 @@ def all_records(env: Mapping[str, str], home: Path) -> list[Mapping[str, object]
         return [e.record for e in single._all_entries(audit)]
 
 
-def max_overlap(records: Sequence[Mapping[str, object]]) -> int:
-    """How many of ``records``' [started_at, finished_at] intervals overlap at most."""
-    events: list[tuple[datetime, int]] = []
+def max_overlap(records: Sequence[Mapping[str, object]]) -> tuple[int, str]:
+    """How many of ``records``' [started_at, finished_at] intervals overlap at most, and
+    where first (the time and the runs, for the problem it is when too many)."""
+    events: list[tuple[datetime, int, str]] = []
     for r in records:
         start = datetime.fromisoformat(str(r["started_at"]))
         end = datetime.fromisoformat(str(r["finished_at"]))
-        events += [(start, 1), (end, -1)]
-    deepest = depth = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a start
-        depth += step
-        deepest = max(deepest, depth)
-    return deepest
+        events += [(start, 1, str(r["run_id"])), (end, -1, str(r["run_id"]))]
+    deepest, where = 0, ""
+    running: dict[str, str] = {}
+    for at, step, run_id in sorted(events):  # at one instant an end (-1) before a start
+        if step > 0:
+            running[run_id] = at.isoformat()
+        else:
+            running.pop(run_id, None)
+        if len(running) > deepest:
+            deepest = len(running)
+            where = f"at {at.isoformat()}: " + ", ".join(
+                f"{k} from {v}" for k, v in running.items()
+            )
+    return deepest, where
 
 
 def lost(outcome: str, reason: str) -> bool:
@@ -426,7 +464,7 @@ def lost(outcome: str, reason: str) -> bool:
 
 def check_books(
     books: Books,
-    kinds: Sequence[single.Kind],
+    kinds: Sequence[Kind],
     records: Sequence[Mapping[str, object]],
     max_concurrent: int,
 ) -> dict[str, object]:
@@ -461,9 +499,9 @@ def check_books(
         }:
             problems.append(f"record {run_id} names request {found.group(1)}, not its own")
     held = [r for r in records if not lost(str(r["outcome"]), str(r.get("reason", "")))]
-    overlap = max_overlap(held)
+    overlap, where = max_overlap(held)
     if overlap > max_concurrent:
-        problems.append(f"{overlap} runs ran at once; max_concurrent is {max_concurrent}")
+        problems.append(f"{overlap} runs ran at once, max_concurrent is {max_concurrent}: {where}")
     if books.in_flight_max > max_concurrent:
         problems.append(f"/v1/tenant said in_flight {books.in_flight_max} > {max_concurrent}")
     outcomes = Counter(a.outcome for a in books.answers)
@@ -621,7 +659,8 @@ def run_load(
     t0 = time.monotonic()
 
     def note(what: str) -> None:
-        line = f"{what} at {time.monotonic() - t0:.1f} s, {marks.done}/{runs} done"
+        now = datetime.now(UTC).isoformat(timespec="milliseconds")
+        line = f"{what} at {time.monotonic() - t0:.1f} s ({now}), {marks.done}/{runs} done"
         books.faults.append(line)
         if progress:
             print(f"  {line}", file=sys.stderr)
@@ -675,6 +714,7 @@ def run_load(
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(one, range(runs)))
     finally:
+        load.close()
         books.wall_s = time.monotonic() - t0
         stop.set()
         for t in side:
@@ -725,6 +765,7 @@ def resolve_broken(books: Books, replicas: Replicas, key: str, env: Mapping[str,
                     "record",
                 )
             )
+    load.close()
 
 
 def artifact_paths(record: Mapping[str, object]) -> tuple[str, ...]:
