@@ -8,6 +8,11 @@ Layout, one directory per state::
         ID/manifest.json     what the state is (:class:`StoredState`), signed
         ID/data/...          what the rung wrote (:mod:`sandcell.backends.cell.state`)
 
+With ``$SANDCELL_DATABASE_URL`` set, ``ID/manifest.json`` is instead a row of PostgreSQL
+(``sandcell_states.states``), signed the same way, and a claim is taken there: the replicas that
+share the directory (``$SANDCELL_SHARED_DIR``) and the database share the states
+(:mod:`sandcell.sessions.state_index` keeps either).
+
 A state is committed by hashing every file under ``data/`` (SHA-256, regular files only: a link
 or a device in it is refused) into the manifest, signing the manifest with HMAC-SHA256 under the
 home's key, and renaming the staging directory into place, so a listing never sees half a state.
