@@ -188,6 +188,26 @@ def test_a_store_call_while_the_database_is_down_is_store_unavailable_then_works
         assert {t.name for t in tenants.list()} == {"acme", "other"}
 
 
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_after_a_restart_the_first_call_of_each_store_works(
+    own_db: str, own_server: PostgresServer, tmp_path: Path, mode: str
+) -> None:
+    """Connections dropped while idle (the database restarted between two calls) are noticed
+    at the next call and replaced at once: no request fails for having come first."""
+    with (
+        TenantStore(tmp_path / "service.sqlite3") as tenants,
+        AuditLog(tmp_path / "audit.sqlite3") as log,
+    ):
+        tenant = tenants.add("acme", profiles=["strict"], **QUOTAS)[0]
+        log.append({"run_id": "before-restart"})
+        own_server.stop(mode)
+        own_server.start()
+        assert tenants.by_id(tenant.id) == tenant  # a read on its own
+        tenants.add("other", profiles=["strict"], **QUOTAS)  # a write transaction
+        assert log.get("before-restart") is not None
+        assert log.append({"run_id": "after-restart"}).seq == 2
+
+
 def test_a_record_appended_while_the_database_is_down_is_stored_once_it_is_back(
     own_db: str, own_server: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -171,11 +171,27 @@ class PgConnection:
         if verb == "ROLLBACK" and not self.in_transaction:
             return _Cursor([], -1)  # the transaction died with its connection
         if verb == "BEGIN IMMEDIATE":
-            self._run("BEGIN", ())
+            self._first("BEGIN", ())
             return self._run("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
         if verb == "BEGIN":
-            return self._run("BEGIN ISOLATION LEVEL REPEATABLE READ", ())
-        return self._run(translate(sql, bound=bool(params)), params)
+            return self._first("BEGIN ISOLATION LEVEL REPEATABLE READ", ())
+        statement = translate(sql, bound=bool(params))
+        if verb.startswith("SELECT") and not self.in_transaction:
+            return self._first(statement, params)
+        return self._run(statement, params)
+
+    def _first(self, sql: str, params: Sequence[object]) -> _Cursor:
+        """A statement that changes nothing by itself (a transaction's BEGIN, a read on its
+        own): when the connection it found was dropped while idle (the server restarted since
+        its last use), it is sent again once on a new connection, so each store does not fail
+        one request after every restart of the database."""
+        stale = self._conn is not None
+        try:
+            return self._run(sql, params)
+        except DatabaseUnavailable:
+            if not stale or self._closed:
+                raise
+            return self._run(sql, params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[object]]) -> _Cursor:
         import psycopg
