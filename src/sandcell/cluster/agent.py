@@ -225,7 +225,15 @@ class NodeAgent:
     ) -> Collected | RunFailure:
         return _answer(lambda: self._sessions.teardown(session_id, globs, limits, store_id))
 
+    def session_end(self, session_id: str) -> bool:
+        """End a session's sandbox whose replica is gone (a sweep found it in the directory);
+        whether this node had it."""
+        _unblock_interrupt()
+        return self._sessions.end(session_id)
+
     def cancel(self, run_id: str, reason: str) -> bool:
+        """Stop the run ``run_id`` if it waits or runs here; False when this node has no such
+        run (a replica that does not know the node asks every agent)."""
         with self._cond:
             if run_id in self._queued:
                 self._queued[run_id] = reason

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from sandcell.run_sockets import SandboxSockets
 
 _CANCEL_TIMEOUT_S = 10.0
+_STREAM_POLL_S = 1.0
+"""How often a run waiting for its node's next word checks that the cluster is still there."""
 
 
 class ClusterBackend:
@@ -93,6 +95,7 @@ class ClusterBackend:
         with cluster.placed(self.name, self.runtime, own_node=sockets is not None) as member:
             # The record of a run that never comes back still names the node it was lost with.
             self._last.versions = {"placement": "ray cluster", "node_id": member.node_id}
+            cluster.placed_run(run_id, member.node_id)
             job = RunJob(
                 run_id=run_id,
                 rung=self.name,
@@ -127,10 +130,22 @@ class ClusterBackend:
         return pack(p for p in paths if not visible(p, shared))
 
     def _drive(self, member: Member, job: RunJob, on_output: OutputSink | None) -> RunReply:
-        ray = self._cluster.ray
+        cluster = self._cluster
+        ray = cluster.ray
         reply: RunReply | None = None
         try:
-            for ref in member.actor.run.remote(job):
+            stream = member.actor.run.remote(job)
+            while True:
+                # Waited for in turns: a head that goes away makes Ray's own wait endless.
+                ready, _ = ray.wait([stream], timeout=_STREAM_POLL_S)
+                if not ready:
+                    if cluster.unreachable is not None:
+                        raise self._lost(member, cluster.unreachable)
+                    continue
+                try:
+                    ref = next(stream)
+                except StopIteration:
+                    break
                 item = ray.get(ref)
                 if isinstance(item, OutputPiece):
                     if on_output is not None:
@@ -141,16 +156,13 @@ class ClusterBackend:
                     reply = item
         except lost_errors(ray) as exc:
             self._cluster.lost(member)
-            # Ray says the same when only the connection broke (ActorUnavailableError): the run
-            # may still be going there, with no one to hear its result. Told to stop, should
-            # the agent be reachable again; nothing to wait for if it is gone.
-            with contextlib.suppress(Exception):
-                member.actor.cancel.remote(job.run_id, "its replica lost contact with the node")
-            where = member.report.hostname if member.report else member.spec.address
-            raise InfraError(
-                f"node lost: node {member.node_id} ({where}) or its sandcell agent went away "
-                f"during the run: {last_line(exc)}"
-            ) from None
+            if cluster.unreachable is None:
+                # Ray says the same when only the connection broke (ActorUnavailableError):
+                # the run may still be going there, with no one to hear its result. Told to
+                # stop, should the agent be reachable again; nothing to wait for if it is gone.
+                with contextlib.suppress(Exception):
+                    member.actor.cancel.remote(job.run_id, "its replica lost contact with the node")
+            raise self._lost(member, last_line(exc)) from None
         except ray.exceptions.RayTaskError as exc:
             raise InfraError(
                 f"the sandcell agent of node {member.node_id} failed: {last_line(exc)}"
@@ -158,6 +170,14 @@ class ClusterBackend:
         if reply is None:
             raise InfraError(f"the sandcell agent of node {member.node_id} ended without a result")
         return reply
+
+    @staticmethod
+    def _lost(member: Member, why: str) -> InfraError:
+        where = member.report.hostname if member.report else member.spec.address
+        return InfraError(
+            f"node lost: node {member.node_id} ({where}) or its sandcell agent went away "
+            f"during the run: {why}"
+        )
 
     def pinned(self, versions: Mapping[str, str]) -> ClusterBackend:
         """This backend, reporting ``versions`` (those of a session's node) in every record."""

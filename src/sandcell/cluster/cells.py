@@ -6,10 +6,16 @@ replica's :class:`~sandcell.cluster.remote_cell.RemoteCellSandbox` was asked, do
 sandbox; exports and rich outputs land in the node's store and travel back as bytes when the
 replica's store is another directory. A session holds no slot: it is idle most of its life, and
 runs are what slots bound.
+
+A sandbox nobody touches ends here on its own: its session's idle timeout travels with it, and
+a sandbox no call has reached for that long (plus :data:`IDLE_GRACE_S`) is torn down. While its
+replica lives the session's own watchdog ends it first (and samples it every few seconds, which
+touches it); when the replica is gone and no other replica sweeps it, this is what ends it.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -25,15 +31,31 @@ from sandcell.backends.cell.verdict import CellCancel
 from sandcell.cluster.bundles import staging_dir, unpack
 from sandcell.cluster.wire import CellJob, CellReply, Collected, SessionFacts, SessionJob, Shown
 from sandcell.errors import ConfigError, InfraError
+from sandcell.sessions.session import DEFAULT_IDLE_TIMEOUT_S
 from sandcell.spec import Artifact
+
+log = logging.getLogger(__name__)
+
+
+IDLE_GRACE_S = 10.0
+"""Beyond a session's idle timeout before its untouched sandbox ends here: the replica's
+watchdog, which ends it at its idle timeout, must come first (its samples, every few
+seconds, touch it while the replica lives)."""
+_REAP_EVERY_S = 1.0
 
 
 @dataclass(kw_only=True)
 class _Live:
     sandbox: CellSandbox
     staged: Path
+    idle_s: float
     cancel: CellCancel | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    touched: float = field(default_factory=time.monotonic)
+    """When a call last reached it (guarded by the sessions' lock)."""
+
+    def stale(self, now: float) -> bool:
+        return now - self.touched > self.idle_s + IDLE_GRACE_S
 
 
 class NodeSessions:
@@ -49,6 +71,12 @@ class NodeSessions:
         self._home = home
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.reaped = 0
+        """Sandboxes ended here because nobody touched them for their idle timeout."""
+        threading.Thread(
+            target=self._reap_loop, name="sandcell-session-reaper", daemon=True
+        ).start()
 
     def count(self) -> int:
         with self._lock:
@@ -87,8 +115,9 @@ class NodeSessions:
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
+        idle_s = job.idle_timeout_s if job.idle_timeout_s is not None else DEFAULT_IDLE_TIMEOUT_S
         with self._lock:
-            self._live[job.session_id] = _Live(sandbox=sandbox, staged=staged)
+            self._live[job.session_id] = _Live(sandbox=sandbox, staged=staged, idle_s=idle_s)
         return SessionFacts(
             enforcement=sandbox.enforcement(),
             pause_modes=sandbox.pause_modes,
@@ -100,6 +129,8 @@ class NodeSessions:
     def _get(self, session_id: str) -> _Live:
         with self._lock:
             live = self._live.get(session_id)
+            if live is not None:
+                live.touched = time.monotonic()
         if live is None:
             raise InfraError(
                 f"session {session_id} has no sandbox on this node any more (its agent was "
@@ -193,8 +224,61 @@ class NodeSessions:
             ended=live.sandbox.ended,
         )
 
+    def end(self, session_id: str) -> bool:
+        """End the sandbox of ``session_id`` with nothing exported (its replica is gone);
+        whether there was one."""
+        with self._lock:
+            live = self._live.pop(session_id, None)
+        if live is None:
+            return False
+        if live.cancel is not None:
+            live.cancel.request("its replica was lost")
+        try:
+            with live.lock:
+                live.sandbox.teardown()
+        finally:
+            shutil.rmtree(live.staged, ignore_errors=True)
+        return True
+
+    def reap(self) -> list[str]:
+        """End the sandboxes no call has touched for their idle timeout (and the grace), but
+        none a call is using now (a long cell touched it only when it began); their ids."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [(k, v) for k, v in self._live.items() if v.stale(now)]
+        ended = []
+        for session_id, live in stale:
+            if not live.lock.acquire(blocking=False):
+                continue  # a call holds it: not idle
+            try:
+                with self._lock:
+                    # Touched meanwhile (a call waiting for its lock), or ended by its replica.
+                    if self._live.get(session_id) is not live or not live.stale(time.monotonic()):
+                        continue
+                    del self._live[session_id]
+                try:
+                    live.sandbox.teardown()
+                finally:
+                    shutil.rmtree(live.staged, ignore_errors=True)
+            finally:
+                live.lock.release()
+            ended.append(session_id)
+        self.reaped += len(ended)
+        return ended
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(_REAP_EVERY_S):
+            try:
+                for session_id in self.reap():
+                    log.warning(
+                        "session %s: its sandbox was idle past its timeout, ended", session_id
+                    )
+            except Exception:  # the next round tries again; the agent must not lose its reaper
+                log.exception("the session reaper failed")
+
     def close(self) -> None:
         """End every session sandbox here (the agent is going away)."""
+        self._stop.set()
         with self._lock:
             live = list(self._live.values())
             self._live.clear()

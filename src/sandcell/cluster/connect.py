@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -14,6 +15,27 @@ from sandcell.ray._ray import SLOTS, import_ray
 NAMESPACE = "sandcell"
 """The Ray namespace of the node agents: every replica finds the same agent of a node there."""
 _PROBE_TIMEOUT_S = 5.0
+_GCS_PATIENCE_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+_GCS_PATIENCE_S = 10 * 365 * 24 * 3600
+
+
+def _no_auto_init() -> None:
+    """Ray starts a local cluster on the first call made while not connected unless told not
+    to; its switch is read when Ray is imported, which may have happened before connect."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
+
+
+def head_answers(address: str, timeout_s: float = _PROBE_TIMEOUT_S) -> str | None:
+    """None when something accepts connections at ``address`` (HOST:PORT, the head's GCS),
+    else why not: a dead head is told at once, where Ray's own calls would wait for it."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as exc:
+        return getattr(exc, "strerror", None) or str(exc)
 
 
 def _probe(address: str) -> None:
@@ -41,7 +63,14 @@ def connect(address: str) -> tuple[ModuleType, bool]:
     """The ``ray`` module, connected to the cluster at ``address`` (``auto``: the one this
     machine belongs to; ``HOST:PORT``: its head; ``ray://HOST:PORT``: through Ray Client).
     The flag is True when this call connected (the caller then disconnects at its end)."""
+    # A replica outlives its cluster's head: without this, Ray ends the whole process once
+    # the head has been unreachable for a minute (the Cluster reconnects instead, fleet.py).
+    os.environ.setdefault(_GCS_PATIENCE_ENV, str(_GCS_PATIENCE_S))
+    # And never starts a cluster of its own in this process when a call reaches Ray while
+    # it is disconnected (between a lost head and the reconnection).
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     ray = import_ray()
+    _no_auto_init()
     if ray.is_initialized():
         return ray, False
     if address != "auto" and not address.startswith("ray://"):
@@ -65,4 +94,4 @@ def connect(address: str) -> tuple[ModuleType, bool]:
     return ray, True
 
 
-__all__ = ["NAMESPACE", "connect"]
+__all__ = ["NAMESPACE", "connect", "head_answers"]

@@ -7,6 +7,12 @@ namespace, pinned to its node: every replica reaches the same one), and asks eac
 placing a run costs no call to the cluster. A node whose agent or raylet is gone is dropped at
 once (a run that meets it ends ``node lost``) and taken on again only when Ray shows it alive.
 
+The head going away (its GCS port refusing connections; without GCS fault tolerance its nodes'
+raylets and agents go with it) makes the cluster *unreachable*: every node is dropped, runs in
+flight end ``node lost``, new runs are refused at once with IsolationUnavailable saying so, and
+the refresh thread disconnects from Ray and connects again when a head answers at the same
+address (a connection this Cluster made itself), starting agents anew on the nodes that join.
+
 Placement (:meth:`Cluster.take`): among the nodes offering the rung, those with a free slot
 first; among them, a node whose warm pool for the runtime has a start waiting; then the least
 loaded (runs in flight over slots, this replica's count or the node's own report, whichever is
@@ -28,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from sandcell.artifacts import ArtifactStore, ExportLimits
 from sandcell.backends.registry import BackendName
 from sandcell.cluster.agent import RUNG_RESOURCE, NodeAgent
-from sandcell.cluster.connect import NAMESPACE, connect
+from sandcell.cluster.connect import NAMESPACE, connect, head_answers
 from sandcell.cluster.store_id import store_identity
 from sandcell.cluster.wire import NodeReport
 from sandcell.errors import IsolationUnavailable
@@ -49,6 +55,13 @@ PLACE_WAIT_S = 15.0
 """How long a run with no node to go to waits for agents that have not reported yet."""
 CONTROL_CALLS = 8
 """Threads of an agent beside its runs: describe, cancel, prepare."""
+CALL_TIMEOUT_S = 30.0
+"""How long a call to an agent outside a run (a cancel, a session's end) may take."""
+HEAD_PROBE_S = 2.0
+"""How long the head's GCS port may take to accept a connection before the head counts as
+gone (on a cluster's network, milliseconds)."""
+DISCONNECT_WAIT_S = 30.0
+"""How long a lost cluster's runs in flight get to end before this replica leaves it."""
 QUEUE_FACTOR = 8
 """Runs an agent takes per slot (the rest wait for a slot there); more wait in Ray's queue."""
 
@@ -161,10 +174,13 @@ class Cluster:
         only_nodes: frozenset[str] | None = None,
         refresh_s: float = 1.0,
         owns_connection: bool = False,
+        address: str | None = None,
     ) -> None:
         """``home``: this replica's home (its artifact store receives what nodes export).
         ``warm``: the warm starts of an agent this replica starts (an agent keeps the config it
         was started with). ``only_nodes``: place only on these node ids (benchmarks, draining).
+        ``address``: what ``ray`` was connected with (by :meth:`connect`, with
+        ``owns_connection``): the cluster is connected to again there after its head was lost.
         """
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -179,9 +195,19 @@ class Cluster:
         self._affinity = NodeAffinitySchedulingStrategy
         self._remote = ray.remote(NodeAgent)
         self._owns_connection = owns_connection
+        self._address = address if owns_connection else None
+        self._head = _head_address(ray, address)
+        self.unreachable: str | None = None
+        """Why the cluster cannot be reached now (its head is gone), or None."""
+        self._disconnected = False
+        self._active = 0
+        """This replica's runs on any node now (the reconnection waits for them to leave)."""
         self._lock = threading.Lock()
         self._members: dict[str, Member] = {}
         self._stop = threading.Event()
+        self.on_placed: Callable[[str, str], None] | None = None
+        """Told ``(run id, node id)`` once a run is placed (a replica notes the node in its
+        runs in flight, so that a sweep after its death cancels the run there)."""
         self.refresh(wait_s=START_TIMEOUT_S)
         self._thread = threading.Thread(
             target=self._refresh_loop, args=(refresh_s,), name="sandcell-cluster", daemon=True
@@ -193,7 +219,7 @@ class Cluster:
         """Connect to the cluster at ``address`` (:func:`sandcell.cluster.connect.connect`)."""
         ray, connected = connect(address)
         try:
-            return cls(ray, home=home, owns_connection=connected, **options)
+            return cls(ray, home=home, owns_connection=connected, address=address, **options)
         except BaseException:
             if connected:
                 ray.shutdown()
@@ -209,7 +235,16 @@ class Cluster:
 
     def refresh(self, *, wait_s: float = 0.0) -> None:
         """Take on new nodes, drop gone ones, and renew what each agent reports; waits up to
-        ``wait_s`` for agents that have not reported yet."""
+        ``wait_s`` for agents that have not reported yet. Nothing while the cluster is
+        unreachable (the refresh thread connects again); a head that stopped answering makes
+        it so."""
+        if self.unreachable is not None:
+            return
+        if self._head is not None:
+            why = head_answers(self._head, timeout_s=HEAD_PROBE_S)
+            if why is not None:
+                self._fall(why)
+                return
         live = {n.node_id: n for n in sandcell_nodes(self.ray)}
         if self.only_nodes is not None:
             live = {k: v for k, v in live.items() if k in self.only_nodes}
@@ -271,6 +306,43 @@ class Cluster:
             if self._members.get(member.node_id) is member:
                 del self._members[member.node_id]
 
+    def _fall(self, why: str) -> None:
+        """The head is gone: drop every node (runs in flight there end ``node lost``, new
+        ones are refused) until the refresh thread has connected again."""
+        with self._lock:
+            if self.unreachable is not None:
+                return
+            self.unreachable = f"the Ray cluster's head at {self._head} is unreachable ({why})"
+            for member in self._members.values():
+                member.alive = False
+            self._members.clear()
+        log.warning("sandcell cluster: %s; connecting again once it answers", self.unreachable)
+
+    def _reconnect(self) -> None:
+        """On the refresh thread while unreachable: leave the lost cluster (once this
+        replica's runs there have ended), then join the one answering at the same address
+        again; agents start anew on its nodes as they join."""
+        if self._address is None or self._head is None:
+            return  # a connection made by the caller is the caller's to make again
+        if not self._disconnected:
+            deadline = time.monotonic() + DISCONNECT_WAIT_S
+            while self._active > 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # each run in flight sees the cluster unreachable and ends
+            self.ray.shutdown()
+            self._disconnected = True
+        if head_answers(self._head, timeout_s=HEAD_PROBE_S) is not None:
+            return
+        ray, _ = connect(self._address)
+        self.ray = ray
+        self._remote = ray.remote(NodeAgent)
+        self.own_node_id = _own_node(ray)
+        self._head = _head_address(ray, self._address) or self._head
+        self._disconnected = False
+        with self._lock:
+            self.unreachable = None
+        log.warning("sandcell cluster: connected again to the head at %s", self._head)
+        self.refresh()
+
     def members(self) -> list[Member]:
         with self._lock:
             return [m for m in self._members.values() if m.alive and m.report is not None]
@@ -281,7 +353,10 @@ class Cluster:
     def _refresh_loop(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             try:
-                self.refresh()
+                if self.unreachable is not None:
+                    self._reconnect()
+                else:
+                    self.refresh()
             except Exception as exc:  # the next round tries again; placement keeps the last view
                 log.warning("sandcell cluster refresh failed: %s", _last_line(exc))
 
@@ -291,6 +366,7 @@ class Cluster:
         """The node a run on ``rung`` in ``runtime`` goes to, counted in flight there until
         :meth:`give_back`; ``own_node``: only this replica's own node (a run whose sockets
         are on this host). Raises IsolationUnavailable when no node can take it."""
+        self._check_reachable()
         member = self._choose(rung, runtime, own_node)
         if member is None:
             # A node may have joined (or this replica's view be stale): look again, once, for
@@ -298,8 +374,18 @@ class Cluster:
             self.refresh(wait_s=PLACE_WAIT_S)
             member = self._choose(rung, runtime, own_node)
         if member is None:
+            self._check_reachable()
             raise self._unavailable(rung, own_node)
         return member
+
+    def _check_reachable(self) -> None:
+        why = self.unreachable
+        if why is not None:
+            raise IsolationUnavailable(
+                "cluster",
+                f"{why}: runs wait for it to come back, this replica connects again by itself",
+                "restart the Ray head at the same address (and its nodes), or try again later",
+            )
 
     def _choose(self, rung: str, runtime: str, own_node: bool) -> Member | None:
         with self._lock:
@@ -312,11 +398,24 @@ class Cluster:
             if best is not None:
                 best.in_flight += 1
                 best.sent += 1
+                self._active += 1
             return best
+
+    def placed_run(self, run_id: str, node_id: str) -> None:
+        """Tell :attr:`on_placed` that ``run_id`` went to ``node_id``; a failure of it is
+        logged, never the run's (the note only helps a sweep find the node)."""
+        hook = self.on_placed
+        if hook is None:
+            return
+        try:
+            hook(run_id, node_id)
+        except Exception as exc:
+            log.warning("run %s placed on node %s: not noted: %s", run_id, node_id, exc)
 
     def give_back(self, member: Member) -> None:
         with self._lock:
             member.in_flight -= 1
+            self._active -= 1
 
     def _unavailable(self, rung: str, own_node: bool) -> IsolationUnavailable:
         if own_node:
@@ -358,6 +457,37 @@ class Cluster:
         self.refresh(wait_s=START_TIMEOUT_S)
         return reports
 
+    # -- what a dead replica left -------------------------------------------------------------
+
+    def cancel_run(self, run_id: str, reason: str, *, node: str | None = None) -> bool:
+        """Stop the run ``run_id`` that another replica sent (it died): on ``node`` when its
+        node is known, else on every live node (an agent without it answers False). Whether
+        an agent had it."""
+        members = self.members()
+        if node is not None and any(m.node_id == node for m in members):
+            members = [m for m in members if m.node_id == node]
+        refs = [m.actor.cancel.remote(run_id, reason) for m in members]
+        return any(self._answers(refs))
+
+    def end_session(self, node_id: str, session_id: str) -> bool:
+        """End the sandbox of session ``session_id`` on node ``node_id`` (its replica died);
+        whether the node had it. A node that is gone took the sandbox with it."""
+        member = next((m for m in self.members() if m.node_id == node_id), None)
+        if member is None:
+            return False
+        return any(self._answers([member.actor.session_end.remote(session_id)]))
+
+    def _answers(self, refs: list[Any]) -> list[bool]:
+        """What each call answered; False for an agent that is gone or does not answer in time."""
+        found = []
+        for ref in refs:
+            try:
+                found.append(bool(self.ray.get(ref, timeout=CALL_TIMEOUT_S)))
+            except Exception as exc:  # a gone agent has nothing to stop or end
+                log.warning("sandcell agent did not answer: %s", _last_line(exc))
+                found.append(False)
+        return found
+
     def close(self) -> None:
         """Stop watching the cluster (the agents stay: other replicas use them)."""
         self._stop.set()
@@ -382,6 +512,21 @@ def _own_node(ray: ModuleType) -> str:
     if through_client():
         return ""
     return str(ray.get_runtime_context().get_node_id())
+
+
+def _head_address(ray: ModuleType, address: str | None) -> str | None:
+    """HOST:PORT of the cluster's head: ``address`` as given when it is one (the address the
+    operator chose, which reaches it), else the GCS address Ray reports; None through Ray Client
+    (whose server is probed by Ray itself)."""
+    from ray.util.client import ray as client
+
+    through_client: Callable[[], bool] = client.is_connected
+    if through_client() or (address is not None and address.startswith("ray://")):
+        return None
+    if address is not None and address != "auto":
+        return address
+    gcs: str = ray.get_runtime_context().gcs_address
+    return gcs or None
 
 
 def _shared_dir() -> Path | None:

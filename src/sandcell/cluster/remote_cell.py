@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -90,6 +91,11 @@ class RemoteCellSandbox:
     @property
     def node_id(self) -> str:
         return self._member.node_id
+
+    def bound_idle(self, idle_timeout_s: float) -> None:
+        """Have the agent end the sandbox once untouched for ``idle_timeout_s`` (the
+        session's own idle timeout; see cluster/cells.py): told before :meth:`start`."""
+        self._job = replace(self._job, idle_timeout_s=idle_timeout_s)
 
     @property
     def pause_modes(self) -> frozenset[PauseMode]:
@@ -224,6 +230,7 @@ class RemoteCellSandbox:
             return (), ()
         self._torn_down = True
         try:
+            self._alive()
             got: Collected = self._call(
                 self._member.actor.session_teardown.remote(
                     self._id, tuple(globs), self._cluster.export_limits, self._cluster.store_id
@@ -247,6 +254,14 @@ class RemoteCellSandbox:
         )
 
     def _alive(self) -> None:
+        if self._ended is None and not self._member.alive:
+            # Its node was dropped (lost, or the whole cluster unreachable): no call may go
+            # to a handle of a connection that may be gone.
+            self._ended = (
+                f"node lost: node {self.node_id} left this replica's view of the cluster "
+                f"({self._cluster.unreachable or 'its agent went away'}), and session "
+                f"{self._id}'s sandbox with it"
+            )
         if self._ended is not None and self._ended.startswith("node lost"):
             raise InfraError(self._ended)
 

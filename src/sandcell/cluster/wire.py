@@ -184,6 +184,9 @@ class SessionJob:
     bundles: tuple[PathBundle, ...]
     sockets: SandboxSockets | None = None
     restore: RestorePoint | None = None
+    idle_timeout_s: float | None = None
+    """The session's idle timeout: the agent ends the sandbox once no call has touched it for
+    that long (its replica is gone); None: the sessions' default."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -37,6 +37,7 @@ __all__ = [
     "Owner",
     "ReplicaState",
     "SessionPlace",
+    "Swept",
     "configured_dead_after_s",
     "new_replica_id",
 ]
@@ -105,6 +106,15 @@ class LostRun:
     started_at: str
     code: str
     language: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Swept:
+    """What a sweep took from dead replicas: their unanswered runs and their live sessions
+    (whose sandboxes, on a cluster, still live in their nodes' agents)."""
+
+    runs: tuple[LostRun, ...]
+    sessions: tuple[SessionPlace, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,13 +245,15 @@ class ReplicaState:
             ).fetchall()
         return [Owner(replica=str(r[0]), address=str(r[1])) for r in rows]
 
-    def sweep(self, record: Callable[[LostRun], None] | None = None) -> list[LostRun]:
-        """Remove the dead replicas and what they held; return the runs they left unanswered.
-        Each dead replica is swept by one caller only. ``record(lost)`` records a run as lost
+    def sweep(self, record: Callable[[LostRun], None] | None = None) -> Swept:
+        """Remove the dead replicas and what they held; return the runs they left unanswered
+        and the sessions they had open (to be ended where their sandboxes live). Each dead
+        replica is swept by one caller only. ``record(lost)`` records a run as lost
         inside the sweep's transaction: if it fails (or this process dies first), nothing is
         removed and the next sweep tries again, so no lost run goes unrecorded (a second try
         finds its record already there)."""
         lost: list[LostRun] = []
+        sessions: list[SessionPlace] = []
         with self._txn() as conn:
             dead = conn.execute(
                 "SELECT id FROM replicas WHERE seen_at <= now() - make_interval(secs => ?) "
@@ -267,7 +279,12 @@ class ReplicaState:
                     for r in rows
                 ]
                 conn.execute("DELETE FROM holds WHERE replica = ?", (replica,))
-                conn.execute("DELETE FROM sessions WHERE replica = ?", (replica,))
+                gone = conn.execute(
+                    "DELETE FROM sessions WHERE replica = ? "
+                    "RETURNING session_id, tenant, node, replica, e2b_id, profile",
+                    (replica,),
+                ).fetchall()
+                sessions += [_place(r) for r in gone]
                 conn.execute("DELETE FROM mcp_sessions WHERE replica = ?", (replica,))
                 conn.execute("DELETE FROM replicas WHERE id = ?", (replica,))
             # Starts age out on their own; drop those no window will count again.
@@ -277,7 +294,7 @@ class ReplicaState:
             if record is not None:
                 for run in lost:
                     record(run)
-        return lost
+        return Swept(runs=tuple(lost), sessions=tuple(sorted(sessions, key=_session_key)))
 
     def owner(self, kind: str, key: str) -> Owner | None:
         """The live replica (other than this one) holding a ``session`` (by session or E2B
@@ -367,6 +384,15 @@ class ReplicaState:
                 (run_id, tenant, self.id, node, code, language),
             )
 
+    def run_placed(self, run_id: str, node: str) -> None:
+        """Note the node this replica's run ``run_id`` went to (a cluster places it after it
+        was noted as begun): should this replica die, the sweep cancels it there."""
+        with self._txn() as conn:
+            conn.execute(
+                "UPDATE runs_in_flight SET node = ? WHERE run_id = ? AND replica = ?",
+                (node, run_id, self.id),
+            )
+
     def run_finished(self, run_id: str) -> None:
         """The run was answered. While the database is unreachable the note is kept here and
         removed there by a later heartbeat (it must not stay: the run would be recorded as lost
@@ -410,16 +436,7 @@ class ReplicaState:
                 "WHERE session_id = ? OR e2b_id = ?",
                 (session_id, session_id),
             ).fetchone()
-        if row is None:
-            return None
-        return SessionPlace(
-            session_id=str(row[0]),
-            tenant=str(row[1]),
-            node=str(row[2]),
-            replica=str(row[3]),
-            e2b_id=None if row[4] is None else str(row[4]),
-            profile=str(row[5]),
-        )
+        return None if row is None else _place(row)
 
     def sessions_on(self, node: str) -> list[SessionPlace]:
         with self._txn() as conn:
@@ -428,17 +445,7 @@ class ReplicaState:
                 "WHERE node = ? ORDER BY session_id",
                 (node,),
             ).fetchall()
-        return [
-            SessionPlace(
-                session_id=str(r[0]),
-                tenant=str(r[1]),
-                node=str(r[2]),
-                replica=str(r[3]),
-                e2b_id=None if r[4] is None else str(r[4]),
-                profile=str(r[5]),
-            )
-            for r in rows
-        ]
+        return [_place(r) for r in rows]
 
     def place_mcp(self, mcp_session_id: str) -> None:
         """Note an MCP connection this replica answered the initialize of."""
@@ -463,3 +470,19 @@ class ReplicaState:
         with self._txn() as conn:
             conn.execute("DELETE FROM sessions WHERE node = ?", (node,))
         return gone
+
+
+def _place(row: Sequence[object]) -> SessionPlace:
+    """A row ``session_id, tenant, node, replica, e2b_id, profile`` of the directory."""
+    return SessionPlace(
+        session_id=str(row[0]),
+        tenant=str(row[1]),
+        node=str(row[2]),
+        replica=str(row[3]),
+        e2b_id=None if row[4] is None else str(row[4]),
+        profile=str(row[5]),
+    )
+
+
+def _session_key(place: SessionPlace) -> str:
+    return place.session_id

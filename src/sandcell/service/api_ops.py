@@ -44,19 +44,30 @@ def _health(service: Service) -> HealthBody:
 @router.get(
     "/healthz",
     response_model=HealthBody,
-    responses={503: {"model": HealthBody, "description": "the shared database is unreachable"}},
+    responses={
+        503: {
+            "model": HealthBody,
+            "description": "the shared database, or the Ray cluster, is unreachable",
+        }
+    },
 )
 async def healthz(service: ServiceDep) -> HealthBody | JSONResponse:
     """Ready: up, or draining (a graceful stop waits for runs in flight); 503 for a replica
-    that cannot reach its shared database (a load balancer then sends requests elsewhere). No
-    key needed. It runs no query: the replica's heartbeat uses the database every few seconds,
-    and its last outcome is what is told here."""
+    that cannot reach its shared database, or the Ray cluster its runs go to (a load balancer
+    then sends requests elsewhere). No key needed. It runs no query: the replica's heartbeat
+    uses the database every few seconds and the cluster's refresh probes its head every
+    second; their last outcomes are what is told here."""
     body = _health(service)
     down = None if service.replica is None else service.replica.unreachable
-    if down is None:
+    lost = None if service.cluster is None else service.cluster.unreachable
+    if down is not None:
+        body.status = "database_unreachable"
+        body.detail = f"the shared database is unreachable: {down}"
+    elif lost is not None:
+        body.status = "cluster_unreachable"
+        body.detail = f"{lost}; this replica connects again once it answers"
+    else:
         return body
-    body.status = "database_unreachable"
-    body.detail = f"the shared database is unreachable: {down}"
     return JSONResponse(
         body.model_dump(), status_code=503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)}
     )

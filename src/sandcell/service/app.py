@@ -33,7 +33,7 @@ from sandcell.service.problems import BodyLimit, install_handlers
 from sandcell.service.replica import ReplicaWatch
 
 if TYPE_CHECKING:
-    from sandcell.pipeline.backends import Placement
+    from sandcell.cluster import Cluster as Placement
 
 __all__ = ["API_VERSION", "StartMode", "create_app", "make_service"]
 
@@ -58,7 +58,7 @@ def make_service(
 
     if cluster is not None:
         service = Service(config, Executor(home=config.home, backend=backend, cluster=cluster))
-        service.nodes = getattr(cluster, "reports", None)
+        service.use_cluster(cluster)
         return service
     warm = None
     if start != "cold":

@@ -52,6 +52,7 @@ from sandcell.wire import error_wire
 __all__ = ["RunState", "Service", "ServiceConfig"]
 
 if TYPE_CHECKING:
+    from sandcell.cluster import Cluster as Placement
     from sandcell.cluster.wire import NodeReport
 
 log = logging.getLogger("sandcell.service")
@@ -210,6 +211,8 @@ class Service:
         quotas counted across replicas, runs in flight noted until answered."""
         self.nodes: Callable[[], Sequence[NodeReport]] | None = None
         """The reports of the cluster's nodes when runs go to a cluster (their /metrics)."""
+        self.cluster: Placement | None = None
+        """The cluster runs go to, if any (see :meth:`use_cluster`)."""
         self.quotas = Quotas(
             self.tenants, states=lambda tenant: state_bytes(executor, tenant), shared=self.replica
         )
@@ -399,6 +402,20 @@ class Service:
             if state.output_chars:
                 asyncio.get_running_loop().call_later(OUTPUT_KEPT_S, state.forget_output)
 
+    def use_cluster(self, cluster: Placement) -> None:
+        """Runs go to ``cluster``'s nodes: its reports feed /metrics, and each run's node is
+        noted in this replica's runs in flight once placed (a sweep after this replica's
+        death cancels it there)."""
+        self.cluster = cluster
+        self.nodes = cluster.reports
+        if self.replica is not None:
+            cluster.on_placed = self._note_placed
+
+    def _note_placed(self, run_id: str, node: str) -> None:
+        assert self.replica is not None
+        if run_id in self.runs:  # a run of this service, noted in flight (not a session's cell)
+            self.replica.run_placed(run_id, node)
+
     def _note_started(self, state: RunState) -> None:
         """Note the run as this replica's until it is answered (see replica.py); a database
         that is down then does not stop the run: only the note of it is missing."""
@@ -532,6 +549,7 @@ class Service:
             self.replica.place_session(
                 live.session.id,
                 tenant=live.tenant,
+                # The node holding its sandbox on a cluster (a sweep ends it there).
                 node=getattr(live.session, "node", None) or socket.gethostname(),
                 profile=live.session.profile.name,
             )

@@ -361,14 +361,14 @@ class TenantBody(BaseModel):
 
 
 class HealthBody(BaseModel):
-    status: Literal["ok", "draining", "database_unreachable"]
+    status: Literal["ok", "draining", "database_unreachable", "cluster_unreachable"]
     version: str
     runs_in_flight: int
     sessions: int
     replica: str | None = None
     """This replica's id among those sharing a PostgreSQL database (None: it shares none)."""
     detail: str | None = None
-    """Why it is not ok (the database it cannot reach)."""
+    """Why it is not ok (the database or the Ray cluster it cannot reach)."""
 
 
 class Problem(BaseModel):

@@ -6,7 +6,9 @@ begins is noted until it is answered, and :class:`ReplicaWatch` keeps its heartb
 the replicas that stopped beating. A dead replica's unanswered runs are recorded here as
 ``infra_error`` ("replica lost"), each once (the audit log keeps one record per run id, so a
 replica that comes back late cannot record it a second time), and their sandboxes are told to
-stop (on a cluster, the nodes running them get the cancel).
+stop: on a cluster, the node each was placed on (noted in the row once placed), or every node
+when it was lost before its placement was noted. Its sessions' sandboxes that live in nodes'
+agents are ended there.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class ReplicaWatch:
         self._task: asyncio.Task[None] | None = None
         self.swept = 0
         """Runs of dead replicas this replica recorded as lost."""
+        self.ended_sessions = 0
+        """Sandboxes of dead replicas' sessions this replica ended on their nodes."""
         self._missed = False
         self._sweep_from = 0.0
 
@@ -133,11 +137,27 @@ class ReplicaWatch:
             self._sweep_from = now + self._state.dead_after_s
         if now < self._sweep_from:
             return
-        for lost in self._state.sweep(self.record_lost):
+        swept = self._state.sweep(self.record_lost)
+        cluster = self._service.cluster
+        for lost in swept.runs:
             # Told to stop once the records are in (the node may run it still).
-            self._service.executor.cancel(lost.run_id, f"its replica {lost.replica} was lost")
+            why = f"its replica {lost.replica} was lost"
+            if cluster is not None:
+                cluster.cancel_run(lost.run_id, why, node=lost.node)
+            else:
+                self._service.executor.cancel(lost.run_id, why)
             self.swept += 1
             log.warning("run %s of replica %s recorded as lost", lost.run_id, lost.replica)
+        for place in swept.sessions:
+            # Its sandbox lives on in a node's agent, which no one else can reach: ended there.
+            if cluster is not None and cluster.end_session(place.node, place.session_id):
+                self.ended_sessions += 1
+                log.warning(
+                    "session %s of replica %s ended on node %s",
+                    place.session_id,
+                    place.replica,
+                    place.node,
+                )
 
     def record_lost(self, lost: LostRun) -> None:
         """Record ``lost`` (inside the sweep's transaction: a failure here keeps the run for

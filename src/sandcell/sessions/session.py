@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 
 from sandcell.artifacts import collect_exports, validate_globs
 from sandcell.backends.base import BackendResult, Collector
-from sandcell.backends.cell import CellRun, CellScope, Exported, open_cell_sandbox
+from sandcell.backends.cell import CellRun, CellScope, Exported, HeldOnNode, open_cell_sandbox
 from sandcell.backends.cell.state import PauseMode, SandboxMetrics
 from sandcell.backends.cell.verdict import CellCancel
 from sandcell.display import DisplayCollection
@@ -228,6 +228,8 @@ class Session(ProcessControl, PortAccess):
                 sockets=self._sockets.sandbox if self._sockets is not None else None,
                 restore=restore.restore_point if restore is not None else None,
             )
+            if isinstance(self._sandbox, HeldOnNode):
+                self._sandbox.bound_idle(self.idle_timeout_s)
             self._sandbox.start()
         except BaseException:
             if self._sockets is not None:
@@ -277,6 +279,11 @@ class Session(ProcessControl, PortAccess):
     def run_dir(self) -> Path:
         """The session's run directory on the host (removed when it ends)."""
         return self._sandbox.run_dir
+
+    @property
+    def node(self) -> str | None:
+        """The cluster node whose agent holds the sandbox; None when this host does."""
+        return self._sandbox.node_id if isinstance(self._sandbox, HeldOnNode) else None
 
     def info(self) -> SessionInfo:
         return SessionInfo(

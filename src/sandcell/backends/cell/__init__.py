@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sandcell.artifacts.store import ArtifactStore
 from sandcell.backends.base import Backend, Collector, OutputSink
@@ -247,6 +247,19 @@ class CellSandbox(Protocol):
         ...
 
 
+@runtime_checkable
+class HeldOnNode(Protocol):
+    """A cell sandbox held by another process, a cluster node's agent, not by the session's
+    own: it names that node, and is told the session's idle timeout before it starts, so that
+    its holder ends it once nobody has touched it for that long (the replica holding the
+    session may die, and no one else can reach its sandbox)."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    def bound_idle(self, idle_timeout_s: float) -> None: ...
+
+
 def open_cell_sandbox(
     backend: Backend,
     request: RunRequest,
@@ -275,6 +288,7 @@ __all__ = [
     "CellSandbox",
     "CellScope",
     "Exported",
+    "HeldOnNode",
     "PauseMode",
     "RestorePoint",
     "SandboxMetrics",
