@@ -134,7 +134,7 @@ class StateIndex(ABC):
         """Forget the claim ``token`` holds (its directory was moved back already)."""
 
     @abstractmethod
-    def stale_claims(self, now: float) -> builtins.list[tuple[str, str]]:
+    def stale_claims(self) -> builtins.list[tuple[str, str]]:
         """(id, token) of claims older than :data:`CLAIM_STALE_S` whose directory is not in the
         staging area (a resume that died between taking the claim and moving the bytes)."""
 
@@ -233,7 +233,7 @@ class FileIndex(StateIndex):
     def unclaim(self, state_id: str, token: str) -> None:
         pass  # the claim was the directory's place, and it is back
 
-    def stale_claims(self, now: float) -> builtins.list[tuple[str, str]]:
+    def stale_claims(self) -> builtins.list[tuple[str, str]]:
         return []  # a claim is its directory in the staging area, given back by the store's sweep
 
 
@@ -400,7 +400,7 @@ class PgIndex(StateIndex):
         self.remove_dir(self.directory(state_id))
         return True
 
-    def stale_claims(self, now: float) -> builtins.list[tuple[str, str]]:
+    def stale_claims(self) -> builtins.list[tuple[str, str]]:
         with self._db() as db:
             rows = db.execute(
                 "SELECT id, claim FROM states WHERE claim IS NOT NULL "

@@ -661,7 +661,7 @@ class StateStore:
                             self._index.unclaim(state_id, token)
                     elif gone or stale:
                         shutil.rmtree(d, ignore_errors=True)
-        for state_id, token in self._index.stale_claims(now):
+        for state_id, token in self._index.stale_claims():
             self._index.unclaim(state_id, token)
         return removed
 
