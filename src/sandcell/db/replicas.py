@@ -4,13 +4,13 @@ in flight and the session directory.
 
 Each replica (one ``sandcell serve`` on ``$SANDCELL_DATABASE_URL``) registers a row and keeps it
 fresh with :meth:`ReplicaState.heartbeat`; a row older than ``dead_after_s`` is a dead replica.
-What a dead replica held stops counting at once (every count joins on live replicas only) and is
-swept by whichever replica notices (:meth:`ReplicaState.sweep`): its holds and quota starts are
-dropped, its runs in flight are handed to the caller to be recorded as lost (each exactly once:
-the audit log refuses a second record of a run id), its sessions leave the directory.
+A dead replica is swept by whichever replica notices (:meth:`ReplicaState.sweep`): its holds
+(which count until then, fail closed) and quota starts are dropped, its runs in flight are
+handed to the caller to be recorded as lost (each exactly once: the audit log refuses a second
+record of a run id), its sessions leave the directory.
 
 Quotas count across replicas: a tenant's ``max_concurrent`` against the sum of the holds of
-every live replica, its ``runs_per_minute`` against the starts of the last minute on the
+every replica not swept, its ``runs_per_minute`` against the starts of the last minute on the
 database's clock. Each admission is one transaction under an advisory lock of its tenant, so two
 replicas admitting the same tenant's runs at once take turns and never both take the last slot.
 """
@@ -60,11 +60,11 @@ def configured_dead_after_s() -> float:
 _WINDOW_S = 60
 
 
-_HOLDING = (
-    "SELECT coalesce(sum(h.count), 0) FROM holds h JOIN replicas r ON r.id = h.replica "
-    "WHERE h.tenant = ? AND r.seen_at > now() - make_interval(secs => ?)"
-)
-"""Sandboxes a tenant holds across the live replicas."""
+_HOLDING = "SELECT coalesce(sum(count), 0) FROM holds WHERE tenant = ?"
+"""Sandboxes a tenant holds across the replicas not swept yet. A replica whose heartbeat is
+late still counts (fail closed): after a database outage every replica's heartbeat is late
+until it beats again, and counting only the fresh ones then admitted a whole quota more
+while the runs admitted before it still ran. A dead replica's holds go with its sweep."""
 _STARTED = (
     "SELECT count(*), coalesce(extract(epoch FROM now() - min(at)), 0) FROM starts "
     "WHERE tenant = ? AND at > now() - make_interval(secs => ?)"
@@ -89,7 +89,7 @@ class Admission:
 
     admitted: bool
     holding: int
-    """Sandboxes the tenant holds across live replicas (before this start)."""
+    """Sandboxes the tenant holds across the replicas not swept (before this start)."""
     started: int
     """Its starts in the last minute (before this one)."""
     retry_after_s: int = 0
@@ -327,10 +327,10 @@ class ReplicaState:
         self, tenant: str, *, max_concurrent: int, runs_per_minute: int, sandbox: bool
     ) -> Admission:
         """Count one start of ``tenant`` (``sandbox``: it holds a sandbox until
-        :meth:`release`) if its quotas allow, across every live replica."""
+        :meth:`release`) if its quotas allow, across every replica not swept."""
         with self._txn() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (_tenant_lock(tenant),))
-            holding = int(str(self._one(conn, _HOLDING, (tenant, self.dead_after_s))[0]))
+            holding = int(str(self._one(conn, _HOLDING, (tenant,))[0]))
             counted, oldest_age = self._one(conn, _STARTED, (tenant, _WINDOW_S))
             started = int(str(counted))
             if sandbox and holding >= max_concurrent:
@@ -359,9 +359,9 @@ class ReplicaState:
             conn.execute("DELETE FROM holds WHERE replica = ? AND count = 0", (self.id,))
 
     def holding(self, tenant: str) -> int:
-        """Sandboxes ``tenant`` holds across the live replicas."""
+        """Sandboxes ``tenant`` holds across the replicas not swept."""
         with self._txn() as conn:
-            return int(str(self._one(conn, _HOLDING, (tenant, self.dead_after_s))[0]))
+            return int(str(self._one(conn, _HOLDING, (tenant,))[0]))
 
     # --- runs in flight ----------------------------------------------------------------------
 
