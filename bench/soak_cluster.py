@@ -498,6 +498,12 @@ def check_books(
             a.index for a in books.answers if a.run_id == run_id
         }:
             problems.append(f"record {run_id} names request {found.group(1)}, not its own")
+    outcome_of = {str(r["run_id"]): str(r["outcome"]) for r in records}
+    problems += [
+        f"run {a.run_id} answered {a.outcome}, recorded {outcome_of[a.run_id]}"
+        for a in books.answers
+        if a.run_id in outcome_of and outcome_of[a.run_id] != a.outcome
+    ][:10]
     held = [r for r in records if not lost(str(r["outcome"]), str(r.get("reason", "")))]
     overlap, where = max_overlap(held)
     if overlap > max_concurrent:
