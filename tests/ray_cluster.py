@@ -135,6 +135,26 @@ def _ray_start(
     return proc.pid, said
 
 
+def restart_cluster(cluster: Cluster, *, slots: int = 2) -> None:
+    """Start every node of ``cluster`` again after :func:`kill_node` took them all down: the
+    head on its old port and each node with its old home and temp dir (a head restarted
+    without GCS fault tolerance, and its nodes joining the new one)."""
+    names = list(cluster.sessions)
+    port = cluster.address.rpartition(":")[2]
+    for i, name in enumerate(names):
+        if i == 0:
+            args = ["--head", f"--port={port}", "--include-dashboard=false"]
+        else:
+            args = [f"--address={cluster.address}"]
+        cluster.sessions[name], _ = _ray_start(
+            args,
+            cluster.homes[name],
+            cluster.temp_dirs[name],
+            resources={"sandcell_slots": slots},
+            env={},
+        )
+
+
 @contextlib.contextmanager
 def local_cluster(
     names: Sequence[str],
