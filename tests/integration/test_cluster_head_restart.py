@@ -93,3 +93,5 @@ def test_the_replica_outlives_a_restarted_head(nodes: Cluster, tmp_path: Path) -
             assert "42" in str(again["stdout"])
     finally:
         assert replica.stop() == -signal.SIGTERM
+    # A graceful stop still, after connecting again (Ray's own SIGTERM handler stays out).
+    assert "Application shutdown complete" in (home / "serve.log").read_text()

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sandcell.artifacts import ArtifactStore, validate_globs
 from sandcell.backends.base import BackendResult, Collector, OutputSink
@@ -134,25 +134,15 @@ class ClusterBackend:
         ray = cluster.ray
         reply: RunReply | None = None
         try:
-            stream = member.actor.run.remote(job)
-            while True:
-                # Waited for in turns: a head that goes away makes Ray's own wait endless.
-                ready, _ = ray.wait([stream], timeout=_STREAM_POLL_S)
-                if not ready:
-                    if cluster.unreachable is not None:
-                        raise self._lost(member, cluster.unreachable)
-                    continue
-                try:
-                    ref = next(stream)
-                except StopIteration:
-                    break
-                item = ray.get(ref)
+            for item in agent_items(cluster, member.actor.run.remote(job)):
+                if item is UNREACHABLE:
+                    raise self._lost(member, str(cluster.unreachable))
                 if isinstance(item, OutputPiece):
                     if on_output is not None:
                         on_output(item.stream, item.data)
                 elif isinstance(item, RunFailure):
                     raise item.error()
-                else:
+                elif isinstance(item, RunReply):
                     reply = item
         except lost_errors(ray) as exc:
             self._cluster.lost(member)
@@ -255,6 +245,29 @@ class ClusterBackend:
         """Nothing of its own to close: the cluster's owner closes the cluster."""
 
 
+UNREACHABLE = object()
+"""What :func:`agent_items` yields last when the cluster became unreachable meanwhile."""
+
+
+def agent_items(cluster: Cluster, stream: Any) -> Iterator[object]:
+    """The items of an agent's streamed answer (a Ray streaming generator) as they come, then
+    :data:`UNREACHABLE` and no more if the cluster's head goes away first: waited for in turns,
+    since with the head gone Ray's own wait would have no end."""
+    ray = cluster.ray
+    while True:
+        ready, _ = ray.wait([stream], timeout=_STREAM_POLL_S)
+        if not ready:
+            if cluster.unreachable is not None:
+                yield UNREACHABLE
+                return
+            continue
+        try:
+            ref = next(stream)
+        except StopIteration:
+            return
+        yield ray.get(ref)
+
+
 def store_blobs(store: ArtifactStore, blobs: Mapping[str, bytes], what: str) -> None:
     """Put the run's artifacts into this replica's store, each checked against its SHA-256."""
     store.put_arrived(blobs, what=what)
@@ -265,4 +278,4 @@ def last_line(exc: BaseException) -> str:
     return " | ".join(lines[-2:])[-400:] or type(exc).__name__
 
 
-__all__ = ["ClusterBackend"]
+__all__ = ["UNREACHABLE", "ClusterBackend", "agent_items"]

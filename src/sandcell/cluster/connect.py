@@ -19,12 +19,15 @@ _GCS_PATIENCE_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 _GCS_PATIENCE_S = 10 * 365 * 24 * 3600
 
 
-def _no_auto_init() -> None:
-    """Ray starts a local cluster on the first call made while not connected unless told not
-    to; its switch is read when Ray is imported, which may have happened before connect."""
-    from ray._private import auto_init_hook
+def _settle_switches() -> None:
+    """Ray reads the switches :func:`connect` sets when it is imported, which may have
+    happened before: they are set where it looks them up at each connection too."""
+    from ray._private import auto_init_hook, ray_constants
 
-    auto_init_hook.enable_auto_connect = False
+    auto_init_hook.enable_auto_connect = os.environ.get("RAY_ENABLE_AUTO_CONNECT") != "0"
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = os.environ.get(
+        "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", ""
+    ).lower() in ("1", "true")
 
 
 def head_answers(address: str, timeout_s: float = _PROBE_TIMEOUT_S) -> str | None:
@@ -69,8 +72,13 @@ def connect(address: str) -> tuple[ModuleType, bool]:
     # And never starts a cluster of its own in this process when a call reaches Ray while
     # it is disconnected (between a lost head and the reconnection).
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    # Nor takes SIGTERM from the service: Ray's failure signal handler, installed at each
+    # connection, would end the process at once where the service drains its runs. The first
+    # connection puts the service's handler back (below, on the main thread); a connection made
+    # again after a lost head is made on the cluster's thread, where that is not possible.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     ray = import_ray()
-    _no_auto_init()
+    _settle_switches()
     if ray.is_initialized():
         return ray, False
     if address != "auto" and not address.startswith("ray://"):

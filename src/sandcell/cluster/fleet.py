@@ -196,7 +196,7 @@ class Cluster:
         self._remote = ray.remote(NodeAgent)
         self._owns_connection = owns_connection
         self._address = address if owns_connection else None
-        self._head = _head_address(ray, address)
+        self._head = _head_address(ray, self._address)
         self.unreachable: str | None = None
         """Why the cluster cannot be reached now (its head is gone), or None."""
         self._disconnected = False
@@ -515,15 +515,16 @@ def _own_node(ray: ModuleType) -> str:
 
 
 def _head_address(ray: ModuleType, address: str | None) -> str | None:
-    """HOST:PORT of the cluster's head: ``address`` as given when it is one (the address the
-    operator chose, which reaches it), else the GCS address Ray reports; None through Ray Client
-    (whose server is probed by Ray itself)."""
+    """HOST:PORT of the cluster's head, to be probed: ``address`` as given when it is one (the
+    address the operator chose, which reaches it), the GCS address Ray reports for ``auto``.
+    None (no probe) through Ray Client, whose server Ray watches itself, and for a connection
+    the caller made (``address`` None): losing it is the caller's to handle."""
     from ray.util.client import ray as client
 
     through_client: Callable[[], bool] = client.is_connected
-    if through_client() or (address is not None and address.startswith("ray://")):
+    if address is None or through_client() or address.startswith("ray://"):
         return None
-    if address is not None and address != "auto":
+    if address != "auto":
         return address
     gcs: str = ray.get_runtime_context().gcs_address
     return gcs or None

@@ -24,7 +24,13 @@ from sandcell.artifacts import ArtifactStore
 from sandcell.backends.base import Backend, Collector, OutputSink
 from sandcell.backends.cell import CellRun, CellScope, Exported
 from sandcell.backends.cell.state import PauseMode, PauseRefused, SandboxMetrics, SavedState
-from sandcell.cluster.backend import ClusterBackend, last_line, store_blobs
+from sandcell.cluster.backend import (
+    UNREACHABLE,
+    ClusterBackend,
+    agent_items,
+    last_line,
+    store_blobs,
+)
 from sandcell.cluster.bundles import visible
 from sandcell.cluster.fleet import Cluster, Member, lost_errors
 from sandcell.cluster.wire import (
@@ -142,14 +148,15 @@ class RemoteCellSandbox:
             watcher.start()
         reply: CellReply | None = None
         try:
-            for ref in self._member.actor.session_cell.remote(job):
-                item = ray.get(ref)
+            for item in agent_items(self._cluster, self._member.actor.session_cell.remote(job)):
+                if item is UNREACHABLE:
+                    return self._lost_cell(InfraError(str(self._cluster.unreachable)))
                 if isinstance(item, OutputPiece):
                     if on_output is not None:
                         on_output(item.stream, item.data)
                 elif isinstance(item, RunFailure):
                     raise item.error()
-                else:
+                elif isinstance(item, CellReply):
                     reply = item
         except lost_errors(ray) as exc:
             return self._lost_cell(exc)
