@@ -143,11 +143,16 @@ class ReplicaWatch:
             # Told to stop once the records are in (the node may run it still).
             why = f"its replica {lost.replica} was lost"
             if cluster is not None:
-                cluster.cancel_run(lost.run_id, why, node=lost.node)
+                told = cluster.cancel_run(lost.run_id, why, node=lost.node)
             else:
-                self._service.executor.cancel(lost.run_id, why)
+                told = self._service.executor.cancel(lost.run_id, why)
             self.swept += 1
-            log.warning("run %s of replica %s recorded as lost", lost.run_id, lost.replica)
+            log.warning(
+                "run %s of replica %s recorded as lost%s",
+                lost.run_id,
+                lost.replica,
+                "; its sandbox was told to stop" if told else "",
+            )
         for place in swept.sessions:
             # Its sandbox lives on in a node's agent, which no one else can reach: ended there.
             if cluster is not None and cluster.end_session(place.node, place.session_id):
