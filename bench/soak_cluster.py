@@ -658,6 +658,7 @@ def run_load(
             (faults.restart_replica_at, "restart replica"),
             (faults.restart_postgres_at, "restart postgres"),
             (0.55, "rss middle"),
+            (0.8, "rss at 80%"),
         ]
     )
     marks = Marks(events)
