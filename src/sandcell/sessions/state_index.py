@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.db.url import database_url
-from sandcell.errors import StoreUnavailable
+from sandcell.errors import SandcellError, StoreUnavailable
 
 if TYPE_CHECKING:
     from sandcell.db.postgres import PgConnection
@@ -74,7 +74,7 @@ class Entry:
     document: str
 
 
-class NotIndexed(LookupError):
+class NotIndexed(SandcellError, LookupError):
     """The index holds no such state (or not under that claim)."""
 
 
