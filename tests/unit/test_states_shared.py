@@ -14,29 +14,15 @@ import psycopg
 import pytest
 from tests import state_workers
 from tests.pg_server import PostgresServer
+from tests.unit.test_session_states import SAVED, SETTINGS, SID
 
-from sandcell.backends.cell.state import PauseMode, SavedState
 from sandcell.errors import StoreUnavailable
 from sandcell.home import SHARED_DIR_ENV, bulk_dir
-from sandcell.sessions.states import SessionSettings, StateNotFound, StateStore, StoredState
+from sandcell.sessions.states import StateNotFound, StateStore, StoredState
 
 pytestmark = pytest.mark.timeout(600)
 
 URL_ENV = "SANDCELL_DATABASE_URL"
-SETTINGS = SessionSettings(
-    profile="analysis",
-    limits={"wall_time_s": 30.0},
-    inputs=(),
-    mode="strict",
-    landlock=None,
-    runtime=None,
-    idle_timeout_s=600.0,
-    max_lifetime_s=3600.0,
-    on_idle="end",
-    paused_ttl_s=60.0,
-)
-SAVED = SavedState(backend="gvisor", mode=PauseMode.MEMORY, detail={"runsc": "x"})
-SID = "0123456789abcdef0123456789abcdef"
 
 
 @pytest.fixture
