@@ -162,10 +162,12 @@ def local_cluster(
     slots: int = 2,
     extra_resources: Mapping[str, Mapping[str, float]] | None = None,
     env: Mapping[str, str] | None = None,
+    node_env: Mapping[str, Mapping[str, str]] | None = None,
     prefix: str = "scray-",
 ) -> Iterator[Cluster]:
     """A cluster whose first node in ``names`` is the head; each node offers ``slots``
-    sandcell slots and its ``extra_resources``; ``env`` is set for every node."""
+    sandcell slots and its ``extra_resources``; ``env`` is set for every node, ``node_env``
+    (node name → variables) for the nodes it names, over ``env``."""
     # Short paths: Ray's unix sockets live under --temp-dir, and socket paths are limited.
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     homes = {name: root / f"home-{name}" for name in names}
@@ -182,7 +184,11 @@ def local_cluster(
             else:
                 args = [f"--address={address}"]
             sessions[name], said = _ray_start(
-                args, homes[name], temps[name], resources=resources, env=env or {}
+                args,
+                homes[name],
+                temps[name],
+                resources=resources,
+                env={**(env or {}), **(node_env or {}).get(name, {})},
             )
             if i == 0:
                 assert "Ray runtime started" in said, f"the head did not start: {said[-800:]}"

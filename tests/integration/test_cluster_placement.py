@@ -3,7 +3,9 @@
 One cluster for the module: three ``ray start`` nodes on loopback, each with its own sandcell
 home, one CPU and two ``sandcell_slots``; node ``c`` declares ``sandcell_rung_namespaces`` alone,
 so it offers no other rung. The test process is the replica: an Executor whose runs the cluster
-places. The node kill comes last: it leaves the cluster with two nodes.
+places. The replica and nodes ``b`` and ``c`` share one ``$SANDCELL_SHARED_DIR`` (their artifacts
+land once, and a state saved on one node resumes on another); node ``a`` has none, so what its
+runs export travels back as bytes. The node kill comes last: it leaves the cluster with two nodes.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from tests.ray_cluster import Cluster, kill_node, local_cluster
 from tests.service.server import ServiceProcess, add_tenant
 
 from sandcell.audit import AuditLog
+from sandcell.backends.cell.state import PauseMode
 from sandcell.cluster import Cluster as Placement
 from sandcell.cluster.backend import ClusterBackend
 from sandcell.errors import IsolationUnavailable
 from sandcell.executor import Executor
+from sandcell.home import SHARED_DIR_ENV
 from sandcell.spec import InputFile, Outcome, RunRequest, RunResult
 
 pytestmark = pytest.mark.slow
@@ -40,6 +44,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SLOTS_PER_NODE = 2
 WAIT_S = 120.0
+SHARED_NODES = ("b", "c")
+"""The nodes started with the replica's ``$SANDCELL_SHARED_DIR``."""
 
 
 @dataclass(frozen=True)
@@ -54,12 +60,19 @@ class Replica:
 
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replica]:
-    with local_cluster(
-        ("a", "b", "c"),
-        slots=SLOTS_PER_NODE,
-        extra_resources={"c": {"sandcell_rung_namespaces": 1}},
-        prefix="sccl-",
-    ) as nodes:
+    shared = tmp_path_factory.mktemp("shared")
+    with (
+        local_cluster(
+            ("a", "b", "c"),
+            slots=SLOTS_PER_NODE,
+            extra_resources={"c": {"sandcell_rung_namespaces": 1}},
+            node_env={n: {SHARED_DIR_ENV: str(shared)} for n in SHARED_NODES},
+            prefix="sccl-",
+        ) as nodes,
+        pytest.MonkeyPatch.context() as env,
+    ):
+        # Set once the nodes started (they would inherit it): the replica's bulk bytes.
+        env.setenv(SHARED_DIR_ENV, str(shared))
         home = tmp_path_factory.mktemp("replica-home")
         placement = Placement.connect(nodes.address, home=home)
         try:
@@ -117,7 +130,11 @@ def test_runs_spread_over_every_node_with_inputs_artifacts_and_output(
     placed = Counter(_node_of(replica, r) for r in results)
     assert set(placed) == {"a", "b", "c"}, placed
 
-    # Each artifact is in the replica's store (the nodes' stores are other directories).
+    # Each artifact is in the replica's store: node a's store is another directory (its
+    # artifacts travel back as bytes), b's and c's are the shared one.
+    stores = {replica.name_of[r.node_id]: r.store_id for r in replica.placement.reports()}
+    own_store = replica.placement.store_id
+    assert stores["a"] != own_store and stores["b"] == stores["c"] == own_store, stores
     (artifact,) = results[0].artifacts
     stored = replica.executor.store.path_for(artifact.sha256).read_bytes()
     assert stored == b"FROM THE REPLICA"
@@ -219,7 +236,7 @@ def test_cluster_status_shows_every_node(replica: Replica) -> None:
 
 
 def _elsewhere(replica: Replica, *names: str) -> Placement:
-    """A placement on the named nodes only (none of them the replica's own)."""
+    """A placement on the named nodes only: real placement, restricted as when draining."""
     ids = frozenset(i for i, n in replica.name_of.items() if n in names)
     return Placement(replica.placement.ray, home=replica.home, only_nodes=ids)
 
@@ -278,6 +295,113 @@ def test_a_session_lives_on_a_node_and_its_cells_reach_it(replica: Replica, tmp_
             assert all(r.sessions == 0 for r in placement.reports())
     finally:
         placement.close()
+
+
+def _cell_node(replica: Replica, ex: Executor, result: RunResult) -> str:
+    """The node a session's cell ran on, from its record."""
+    assert result.outcome is Outcome.OK, result.reason + result.stderr
+    entry = ex.audit.get(result.run_id)
+    assert entry is not None, f"cell {result.run_id} has no record"
+    backend = entry.record["backend"]
+    assert isinstance(backend, dict)
+    return replica.name_of[str(backend["node_id"])]
+
+
+def _two_nodes(replica: Replica, among: tuple[str, ...]) -> tuple[str, str]:
+    """Two of ``among``: where a state is saved, then where it comes back; the replica's own
+    node last, since it sees the replica's states even without the shared directory."""
+    own = replica.name_of.get(replica.placement.own_node_id)
+    first, second, *_ = sorted(among, key=lambda n: n == own)
+    return first, second
+
+
+def test_a_paused_session_resumes_on_another_node_and_a_snapshot_opens_on_another(
+    replica: Replica,
+) -> None:
+    saved_on, back_on = _two_nodes(replica, SHARED_NODES)
+    there, here = _elsewhere(replica, saved_on), _elsewhere(replica, back_on)
+    try:
+        with (
+            Executor(home=replica.home, cluster=there) as ex_x,
+            Executor(home=replica.home, cluster=here) as ex_y,
+        ):
+            session = ex_x.session()
+            made = session.run("open('kept.txt', 'w').write('made on x')\nx = 5\nprint(x)")
+            assert _cell_node(replica, ex_x, made) == saved_on
+            assert PauseMode.FILES in session.pause_modes, session.pause_modes
+            paused = session.pause(mode=PauseMode.FILES)
+            assert paused.kind == "paused"
+            assert session.ended is not None
+            there.refresh(wait_s=WAIT_S)
+            assert all(r.sessions == 0 for r in there.reports())
+
+            back = ex_y.resume(session.id)
+            try:
+                assert back.id == session.id
+                got = back.run("print(open('kept.txt').read(), 'x' in globals())")
+                assert got.stdout == "made on x False\n", got.stdout + got.stderr
+                assert _cell_node(replica, ex_y, got) == back_on
+            finally:
+                back.close()
+
+            # A snapshot taken on one node opens as a new session on another; both go on.
+            original = ex_x.session()
+            try:
+                original.run("open('seed.txt', 'w').write('seeded on x')")
+                snap = original.snapshot("cross-node", mode=PauseMode.FILES)
+                copy = ex_y.session(snapshot="cross-node")
+                try:
+                    read = copy.run("print(open('seed.txt').read())")
+                    assert read.stdout == "seeded on x\n", read.stdout + read.stderr
+                    assert _cell_node(replica, ex_y, read) == back_on
+                    assert copy.id != original.id
+                finally:
+                    copy.close()
+                still = original.run("print(open('seed.txt').read())")
+                assert still.stdout == "seeded on x\n"
+                assert _cell_node(replica, ex_x, still) == saved_on
+            finally:
+                original.close()
+            ex_x.states.delete(snap.id, owner=None)
+    finally:
+        there.close()
+        here.close()
+
+
+def test_a_memory_pause_resumes_on_another_node_with_its_variables(replica: Replica) -> None:
+    offered = {replica.name_of[r.node_id]: r.rungs for r in replica.placement.reports()}
+    gvisor = tuple(n for n in ("a", "b", "c") if "gvisor" in offered[n])
+    if len(gvisor) < 2:
+        pytest.skip(f"a memory pause needs gVisor on two nodes (nodes offer {offered})")
+    saved_on, back_on = _two_nodes(replica, gvisor)
+    there, here = _elsewhere(replica, saved_on), _elsewhere(replica, back_on)
+    try:
+        with (
+            Executor(home=replica.home, backend="gvisor", cluster=there) as ex_x,
+            Executor(home=replica.home, backend="gvisor", cluster=here) as ex_y,
+        ):
+            session = ex_x.session()
+            made = session.run("open('kept.txt', 'w').write('made on x')\nx = 41")
+            assert _cell_node(replica, ex_x, made) == saved_on
+            if PauseMode.MEMORY not in session.pause_modes:
+                session.close()
+                pytest.skip(f"gVisor here offers {sorted(session.pause_modes)} only")
+            session.pause(mode=PauseMode.MEMORY)
+            back = ex_y.resume(session.id)
+            try:
+                got = back.run("print(x + 1, open('kept.txt').read())")
+                assert got.stdout == "42 made on x\n", got.stdout + got.stderr
+                assert _cell_node(replica, ex_y, got) == back_on
+                entry = ex_y.audit.get(got.run_id)
+                assert entry is not None
+                backend = entry.record["backend"]
+                assert isinstance(backend, dict)
+                assert backend["name"] == "gvisor", backend
+            finally:
+                back.close()
+    finally:
+        there.close()
+        here.close()
 
 
 class _Hello(JsonHandler):
@@ -355,7 +479,7 @@ def test_sandcell_serve_places_runs_on_the_cluster(replica: Replica, tmp_path: P
         assert backend["node_id"] in replica.name_of
 
 
-def test_a_node_killed_mid_run_ends_its_runs_node_lost_and_new_runs_go_elsewhere(
+def test_a_node_killed_mid_run_ends_its_runs_node_lost_its_paused_session_resumes_elsewhere(
     replica: Replica,
 ) -> None:
     backend = _backend(replica)
@@ -366,6 +490,11 @@ def test_a_node_killed_mid_run_ends_its_runs_node_lost_and_new_runs_go_elsewhere
     session_ex = Executor(home=replica.home, cluster=doomed)
     session = session_ex.session()
     assert session.run("y = 1").outcome is Outcome.OK
+    # A session paused on the node before it dies (its state is in the shared directory).
+    paused = session_ex.session()
+    made = paused.run("open('kept.txt', 'w').write('saved before the loss')")
+    assert _cell_node(replica, session_ex, made) == victim
+    paused.pause(mode=PauseMode.FILES)
     threads, results, ticked = _start_ticking(replica, 2 * len(replica.name_of), 60)
     on_victim = [r for r in ticked if replica.name_of.get(backend.node_of(r) or "") == victim]
     assert on_victim, "no run was placed on the node to be killed"
@@ -395,6 +524,15 @@ def test_a_node_killed_mid_run_ends_its_runs_node_lost_and_new_runs_go_elsewhere
     session.close()
     session_ex.close()
     doomed.close()
+
+    # Its paused session survives the node and resumes on one still there.
+    back = replica.executor.resume(paused.id)
+    try:
+        got = back.run("print(open('kept.txt').read())")
+        assert got.stdout == "saved before the loss\n", got.stdout + got.stderr
+        assert _cell_node(replica, replica.executor, got) != victim
+    finally:
+        back.close()
 
     with ThreadPoolExecutor(4) as pool:
         later = list(
