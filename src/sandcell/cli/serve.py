@@ -97,7 +97,11 @@ def _connect_cluster(args: argparse.Namespace, home: Path) -> Cluster | None:
         return None
     from sandcell.backends.warm import WarmConfig
     from sandcell.cluster import Cluster
+    from sandcell.cluster.malloc_arenas import limit_malloc_arenas
 
+    # Before Ray's threads start (each would get an arena of its own): the replica's memory
+    # then stays flat under load (malloc_arenas.py).
+    limit_malloc_arenas()
     warm = None if args.start == "cold" else WarmConfig(mode=args.start, pool_size=args.pool_size)
     return Cluster.connect(args.cluster, home=home, warm=warm)
 
