@@ -31,7 +31,7 @@ from tests.ray_cluster import Cluster, kill_node, local_cluster
 from tests.service.server import ServiceProcess, add_tenant
 
 from sandcell.audit import AuditLog
-from sandcell.backends.cell.state import PauseMode
+from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.cluster import Cluster as Placement
 from sandcell.cluster.backend import ClusterBackend
 from sandcell.errors import IsolationUnavailable
@@ -366,6 +366,51 @@ def test_a_paused_session_resumes_on_another_node_and_a_snapshot_opens_on_anothe
     finally:
         there.close()
         here.close()
+
+
+def test_without_the_shared_dir_states_stay_on_the_replicas_own_node(
+    replica: Replica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_id = replica.placement.own_node_id
+    own = replica.name_of.get(own_id)
+    if own is None:
+        pytest.skip("the replica's own node is not one of the cluster's sandcell nodes")
+    away = next(n for n in SHARED_NODES if n != own)
+    # A replica without the shared directory: its states are under its own home.
+    monkeypatch.delenv(SHARED_DIR_ENV)
+    there, mine = _elsewhere(replica, away), _elsewhere(replica, own)
+    anywhere = Placement(replica.placement.ray, home=replica.home)
+    try:
+        with Executor(home=replica.home, cluster=there) as ex:
+            session = ex.session()
+            try:
+                assert _cell_node(replica, ex, session.run("x = 1")) == away
+                assert session.pause_modes == frozenset()
+                with pytest.raises(PauseRefused, match=SHARED_DIR_ENV):
+                    session.pause(mode=PauseMode.FILES)
+                assert session.ended is None
+            finally:
+                session.close()
+        with Executor(home=replica.home, cluster=mine) as ex:
+            session = ex.session()
+            session.run("open('kept.txt', 'w').write('kept at home')")
+            session.pause(mode=PauseMode.FILES)
+        with (
+            Executor(home=replica.home, cluster=there) as ex,
+            pytest.raises(IsolationUnavailable, match=r"needs this replica's host"),
+        ):
+            ex.resume(session.id)
+        with Executor(home=replica.home, cluster=anywhere) as ex:
+            back = ex.resume(session.id)
+            try:
+                got = back.run("print(open('kept.txt').read())")
+                assert got.stdout == "kept at home\n", got.stdout + got.stderr
+                assert _cell_node(replica, ex, got) == own
+            finally:
+                back.close()
+    finally:
+        for placement in (there, mine, anywhere):
+            placement.close()
 
 
 def test_a_memory_pause_resumes_on_another_node_with_its_variables(replica: Replica) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError
+from sandcell.home import SHARED_DIR_ENV
 from sandcell.policy.profiles import Profile
 from sandcell.sessions.events import Event, record_event
 from sandcell.sessions.states import StateKind, StoredState
@@ -87,6 +88,14 @@ def save(
     before the state is committed: a state is listed only once nothing of its sandbox is left,
     so a resume, from this process or another, never starts in the old sandbox's place."""
     sandbox = session._sandbox
+    if not sandbox.pause_modes:
+        # Every rung saves files; only a sandbox on a cluster node that cannot reach this
+        # process's state directory offers nothing (cluster/remote_cell.py).
+        raise PauseRefused(
+            f"session {session.id}'s sandbox offers no pause mode here: it is on a cluster node "
+            f"that does not see this replica's state directory; set ${SHARED_DIR_ENV} to a "
+            "directory every node and replica mounts at the same path"
+        )
     if mode not in sandbox.pause_modes:
         offered = ", ".join(sorted(m.value for m in sandbox.pause_modes))
         raise PauseRefused(
