@@ -269,12 +269,23 @@ def snapshot(
                 procs.append(f"{entry} in a run cgroup of {owners}")
     temp = sorted(
         str(p.relative_to(tmpdir))
-        for p in tmpdir.rglob("*")
-        if not (p.is_dir() and not p.is_symlink())
-        and not _SHARED_ETC.match(str(p.relative_to(tmpdir)))
+        for p in _files_below(tmpdir)
+        if not _SHARED_ETC.match(str(p.relative_to(tmpdir)))
     )
     mounts = frozenset(_mounts([str(tmpdir), *map(str, places)]))
     return Snapshot(tuple(procs), tuple(_cgroup_dirs(owners)), mounts, tuple(temp))
+
+
+def _files_below(root: Path) -> list[Path]:
+    """Every entry below ``root`` that is not a directory (links included). Sandboxes come and
+    go while it looks (a run directory removed between being listed and being entered): what
+    vanished meanwhile is simply not there, where Path.rglob would raise."""
+    found: list[Path] = []
+    for top, dirs, files in os.walk(root, onerror=lambda _: None):
+        here = Path(top)
+        found += [here / name for name in files]
+        found += [here / name for name in dirs if (here / name).is_symlink()]
+    return found
 
 
 def leftovers(before: Snapshot, after: Snapshot) -> dict[str, list[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -327,6 +328,11 @@ def test_command_timeout(sbx: Sandbox) -> None:
 
 def test_a_command_that_ended_is_not_listed(sbx: Sandbox) -> None:
     # Background commands, terminals and watches: tests/e2b_compat/test_processes.py.
+    # The previous test's `sleep 20` is killed once the service sees its client gone, which
+    # may come a moment after that test returned: wait for that event, not for a time.
+    deadline = time.monotonic() + 120
+    while sbx.commands.list() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert sbx.commands.list() == []
     assert sbx.commands.kill(12345) is False
 

@@ -248,7 +248,11 @@ def test_an_idle_session_pauses_instead_of_ending(rung: str, ex: Executor) -> No
     while s.ended is None:  # the watchdog pauses it: wait for that, however long it takes
         time.sleep(0.1)
     assert s.ended == "paused"
-    state = next(p for p in ex.paused() if p.id == s.id)
+    # The session is over (its sandbox stopped) a moment before its state is committed.
+    state = next((p for p in ex.paused() if p.id == s.id), None)
+    while state is None:
+        time.sleep(0.05)
+        state = next((p for p in ex.paused() if p.id == s.id), None)
     pause = [e for e in _events(ex, s.id) if e["event"] == "pause"][-1]
     assert str(pause["by"]).startswith("on_idle")
     back = ex.resume(s.id)
