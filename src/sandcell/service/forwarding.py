@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandcell.errors import SandcellError
+from sandcell.service.port_proxy import HOP_BY_HOP
 
 if TYPE_CHECKING:
     from sandcell.db.replicas import Owner, ReplicaState
@@ -45,19 +46,8 @@ log = logging.getLogger("sandcell.service")
 FORWARDED_HEADER = "x-sandcell-forwarded"
 MCP_SESSION_HEADER = "mcp-session-id"
 MCP_PATH = "/mcp"
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
+_HOP = HOP_BY_HOP | {"content-length"}
+"""Not passed on: hop-by-hop headers, and the length (the body is streamed again)."""
 _SESSION = re.compile(r"^/v1/sessions/([A-Za-z0-9_.-]+)(?:/|$)")
 _RUN = re.compile(r"^/v1/runs/([A-Za-z0-9_.-]+)(?:/|$)")
 _E2B_PATH = re.compile(r"^/e2b(?:/v2)?/sandboxes/([A-Za-z0-9_.-]+)(?:/|$)")

@@ -25,7 +25,7 @@ from sandcell.service.core import Service
 from sandcell.service.problems import ServiceProblem
 from sandcell.sessions import Session, SessionEnded
 
-__all__ = ["RESPONSE_TIMEOUT_S", "proxy"]
+__all__ = ["HOP_BY_HOP", "RESPONSE_TIMEOUT_S", "proxy"]
 
 RESPONSE_TIMEOUT_S = 300.0
 """How long the program's server may take to answer, and between two reads of its body."""
@@ -33,7 +33,7 @@ _CHUNK = 64 * 1024
 SETTLE_S = 5.0
 """How long, after the response, the connection may take to end (its record is written as it
 ends): the server was asked to close it (``Connection: close``)."""
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -45,7 +45,7 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NOT_FORWARDED = _HOP_BY_HOP | {
+_NOT_FORWARDED = HOP_BY_HOP | {
     "host",
     "authorization",
     "x-api-key",
@@ -73,7 +73,7 @@ def request_headers(headers: Mapping[str, str], port: int) -> dict[str, str]:
 
 def _response_headers(response: http.client.HTTPResponse) -> dict[str, str]:
     listed = _listed(response.getheader("connection"))
-    return {k: v for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP | listed}
+    return {k: v for k, v in response.getheaders() if k.lower() not in HOP_BY_HOP | listed}
 
 
 def _exchange(
