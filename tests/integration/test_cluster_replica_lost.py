@@ -33,12 +33,15 @@ from tests.service.replicas import Cluster as Shared
 from tests.service.server import ServiceProcess
 
 from sandcell.cluster import Cluster as Placement
-from sandcell.cluster.cells import IDLE_GRACE_S
+from sandcell.cluster.cells import IDLE_GRACE_ENV
 from sandcell.cluster.wire import NodeReport
 
 pytestmark = pytest.mark.slow
 
 DEAD_AFTER_S = "3"
+IDLE_GRACE_S = 1.0
+"""The nodes' grace beyond an orphaned session's idle timeout (10 s by default): the test waits
+for that clock, and a second still lets the replica's watchdog come first while it lives."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,9 @@ def setup(
     postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Setup]:
     with (
-        local_cluster(("a", "b"), slots=2, prefix="scrl-") as nodes,
+        local_cluster(
+            ("a", "b"), slots=2, prefix="scrl-", env={IDLE_GRACE_ENV: str(IDLE_GRACE_S)}
+        ) as nodes,
         cluster_in(postgres_server, tmp_path_factory) as shared,
     ):
         watch = Placement.connect(nodes.address, home=tmp_path_factory.mktemp("watch"))

@@ -16,6 +16,7 @@ touches it); when the replica is gone and no other replica sweeps it, this is wh
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -40,7 +41,20 @@ log = logging.getLogger(__name__)
 IDLE_GRACE_S = 10.0
 """Beyond a session's idle timeout before its untouched sandbox ends here: the replica's
 watchdog, which ends it at its idle timeout, must come first (its samples, every few
-seconds, touch it while the replica lives)."""
+seconds, touch it while the replica lives). ``$SANDCELL_CLUSTER_IDLE_GRACE_S`` on the node
+sets another figure."""
+IDLE_GRACE_ENV = "SANDCELL_CLUSTER_IDLE_GRACE_S"
+
+
+def configured_idle_grace_s() -> float:
+    """:data:`IDLE_GRACE_S`, or ``$SANDCELL_CLUSTER_IDLE_GRACE_S`` when set to a number (a
+    test's cluster waits a second, not ten, for an orphaned session to end)."""
+    try:
+        return max(0.0, float(os.environ.get(IDLE_GRACE_ENV, IDLE_GRACE_S)))
+    except ValueError:
+        return IDLE_GRACE_S
+
+
 _REAP_EVERY_S = 1.0
 
 
@@ -49,13 +63,14 @@ class _Live:
     sandbox: CellSandbox
     staged: Path
     idle_s: float
+    grace_s: float
     cancel: CellCancel | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     touched: float = field(default_factory=time.monotonic)
     """When a call last reached it (guarded by the sessions' lock)."""
 
     def stale(self, now: float) -> bool:
-        return now - self.touched > self.idle_s + IDLE_GRACE_S
+        return now - self.touched > self.idle_s + self.grace_s
 
 
 class NodeSessions:
@@ -69,6 +84,7 @@ class NodeSessions:
         self._store = store
         self._store_id = store_id
         self._home = home
+        self._grace_s = configured_idle_grace_s()
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -117,7 +133,9 @@ class NodeSessions:
             raise
         idle_s = job.idle_timeout_s if job.idle_timeout_s is not None else DEFAULT_IDLE_TIMEOUT_S
         with self._lock:
-            self._live[job.session_id] = _Live(sandbox=sandbox, staged=staged, idle_s=idle_s)
+            self._live[job.session_id] = _Live(
+                sandbox=sandbox, staged=staged, idle_s=idle_s, grace_s=self._grace_s
+            )
         return SessionFacts(
             enforcement=sandbox.enforcement(),
             pause_modes=sandbox.pause_modes,
