@@ -8,6 +8,7 @@ the SQLite file itself.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -16,8 +17,10 @@ import random
 import sqlite3
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 import pytest
@@ -354,6 +357,169 @@ def test_threads_share_one_log(log: AuditLog) -> None:
     report = log.verify()
     assert report.ok, report.problems
     assert report.count == 200
+
+
+# --- group commits --------------------------------------------------------------------------
+
+
+class BatchSpy:
+    """Watches the transactions the log writes (the real ones run unchanged): the size of each
+    batch, and an event set once the first has begun."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        self.began = threading.Event()
+        chain = AuditLog._chain
+
+        def watched(log: AuditLog, conn: Any, batch: Any) -> Any:
+            self.sizes.append(len(batch))
+            self.began.set()
+            return chain(log, conn, batch)
+
+        monkeypatch.setattr(AuditLog, "_chain", watched)
+
+
+def in_threads(calls: list[Callable[[], object]]) -> list[threading.Thread]:
+    """Start one thread per call."""
+    threads = [threading.Thread(target=call) for call in calls]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+def queue_behind_a_blocked_writer(
+    store_backend: StoreBackend,
+    db: Path,
+    logs: list[AuditLog],
+    records: list[dict[str, object]],
+    spy: BatchSpy,
+    *,
+    then: tuple[str, ...] = (),
+) -> list[AuditEntry | BaseException]:
+    """Append ``records[0]`` through ``logs[0]`` while another connection holds the log's write
+    lock, so its writer blocks inside its transaction; append the rest (through the logs in
+    turn) once they can only queue behind it; run ``then`` in the blocking transaction, end it,
+    and return every append's outcome, in ``records``' order."""
+    outcomes: list[AuditEntry | BaseException | None] = [None] * len(records)
+
+    def append(i: int) -> Callable[[], None]:
+        def call() -> None:
+            try:
+                outcomes[i] = logs[i % len(logs)].append(records[i])
+            except BaseException as e:  # reported by the caller's assertions
+                outcomes[i] = e
+
+        return call
+
+    threads: list[threading.Thread] = []
+    with store_backend.raw(db, SCHEMA) as conn:
+        # A write of the head takes SQLite's write lock and PostgreSQL's lock of the row: the
+        # log's writer waits for it in its BEGIN IMMEDIATE (SQLite) or its UPDATE (PostgreSQL).
+        conn.execute("UPDATE head SET count = count WHERE id = 1")
+        threads += in_threads([append(0)])
+        assert spy.began.wait(timeout=60), "the first append never began its transaction"
+        threads += in_threads([append(i) for i in range(1, len(records))])
+        group = logs[0]._group
+        wait_until(lambda: group.waiting() == len(records) - 1, "every other append queued")
+        for statement in then:
+            conn.execute(statement)
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive()
+    assert all(o is not None for o in outcomes)
+    return [o for o in outcomes if o is not None]
+
+
+def test_appends_waiting_for_a_write_go_out_in_one_transaction(
+    db: Path, store_backend: StoreBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = BatchSpy(monkeypatch)
+    # Two logs on one database (two executors of one process) batch together.
+    with AuditLog(db) as first, AuditLog(db) as second:
+        records = [record(i) for i in range(1, 9)]
+        outcomes = queue_behind_a_blocked_writer(store_backend, db, [first, second], records, spy)
+        assert spy.sizes == [1, 7]  # the blocked writer's own, then everything queued behind it
+        assert all(isinstance(o, AuditEntry) for o in outcomes), outcomes
+        entries = [o for o in outcomes if isinstance(o, AuditEntry)]
+        assert entries[0].seq == 1
+        assert sorted(e.seq for e in entries) == list(range(1, 9))
+        for entry in entries:
+            assert first.get(entry.run_id) == entry
+        report = second.verify()
+    assert report.ok, report.problems
+    assert report.count == 8
+
+
+def test_a_failed_batch_is_every_callers_error_and_nothing_of_it_is_written(
+    db: Path, store_backend: StoreBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = BatchSpy(monkeypatch)
+    with AuditLog(db) as log:
+        log.append(record(0))
+        records = [record(i) for i in range(1, 7)]
+        # Removed under the blocked writer: its transaction, and the next, cannot chain.
+        outcomes = queue_behind_a_blocked_writer(
+            store_backend, db, [log], records, spy, then=("DELETE FROM head",)
+        )
+        assert spy.sizes == [1, 1, 5]
+        for outcome in outcomes:
+            assert isinstance(outcome, AuditError) and "lost its head row" in str(outcome)
+        assert log.count() == 1
+        assert log.run_ids() == {run_id(0)}
+
+
+def test_a_record_refused_in_a_batch_fails_alone(
+    db: Path, store_backend: StoreBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = BatchSpy(monkeypatch)
+    with AuditLog(db) as log:
+        log.append(record(3))
+        spy.sizes.clear()
+        records = [record(1), record(2), record(3), record(4), record(5)]
+        outcomes = queue_behind_a_blocked_writer(store_backend, db, [log], records, spy)
+        # The batch of four was rolled back, then written one record at a time.
+        assert spy.sizes == [1, 4, 1, 1, 1, 1]
+        refused = outcomes.pop(2)
+        assert isinstance(refused, AuditError) and "already in the audit log" in str(refused)
+        assert all(isinstance(o, AuditEntry) for o in outcomes), outcomes
+        assert [o.seq for o in outcomes if isinstance(o, AuditEntry)] == [2, 3, 4, 5]
+        report = log.verify()
+    assert report.ok, report.problems
+    assert report.count == 5
+
+
+def test_many_threads_append_through_two_logs(db: Path) -> None:
+    threads_n, each = 8, 25
+    returned: dict[int, list[AuditEntry]] = {w: [] for w in range(threads_n)}
+    with AuditLog(db) as first, AuditLog(db) as second:
+
+        def work(worker: int) -> None:
+            log = first if worker % 2 else second
+            for i in range(each):
+                returned[worker].append(log.append({"run_id": f"t{worker}-{i}", "i": i}))
+
+        for t in in_threads([functools.partial(work, w) for w in range(threads_n)]):
+            t.join(timeout=120)
+            assert not t.is_alive()
+        report = first.verify()
+        assert report.ok, report.problems
+        assert report.count == threads_n * each
+        for worker, entries in returned.items():
+            assert [e.run_id for e in entries] == [f"t{worker}-{i}" for i in range(each)]
+            # Each thread's records are in the chain in the order its appends returned.
+            seqs = [e.seq for e in entries]
+            assert seqs == sorted(seqs)
+            for entry in entries:
+                assert second.get(entry.run_id) == entry
+        everything = [e for entries in returned.values() for e in entries]
+        assert sorted(e.seq for e in everything) == list(range(1, threads_n * each + 1))
 
 
 # --- verify ---------------------------------------------------------------------------------

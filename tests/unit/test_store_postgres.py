@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -215,16 +216,16 @@ def test_a_record_appended_while_the_database_is_down_is_stored_once_it_is_back(
     # Told when an attempt has failed for want of the database (the append then waits and
     # tries again); the real attempt runs unchanged.
     failed = threading.Event()
-    attempt = AuditLog._append_once
+    attempt = AuditLog._write
 
-    def watched(self: AuditLog, run_id: str, canonical: str, *, retried: bool) -> AuditEntry:
+    def watched(self: AuditLog, batch: Any) -> Any:
         try:
-            return attempt(self, run_id, canonical, retried=retried)
+            return attempt(self, batch)
         except StoreUnavailable:
             failed.set()
             raise
 
-    monkeypatch.setattr(AuditLog, "_append_once", watched)
+    monkeypatch.setattr(AuditLog, "_write", watched)
     with AuditLog(tmp_path / "audit.sqlite3") as audit:
         audit.append({"run_id": "before"})
         own_server.stop()
@@ -268,18 +269,20 @@ def test_a_record_whose_commit_answer_was_lost_is_stored_once(
     # Before the append tries again, the record is already in the database: the first try's
     # commit went through (the real attempts run unchanged).
     stored_before_retry: list[bool] = []
-    attempt = AuditLog._append_once
+    attempt = AuditLog._write
 
-    def watched(self: AuditLog, run_id: str, canonical: str, *, retried: bool) -> AuditEntry:
-        if retried:
-            with psycopg.connect(own_server.url(dbname)) as conn:
-                row = conn.execute(
-                    "SELECT count(*) FROM sandcell_audit.runs WHERE run_id = %s", (run_id,)
-                ).fetchone()
-            stored_before_retry.append(row is not None and row[0] == 1)
-        return attempt(self, run_id, canonical, retried=retried)
+    def watched(self: AuditLog, batch: Any) -> Any:
+        for pending in batch:
+            if pending.retried:
+                with psycopg.connect(own_server.url(dbname)) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM sandcell_audit.runs WHERE run_id = %s",
+                        (pending.run_id,),
+                    ).fetchone()
+                stored_before_retry.append(row is not None and row[0] == 1)
+        return attempt(self, batch)
 
-    monkeypatch.setattr(AuditLog, "_append_once", watched)
+    monkeypatch.setattr(AuditLog, "_write", watched)
     with AuditLog(tmp_path / "audit.sqlite3") as audit:
         audit.append({"run_id": "before"})
         outcome: list[AuditEntry | BaseException] = []

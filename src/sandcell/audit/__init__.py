@@ -37,9 +37,14 @@ rewrite needs an anchor kept outside the attacker's reach (e.g. periodically pub
 the file's own bytes: it says nothing about runs that were never appended.
 
 Concurrency: one SQLite connection per :class:`AuditLog`, shared between threads under a lock (so
-asyncio executors can call it from worker threads). Each append is one ``BEGIN IMMEDIATE``
-transaction, which takes SQLite's write lock before reading the head, so several processes
-appending to the same file serialise and the chain stays linear. The database runs in WAL mode
+asyncio executors can call it from worker threads). Appends are written in group commits
+(:mod:`sandcell.audit.group`): the threads of one process appending to one database (through one
+log, or several opened on it) that arrive while a write is in flight queue, and the next write
+chains all of them, in their order, in one transaction; each append returns once its own record
+is committed, a lone append is written at once, and an error that fails the transaction is every
+queued caller's (nothing of it is written). Each transaction is one ``BEGIN IMMEDIATE``, which
+takes SQLite's write lock before reading the head, so several processes appending to the same
+file serialise and the chain stays linear. The database runs in WAL mode
 with ``synchronous=NORMAL``: an append does not wait for an fsync, which keeps it well under a
 millisecond; a power cut can lose the last few appends but never corrupts the file.
 
@@ -55,7 +60,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,9 +70,10 @@ import platformdirs
 
 from sandcell._sqlite import PrivateStore, StoreConnection, transaction
 from sandcell.audit.chain import GENESIS_HASH, canonical_json, chain_hash
+from sandcell.audit.group import SharedGroups
 from sandcell.audit.verify import ProblemKind, VerifyProblem, VerifyReport, verify_rows
-from sandcell.db.postgres import DatabaseUnavailable, PgDatabaseError
-from sandcell.errors import AuditError, StoreUnavailable
+from sandcell.db.postgres import DatabaseUnavailable, PgConnection, PgDatabaseError
+from sandcell.errors import AuditError, SandcellError, StoreUnavailable
 
 __all__ = [
     "GENESIS_HASH",
@@ -184,17 +190,22 @@ class AuditLog(PrivateStore):
             check=self._check_schema,
         )
 
+        # SQLite's file by its real path, so logs opened by other names of it batch together.
+        key = self.where if isinstance(self._conn, PgConnection) else os.path.realpath(self.path)
+        self._group = _GROUPS.get(key)
+
     def __repr__(self) -> str:
         return f"AuditLog({str(self.path)!r})"
 
     # --- writing ----------------------------------------------------------------------------
 
     def append(self, record: Mapping[str, object]) -> AuditEntry:
-        """Append ``record`` as the newest entry and return it.
+        """Append ``record`` as the newest entry and return it, once it is committed.
 
         ``record["run_id"]`` must be a non-empty string not yet in the log. Raises
         :class:`AuditError` when the record cannot be stored (not JSON-able, duplicate run id,
-        database error).
+        database error). Appends made meanwhile by other threads of this process, through this
+        log or another opened on the same database, may share its transaction (see the module).
         """
         run_id = record.get("run_id")
         if not isinstance(run_id, str) or not run_id:
@@ -203,75 +214,127 @@ class AuditLog(PrivateStore):
             canonical = canonical_json(record)
         except (TypeError, ValueError) as e:
             raise AuditError(f"record of run {run_id} is not JSON-serialisable: {e}") from e
+        if self._conn is None:
+            # Checked here, not only by the leader: a closed log must not fail others' batch.
+            raise AuditError(f"audit log {self.where} is closed")
         # While the shared database is unreachable the run's answer waits for its record:
         # a run is never answered without one (on SQLite this never loops).
         deadline = time.monotonic() + _record_wait_s()
         pause = 0.05
         retried = False
         while True:
+            created_at = datetime.now(UTC).isoformat(timespec="microseconds")
             try:
-                return self._append_once(run_id, canonical, retried=retried)
+                placed = self._group.submit(
+                    _Pending(run_id, canonical, created_at, retried=retried), self._write
+                )
+                break
             except StoreUnavailable:
                 if time.monotonic() + pause > deadline:
                     raise
             retried = True
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
+        return AuditEntry(
+            seq=placed.seq,
+            run_id=run_id,
+            created_at=placed.created_at,
+            # Parsed back from the stored text so the entry equals what get() will return
+            # (tuples become lists and so on), not the caller's possibly mutable mapping; here,
+            # outside every lock, rather than by the writer of the batch.
+            record=json.loads(canonical),
+            prev_hash=placed.prev_hash,
+            hash=placed.hash,
+        )
 
-    def _append_once(self, run_id: str, canonical: str, *, retried: bool) -> AuditEntry:
-        """One try of :meth:`append`. ``retried``: an earlier try lost its connection, perhaps
-        after its commit went through; finding the very same record then is that commit."""
-        created_at = datetime.now(UTC).isoformat(timespec="microseconds")
+    def _write(self, batch: Sequence[_Pending]) -> builtins.list[_Placed | BaseException]:
+        """Write ``batch`` in one transaction, chained in its order (the group's writer).
+
+        Raises what fails the whole batch (nothing of it is then written). A record refused for
+        itself (its run id is already stored) rolls back the batch, which is then written one
+        record at a time, so only that record's caller gets the refusal.
+        """
         with self._lock:
             conn = self._connection()
             try:
-                # IMMEDIATE takes the write lock before the head is read, so no other process can
-                # append between our read of the head and our write of the new one.
-                with transaction(conn):
-                    head = conn.execute("SELECT count, hash FROM head WHERE id = 1").fetchone()
-                    if head is None:
-                        raise AuditError(
-                            f"audit log {self.where} has lost its head row, so new entries cannot "
-                            "be chained; it was edited outside sandcell. Keep it for inspection "
-                            f"and {_FIX}"
-                        )
-                    count, prev_hash = int(head[0]), str(head[1])
-                    # The next seq follows the head, not max(seq): if the newest rows were
-                    # deleted, the gap stays visible to verify instead of being papered over.
-                    seq = count + 1
-                    digest = chain_hash(seq, prev_hash, canonical)
-                    conn.execute(
-                        "INSERT INTO runs (seq, run_id, created_at, record, prev_hash, hash) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        (seq, run_id, created_at, canonical, prev_hash, digest),
-                    )
-                    conn.execute("UPDATE head SET count = ?, hash = ? WHERE id = 1", (seq, digest))
+                return builtins.list(self._chain(conn, batch))
             except sqlite3.IntegrityError as e:
-                if "run_id" in str(e):
-                    stored = conn.execute(_SELECT + " WHERE run_id = ?", (run_id,)).fetchone()
-                    if retried and stored is not None and str(stored[3]) == canonical:
-                        return self._entry(stored)
-                    raise AuditError(
-                        f"run {run_id} is already in the audit log {self.where}"
-                    ) from e
-                raise AuditError(
-                    f"audit log {self.where} is inconsistent ({e}); run verify to see what was "
-                    "changed outside sandcell"
-                ) from e
+                if len(batch) == 1:
+                    return [self._refused(conn, batch[0], e)]
             except sqlite3.Error as e:
+                which = batch[0].run_id if len(batch) == 1 else f"{len(batch)} runs"
                 raise self._failed(
-                    e, f"cannot append run {run_id} to audit log {self.where}: {e}"
+                    e, f"cannot append {which} to audit log {self.where}: {e}"
                 ) from e
-        return AuditEntry(
-            seq=seq,
-            run_id=run_id,
-            created_at=created_at,
-            # Parsed back from the stored text so the entry equals what get() will return
-            # (tuples become lists and so on), not the caller's possibly mutable mapping.
-            record=json.loads(canonical),
-            prev_hash=prev_hash,
-            hash=digest,
-        )
+            return [self._write_alone(conn, pending) for pending in batch]
+
+    def _write_alone(self, conn: StoreConnection, pending: _Pending) -> _Placed | BaseException:
+        """One record in a transaction of its own; what fails is that record's outcome only
+        (the records before it may be committed already)."""
+        try:
+            return self._chain(conn, [pending])[0]
+        except sqlite3.IntegrityError as e:
+            return self._refused(conn, pending, e)
+        except sqlite3.Error as e:
+            return self._failed(
+                e, f"cannot append run {pending.run_id} to audit log {self.where}: {e}"
+            )
+        except AuditError as e:
+            return e
+
+    def _chain(self, conn: StoreConnection, batch: Sequence[_Pending]) -> builtins.list[_Placed]:
+        """Insert ``batch`` after the head and move the head, in one transaction."""
+        placed: builtins.list[_Placed] = []
+        # IMMEDIATE takes the write lock before the head is read, so no other process can
+        # append between our read of the head and our write of the new one.
+        with transaction(conn):
+            head = conn.execute("SELECT count, hash FROM head WHERE id = 1").fetchone()
+            if head is None:
+                raise AuditError(_lost_head(self.where))
+            # The next seq follows the head, not max(seq): if the newest rows were deleted,
+            # the gap stays visible to verify instead of being papered over.
+            seq, prev_hash = int(head[0]), str(head[1])
+            rows = []
+            for pending in batch:
+                seq += 1
+                digest = chain_hash(seq, prev_hash, pending.canonical)
+                rows.append(
+                    (seq, pending.run_id, pending.created_at, pending.canonical, prev_hash, digest)
+                )
+                placed.append(_Placed(seq, pending.created_at, prev_hash, digest))
+                prev_hash = digest
+            conn.executemany(
+                "INSERT INTO runs (seq, run_id, created_at, record, prev_hash, hash) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            moved = conn.execute(
+                "UPDATE head SET count = ?, hash = ? WHERE id = 1", (seq, prev_hash)
+            )
+            if moved.rowcount != 1:
+                # Deleted behind our back after we read it (PostgreSQL re-reads the row for the
+                # update): entries past a head that is gone would be chained to nothing.
+                raise AuditError(_lost_head(self.where))
+        return placed
+
+    def _refused(
+        self, conn: StoreConnection, pending: _Pending, error: sqlite3.IntegrityError
+    ) -> _Placed | SandcellError:
+        """What a record the database refused (its transaction rolled back) comes to: a retry
+        (an earlier try lost its connection, perhaps after its commit went through) that finds
+        the very same record has that commit; anything else is an error."""
+        if "run_id" not in str(error):
+            return AuditError(
+                f"audit log {self.where} is inconsistent ({error}); run verify to see what was "
+                "changed outside sandcell"
+            )
+        try:
+            stored = conn.execute(_SELECT + " WHERE run_id = ?", (pending.run_id,)).fetchone()
+        except sqlite3.Error as e:
+            return self._failed(e, f"cannot read audit log {self.where}: {e}")
+        if pending.retried and stored is not None and str(stored[3]) == pending.canonical:
+            return _Placed(int(stored[0]), str(stored[2]), str(stored[4]), str(stored[5]))
+        return AuditError(f"run {pending.run_id} is already in the audit log {self.where}")
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -404,3 +467,35 @@ class AuditLog(PrivateStore):
 
 
 _SELECT = "SELECT seq, run_id, created_at, record, prev_hash, hash FROM runs"
+
+
+def _lost_head(where: str) -> str:
+    return (
+        f"audit log {where} has lost its head row, so new entries cannot be chained; it was "
+        f"edited outside sandcell. Keep it for inspection and {_FIX}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A record waiting to be appended: its text and when it was handed in."""
+
+    run_id: str
+    canonical: str
+    created_at: str
+    retried: bool
+    """An earlier try of this append lost its connection, perhaps after its commit."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """Where a record was committed in the chain."""
+
+    seq: int
+    created_at: str
+    prev_hash: str
+    hash: str
+
+
+_GROUPS: SharedGroups[_Pending, _Placed] = SharedGroups()
+"""The group commit of each audit database this process appends to."""

@@ -1,0 +1,141 @@
+"""Group commit: appends that arrive while one is being written go out together, in one
+transaction, and each caller still returns only once its own record is committed.
+
+The leader/follower scheme (as in database logs):
+
+* a caller that finds no write in flight becomes the *leader*: it takes everything waiting (at
+  least its own item), writes it through its ``write`` function, hands each waiter its outcome,
+  then passes the lead to the first caller that arrived meanwhile, and returns its own outcome;
+* a caller that finds a write in flight queues its item and sleeps until either its outcome is
+  in or it has been handed the lead (then it writes the next batch, its own item included).
+
+Nothing waits for a window: a lone caller writes at once, so grouping adds no latency; only the
+callers already waiting when the writer becomes free share its next transaction. A batch is
+written by ``write`` as one unit: it returns one outcome per item (a value, or the exception of
+that item alone), or raises, and then every caller of the batch gets that exception.
+
+The scheme is per process: a group must not cross ``fork()`` (its lock could be held by a
+thread the child does not have), so :class:`SharedGroups` keys its groups by process id.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+__all__ = ["GroupCommit", "SharedGroups", "Writer"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+Writer = Callable[[Sequence[T]], Sequence[R | BaseException]]
+"""Writes a batch in one transaction: one outcome per item, in order, or raises for all."""
+
+
+class _Waiter(Generic[T, R]):
+    """One caller's item and, once the batch holding it is written, its outcome."""
+
+    __slots__ = ("done", "error", "item", "leads", "result", "woken")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.result: R | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        """The batch holding the item is over: ``result`` or ``error`` is its outcome."""
+        self.leads = False
+        """Set (before ``woken``) when the caller is handed the lead instead of an outcome."""
+        self.woken = threading.Event()
+
+
+class GroupCommit(Generic[T, R]):
+    """Batches concurrent :meth:`submit` calls (see the module). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._queue: list[_Waiter[T, R]] = []
+        self._busy = False
+        """A leader is writing (or about to): newcomers queue."""
+
+    def waiting(self) -> int:
+        """How many items are queued behind the write in flight."""
+        with self._mutex:
+            return len(self._queue)
+
+    def submit(self, item: T, write: Writer[T, R]) -> R:
+        """Have ``item`` written, alone or with others waiting, and return its outcome (or
+        raise its error) once its batch is committed. ``write`` is used if this caller leads."""
+        me: _Waiter[T, R] = _Waiter(item)
+        with self._mutex:
+            self._queue.append(me)
+            lead = not self._busy
+            self._busy = True
+        if not lead:
+            me.woken.wait()
+            if not me.leads:
+                return self._outcome(me)
+        self._lead(write)
+        return self._outcome(me)
+
+    def _lead(self, write: Writer[T, R]) -> None:
+        """Write everything queued (the leader's own item is among it), deliver the outcomes,
+        and pass the lead on to the next caller queued, if any."""
+        with self._mutex:
+            batch, self._queue = self._queue, []
+        try:
+            outcomes = write([w.item for w in batch])
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"a batch of {len(batch)} got {len(outcomes)} outcomes")
+        except BaseException as e:
+            # Whatever failed the batch (even an interrupt of the leader) is every waiter's.
+            for w in batch:
+                w.error = e
+        else:
+            for w, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    w.error = outcome
+                else:
+                    w.result = outcome
+        finally:
+            # Even when write raised: the lead passes on, so no queued caller sleeps forever.
+            with self._mutex:
+                following = self._queue[0] if self._queue else None
+                self._busy = following is not None
+            for w in batch:
+                w.done = True
+                w.woken.set()
+            if following is not None:
+                following.leads = True
+                following.woken.set()
+
+    @staticmethod
+    def _outcome(me: _Waiter[T, R]) -> R:
+        if me.error is not None:
+            # The same exception object for every caller of a failed batch, as
+            # concurrent.futures does for the waiters of one future.
+            raise me.error
+        if not me.done:
+            raise RuntimeError("group commit: a caller was woken without an outcome")
+        return me.result  # type: ignore[return-value]  # done without error: the write's value
+
+
+class SharedGroups(Generic[T, R]):
+    """The group of each place written to (a database, a file) in this process, so that several
+    stores opened on the same place batch together; a group lives while a store holds it."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._groups: weakref.WeakValueDictionary[tuple[int, str], GroupCommit[T, R]]
+        self._groups = weakref.WeakValueDictionary()
+
+    def get(self, key: str) -> GroupCommit[T, R]:
+        """The group writing to ``key``; a child process after ``fork()`` gets new ones."""
+        with self._mutex:
+            found = self._groups.get((os.getpid(), key))
+            if found is None:
+                found = GroupCommit()
+                self._groups[(os.getpid(), key)] = found
+            return found
