@@ -11,6 +11,7 @@ import ast
 import sys
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from sandcell.packages.wheel_cache import CachedPackage, WheelCache
@@ -56,10 +57,23 @@ def _import_sites(code: str) -> dict[str, tuple[int, int, str]]:
     return sites
 
 
+_CACHED_CODE_CHARS = 64 * 1024
+"""Programs up to this size have their imports kept, as the policy gate keeps its findings."""
+
+
 def imports_of(code: str) -> frozenset[str]:
     """Top-level modules that Python ``code`` imports: ``import``, ``from ... import`` (not
     relative ones) and ``importlib.import_module``/``__import__`` of a constant name. Code that
     does not parse imports nothing (the checks report the syntax error)."""
+    if len(code) > _CACHED_CODE_CHARS:
+        return frozenset(_import_sites(code))
+    return _kept_imports(code)
+
+
+@lru_cache(maxsize=128)
+def _kept_imports(code: str) -> frozenset[str]:
+    # A function of the text alone: a program run again (a retry, a pooled loop of one snippet)
+    # is not parsed again on the run's path.
     return frozenset(_import_sites(code))
 
 
