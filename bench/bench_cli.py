@@ -1,7 +1,7 @@
 """The command line's own start: ``sandcell run -c pass`` with and without a service, against
 ``python3 -c pass``, all measured in this run.
 
-    .venv/bin/python bench/bench_cli.py [--rounds N] [--importtime]
+    .venv/bin/python bench/bench_cli.py [--rounds N] [--importtime] [--against TREE] [--kept N]
 
 Runs as root (the namespaces backend as root). Starts ``sandcell serve --start pool`` over a
 fresh home (its local socket in the home) with a tenant whose key the CLI gets in
@@ -14,6 +14,16 @@ fresh home (its local socket in the home) with a tenant whose key the CLI gets i
   most 150 ms);
 * the same ``POST /v1/runs`` the CLI sends, from this process over the same socket: the
   service's share of the CLI's time (what is left is the CLI's own start).
+
+With ``--against TREE`` (another checkout, e.g. ``git worktree add /tmp/base COMMIT``), the
+same ``sandcell run -c pass`` through that tree's ``bin/sandcell`` (its ``src`` first on
+``PYTHONPATH``, the flags on its ``#!`` line kept) joins the rounds against the same service:
+before and after a change to the command's start, measured alternately.
+
+With ``--kept N``, the service is first sent N runs that its profile denies (no sandbox, a
+few ms each), so that it holds N finished runs, as a service does once it has run that many
+(it keeps up to 1,000). Before and after a change to the service, run the bench alternately
+with ``PYTHONPATH=TREE/src`` (the service and the command from TREE) and without.
 
 Each call to the service comes 0.3 s after the one before, as a person's commands do: the warm
 pool has refilled by then, instead of the call sharing the two CPUs with the refill.
@@ -75,6 +85,15 @@ def _start(home: Path) -> subprocess.Popen[str]:
     raise SystemExit("the service never answered")
 
 
+def _tree_command(tree: Path) -> list[str]:
+    """``tree``'s bin/sandcell run by this interpreter as its ``#!python`` line would."""
+    script = tree / "bin" / "sandcell"
+    first = script.read_text(encoding="utf-8").splitlines()[0]
+    if not first.startswith("#!python"):
+        raise SystemExit(f"{script} does not start with #!python")
+    return [sys.executable, *first.removeprefix("#!python").split(), str(script)]
+
+
 def _timed(argv: Sequence[str], env: dict[str, str]) -> float:
     began = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
@@ -128,6 +147,29 @@ def _request_ms(sock_path: Path, key: str) -> tuple[float, float]:
     return elapsed, float(result["usage"]["wall_ms"])
 
 
+def _keep_runs(sock_path: Path, key: str, n: int) -> None:
+    """Leave ``n`` finished runs in the service: each denied by the profile (strict allows
+    no ``ctypes``), so none starts a sandbox."""
+    body = json.dumps({"code": "import ctypes"}).encode()
+    head = (
+        f"POST /v1/runs HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: application/json\r\n\r\n"
+    ).encode()
+    for _ in range(n):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(sock_path))
+            sock.sendall(head + body)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        outcome = None
+        if answer.startswith(b"HTTP/1.1 200 "):
+            outcome = json.loads(answer.partition(b"\r\n\r\n")[2])["result"]["outcome"]
+        if outcome != "denied":
+            raise SystemExit(f"a run to keep was not denied: {answer[:300]!r}")
+
+
 def _service_runs(home: Path) -> int:
     import sqlite3
 
@@ -140,6 +182,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--against", type=Path, metavar="TREE")
+    parser.add_argument("--kept", type=int, default=0, metavar="N")
     opts = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the namespaces backend as root)")
@@ -171,8 +215,16 @@ def main() -> None:
                     env,
                 ),
             }
+            against = f"sandcell run -c pass, service up, {opts.against}"
+            if opts.against is not None:
+                tree = opts.against.resolve()
+                cases[against] = (
+                    [*_tree_command(tree), "run", "-c", "pass"],
+                    {**served, "PYTHONPATH": str(tree / "src")},
+                )
             for argv, case_env in cases.values():  # warm the page cache and the pool
                 _timed(argv, case_env)
+            _keep_runs(home / "service.sock", key, opts.kept)
             request = "POST /v1/runs alone, from this process"
             _request_ms(home / "service.sock", key)
             before = _service_runs(home)
@@ -180,7 +232,7 @@ def main() -> None:
             sandbox_ms = []
             for _ in range(opts.rounds):
                 for name, (argv, case_env) in cases.items():
-                    if name == "sandcell run -c pass, service up":
+                    if "service up" in name:
                         time.sleep(_SETTLE_S)
                     samples[name].append(_timed(argv, case_env))
                 time.sleep(_SETTLE_S)
@@ -188,13 +240,20 @@ def main() -> None:
                 samples[request].append(took)
                 sandbox_ms.append(wall)
             sent = _service_runs(home) - before
-            if sent != 2 * opts.rounds:
-                raise SystemExit(f"the service has {sent} runs of {2 * opts.rounds} sent to it")
+            sent_each = 3 if opts.against is not None else 2
+            if sent != sent_each * opts.rounds:
+                raise SystemExit(
+                    f"the service has {sent} runs of {sent_each * opts.rounds} sent to it"
+                )
             medians = {name: statistics.median(xs) for name, xs in samples.items()}
             base = medians["python3 -c pass"]
             with open("/proc/loadavg") as f:
                 load = f.read().split()[0]
-            print(f"{opts.rounds} interleaved rounds, load average {load}")
+            print(
+                f"{opts.rounds} interleaved rounds, load average {load}, "
+                f"{opts.kept} finished runs kept before, "
+                f"PYTHONPATH={os.environ.get('PYTHONPATH', '')!r}"
+            )
             for name, ms in medians.items():
                 print(f"  {name:<36} median {ms:7.1f} ms  ({ms / base:4.1f}x python3 -c pass)")
             up = medians["sandcell run -c pass, service up"]
@@ -206,10 +265,14 @@ def main() -> None:
                 f"own wall time in it {statistics.median(sandbox_ms):.1f} ms), the CLI's own "
                 f"start {own:.1f} ms ({own / base:.2f}x python3 -c pass)"
             )
+            if opts.against is not None:
+                them = medians[against]
+                print(f"against {opts.against}: {them / base:.2f}x python3 -c pass, this tree "
+                      f"{up / them:.2f}x of it")  # fmt: skip
             print(f"in-process: {local:.0f} ms (target: at most 150 ms), {local / base:.1f}x")
             if opts.importtime:
                 for name, (argv, case_env) in cases.items():
-                    if "run" in argv:
+                    if "run" in argv and name != against:
                         print(f"slowest imports, {name}:")
                         command = [*COMMAND, *argv[argv.index("run") :]]
                         for row in _slowest_imports(command, case_env):

@@ -126,6 +126,48 @@ def test_plain_runs_print_what_the_full_command_line_prints(
     assert (a["outcome"], a["exit_code"], fast.stderr) == ("error", 3, "")
 
 
+def _command(args: tuple[str, ...], *, home: Path, env: Mapping[str, str]) -> Call:
+    """``sandcell ARGS`` through bin/sandcell itself, started as its ``#!python`` line says."""
+    script = REPO / "bin" / "sandcell"
+    flags = script.read_text(encoding="utf-8").splitlines()[0].removeprefix("#!python").split()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SANDCELL_")}
+    done = subprocess.run(
+        [sys.executable, *flags, str(script), *args],
+        cwd=REPO,
+        env={**clean, "SANDCELL_HOME": str(home), **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    return Call(done, set())
+
+
+def test_the_command_itself_prints_all_of_it_before_it_ends(
+    service: ServiceProcess, home: Path, key: str, tmp_path: Path
+) -> None:
+    """bin/sandcell ends a call it served without the interpreter's finalization: what it
+    printed is all out first (a last line without a newline, and more than a pipe holds),
+    with the same exit status as the full command line; a full report ends as it always did."""
+    env = {"SANDCELL_API_KEY": key}
+    big = "import sys\nprint('x' * 200_000)\nprint('end', file=sys.stderr, end='')\nsys.exit(5)"
+    for args in (
+        ("run", "-c", PROGRAM),
+        ("run", "-c", big),
+        ("run", "-c", "import subprocess"),  # held for approval: the full report
+    ):
+        before = _runs(home)
+        command = _command(args, home=home, env=env)
+        assert _runs(home) > before, args  # sent, not run here
+        full = _call(_FULL, args, home=home, env=env, tmp=tmp_path)
+        assert command.seen == full.seen, args
+    assert (command.status, command.stdout) == (125, "")
+    command = _command(("run", "-c", big), home=home, env=env)
+    assert (command.status, len(command.stdout), command.stderr) == (5, 200_001, "end")
+    command = _command(("run", "-c", PROGRAM, "--json"), home=home, env=env)
+    assert command.status == 3 and json.loads(command.stdout)["stderr"] == "to stderr"
+
+
 def _answer(service: ServiceProcess, key: str, code: str, language: str = "python") -> bytes:
     """The service's whole answer to ``POST /v1/runs``, as the first step reads it."""
     body = json.dumps({"code": code, "language": language}).encode()

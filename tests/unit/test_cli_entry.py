@@ -189,7 +189,7 @@ def test_the_command_is_installed_as_a_script_of_its_own() -> None:
     assert project["tool"]["setuptools"]["script-files"] == ["bin/sandcell"]
     assert "sandcell" not in project["project"].get("scripts", {})
     script = (REPO / "bin" / "sandcell").read_text(encoding="utf-8")
-    assert script.startswith("#!python\n") and "from sandcell._entry import main" in script
+    assert script.startswith("#!python\n") and "from sandcell._entry import entry" in script
     done = subprocess.run(
         [sys.executable, str(REPO / "bin" / "sandcell"), "--help"],
         capture_output=True,
