@@ -141,10 +141,11 @@ class Resolver:
         self.modules: set[str] = {"builtins"}
         """Modules imported by name anywhere in the code."""
 
-    def collect(self, tree: ast.AST) -> None:
-        """Learn aliases; a few rounds settle chains written in any order (``b = a; a = os``)."""
+    def collect(self, nodes: Sequence[ast.AST]) -> None:
+        """Learn aliases from every node of a tree (``nodes``, as :func:`ast.walk` yields them);
+        a few rounds settle chains written in any order (``b = a; a = os``)."""
         for _ in range(3):
-            for node in ast.walk(tree):
+            for node in nodes:
                 if isinstance(node, ast.Import):
                     for a in node.names:
                         name = norm(a.name)

@@ -200,14 +200,21 @@ class _Checker(Resolver):
         return sorted(self.findings, key=lambda f: (f.line, f.column, f.rule_id))
 
     def _analyse(self, tree: ast.Module) -> None:
+        # One walk of the tree, in ast.walk's order, keeps its nodes for the passes below:
+        # walking it again for each pass was most of the checks' CPU on a run's path.
+        nodes: list[ast.AST] = [tree]
         docstrings: set[ast.AST] = set()
-        for node in ast.walk(tree):
+        i = 0
+        while i < len(nodes):
+            node = nodes[i]
+            i += 1
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+                nodes.append(child)
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 docstrings.add(node.value)
-        self.collect(tree)
-        for node in ast.walk(tree):
+        self.collect(nodes)
+        for node in nodes:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 self._on_import_stmt(node)
             elif isinstance(node, ast.Constant) and node not in docstrings:
