@@ -12,11 +12,14 @@ import pytest
 
 from sandcell import Executor, RunRequest
 from sandcell.backends.host import cgroups, workspace
-from sandcell.backends.namespaces import NamespacesBackend
+from sandcell.backends.namespaces import NamespacesBackend, prepared
+from sandcell.backends.namespaces.bwrap import BwrapPlan, build_argv
+from sandcell.backends.namespaces.prepared import PreparedSandbox
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
+from sandcell.backends.namespaces.spawner import Spawner
 from sandcell.spec import Limits, Outcome
 
-from .hostscan import wait_until
+from .hostscan import children_of, wait_until
 
 MiB = 1 << 20
 
@@ -174,3 +177,82 @@ def test_a_dead_spawner_is_replaced_by_one_made_for_the_run(tmp_path: Path) -> N
         assert r.outcome is Outcome.OK, r.stderr
         pids = [line for line in r.stdout.splitlines() if ":pids:" in line]
         assert [line.split(":", 2)[2] for line in pids] == ["/"], "bwrap was not born in the group"
+
+
+def _limit(pid: int, name: str) -> str:
+    """The soft limit ``name`` ("Max open files") of process ``pid``, from /proc/PID/limits."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith(name):
+            return line[len(name) :].split()[0]
+    raise AssertionError(f"no {name!r} in /proc/{pid}/limits")
+
+
+def test_a_spawner_limited_ahead_starts_its_sandbox_without_a_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spare's spawner is checked to be in the run's group and given the run's rlimits
+    # before it becomes bwrap: bwrap itself carries them (held, only the sandbox init would),
+    # and its options have no --block-fd, so the sandbox never waits for the host. Inside, the
+    # program sees the run's limits all the same.
+    options: list[list[str]] = []
+
+    def recorded(plan: BwrapPlan) -> list[str]:
+        argv = build_argv(plan)
+        options.append(argv)
+        return argv
+
+    monkeypatch.setattr(prepared, "build_argv", recorded)
+    limits = Limits().with_(max_open_files=77, wall_time_s=30)
+    seen: dict[str, str] = {}
+    with _cold_executor(tmp_path) as ex:
+        _spawner_waiting(ex)
+
+        def listen(stream: str, text: str) -> None:
+            if "up" not in text or seen:
+                return
+            # The run's bwrap: not a warm template's of the suite's session-wide executors.
+            (bwrap,) = [
+                p
+                for p in children_of(os.getpid())
+                if p.comm == "bwrap" and not p.zombie and "/sandcell/main.py" in p.cmdline
+            ]
+            seen["bwrap_nofile"] = _limit(bwrap.pid, "Max open files")
+            ex.backend.cancel_all("seen")
+
+        r = ex.run(
+            RunRequest(
+                code="import resource, time\n"
+                "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 'up', flush=True)\n"
+                "time.sleep(60)",
+                limits=limits,
+            ),
+            on_output=listen,
+        )
+    assert r.outcome is Outcome.KILLED, r.reason
+    assert r.stdout.split()[:2] == ["77", "up"], r.stdout
+    assert seen["bwrap_nofile"] == "77", "bwrap started without the run's rlimits"
+    assert "--info-fd" in options[-1]
+    assert "--block-fd" not in options[-1], "the sandbox was held for the host"
+
+
+def test_a_spawner_outside_the_run_group_is_not_limited_ahead(tmp_path: Path) -> None:
+    # Fail closed: a spawner that is not in the run's group (it died and was replaced, or was
+    # moved out) gets nothing ahead; the sandbox is then held, moved in and limited as before.
+    _host()
+    with Executor(home=tmp_path / "home", profile="unchecked") as ex:
+        backend = ex.backend
+        assert isinstance(backend, NamespacesBackend)
+        request = RunRequest(code="pass", limits=Limits().with_(max_open_files=77))
+        sandbox = PreparedSandbox(
+            backend, request, name=uuid.uuid4().hex, layers=backend.decide(request)
+        )
+        spawner = Spawner(backend.bwrap.path, backend.seccomp_program, ["/bin/true"])
+        try:
+            sandbox.create({})
+            assert sandbox.cgroup is not None
+            before = _limit(spawner.pid, "Max open files")
+            assert not sandbox.limit_ahead(spawner.pid)
+            assert _limit(spawner.pid, "Max open files") == before != "77"
+        finally:
+            spawner.discard()
+            sandbox.remove()

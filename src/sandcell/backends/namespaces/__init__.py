@@ -7,10 +7,11 @@
 3. create the run's cgroup with its limits (on cgroup v1, take one made ahead: ``spare_cgroup.py``,
    with a spawner already inside it that becomes the run's bwrap: ``spawner.py``);
 4. build the bwrap argument list (namespaces, mounts, seccomp) as data;
-5. launch: the sandbox init (the boot, bwrap's ``--as-pid-1``), started by a spawner waiting
-   in the cgroup (as root; ``spawner.py``), is checked to be born there (else moved in: an
-   ordinary user's runs under the workspace helper) and given its rlimits before it starts the
-   program; the boot closes inherited descriptors, forks the
+5. launch: the sandbox init (the boot, bwrap's ``--as-pid-1``) is started by a spawner waiting
+   in the cgroup (as root; ``spawner.py``), checked to be there and given the run's rlimits
+   before it becomes bwrap, so the sandbox starts without waiting for the host (without one,
+   the init is held until it is moved in and given its rlimits: an ordinary user's runs under
+   the workspace helper); the boot closes inherited descriptors, forks the
    program's process and applies Landlock there;
 6. classify how it ended, read usage, export the declared files, and remove everything (once
    every process of the run is dead, on a background thread; :meth:`NamespacesBackend.close`
@@ -261,6 +262,9 @@ class NamespacesBackend:
             # -- 4. argument list ----------------------------------------------------------
             pipes = spawner.pipes if spawner is not None else Pipes(self.seccomp_program)
             sandbox.born_in_cgroup = spawner is not None
+            # A spawner in the group, given the rlimits now, starts a sandbox that needs no
+            # hold: the host's read of the init's pid and the unblock leave the sandbox's path.
+            held = spawner is None or not sandbox.limit_ahead(spawner.pid)
             started: list[bool] = []
 
             def start(argv: list[str], stdin: bytes) -> subprocess.Popen[bytes]:
@@ -274,7 +278,7 @@ class NamespacesBackend:
             try:
                 # The boot is pid 1: it reaps every process of the run and reports the
                 # program's status, so bwrap's own reaper would only add a process.
-                argv = sandbox.argv(command, pipes.fds(), as_pid_1=True)
+                argv = sandbox.argv(command, pipes.fds(), as_pid_1=True, held=held)
 
                 def after_exit(pid: int) -> None:
                     collected.append(collect(sandbox.workspace_view(pid)))
@@ -300,6 +304,7 @@ class NamespacesBackend:
                         stop=stop,
                         start=start if spawner is not None else None,
                         on_output=on_output,
+                        held=held,
                     )
             finally:
                 if spawner is not None and not started:

@@ -52,7 +52,10 @@ class BwrapPlan:
     tmp_bytes: int
     seccomp_fd: int | None
     info_fd: int
-    block_fd: int
+    block_fd: int | None
+    """bwrap waits on it before it builds the sandbox, until the host has put the init in its
+    cgroup and set its rlimits; None when both were in place before bwrap started (a spawner
+    in the run's cgroup, limited ahead: ``spawner.py``)."""
     command: Sequence[str]
     as_pid_1: bool = False
     """Run ``command`` as the sandbox's pid 1, without bwrap's own reaper there: one process
@@ -106,7 +109,9 @@ def build_argv(plan: BwrapPlan) -> list[str]:
     a += ["--chdir", SANDBOX_WORKDIR]
     if plan.seccomp_fd is not None:
         a += ["--seccomp", str(plan.seccomp_fd)]
-    a += ["--info-fd", str(plan.info_fd), "--block-fd", str(plan.block_fd)]
+    a += ["--info-fd", str(plan.info_fd)]
+    if plan.block_fd is not None:
+        a += ["--block-fd", str(plan.block_fd)]
     a += ["--", *plan.command]
     return a
 

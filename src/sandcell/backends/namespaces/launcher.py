@@ -5,7 +5,9 @@ The one place where a sandbox process is started. The sequence is the security a
 1. spawn bwrap with an empty environment and only the descriptors it needs (``close_fds``);
 2. bwrap builds the namespaces and blocks (``--block-fd``) before starting anything untrusted;
 3. read the sandbox init's pid (``--info-fd``), move it into the run's cgroup and set its rlimits,
-   so every process of the run inherits both;
+   so every process of the run inherits both; (a spawner that waits in the run's cgroup,
+   checked there and given the rlimits before it becomes bwrap, needs neither: bwrap then runs
+   without ``--block-fd`` and the sandbox does not wait for this process: ``held=False``)
 4. unblock; the boot step inside closes every inherited descriptor but 0-2, applies Landlock and
    reports on the status pipe that the program is about to start;
 5. pump stdout and stderr with independent caps until exit, the wall limit, a cap or a
@@ -199,6 +201,7 @@ def launch(
     setup_timeout_s: float = 30.0,
     start: Callable[[list[str], bytes], subprocess.Popen[bytes]] | None = None,
     on_output: OutputSink | None = None,
+    held: bool = True,
 ) -> Launched:
     """Run bwrap to completion under the limits. Raises InfraError if it could not be started.
 
@@ -207,8 +210,10 @@ def launch(
     once set, the run is killed as at the wall limit and ends ``stopped_by="cancelled"``.
     ``start(argv, stdin)``: starts bwrap in place of :func:`spawn` (a spawner made ahead,
     ``spawner.py``, holding ``pipes``). ``on_output`` is told what is kept of each stream as it
-    is read.
+    is read. ``held=False``: bwrap was given no ``--block-fd`` (its limits were on before it
+    started); ``on_sandbox_pid`` is still told the init's pid, once the sandbox runs.
     """
+    started_at = time.monotonic()
     if start is not None:
         proc = start(list(argv), stdin)
     else:
@@ -231,8 +236,11 @@ def launch(
         kill_sandbox(sandbox_pid, proc)
         reap(proc)
         raise
-    t0 = time.monotonic()
-    os.write(pipes.block_w, b"1")
+    if held:
+        t0 = time.monotonic()
+        os.write(pipes.block_w, b"1")
+    else:
+        t0 = started_at  # it has been running since the start
     pipes.close(pipes.block_w)
 
     watch = Watch(

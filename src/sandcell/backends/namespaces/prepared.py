@@ -122,6 +122,8 @@ class PreparedSandbox:
         self._sources = neutral_sources.NeutralSources()
         self._view_mounts: list[str] = []
         """Overlays this supervisor mounted on the host (as root, without the helper)."""
+        self._limited_ahead = False
+        """Set by :meth:`limit_ahead`: the cgroup and rlimits were in place before bwrap."""
         self.born_in_cgroup = False
         """Set when bwrap starts inside :attr:`cgroup` (a spawner made ahead): the sandbox init
         is then checked to be in it rather than moved there."""
@@ -180,11 +182,19 @@ class PreparedSandbox:
 
     # -- 3. boot plan and argument list ------------------------------------------------------
 
-    def argv(self, command: Sequence[str], fds: LaunchFds, *, as_pid_1: bool = False) -> list[str]:
+    def argv(
+        self,
+        command: Sequence[str],
+        fds: LaunchFds,
+        *,
+        as_pid_1: bool = False,
+        held: bool = True,
+    ) -> list[str]:
         """Write the boot plan and return the argument list that starts the sandbox with
         ``command`` inside: bwrap's, or the workspace helper's that runs bwrap (then
         :attr:`helper` holds the helper's pipes, to pass to the launch). ``as_pid_1``: the
-        command is the sandbox's pid 1 (it must reap every child, as the boot does)."""
+        command is the sandbox's pid 1 (it must reap every child, as the boot does).
+        ``held=False``: no ``--block-fd`` (only after :meth:`limit_ahead` returned True)."""
         self._write_plan(status_fd=fds.status_w)
         request, runtime = self.request, self.runtime
         etc_dir = self.backend.root / "etc"
@@ -210,7 +220,7 @@ class PreparedSandbox:
                 tmp_bytes=self.limits.tmp_bytes,
                 seccomp_fd=fds.seccomp,
                 info_fd=fds.info_w,
-                block_fd=fds.block_r,
+                block_fd=fds.block_r if held else None,
                 command=list(command),
                 as_pid_1=as_pid_1,
             )
@@ -303,8 +313,23 @@ class PreparedSandbox:
 
     # -- 4. the live sandbox -----------------------------------------------------------------
 
+    def limit_ahead(self, spawner_pid: int) -> bool:
+        """Before a spawner (``spawner.py``) becomes this sandbox's bwrap: check that it is in
+        :attr:`cgroup` and give it the rlimits, which bwrap and every process of the sandbox
+        then inherit, so bwrap need not hold the sandbox for :meth:`on_sandbox_pid`. False,
+        changing nothing, when it is not in the group (the sandbox is then held and moved in
+        as before)."""
+        if self.cgroup is None or not in_cgroup(spawner_pid, self.cgroup.dirs):
+            return False
+        apply_rlimits(spawner_pid, self._rlimits)
+        self._limited_ahead = True
+        return True
+
     def on_sandbox_pid(self, pid: int) -> None:
-        """Move the (still blocked) sandbox init into the cgroup and give it the rlimits."""
+        """Move the (still blocked) sandbox init into the cgroup and give it the rlimits
+        (nothing to do when both were given ahead: :meth:`limit_ahead`)."""
+        if self._limited_ahead:
+            return
         if self.cgroup is not None and not (
             self.born_in_cgroup and in_cgroup(pid, self.cgroup.dirs)
         ):
