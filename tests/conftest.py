@@ -738,12 +738,17 @@ if TYPE_CHECKING:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test using ``store_backend`` runs once per database: ``[sqlite]`` and ``[postgres]``;
-    one marked ``sqlite_only`` (it is about the SQLite file itself) runs on SQLite alone."""
+    one marked ``sqlite_only`` (it is about the SQLite file itself) runs on SQLite alone, and so
+    does one marked ``store_free`` (pure logic in a store module: a second database would run
+    the same code again)."""
     if "store_backend" not in metafunc.fixturenames:
         return
     from tests.store_backend import BACKENDS
 
-    only_sqlite = metafunc.definition.get_closest_marker("sqlite_only") is not None
+    only_sqlite = any(
+        metafunc.definition.get_closest_marker(name) is not None
+        for name in ("sqlite_only", "store_free")
+    )
     names = ["sqlite"] if only_sqlite else list(BACKENDS)
     metafunc.parametrize("store_backend", names, indirect=True, ids=names)
 

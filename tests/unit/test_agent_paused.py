@@ -65,6 +65,7 @@ def _task() -> Task:
     )
 
 
+@pytest.mark.store_free
 def test_the_state_round_trips() -> None:
     task = _task()
     state = task_to_state(task, model_settings={"name": "openai:m", "api_key_env": "K"})
@@ -83,6 +84,7 @@ def test_the_state_round_trips() -> None:
     assert replaced.spend.budget.max_steps == 9 and replaced.spend.steps == 2
 
 
+@pytest.mark.store_free
 def test_a_state_it_cannot_read_is_a_resume_error() -> None:
     state = task_to_state(_task(), model_settings={})
     with pytest.raises(ResumeError, match="cannot be read"):

@@ -112,6 +112,7 @@ def tamper(backend: StoreBackend, path: Path, statement: str) -> None:
 # --- serialisation ----------------------------------------------------------------------------
 
 
+@pytest.mark.store_free
 def test_request_round_trips_exactly(tmp_path: Path) -> None:
     for req in (full_request(tmp_path), RunRequest(code="print(1)")):
         through_json = json.loads(json.dumps(request_to_dict(req)))
@@ -134,6 +135,7 @@ def test_request_round_trips_exactly(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.store_free
 @pytest.mark.parametrize(
     "change",
     [
@@ -153,6 +155,7 @@ def test_malformed_request_dict_is_refused(change: dict[str, object]) -> None:
         request_from_dict(d)
 
 
+@pytest.mark.store_free
 def test_missing_limit_takes_its_default() -> None:
     d = request_to_dict(RunRequest(code="x", limits=Limits(wall_time_s=3)))
     assert isinstance(d["limits"], dict)
@@ -450,6 +453,7 @@ def test_render_list_one_line_each(store: ApprovalStore) -> None:
     assert render_list([]) == "no approvals\n"
 
 
+@pytest.mark.store_free
 def test_default_approver(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SANDCELL_APPROVER", "reviewer@example")
     assert default_approver() == "reviewer@example"
