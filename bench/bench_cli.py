@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import statistics
@@ -94,13 +95,18 @@ def _tree_command(tree: Path) -> list[str]:
     return [sys.executable, *first.removeprefix("#!python").split(), str(script)]
 
 
-def _timed(argv: Sequence[str], env: dict[str, str]) -> float:
+def _timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
+    """The call's wall time and its CPU time (user + system, its own and its children's), in
+    ms. The CPU time is the steadier of the two on a host shared with other work."""
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     elapsed = (time.perf_counter() - began) * 1000
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0 or done.stdout or done.stderr:
         raise SystemExit(f"{argv} failed ({done.returncode}): {done.stdout}{done.stderr}")
-    return elapsed
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    return elapsed, cpu * 1000
 
 
 def _slowest_imports(argv: Sequence[str], env: dict[str, str], n: int = 8) -> list[str]:
@@ -229,12 +235,15 @@ def main() -> None:
             _request_ms(home / "service.sock", key)
             before = _service_runs(home)
             samples: dict[str, list[float]] = {name: [] for name in [*cases, request]}
+            cpu: dict[str, list[float]] = {name: [] for name in cases}
             sandbox_ms = []
             for _ in range(opts.rounds):
                 for name, (argv, case_env) in cases.items():
                     if "service up" in name:
                         time.sleep(_SETTLE_S)
-                    samples[name].append(_timed(argv, case_env))
+                    took, used = _timed(argv, case_env)
+                    samples[name].append(took)
+                    cpu[name].append(used)
                 time.sleep(_SETTLE_S)
                 took, wall = _request_ms(home / "service.sock", key)
                 samples[request].append(took)
@@ -255,8 +264,12 @@ def main() -> None:
                 f"PYTHONPATH={os.environ.get('PYTHONPATH', '')!r}"
             )
             for name, ms in medians.items():
-                print(f"  {name:<36} median {ms:7.1f} ms  ({ms / base:4.1f}x python3 -c pass)")
-            up = medians["sandcell run -c pass, service up"]
+                used = f", CPU {statistics.median(cpu[name]):6.1f} ms" if name in cpu else ""
+                print(
+                    f"  {name:<36} median {ms:7.1f} ms  ({ms / base:4.1f}x python3 -c pass){used}"
+                )
+            up_name = "sandcell run -c pass, service up"
+            up = medians[up_name]
             local = medians["sandcell run -c pass, in-process"]
             print(f"service up: {up / base:.2f}x python3 -c pass (target: at most 2x)")
             own = up - medians[request]
@@ -267,8 +280,9 @@ def main() -> None:
             )
             if opts.against is not None:
                 them = medians[against]
+                cpu_ratio = statistics.median(cpu[up_name]) / statistics.median(cpu[against])
                 print(f"against {opts.against}: {them / base:.2f}x python3 -c pass, this tree "
-                      f"{up / them:.2f}x of it")  # fmt: skip
+                      f"{up / them:.2f}x of it (CPU {cpu_ratio:.2f}x)")  # fmt: skip
             print(f"in-process: {local:.0f} ms (target: at most 150 ms), {local / base:.1f}x")
             if opts.importtime:
                 for name, (argv, case_env) in cases.items():
@@ -277,7 +291,13 @@ def main() -> None:
                         command = [*COMMAND, *argv[argv.index("run") :]]
                         for row in _slowest_imports(command, case_env):
                             print(f"  {row}")
-            summary = {"baseline_ms": base, "service_ms": up, "in_process_ms": local}
+            summary = {
+                "baseline_ms": base,
+                "service_ms": up,
+                "in_process_ms": local,
+                "baseline_cpu_ms": statistics.median(cpu["python3 -c pass"]),
+                "service_cpu_ms": statistics.median(cpu[up_name]),
+            }
             print(json.dumps({**summary, "request_ms": medians[request]}))
         finally:
             proc.send_signal(signal.SIGTERM)
