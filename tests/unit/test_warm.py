@@ -69,6 +69,8 @@ def test_template_argv_isolates_like_a_cold_sandbox(tmp_path: Path) -> None:
     # The children create their own user namespaces, and mount their own /proc: no bwrap --dev
     # (its /proc covers) and no --disable-userns.
     assert "--disable-userns" not in argv and "--dev" not in argv
+    # The template is pid 1 of its namespace: its end kills every run, none waits to relay it.
+    assert "--as-pid-1" in argv
     assert argv[-5:] == [
         python_runtime().sandbox_python,
         "-I",

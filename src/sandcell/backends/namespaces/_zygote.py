@@ -14,14 +14,16 @@ the host through SCM_CREDENTIALS) and then only ever waits for one of two reques
 * ``S``: answer with its state (thread count, sys.modules digest) so the host can check it is
   unchanged.
 
-End of file on the control socket (the host closed it or died) ends T, and with it bwrap and the
-whole pid namespace of the template, every run included.
+End of file on the control socket (the host closed it or died) ends T, and with it the whole pid
+namespace of the template, every run included: T is its pid 1 (bwrap's ``--as-pid-1``), so the
+kernel kills every process in it and in the pid namespaces nested in it.
 
 A child isolates itself as if it were a fresh sandbox before it reads a byte of the request:
 
 1. C (the forked child) sends its own credentials, closes everything but its socket, and
    unshares user, mount, pid, network, IPC, UTS and cgroup namespaces; its uid 1000 maps to the
-   template's. C then only forks G and waits for it.
+   template's. C then forks G and exits: G is reparented to T, which reaps it, and a waiting
+   sandbox keeps two processes (G and P), not three copies of the template's image.
 2. G is pid 1 of the new pid namespace: it makes every mount private, mounts its own ``/proc``
    (sys, sysrq-trigger, irq and bus read-only, no nested user namespaces), fresh tmpfs at
    ``/tmp``, ``/sandbox``, ``/dev/shm``, ``/inputs`` and ``/sandcell``, brings up loopback, and

@@ -9,8 +9,9 @@ while a run is in progress and the pool still has a child to give, the refill wa
 to end (at most :data:`REFILL_DEFER_S`), so that on a busy host it does not take the CPU from the
 run the caller is waiting for. An empty pool refills at once.
 
-Idle memory is measured per child from ``/proc/PID/smaps_rollup`` of its two processes: PSS
-(shared pages split between their users) and USS (pages only that child holds).
+Idle memory is measured per child from ``/proc/PID/smaps_rollup`` of its processes (pid 1 and
+the program's process it forked, armed and waiting): PSS (shared pages split between their
+users) and USS (pages only that child holds).
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ REFILL_DEFER_S = 0.05
 """Longest the refill waits for runs in progress while the pool can still serve."""
 REFILL_THREADS = 2
 """Children prepared at the same time."""
+
+
+def _children(pid: int) -> tuple[int, ...]:
+    """The children of ``pid`` (its main thread's), host pids; none where it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return tuple(int(c) for c in f.read().split())
+    except (OSError, ValueError):
+        return ()
 
 
 class WarmPool:
@@ -138,7 +148,7 @@ class WarmPool:
             snapshot = (self._forked, self._taken, self._discarded, self._errors, self._last_error)
         pss = uss = 0
         for child in ready:
-            p, u = idle_memory((child.outer_pid, child.init_pid))
+            p, u = idle_memory((child.init_pid, *_children(child.init_pid)))
             pss, uss = pss + p, uss + u
         forked, taken, discarded, errors, last = snapshot
         return PoolStats(

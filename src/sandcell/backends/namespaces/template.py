@@ -11,9 +11,8 @@ symlink into each child's own ``/sandcell`` tmpfs, where a run that reaches outs
 socket directory (``outside.py``); it leads nowhere in a run without one.
 
 :meth:`Template.fork` returns a :class:`WarmChild`: a socket to a child that has isolated itself
-(its namespaces, ``/proc``, tmpfs mounts) and waits for its request, and the host pids of its
-two processes, which the kernel translated through SCM_CREDENTIALS. The template never sees a
-request.
+(its namespaces, ``/proc``, tmpfs mounts) and waits for its request, and the host pid of its
+pid 1, which the kernel translated through SCM_CREDENTIALS. The template never sees a request.
 
 Security limitations: see ``_zygote.py``. The template shares the supervisor's cgroup, and a
 template that dies takes every run forked from it with it (they end as ``infra_error``).
@@ -148,8 +147,6 @@ class WarmChild:
     """One isolated, never-used child of the template, waiting for its request."""
 
     sock: socket.socket
-    outer_pid: int
-    """Host pid of the forked child (outside the run's pid namespace; it only waits)."""
     init_pid: int
     """Host pid of the run's pid-1 supervisor: the process to put in the cgroup."""
     pidfd: int
@@ -204,6 +201,11 @@ class TemplateSpec:
 def build_template_argv(spec: TemplateSpec) -> list[str]:
     """The bwrap command line of the template (pure)."""
     a = [spec.bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+    # The template is pid 1 of its pid namespace, not bwrap's reaper: its end kills every run
+    # forked from it (their pid namespaces are nested in this one), without a process per run
+    # waiting to pass a parent-death signal on (``_zygote_init._child``), and orphans are
+    # reparented to it, where its ignored SIGCHLD reaps them.
+    a += ["--as-pid-1"]
     a += ["--unshare-uts", "--unshare-cgroup"]
     a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", SANDBOX_HOSTNAME]
     a += ["--cap-drop", "ALL", "--new-session", "--clearenv"]
@@ -359,6 +361,7 @@ class Template:
                     raise InfraError(self.error) from exc
             child_end.close()
             deadline = time.monotonic() + timeout_s
+            # The forked child's own hello; it exits once it has forked the run's pid 1.
             msg, outer = recv_message(parent_end, deadline)
             if msg != b"C" or outer is None:
                 raise InfraError(f"the template's child did not identify itself: {msg[:200]!r}")
@@ -371,7 +374,7 @@ class Template:
             child_end.close()
             parent_end.close()
             raise
-        return WarmChild(sock=parent_end, outer_pid=outer, init_pid=init, pidfd=pidfd)
+        return WarmChild(sock=parent_end, init_pid=init, pidfd=pidfd)
 
     def query_state(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """The template's state now: its pid, threads and a digest of its sys.modules."""
