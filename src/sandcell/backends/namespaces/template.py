@@ -167,17 +167,35 @@ class WarmChild:
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, sig)
 
-    def discard(self) -> None:
-        """Destroy it: end-of-file on its socket makes it exit; SIGKILL to be sure; then the
-        cgroup it was prepared with, once nothing is left in it."""
+    def kill(self, cgroup: cgroups.RunCgroup | None = None) -> None:
+        """Start its end and return at once: end-of-file on its socket, SIGKILL to pid 1, and
+        SIGKILL to every process of ``cgroup`` (the group it ran in, if not the one it was
+        prepared with), which thaws a frozen run so that it dies."""
         with contextlib.suppress(OSError):
             self.sock.close()
         self.send(signal.SIGKILL)
+        for group in (self.armed.cgroup if self.armed is not None else None, cgroup):
+            if group is not None:
+                group.kill_all()
+
+    def release(self, cgroup: cgroups.RunCgroup | None = None, timeout_s: float = 5.0) -> None:
+        """After :meth:`kill`: wait for pid 1 to exit, then remove the cgroups. Pid 1 exits
+        only once the kernel has killed and reaped every other process of its pid namespace,
+        so the groups are empty by then and each goes at the first rmdir (the removal polled
+        the groups, killing again between tries, nine rmdirs and six reads of every
+        ``cgroup.procs`` per sandbox: bench/PROFILE.md)."""
+        with contextlib.suppress(OSError, ValueError):
+            select.select([self.pidfd], [], [], timeout_s)
         with contextlib.suppress(OSError):
             os.close(self.pidfd)
-        if self.armed is not None and self.armed.cgroup is not None:
-            self.armed.cgroup.kill_all()
-            self.armed.cgroup.remove()
+        for group in (self.armed.cgroup if self.armed is not None else None, cgroup):
+            if group is not None:
+                group.remove()
+
+    def discard(self) -> None:
+        """Destroy it now (:meth:`kill`, then :meth:`release`)."""
+        self.kill()
+        self.release()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
