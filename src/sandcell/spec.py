@@ -72,8 +72,13 @@ class Limits:
             )
 
     def with_(self, **changes: float | int | None) -> Limits:
-        """A copy with the given limits replaced; ``None`` values are ignored."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
+        """A copy with the given limits replaced; ``None`` values are ignored (no change at all
+        gives this frozen, already checked instance back: every run without limits of its own
+        asks for the defaults)."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        if not given:
+            return self
+        return replace(self, **given)  # type: ignore[arg-type]
 
 
 class IsolationMode(enum.Enum):
