@@ -95,8 +95,10 @@ def _rate(path: Path, url: str | None, records: int, writers: int) -> float:
     return rate
 
 
-def _threads_child(path: Path, url: str | None, records: int, threads: int) -> float:
-    """In a child process: appends per second of ``threads`` threads sharing one log."""
+def _threads_child(path: Path, url: str | None, records: int, threads: int) -> tuple[float, float]:
+    """In a child process: appends per second of ``threads`` threads sharing one log, and the
+    CPU time of this process per append, in microseconds (the database server's not counted;
+    less disturbed by other load on the host than the rate)."""
     if url is None:
         os.environ.pop("SANDCELL_DATABASE_URL", None)
     else:
@@ -120,35 +122,39 @@ def _threads_child(path: Path, url: str | None, records: int, threads: int) -> f
         for w in workers:
             w.start()
         go.wait()
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         for w in workers:
             w.join()
         rate = each * threads / (time.perf_counter() - began)
+        cpu_us = (time.process_time() - cpu) * 1e6 / (each * threads)
         if failed:
             raise SystemExit(f"an append failed: {failed[0]!r}")
         report = log.verify()
     if not report.ok:
         raise SystemExit(f"the chain does not verify: {report.problems[:3]}")
-    return rate
+    return rate, cpu_us
 
 
-def _threads_rate(tree: Path, path: Path, url: str | None, records: int, threads: int) -> float:
+def _threads_rate(
+    tree: Path, path: Path, url: str | None, records: int, threads: int
+) -> tuple[float, float]:
     """``_threads_child`` run in a fresh interpreter importing the sandcell of ``tree``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(REPO)])}
     env.pop("SANDCELL_DATABASE_URL", None)
     argv = [sys.executable, __file__, "--child", str(path), "--records", str(records)]
     argv += ["--threads", str(threads)] + (["--url", url] if url else [])
     out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
-    imported, rate = out.strip().splitlines()[-2:]
+    imported, rate, cpu_us = out.strip().splitlines()[-3:]
     if not Path(imported).is_relative_to(tree.resolve()):
         raise SystemExit(f"measured the sandcell of {imported}, not of {tree}")
-    return float(rate)
+    return float(rate), float(cpu_us)
 
 
 def _threads_main(args: argparse.Namespace) -> int:
     counts = [int(n) for n in args.threads.split(",")]
     trees = {"this": REPO} | ({"against": Path(args.against).resolve()} if args.against else {})
     samples: dict[str, list[float]] = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp, PostgresServer() as server:
         for r in range(args.rounds):
             for n in counts:
@@ -162,21 +168,30 @@ def _threads_main(args: argparse.Namespace) -> int:
                             if db == "postgres"
                             else None
                         )
-                        rate = _threads_rate(trees[name], path, url, args.records, n)
+                        rate, cpu_us = _threads_rate(trees[name], path, url, args.records, n)
                         samples.setdefault(f"{db}_{n}t_{name}", []).append(rate)
+                        samples.setdefault(f"{db}_{n}t_{name}_cpu_us", []).append(cpu_us)
     figures = {key: statistics.median(values) for key, values in samples.items()}
     if args.json:
-        print(json.dumps({"median": figures, "samples": samples}, indent=2))
+        load = {"before": load_before, "after": os.getloadavg()}
+        print(json.dumps({"median": figures, "samples": samples, "load": load}, indent=2))
         return 0
     for db in ("sqlite", "postgres"):
         for n in counts:
-            now = figures[f"{db}_{n}t_this"]
-            line = f"{db:8s} {n} thread(s): {now:7.0f}/s"
+            now, cpu = figures[f"{db}_{n}t_this"], figures[f"{db}_{n}t_this_cpu_us"]
+            line = f"{db:8s} {n} thread(s): {now:7.0f}/s {cpu:5.0f} us CPU/append"
             if args.against:
                 then = figures[f"{db}_{n}t_against"]
-                line += f"  against {then:7.0f}/s  ratio {now / then:.2f}x"
+                then_cpu = figures[f"{db}_{n}t_against_cpu_us"]
+                line += (
+                    f"  against {then:7.0f}/s {then_cpu:5.0f} us"
+                    f"  ratio {now / then:.2f}x rate, {cpu / then_cpu:.2f}x CPU"
+                )
             print(line)
-    print(f"median of {args.rounds} round(s); load average {os.getloadavg()}")
+    print(
+        f"median of {args.rounds} round(s); load average {load_before} before, "
+        f"{os.getloadavg()} after"
+    )
     return 0
 
 
@@ -195,7 +210,9 @@ def main() -> int:
         import sandcell
 
         print(Path(sandcell.__file__).resolve())  # which tree's sandcell was measured
-        print(_threads_child(Path(args.child), args.url, args.records, int(args.threads)))
+        rate, cpu_us = _threads_child(Path(args.child), args.url, args.records, int(args.threads))
+        print(rate)
+        print(cpu_us)
         return 0
     if args.threads:
         return _threads_main(args)

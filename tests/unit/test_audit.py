@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import sqlite3
 import stat
 import threading
@@ -493,6 +494,45 @@ def test_a_record_refused_in_a_batch_fails_alone(
         report = log.verify()
     assert report.ok, report.problems
     assert report.count == 5
+
+
+def test_a_caller_interrupted_while_queued_is_withdrawn_and_the_group_goes_on(
+    db: Path, store_backend: StoreBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("only the main thread receives Ctrl-C (SIGINT)")
+    spy = BatchSpy(monkeypatch)
+    main = threading.main_thread().ident
+    assert main is not None
+    later: list[AuditEntry] = []
+    with AuditLog(db) as log:
+        group = log._group
+
+        def interrupt_once_queued() -> None:
+            wait_until(lambda: group.waiting() == 1, "the main thread queued")
+            signal.pthread_kill(main, signal.SIGINT)
+
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with store_backend.raw(db, SCHEMA) as conn:
+                conn.execute("UPDATE head SET count = count WHERE id = 1")  # the writer blocks
+                threads = in_threads([lambda: log.append(record(1))])
+                assert spy.began.wait(timeout=60), "the first append never began"
+                threads += in_threads([interrupt_once_queued])
+                with pytest.raises(KeyboardInterrupt):
+                    log.append(record(2))
+                assert group.waiting() == 0  # withdrawn
+                threads += in_threads([lambda: later.append(log.append(record(3)))])
+                wait_until(lambda: group.waiting() == 1, "the next append queued")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        for t in threads:
+            t.join(timeout=120)
+            assert not t.is_alive()
+        assert [e.run_id for e in later] == [run_id(3)]
+        assert log.run_ids() == {run_id(1), run_id(3)}
+        report = log.verify()
+    assert report.ok, report.problems
 
 
 def test_many_threads_append_through_two_logs(db: Path) -> None:

@@ -219,7 +219,7 @@ class AuditLog(PrivateStore):
             raise AuditError(f"audit log {self.where} is closed")
         # While the shared database is unreachable the run's answer waits for its record:
         # a run is never answered without one (on SQLite this never loops).
-        deadline = time.monotonic() + _record_wait_s()
+        deadline: float | None = None  # read from the environment on the first failure only
         pause = 0.05
         retried = False
         while True:
@@ -230,6 +230,8 @@ class AuditLog(PrivateStore):
                 )
                 break
             except StoreUnavailable:
+                if deadline is None:
+                    deadline = time.monotonic() + _record_wait_s()
                 if time.monotonic() + pause > deadline:
                     raise
             retried = True

@@ -48,7 +48,10 @@ class _Waiter(Generic[T, R]):
         """The batch holding the item is over: ``result`` or ``error`` is its outcome."""
         self.leads = False
         """Set (before ``woken``) when the caller is handed the lead instead of an outcome."""
-        self.woken = threading.Event()
+        # Held until the caller may go on: a bare lock costs a fraction of an Event, and most
+        # callers (every lone one) never wait on it.
+        self.woken = threading.Lock()
+        self.woken.acquire()
 
 
 class GroupCommit(Generic[T, R]):
@@ -57,11 +60,11 @@ class GroupCommit(Generic[T, R]):
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._queue: list[_Waiter[T, R]] = []
-        self._busy = False
-        """A leader is writing (or about to): newcomers queue."""
+        self._leader: _Waiter[T, R] | None = None
+        """The caller writing, or chosen to write next: while there is one, newcomers queue."""
 
     def waiting(self) -> int:
-        """How many items are queued behind the write in flight."""
+        """How many items are queued (a leader's own until it takes them)."""
         with self._mutex:
             return len(self._queue)
 
@@ -69,20 +72,39 @@ class GroupCommit(Generic[T, R]):
         """Have ``item`` written, alone or with others waiting, and return its outcome (or
         raise its error) once its batch is committed. ``write`` is used if this caller leads."""
         me: _Waiter[T, R] = _Waiter(item)
-        with self._mutex:
-            self._queue.append(me)
-            lead = not self._busy
-            self._busy = True
-        if not lead:
-            me.woken.wait()
-            if not me.leads:
-                return self._outcome(me)
-        self._lead(write)
+        try:
+            with self._mutex:
+                self._queue.append(me)
+                if self._leader is None:
+                    self._leader = me
+                lead = self._leader is me
+            if not lead:
+                me.woken.acquire()
+                lead = me.leads
+        except BaseException:
+            self._leave(me, write)
+            raise
+        if lead:
+            self._lead(me, write)
         return self._outcome(me)
 
-    def _lead(self, write: Writer[T, R]) -> None:
-        """Write everything queued (the leader's own item is among it), deliver the outcomes,
-        and pass the lead on to the next caller queued, if any."""
+    def _leave(self, me: _Waiter[T, R], write: Writer[T, R]) -> None:
+        """The caller was interrupted before its item was taken (Ctrl-C in the main thread):
+        the group must not be left waiting on it. Chosen to lead, it writes the batch first;
+        only queued, its item is withdrawn (nothing of it is written); in a batch being
+        written, it leaves that write to finish without it."""
+        with self._mutex:
+            if me not in self._queue:
+                return
+            lead = self._leader is me
+            if not lead:
+                self._queue.remove(me)
+        if lead:
+            self._lead(me, write)
+
+    def _lead(self, me: _Waiter[T, R], write: Writer[T, R]) -> None:
+        """Write everything queued (``me``, the leader's own item, is among it), deliver the
+        outcomes, and hand the lead to the first caller queued meanwhile, if any."""
         with self._mutex:
             batch, self._queue = self._queue, []
         try:
@@ -101,15 +123,17 @@ class GroupCommit(Generic[T, R]):
                     w.result = outcome
         finally:
             # Even when write raised: the lead passes on, so no queued caller sleeps forever.
+            # Handed over under the mutex, so that _leave sees either the old leader or the new.
             with self._mutex:
                 following = self._queue[0] if self._queue else None
-                self._busy = following is not None
+                self._leader = following
+                if following is not None:
+                    following.leads = True
+                    following.woken.release()
             for w in batch:
                 w.done = True
-                w.woken.set()
-            if following is not None:
-                following.leads = True
-                following.woken.set()
+                if w is not me:  # the leader never waits on its lock (it may be free already)
+                    w.woken.release()
 
     @staticmethod
     def _outcome(me: _Waiter[T, R]) -> R:

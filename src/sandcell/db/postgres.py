@@ -171,8 +171,9 @@ class PgConnection:
         if verb == "ROLLBACK" and not self.in_transaction:
             return _Cursor([], -1)  # the transaction died with its connection
         if verb == "BEGIN IMMEDIATE":
-            self._first("BEGIN", ())
-            return self._run("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+            # One round trip, not two: without parameters both go in one simple query, and the
+            # key is this module's own integer.
+            return self._first(f"BEGIN; SELECT pg_advisory_xact_lock({self._lock_key:d})", ())
         if verb == "BEGIN":
             return self._first("BEGIN ISOLATION LEVEL REPEATABLE READ", ())
         statement = translate(sql, bound=bool(params))
