@@ -11,9 +11,10 @@ through the run's own group (``usage.cpu_ms``: bwrap and the whole sandbox):
 
 - ``sandcell-args``: sandcell's bwrap argument list (mounts, seccomp, namespaces) running
   ``python -I -c`` directly, without the boot;
-- ``sandcell-nofork``: the boot with its supervising fork taken out (the program runs in the
-  sandbox's pid 1; the run reports no status: a measurement, never a mode);
-- ``sandcell-cold``: the real cold run.
+- ``sandcell-pyinit``: the boot as the sandbox's pid 1, forking its Python supervisor (what
+  every cold run did before the native init, and still does where it cannot be built:
+  ``SANDCELL_NATIVE_INIT=0``);
+- ``sandcell-cold``: the real cold run (the native init as pid 1 where a C compiler built it).
 
 Then the host process's own CPU per cold run, thread by thread (``/proc/self/task``), which the
 CPU figures above do not include. Medians in milliseconds; under load every figure grows, the
@@ -40,10 +41,6 @@ os.environ["SANDCELL_RUNS"] = os.path.join(_HOME, "runs")
 from _common import baseline_env, bwrap_argv, python_argv  # noqa: E402
 
 CODE = "print(1)"
-_BOOT = Path(__file__).resolve().parent.parent / "src/sandcell/backends/inside/_boot.py"
-_FORK = """        child = os.fork()
-        if child:
-            _supervise(child, status_fd)"""
 
 
 class ProbeGroup:
@@ -112,28 +109,25 @@ def main() -> None:
         sys.exit("run as root: the bare variants are charged through a cgroup of their own")
 
     from sandcell import Executor, RunRequest
-    from sandcell.backends.host import landlock
     from sandcell.backends.namespaces import NamespacesBackend
     from sandcell.runtimes import runtime_for
 
-    source = _BOOT.read_text()
-    if _FORK not in source:
-        sys.exit("the boot's supervising fork is not where this benchmark expects it")
-    nofork_boot = Path(_HOME) / "boot_nofork.py"
-    nofork_boot.write_text(source.replace(_FORK, "        child = 0"))
-
     executors = {
         k: Executor(home=Path(_HOME) / k, profile="unchecked")
-        for k in ("sandcell-args", "sandcell-nofork", "sandcell-cold")
+        for k in ("sandcell-args", "sandcell-cold")
     }
+    os.environ["SANDCELL_NATIVE_INIT"] = "0"  # read when the backend is made
+    executors["sandcell-pyinit"] = Executor(home=Path(_HOME) / "pyinit", profile="unchecked")
+    del os.environ["SANDCELL_NATIVE_INIT"]
+    cold_backend = executors["sandcell-cold"].backend
+    assert isinstance(cold_backend, NamespacesBackend)
+    built = cold_backend.native_init
+    print(f"native init: {built or 'not built (the boot forks its Python supervisor)'}")
     args_backend = executors["sandcell-args"].backend
     assert isinstance(args_backend, NamespacesBackend)
-    python = args_backend._command_for("python", runtime_for("python"))[0]
+    python = runtime_for("python").sandbox_python
     # The sandbox's command without the boot: the same interpreter, bwrap's arguments as they are.
     args_backend._command_for = lambda language, runtime: [python, "-I", "-c", CODE]  # type: ignore[method-assign]
-    executors["sandcell-nofork"].backend.boot_code = landlock.boot_bytecode(  # type: ignore[attr-defined]
-        script=nofork_boot
-    )
 
     probe = ProbeGroup()
     request = RunRequest(code=CODE)
@@ -165,8 +159,6 @@ def main() -> None:
                 cpu[name].append(variants[name]())
         # The host's own CPU per cold run, by thread (runs back to back, teardown drained).
         cold = executors["sandcell-cold"]
-        cold_backend = cold.backend
-        assert isinstance(cold_backend, NamespacesBackend)
         cold_backend.wait_idle()
         before = _thread_cpu()
         for _ in range(args.runs):
@@ -185,9 +177,9 @@ def main() -> None:
     for name, value in med.items():
         print(f"  {name:16s} {value:7.2f}  ({value - med['bwrap']:+.2f} vs bwrap)")
     print(
-        f"  the boot: {med['sandcell-cold'] - med['sandcell-args']:+.2f}, of which its "
-        f"supervising fork {med['sandcell-cold'] - med['sandcell-nofork']:+.2f}; sandcell's "
-        f"bwrap arguments over bare bwrap's {med['sandcell-args'] - med['bwrap']:+.2f}"
+        f"  the boot: {med['sandcell-cold'] - med['sandcell-args']:+.2f} under the native init, "
+        f"{med['sandcell-pyinit'] - med['sandcell-args']:+.2f} with its Python supervisor; "
+        f"sandcell's bwrap arguments over bare bwrap's {med['sandcell-args'] - med['bwrap']:+.2f}"
     )
     print(f"host process CPU per cold run, by thread (mean of {args.runs}, ms):")
     for key, value in sorted(after.items(), key=lambda kv: -(kv[1] - before.get(kv[0], 0.0))):

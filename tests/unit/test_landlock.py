@@ -151,6 +151,13 @@ def test_boot_plan_json() -> None:
     assert doc["input_links"] == [["d.csv", "/inputs/d.csv"]]
     with pytest.raises(ConfigError):
         L.boot_plan_json(plan=None, status_fd=2)
+    assert "supervised" not in doc
+    assert json.loads(L.boot_plan_json(plan=None, status_fd=5, supervised=True))["supervised"]
+    # Supervised by a pid 1 above: it reports on the status descriptor, and the bridge and
+    # ingress agent would be the boot's children, not pid 1's.
+    for bad in ({"status_fd": None}, {"status_fd": 5, "bridge": ["/b.py"]}):
+        with pytest.raises(ConfigError):
+            L.boot_plan_json(plan=None, supervised=True, **bad)  # type: ignore[arg-type]
 
 
 def test_describe() -> None:
@@ -628,6 +635,35 @@ def test_descriptors_are_closed_and_status_is_reported(sandbox: Sandbox) -> None
     assert fds == "[0, 1, 2, 3]"  # stdio and the descriptor of the listing itself
     assert first_line == "a,b"
     assert (sandbox.work / "data.csv").is_symlink()
+
+
+def test_a_supervised_boot_runs_the_program_in_its_own_process(sandbox: Sandbox) -> None:
+    # With a pid 1 above it (the native init) the boot forks nothing: the program runs in the
+    # boot's process, which writes "1" and closes the descriptor; the status is the init's.
+    status_r, status_w = os.pipe()
+    try:
+        plan_text = L.boot_plan_json(plan=sandbox.plan(), status_fd=status_w, supervised=True)
+        r = sandbox.run(
+            """
+            import os
+            print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
+            print(os.getppid())
+            """,
+            plan_text=plan_text,
+            pass_fds=(status_w,),
+        )
+        os.close(status_w)
+        status_w = -1
+        assert os.read(status_r, 16) == b"1"
+        assert os.read(status_r, 16) == b""
+    finally:
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
+    assert r.returncode == 0, r.stderr
+    fds, parent = r.stdout.splitlines()
+    assert fds == "[0, 1, 2, 3]"
+    assert int(parent) == os.getpid(), "the boot forked: the program's parent is not its caller"
 
 
 def test_descriptors_above_the_open_files_limit_are_closed(sandbox: Sandbox) -> None:

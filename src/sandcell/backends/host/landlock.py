@@ -465,6 +465,7 @@ def boot_plan_json(
     display: tuple[str, str] | None = None,
     bridge: Sequence[str] | None = None,
     ingress: Sequence[str] | None = None,
+    supervised: bool = False,
 ) -> str:
     """The ``plan.json`` the boot reads.
 
@@ -476,9 +477,15 @@ def boot_plan_json(
     standalone script and its arguments (the egress bridge, ``run_sockets``) that the boot runs
     in a child of its own before the program, waiting for the line it prints once it listens.
     ``ingress``: the same for a session's ingress agent (``run_sockets``), started after it.
+    ``supervised``: the sandbox's pid 1 above the boot waits for the program and reports its
+    wait status (the native init, ``inside/_init.c``), so the boot runs the program in its own
+    process instead of forking a supervisor; only with ``status_fd``, without a bridge or an
+    ingress agent (those are children of the supervising pid 1).
     """
     if status_fd is not None and (isinstance(status_fd, bool) or status_fd < 3):
         raise ConfigError(f"boot plan: status_fd must be a descriptor above 2, got {status_fd!r}")
+    if supervised and (status_fd is None or bridge is not None or ingress is not None):
+        raise ConfigError("boot plan: supervised needs a status_fd and no bridge nor ingress")
     doc = {
         "format": PLAN_FORMAT,
         "landlock": plan.to_dict() if plan is not None else None,
@@ -495,6 +502,8 @@ def boot_plan_json(
         if not ingress or not all(isinstance(a, str) for a in ingress):
             raise ConfigError(f"boot plan: ingress must be a script and its arguments: {ingress!r}")
         doc["ingress"] = list(ingress)
+    if supervised:
+        doc["supervised"] = True
     return json.dumps(doc, indent=1) + "\n"
 
 

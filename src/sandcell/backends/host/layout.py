@@ -64,6 +64,11 @@ CONTROL_PLAN = "plan.json"
 CONTROL_DISPLAY = "display.pyc"
 
 
+CONTROL_INIT = "init"
+"""The native pid 1 of a cold run (``inside/_init.c``, ``host/native_init.py``), linked into the
+control directory when it could be built."""
+
+
 CONTROL_DIR = landlock.SANDBOX_DIR
 """Where the control directory appears in the sandbox (read-only)."""
 

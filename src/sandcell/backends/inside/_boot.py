@@ -18,7 +18,9 @@ the script runs in that process as a fresh ``__main__``, as ``python SCRIPT`` wo
 notebook cell of ``_display.run_cell`` (loaded before the fork, from the compiled module the plan
 names); in ``exec`` mode the argv is ``execv``-ed. A boot
 failure exits with status 125 and a ``sandcell-boot:`` line on stderr. Without a status
-descriptor (outside sandcell) there is no fork.
+descriptor (outside sandcell) there is no fork; nor when the plan says ``supervised``: the
+sandbox's pid 1 above the boot (the native init, ``_init.c``) then waits and reports in the
+parent's place, and the steps of the child run in the boot's own process.
 
 This file is standalone on purpose: it is copied into the sandbox and must not import sandcell.
 It runs on every sandboxed run, so it imports as little as it can: ``_ctypes`` only when there is a
@@ -101,10 +103,11 @@ def _load_plan(
     dict[str, str] | None,
     list[str] | None,
     list[str] | None,
+    bool,
 ]:
     """(landlock section or None, status fd or None, input links, extra python paths, display
-    section or None, bridge command or None, ingress agent command or None), checked for
-    shape."""
+    section or None, bridge command or None, ingress agent command or None, whether a pid 1
+    above supervises the program), checked for shape."""
     with open(path, encoding="utf-8") as f:
         doc = _parse_json(f.read())
     if not isinstance(doc, dict) or doc.get("format") != 1:
@@ -116,6 +119,11 @@ def _load_plan(
     display = doc.get("display")
     bridge = doc.get("bridge")
     ingress = doc.get("ingress")
+    supervised = doc.get("supervised", False)
+    if type(supervised) is not bool or (
+        supervised and (status_fd is None or bridge is not None or ingress is not None)
+    ):
+        raise ValueError(f"malformed supervised {supervised!r}")
     for name, helper in (("bridge", bridge), ("ingress agent", ingress)):
         if helper is not None and not (
             isinstance(helper, list) and helper and all(type(a) is str for a in helper)
@@ -144,7 +152,7 @@ def _load_plan(
     for link in links:
         if not (len(link) == 2 and type(link[0]) is str and type(link[1]) is str):
             raise ValueError(f"malformed input link {link!r}")
-    return landlock, status_fd, links, python_paths, display, bridge, ingress
+    return landlock, status_fd, links, python_paths, display, bridge, ingress, supervised
 
 
 def _close_inherited(keep: int | None) -> None:
@@ -558,6 +566,16 @@ def _start_bridge(argv: list[str], status_fd: int | None, what: str = "egress br
         _fail(f"the {what} did not start (it said {line!r})")
 
 
+def _started(status_fd: int) -> None:
+    # "Started", written right before the program, which cannot have printed anything yet;
+    # then the descriptor is closed, so the program never holds it.
+    try:
+        os.write(status_fd, b"1")
+        os.close(status_fd)
+    except OSError as exc:
+        _fail(f"status descriptor {status_fd}: {exc}")
+
+
 def _make_links(links: list[list[str]]) -> None:
     for link, link_target in links:
         try:
@@ -572,7 +590,7 @@ def _main(argv: list[str]) -> None:
     plan_path, mode, target = argv[1], argv[2], argv[3:]
     try:
         plan = _load_plan(plan_path)
-        landlock, status_fd, links, python_paths, display_plan, bridge, ingress = plan
+        landlock, status_fd, links, python_paths, display_plan, bridge, ingress, supervised = plan
     except Exception as exc:
         _fail(f"cannot read the plan {plan_path}: {exc}")
     display: tuple[Any, str] | None = None
@@ -590,9 +608,13 @@ def _main(argv: list[str]) -> None:
         _start_bridge(bridge, status_fd)
     if ingress is not None:
         _start_bridge(ingress, status_fd, "ingress agent")
-    if status_fd is None:
+    if status_fd is None or supervised:
+        # Supervised: the sandbox's pid 1 (the native init, outside the program's Landlock
+        # domain) waits for this process and reports how it ended; the program runs here.
         _restrict(landlock)
         _make_links(links)
+        if status_fd is not None:
+            _started(status_fd)
     else:
         # The program runs in a child; this process stays, trusted and idle, to report how the
         # program really ended (an exit status of 137 and death by SIGKILL look the same to
@@ -609,13 +631,7 @@ def _main(argv: list[str]) -> None:
         # domain, so the domain's signal scope keeps the program from killing it.
         _restrict(landlock)
         _make_links(links)
-        # "Started", written here, before the program can print anything; then the descriptor
-        # is closed, so the program never holds it.
-        try:
-            os.write(status_fd, b"1")
-            os.close(status_fd)
-        except OSError as exc:
-            _fail(f"status descriptor {status_fd}: {exc}")
+        _started(status_fd)
 
     if mode == "exec":
         _exec(target)

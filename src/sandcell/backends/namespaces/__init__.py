@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink, started_cold
-from sandcell.backends.host import cgroups, landlock, seccomp, workspace
+from sandcell.backends.host import cgroups, landlock, native_init, seccomp, workspace
 from sandcell.backends.host.bubblewrap import find_bwrap
 from sandcell.backends.host.layout import CONTROL_DISPLAY, SANDBOX_WORKDIR, displays
 from sandcell.backends.host.observe import observed
@@ -49,7 +49,12 @@ from sandcell.backends.host.runs import RunRegistry
 from sandcell.backends.host.sweep import sweep
 from sandcell.backends.namespaces import outside
 from sandcell.backends.namespaces.launcher import Pipes, launch
-from sandcell.backends.namespaces.prepared import Layers, PreparedSandbox, boot_command
+from sandcell.backends.namespaces.prepared import (
+    SANDBOX_INIT,
+    Layers,
+    PreparedSandbox,
+    boot_command,
+)
 from sandcell.backends.namespaces.spare_cgroup import SpareCgroup
 from sandcell.backends.namespaces.spawner import Spawner, spawner_in
 from sandcell.backends.namespaces.warm import WarmStarter
@@ -93,6 +98,9 @@ class NamespacesBackend:
         # Precompiled: the runtime's interpreter is sandcell's own, and compiling the boot on
         # every run would cost about 2 ms.
         self.boot_code = landlock.boot_bytecode()
+        self.native_init = native_init.build(self.root)
+        """The cold sandbox's pid 1 in C (``inside/_init.c``), or None: the boot forks a Python
+        supervisor instead (no C compiler, or ``SANDCELL_NATIVE_INIT=0``)."""
         self._display_code: bytes | None = None  # compiled on the first run that displays
         self.runs = RunRegistry()
         """The runs in flight, for :meth:`cancel_all`; warm starts register theirs here too."""
@@ -350,10 +358,13 @@ class NamespacesBackend:
 
     def _command_for(self, language: str, runtime: Runtime) -> list[str]:
         if language == "python":
-            return boot_command(runtime.sandbox_python, "python", str(code_path("python")))
-        return boot_command(
-            runtime.sandbox_python, "exec", runtime.sandbox_interpreter, str(code_path("bash"))
-        )
+            boot = boot_command(runtime.sandbox_python, "python", str(code_path("python")))
+        else:
+            boot = boot_command(
+                runtime.sandbox_python, "exec", runtime.sandbox_interpreter, str(code_path("bash"))
+            )
+        # The native init as pid 1 above the boot: no Python fork per run (``_init.c``).
+        return boot if self.native_init is None else [SANDBOX_INIT, *boot]
 
     def _control_files(self, request: RunRequest) -> dict[str, bytes]:
         files = {code_path(request.language).name: request.code.encode("utf-8")}

@@ -29,16 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.backends.host import cgroups, landlock, neutral_sources, workspace
+from sandcell.backends.host import native_init as native_init_build
 from sandcell.backends.host.layout import (
     CONTROL_BOOT,
     CONTROL_DIR,
     CONTROL_DISPLAY,
+    CONTROL_INIT,
     CONTROL_PLAN,
     DISPLAY_DIR,
     PACKAGES_DIR,
@@ -52,7 +55,7 @@ from sandcell.backends.namespaces import outside
 from sandcell.backends.namespaces.bwrap import BwrapPlan, args_via_fd, build_argv
 from sandcell.backends.namespaces.launcher import LaunchFds
 from sandcell.backends.namespaces.spawner import in_cgroup
-from sandcell.errors import IsolationUnavailable
+from sandcell.errors import InfraError, IsolationUnavailable
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import Runtime, common_env, runtime_for
 from sandcell.spec import RunRequest
@@ -76,6 +79,11 @@ class Layers:
         """Whether the workspace helper runs the sandbox: always for an ordinary user, who cannot
         mount on the host, and without cgroups, where the helper's reaping measures CPU time."""
         return self.rootless or self.cgroup_host is None
+
+
+SANDBOX_INIT = f"{CONTROL_DIR}/{CONTROL_INIT}"
+"""The native init in the sandbox: a command starting with it gets it linked in (see
+:meth:`PreparedSandbox.argv`)."""
 
 
 def boot_command(python: str, mode: str, *target: str) -> list[str]:
@@ -195,7 +203,10 @@ class PreparedSandbox:
         :attr:`helper` holds the helper's pipes, to pass to the launch). ``as_pid_1``: the
         command is the sandbox's pid 1 (it must reap every child, as the boot does).
         ``held=False``: no ``--block-fd`` (only after :meth:`limit_ahead` returned True)."""
-        self._write_plan(status_fd=fds.status_w)
+        native_init = bool(command) and command[0] == SANDBOX_INIT
+        if native_init:
+            self._link_init()
+        supervised = self._write_plan(status_fd=fds.status_w, native_init=native_init)
         request, runtime = self.request, self.runtime
         etc_dir = self.backend.root / "etc"
         files = support_files(self.backend.root, runtime)
@@ -214,9 +225,13 @@ class PreparedSandbox:
                 packages=[Path(src.of(p)) for p in request.packages],
                 # Bound as it is: a socket behind an overlay refuses connections.
                 sockets_dir=self.sockets.host_dir if self.sockets is not None else None,
-                env=outside.program_env(
-                    {**common_env(), **runtime.sandbox_env}, self.sockets, request.env
-                ),
+                env={
+                    **outside.program_env(
+                        {**common_env(), **runtime.sandbox_env}, self.sockets, request.env
+                    ),
+                    # For the init alone: it takes it out of the program's environment.
+                    **({native_init_build.STATUS_ENV: str(fds.status_w)} if supervised else {}),
+                },
                 tmp_bytes=self.limits.tmp_bytes,
                 seccomp_fd=fds.seccomp,
                 info_fd=fds.info_w,
@@ -276,7 +291,24 @@ class PreparedSandbox:
         self._sources = neutral_sources.plan(paths, str(self.view), layers=layers)
         return self._sources
 
-    def _write_plan(self, *, status_fd: int) -> None:
+    def _link_init(self) -> None:
+        """The backend's native init (``host/native_init.py``) in the control directory: a hard
+        link, it lies on the same filesystem (a copy where it cannot be linked)."""
+        built = self.backend.native_init
+        if built is None:
+            raise InfraError("the sandbox command names the native init, which was not built")
+        path = self.control / CONTROL_INIT
+        self._written.append(path)
+        try:
+            os.link(built, path)
+        except OSError:
+            shutil.copyfile(built, path)
+            path.chmod(0o555)
+
+    def _write_plan(self, *, status_fd: int, native_init: bool = False) -> bool:
+        """Write the boot plan; True when the native init supervises the program (the init is
+        pid 1 and the boot starts no bridge nor ingress agent, which must be pid 1's children:
+        then the init becomes the boot)."""
         request, runtime = self.request, self.runtime
         lplan = None
         if self.layers.landlock_abi is not None:
@@ -293,6 +325,9 @@ class PreparedSandbox:
                 connect_tcp_ports=ports,
                 serve_tcp_ports=outside.serve_ports(self.sockets),
             )
+        bridge = outside.bridge_script(self.sockets)
+        ingress = outside.ingress_script(self.sockets)
+        supervised = native_init and bridge is None and ingress is None
         plan_text = landlock.boot_plan_json(
             plan=lplan,
             status_fd=status_fd,
@@ -304,12 +339,14 @@ class PreparedSandbox:
             display=(DISPLAY_DIR, f"{CONTROL_DIR}/{CONTROL_DISPLAY}")
             if displays(request)
             else None,
-            bridge=outside.bridge_script(self.sockets),
-            ingress=outside.ingress_script(self.sockets),
+            bridge=bridge,
+            ingress=ingress,
+            supervised=supervised,
         )
         path = self.control / CONTROL_PLAN
         path.write_text(plan_text)
         path.chmod(0o444)
+        return supervised
 
     # -- 4. the live sandbox -----------------------------------------------------------------
 
