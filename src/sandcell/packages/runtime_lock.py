@@ -10,7 +10,9 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from sandcell.errors import ConfigError
 from sandcell.packages.wheel_cache import sha256_file
@@ -18,8 +20,8 @@ from sandcell.packages.wheels import dist_imports, module_of, normalize_name, re
 
 __all__ = [
     "check_runtime_lock",
-    "runtime_distribution_names",
     "runtime_distributions",
+    "runtime_distributions_once",
     "runtime_imports",
     "write_runtime_lock",
 ]
@@ -46,9 +48,10 @@ def runtime_distributions() -> dict[str, tuple[str, Path]]:
 
 
 @functools.cache
-def runtime_distribution_names() -> frozenset[str]:
-    # The runtime is read-only while sandcell runs: read its metadata once per process.
-    return frozenset(runtime_distributions())
+def runtime_distributions_once() -> Mapping[str, tuple[str, Path]]:
+    """:func:`runtime_distributions`, read once per process: the runtime is read-only while
+    sandcell runs (the lock's writer and checker read it afresh)."""
+    return MappingProxyType(runtime_distributions())
 
 
 @functools.cache
@@ -57,7 +60,7 @@ def runtime_imports() -> frozenset[str]:
     distribution declares (top_level.txt or RECORD) and the modules in site-packages. Computed
     once per process: the runtime's site-packages are read-only while sandcell runs."""
     names = set(sys.stdlib_module_names)
-    for _, dist_info in runtime_distributions().values():
+    for _, dist_info in runtime_distributions_once().values():
         names |= dist_imports(dist_info)
     for site in _runtime_site_dirs():
         for entry in site.iterdir():

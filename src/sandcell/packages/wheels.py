@@ -127,6 +127,9 @@ def dist_imports(dist_info: Path) -> set[str]:
     return _imports_from_paths(row[0] for row in _record_rows(record.read_text("utf-8")))
 
 
+_HEADERS_END = re.compile(r"\r?\n\r?\n")
+
+
 def read_metadata(dist_info: Path) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """Name, version, unconditional requirements and marker-gated ones, from METADATA."""
     # Imported here: the email package costs every command line run a few milliseconds, and
@@ -134,7 +137,10 @@ def read_metadata(dist_info: Path) -> tuple[str, str, tuple[str, ...], tuple[str
     from email.parser import HeaderParser
 
     text = (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace")
-    msg = HeaderParser().parsestr(text)
+    # The headers end at the first empty line; what follows is the long description, which
+    # the parser would otherwise walk line by line (most of a warm executor's start, reading
+    # the ~400 distributions of a data-science runtime: bench/PROFILE.md).
+    msg = HeaderParser().parsestr(_HEADERS_END.split(text, maxsplit=1)[0] + "\n")
     required: list[str] = []
     conditional: list[str] = []
     for value in msg.get_all("Requires-Dist") or []:

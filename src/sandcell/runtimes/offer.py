@@ -62,17 +62,13 @@ _named: dict[tuple[str, str], Offer] = {}
 
 @functools.cache
 def _default_offer() -> Offer:
-    from sandcell.packages.runtime_lock import (
-        runtime_distribution_names,
-        runtime_distributions,
-        runtime_imports,
-    )
+    from sandcell.packages.runtime_lock import runtime_distributions_once, runtime_imports
 
-    dists = runtime_distributions()
+    dists = runtime_distributions_once()
     return Offer(
         runtime=DEFAULT_RUNTIME,
         importable=runtime_imports(),
         offered=frozenset(DEFAULT_OFFER),
         distributions=tuple((n, dists[n][0]) for n in DEFAULT_OFFER if n in dists),
-        distribution_names=runtime_distribution_names(),
+        distribution_names=frozenset(dists),
     )
