@@ -27,6 +27,7 @@ import platformdirs
 import pytest
 from tests.store_backend import StoreBackend
 
+from sandcell.audit import _GROUPS as audit_groups
 from sandcell.audit import (
     GENESIS_HASH,
     AuditEntry,
@@ -531,6 +532,27 @@ def test_a_caller_interrupted_while_queued_is_withdrawn_and_the_group_goes_on(
             assert not t.is_alive()
         assert [e.run_id for e in later] == [run_id(3)]
         assert log.run_ids() == {run_id(1), run_id(3)}
+        report = log.verify()
+    assert report.ok, report.problems
+
+
+def _append_in_child(path: str, n: int) -> None:
+    with AuditLog(Path(path)) as audit:
+        audit.append(record(n))
+
+
+def test_a_forked_child_appends_whatever_the_parents_group_was_doing(db: Path) -> None:
+    """Forked while the parent holds its groups' lock (as a thread of it may at any moment),
+    the child still opens a log and appends: it starts with groups of its own."""
+    with AuditLog(db) as log:
+        log.append(record(1))
+        ctx = multiprocessing.get_context("fork")
+        with audit_groups._mutex:
+            child = ctx.Process(target=_append_in_child, args=(str(db), 2))
+            child.start()
+        child.join(timeout=120)
+        assert child.exitcode == 0
+        assert log.run_ids() == {run_id(1), run_id(2)}
         report = log.verify()
     assert report.ok, report.problems
 

@@ -15,7 +15,7 @@ written by ``write`` as one unit: it returns one outcome per item (a value, or t
 that item alone), or raises, and then every caller of the batch gets that exception.
 
 The scheme is per process: a group must not cross ``fork()`` (its lock could be held by a
-thread the child does not have), so :class:`SharedGroups` keys its groups by process id.
+thread the child does not have), so :class:`SharedGroups` starts a forked child with none.
 """
 
 from __future__ import annotations
@@ -152,14 +152,21 @@ class SharedGroups(Generic[T, R]):
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._groups: weakref.WeakValueDictionary[tuple[int, str], GroupCommit[T, R]]
+        self._groups: weakref.WeakValueDictionary[str, GroupCommit[T, R]]
         self._groups = weakref.WeakValueDictionary()
+        # The child of a fork() starts with none: the parent's could be mid-write (a leader
+        # chosen, a mutex held) by a thread the child does not have.
+        os.register_at_fork(after_in_child=self._forget)
 
     def get(self, key: str) -> GroupCommit[T, R]:
-        """The group writing to ``key``; a child process after ``fork()`` gets new ones."""
+        """The group writing to ``key``."""
         with self._mutex:
-            found = self._groups.get((os.getpid(), key))
+            found = self._groups.get(key)
             if found is None:
                 found = GroupCommit()
-                self._groups[(os.getpid(), key)] = found
+                self._groups[key] = found
             return found
+
+    def _forget(self) -> None:
+        self._mutex = threading.Lock()
+        self._groups = weakref.WeakValueDictionary()
