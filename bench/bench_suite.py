@@ -74,6 +74,11 @@ def run_chunk(chunk: str, tree: Path, label: str, extra: list[str], basetemp: Pa
         if found:
             phases[found.group(2)] += float(found.group(1))
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    if proc.returncode != 0:
+        # A failed run's figures mean little without why: its output is kept next to the temp.
+        kept = basetemp.with_name(f"{basetemp.name}-{label}-{int(time.time())}.log")
+        kept.write_text(proc.stdout + proc.stderr)
+        print(f"{chunk} {label}: exit {proc.returncode}, output in {kept}", flush=True)
     counts = {kind.rstrip("s"): int(n) for n, kind in _COUNT.findall(summary)}
     return Run(
         chunk=chunk,
