@@ -16,9 +16,10 @@ through the run's own group (``usage.cpu_ms``: bwrap and the whole sandbox):
   ``SANDCELL_NATIVE_INIT=0``);
 - ``sandcell-cold``: the real cold run (the native init as pid 1 where a C compiler built it).
 
-Then the host process's own CPU per cold run, thread by thread (``/proc/self/task``), which the
-CPU figures above do not include. Medians in milliseconds; under load every figure grows, the
-differences between variants less than the wall times do.
+The wall time of each call is printed too (the bare variants' include the probe group's reads
+and the move into it). Then the host process's own CPU per cold run, thread by thread
+(``/proc/self/task``), which the CPU figures above do not include. Medians in milliseconds;
+under load every figure grows, the differences between variants less than the wall times do.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def main() -> None:
         **{name: sandcell(name) for name in executors},
     }
     cpu: dict[str, list[float]] = {k: [] for k in variants}
+    wall: dict[str, list[float]] = {k: [] for k in variants}
     try:
         for run in variants.values():
             run()  # the first of each: spare groups, bytecode trees
@@ -156,7 +158,9 @@ def main() -> None:
             rng.shuffle(order)
             for name in order:
                 time.sleep(0.02)
+                t0 = time.perf_counter()
                 cpu[name].append(variants[name]())
+                wall[name].append((time.perf_counter() - t0) * 1000)
         # The host's own CPU per cold run, by thread (runs back to back, teardown drained).
         cold = executors["sandcell-cold"]
         cold_backend.wait_idle()
@@ -181,6 +185,10 @@ def main() -> None:
         f"{med['sandcell-pyinit'] - med['sandcell-args']:+.2f} with its Python supervisor; "
         f"sandcell's bwrap arguments over bare bwrap's {med['sandcell-args'] - med['bwrap']:+.2f}"
     )
+    walls = {k: statistics.median(v) for k, v in wall.items()}
+    print("wall time from call to result, median (ms; the probe group's bookkeeping included):")
+    for name, value in walls.items():
+        print(f"  {name:16s} {value:7.2f}  ({value / walls['bwrap']:.2f}x bwrap)")
     print(f"host process CPU per cold run, by thread (mean of {args.runs}, ms):")
     for key, value in sorted(after.items(), key=lambda kv: -(kv[1] - before.get(kv[0], 0.0))):
         spent = (value - before.get(key, 0.0)) / args.runs
