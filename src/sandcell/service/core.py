@@ -34,7 +34,7 @@ from sandcell.executor import Executor
 from sandcell.home import bulk_dir
 from sandcell.live_output import OutputListener
 from sandcell.policy.approvals import Ticket
-from sandcell.policy.profiles import Profile, default_profile_dir, load_profile
+from sandcell.policy.profiles import Profile, load_profile
 from sandcell.service import saved_sessions
 from sandcell.service.audit_verification import AuditVerifications
 from sandcell.service.kept_bytes import held_bytes, state_bytes
@@ -42,6 +42,7 @@ from sandcell.service.local_owner import LOCAL_TENANT
 from sandcell.service.metrics import Metrics
 from sandcell.service.models import RunStatusName
 from sandcell.service.problems import ServiceProblem
+from sandcell.service.profile_cache import ProfileCache
 from sandcell.service.quotas import Quotas
 from sandcell.service.replica import replica_state
 from sandcell.service.tenants import Tenant, TenantStore
@@ -235,7 +236,7 @@ class Service:
         """Called by a graceful stop once the runs in flight are over, before the sessions end
         (the E2B API pauses its sandboxes whose timeout pauses them, so they outlive it)."""
         self._profiles_used: set[str] = set()
-        self._profiles = _ProfileCache()
+        self._profiles = ProfileCache()
         self.inputs_root = bulk_dir(config.home) / "service" / "inputs"
         self.audit_verifications = AuditVerifications(
             audit=executor.audit.path, service_db=self.tenants.path
@@ -740,41 +741,6 @@ def node_gauges(reports: Sequence[NodeReport]) -> dict[str, list[tuple[dict[str,
             labels = {**node, "rung": pool.rung, "runtime": pool.runtime}
             gauges["sandcell_node_pool_ready"].append((labels, float(pool.ready)))
     return gauges
-
-
-class _ProfileCache:
-    """Profiles by name, loaded once: parsing one costs milliseconds on every run's path. A
-    user profile is loaded again when its file changes (size or mtime), or when a file named
-    like a built-in appears, so the service never runs an edited profile under its old
-    content (the record names the content's hash either way)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._found: dict[str, tuple[Profile, tuple[int, int] | None]] = {}
-
-    @staticmethod
-    def _signature(profile: Profile) -> tuple[int, int] | None:
-        source = profile.source
-        path = (
-            default_profile_dir() / f"{profile.name}.toml"
-            if source.startswith("builtin:")
-            else Path(source)
-        )
-        try:
-            st = path.stat()
-        except OSError:
-            return None
-        return (st.st_size, st.st_mtime_ns)
-
-    def load(self, name: str) -> Profile:
-        with self._lock:
-            found = self._found.get(name)
-        if found is not None and self._signature(found[0]) == found[1]:
-            return found[0]
-        profile = load_profile(name)
-        with self._lock:
-            self._found[name] = (profile, self._signature(profile))
-        return profile
 
 
 def _close_quietly(session: Session) -> None:
