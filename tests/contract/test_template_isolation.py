@@ -114,6 +114,33 @@ def test_globals_and_monkeypatches_stay_in_their_run(warm: Executor) -> None:
     assert _template_state(warm) == before
 
 
+def test_the_program_environment_is_its_request_s(warm: Executor) -> None:
+    """A usual run keeps the environment the template settled on (nothing to change), one with
+    variables of its own replaces it: both see exactly what their request says, in os.environ
+    and in the process's own environment, and none of the template's preload settings."""
+    from sandcell.backends.namespaces.template import PRELOAD_ONLY, THREAD_ENV
+
+    # The C library's environ, which getenv in the program's libraries and its children read
+    # (/proc/self/environ shows only the block the template's exec started with).
+    code = """
+        import ctypes, json, os
+        environ = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+        raw, i = [], 0
+        while environ[i]:
+            raw.append(environ[i].decode().split("=", 1))
+            i += 1
+        print(json.dumps([dict(os.environ), dict(raw)]))
+        """
+    usual, usual_raw = _seen(_run(warm, code))
+    own, own_raw = _seen(_run(warm, code, env={"RUN_OWN": "1", "HOME": "/sandbox"}))
+    again, _ = _seen(_run(warm, code))
+    assert usual == usual_raw and own == own_raw
+    assert own == {**usual, "RUN_OWN": "1", "HOME": "/sandbox"}
+    assert again == usual
+    for name in (*THREAD_ENV, "PWD", PRELOAD_ONLY):
+        assert name not in usual
+
+
 def test_random_state_differs_between_runs(warm: Executor) -> None:
     code = """
     import json, random

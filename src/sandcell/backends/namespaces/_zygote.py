@@ -96,9 +96,15 @@ _PARTS = ("base", "program", "init")
 # In the template the parts run in one namespace (``_zygote.py`` executes them into its own, in
 # the order base, program, init); imported as modules (tests, type checks) they import each other.
 if __name__ != "__main__":
-    from sandcell.backends.namespaces._zygote_base import _FAILED, _fail, _recv, _send
+    from sandcell.backends.namespaces._zygote_base import (
+        _FAILED,
+        _fail,
+        _prepare_calls,
+        _recv,
+        _send,
+    )
     from sandcell.backends.namespaces._zygote_init import _child
-    from sandcell.backends.namespaces._zygote_program import _run_program
+    from sandcell.backends.namespaces._zygote_program import _run_program, _settle_env
 
 
 def _load_parts() -> None:
@@ -136,6 +142,7 @@ def _template(control_fd: int, preload: list[str]) -> tuple[socket.socket, bytes
     control = socket.socket(fileno=control_fd)
     with open("/sandcell/seccomp.bpf", "rb") as f:
         seccomp_program = f.read()
+    _prepare_calls(seccomp_program)
     boot = _load_boot("/sandcell/boot.pyc")
     # Loaded once here (trusted code): a run that displays finds it in its copy of the image.
     boot["_display"] = boot["_load_display"]("/sandcell/display.pyc")
@@ -143,6 +150,7 @@ def _template(control_fd: int, preload: list[str]) -> tuple[socket.socket, bytes
     boot["_ffi"]()
     for name in preload:
         __import__(name)
+    _settle_env()
     # Frozen: the template's objects stay out of every child's garbage collections, whose
     # reference-count writes would otherwise copy their pages into each run.
     import gc

@@ -167,22 +167,53 @@ def _report(status_fd: int, status: int, cpu_ms: float, maxrss: int) -> None:
         pass
 
 
+# Filled once in the template (``_prepare_calls``): the same in every process forked from it, and
+# a run's pid 1 and program then drop and filter without opening a file or building a buffer on
+# the request's path (each first touch of an object there copies a page of the template's image).
+_CAP_LAST: list[int] = []
+_FILTERS: dict[bytes, tuple[Any, bytes]] = {}
+
+
+def _prepare_calls(seccomp_program: bytes) -> None:
+    """What the capability drop and the seccomp install need, made before any fork."""
+    _cap_last()
+    _seccomp_args(seccomp_program)
+
+
+def _cap_last() -> int:
+    if not _CAP_LAST:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            _CAP_LAST.append(int(f.read()))
+    return _CAP_LAST[0]
+
+
+_CAP_HEADER = struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)
+_CAP_DATA = bytes(24)  # two struct __user_cap_data_struct, all zero
+
+
 def _drop_capabilities() -> None:
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
-    for cap in range(last + 1):
-        _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
-    _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient")
-    header = struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)
-    data = bytes(24)  # two struct __user_cap_data_struct, all zero
-    _check(_libc.capset(header, data), "capset")
+    prctl = _libc.prctl
+    for cap in range(_cap_last() + 1):
+        if prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
+            _check(-1, f"drop capability {cap}")  # the message only where it is needed
+    _check(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient")
+    _check(_libc.capset(_CAP_HEADER, _CAP_DATA), "capset")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
 
 
+def _seccomp_args(program: bytes) -> bytes:
+    """The ``struct sock_fprog`` of ``program``, whose buffer lives as long as this process."""
+    made = _FILTERS.get(program)
+    if made is None:
+        buf = ctypes.create_string_buffer(program, len(program))
+        # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
+        made = (buf, struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf)))
+        _FILTERS[program] = made
+    return made[1]
+
+
 def _install_seccomp(program: bytes) -> None:
-    buf = ctypes.create_string_buffer(program, len(program))
-    # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
-    fprog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf))
+    fprog = _seccomp_args(program)
     _check(
         _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0),
         "seccomp",

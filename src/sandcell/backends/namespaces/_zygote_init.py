@@ -6,9 +6,12 @@ supervised, the status report, the workspace held for the exports). See ``_zygot
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import mmap
 import os
+import resource
+import select
 import signal
 import socket
 import struct
@@ -117,8 +120,6 @@ def _read_only(target: str, extra: int = 0) -> None:
 
 
 def _loopback_up() -> None:
-    import fcntl
-
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         ifr = struct.pack("16sH22x", b"lo", 0)
@@ -274,8 +275,6 @@ def _start_bridge(req: dict[str, Any], seccomp_program: bytes) -> None:
     bridge = req.get("bridge")
     if not bridge:
         return
-    import select
-
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -286,8 +285,6 @@ def _start_bridge(req: dict[str, Any], seccomp_program: bytes) -> None:
             # Its line goes to pid 1, never into the program's output.
             os.dup2(write_end, 1)
             _close_all_but(set())
-            import resource
-
             for name, soft, hard, relative in req["rlimits"]:
                 base = 0
                 if relative:  # the template's own mappings are not the run's to count
@@ -454,8 +451,6 @@ def _armed(
 
 def _limit(program: int, rlimits: list[Any]) -> None:
     """The run's rlimits on the waiting program (pid 1 may: same uid, same user namespace)."""
-    import resource
-
     for name, soft, hard, relative in rlimits:
         # The address space the template already maps is not the program's to count.
         base = 0
@@ -477,8 +472,6 @@ def _supervise(
     With a shared ``page`` (the host freezes the run's cgroup) a program's process that stopped
     itself after writing its exit code there is reported at once (``D``); the host then freezes
     the run and ends it, and this loop only sees the kill."""
-    import resource
-
     _null_stdio()
     _close_all_but({sock.fileno(), status_fd})
     status: int | None = None

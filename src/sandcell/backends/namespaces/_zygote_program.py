@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import struct
@@ -29,6 +30,31 @@ if __name__ != "__main__":
         _recv,
         _write,
     )
+
+
+# The template's environment once its preload ran (``_settle_env``): what every process forked
+# from it holds until its request says otherwise.
+_TEMPLATE_ENV: dict[str, str] = {}
+
+
+def _settle_env() -> None:
+    """In the template, after its preload: drop the variables that were for the preload only
+    (the host names them in ``SANDCELL_PRELOAD_ONLY``), so that the environment left is the runs'
+    usual one, and remember it."""
+    for name in os.environ.pop("SANDCELL_PRELOAD_ONLY", "").split(","):
+        os.environ.pop(name, None)
+    _TEMPLATE_ENV.clear()
+    _TEMPLATE_ENV.update(os.environ)
+
+
+def _set_env(env: dict[str, str]) -> None:
+    """The program's environment. Where it is the template's (the usual run's), nothing is
+    changed: replacing it would run the environment mapping's Python code, whose first calls in
+    this process copy pages of the template's image on the request's path."""
+    if env == _TEMPLATE_ENV:
+        return
+    os.environ.clear()
+    os.environ.update(env)
 
 
 def _prepared_program(
@@ -66,8 +92,7 @@ def _prepared_program(
     req: dict[str, Any] = json.loads(body)
     if req.get("quiesce"):
         req["_quiesce"] = (os.getpid(), page)
-    os.environ.clear()
-    os.environ.update(req["env"])
+    _set_env(req["env"])
     try:
         os.write(status, b"1")
         os.close(status)
@@ -104,14 +129,11 @@ def _address_space() -> int:
 def _restrict(
     req: dict[str, Any], status_fd: int, seccomp_program: bytes, boot: dict[str, Any]
 ) -> None:
-    import resource
-
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         os.chdir("/sandbox")
         os.umask(0o022)
-        os.environ.clear()
-        os.environ.update(req["env"])
+        _set_env(req["env"])
         _write("/proc/self/oom_score_adj", "1000")
         for name, soft, hard, relative in req["rlimits"]:
             # The address space the template already maps is not the program's to count.

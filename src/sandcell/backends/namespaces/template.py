@@ -74,6 +74,10 @@ THREAD_ENV: Mapping[str, str] = {
     "VECLIB_MAXIMUM_THREADS": "1",
     "JE_ARROW_MALLOC_CONF": "background_thread:false",
 }
+PRELOAD_ONLY = "SANDCELL_PRELOAD_ONLY"
+"""Names the variables of the template's environment that are for its preload only (and PWD):
+the template removes them once its imports ran, so that its environment is the runs' usual one
+and a pooled program's process has none to change (``_zygote_program._set_env``)."""
 
 
 def compile_script(script: Path, sandbox_path: str) -> bytes:
@@ -295,7 +299,9 @@ class Template:
         seccomp_fd = os.memfd_create("sandcell-template-seccomp", os.MFD_CLOEXEC)
         os.write(seccomp_fd, setup_seccomp)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        env = {**_base_env(runtime), **THREAD_ENV}
+        # bubblewrap adds PWD: not a run's either.
+        only = ",".join((*THREAD_ENV, "PWD"))
+        env = {**_base_env(runtime), **THREAD_ENV, PRELOAD_ONLY: only}
         sources = _plan_sources(runtime, run_dir, control, etc_dir, runtime_files)
         argv = build_template_argv(
             TemplateSpec(

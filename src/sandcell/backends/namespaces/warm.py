@@ -375,10 +375,11 @@ class WarmStarter:
             doc = request_doc(
                 request,
                 env=self._env,
-                # Used by a child forked now; a pooled one was restricted when it was armed.
-                landlock_plan=self._landlock_plans.for_abi(
-                    layers.landlock_abi, egress=sockets is not None
-                ),
+                # Used by a child forked now. A pooled one was restricted when it was armed and
+                # is not sent it: more than half of the document, for pid 1 to parse for nothing.
+                landlock_plan=None
+                if armed is not None
+                else self._landlock_plans.for_abi(layers.landlock_abi, egress=sockets is not None),
                 sockets=sockets,
             )
             quiesce = _quiescer(cgroup) if cgroup is not None and cgroup.can_freeze else None
