@@ -433,14 +433,8 @@ def _armed(
         # program gets its first byte of the request.
         _drop_capabilities()
         _install_seccomp(seccomp_program)
-        doc = {
-            "env": req["env"],
-            "script": req["script"],
-            "display": req.get("display"),
-            "quiesce": bool(req.get("quiesce")),
-            "python_paths": req.get("python_paths") or [],
-        }
-        _send(g_end, json.dumps(doc).encode(), [0, 1, 2, status])
+        # The program's process's part, encoded by the host (``warm_request.for_armed``).
+        _send(g_end, req["program"].encode(), [0, 1, 2, status])
         g_end.close()
     except Exception as exc:
         os.kill(program, signal.SIGKILL)

@@ -80,7 +80,12 @@ from sandcell.backends.namespaces.template import (
 )
 from sandcell.backends.namespaces.warm_drive import drive
 from sandcell.backends.namespaces.warm_limits import PoolLimits
-from sandcell.backends.namespaces.warm_request import LandlockPlans, input_trees, request_doc
+from sandcell.backends.namespaces.warm_request import (
+    LandlockPlans,
+    for_armed,
+    input_trees,
+    request_doc,
+)
 from sandcell.backends.namespaces.warm_teardown import Teardown, destroyer
 from sandcell.backends.warm import WarmConfig, WarmStats, idle_memory
 from sandcell.errors import InfraError, IsolationUnavailable
@@ -385,6 +390,8 @@ class WarmStarter:
             quiesce = _quiescer(cgroup) if cgroup is not None and cgroup.can_freeze else None
             if quiesce is not None:
                 doc["quiesce"] = True
+            if armed is not None:
+                doc = for_armed(doc)
             stop = StopPipe()
             try:
                 # Cancellable as a cold run is: the stop ends it as its wall limit would.

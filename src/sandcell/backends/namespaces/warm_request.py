@@ -8,6 +8,7 @@ visible in a namespace made from the template's.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from sandcell.run_sockets import PROXY_PORT, SandboxSockets
 from sandcell.runtimes import Runtime
 from sandcell.spec import RunRequest
 
-__all__ = ["LandlockPlans", "input_trees", "request_doc"]
+__all__ = ["LandlockPlans", "for_armed", "input_trees", "request_doc"]
 
 _DISPLAY_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
 _INPUTS = "/inputs"
@@ -97,6 +98,27 @@ def request_doc(
         "input_dirs": {i.name: i.host_path.is_dir() for i in request.inputs},
         "landlock": landlock_plan,
     }
+
+
+# What pid 1 of a pooled sandbox hands its waiting program's process, and needs no more itself.
+_PROGRAM_ONLY = ("env", "display", "python_paths")
+
+
+def for_armed(doc: dict[str, Any]) -> dict[str, Any]:
+    """The request of a pooled (armed) sandbox: the program's process's part (environment,
+    script, display, quiesce, paths) encoded here, once, for pid 1 to forward as it is, instead
+    of decoding it and encoding it again on the request's path (its first JSON encoding since
+    the fork, which copies pages of the template's image)."""
+    program = {
+        "env": doc["env"],
+        "script": doc["script"],
+        "display": doc.get("display"),
+        "quiesce": bool(doc.get("quiesce")),
+        "python_paths": doc.get("python_paths") or [],
+    }
+    rest = {k: v for k, v in doc.items() if k not in _PROGRAM_ONLY}
+    rest["program"] = json.dumps(program)
+    return rest
 
 
 def input_trees(
