@@ -188,8 +188,8 @@ class Replicas:
         self.restarted.append(old.proc.pid)
         old.stop(signal.SIGKILL)
         new = ServiceProcess(old.home, args=(*old.args, "--port", str(old.port)), env=old.env)
+        self.procs[i] = new  # stopped with the others even if its start fails
         new.start(300.0)
-        self.procs[i] = new
 
     def pids(self) -> list[int]:
         return [p.proc.pid for p in self.procs if p.proc is not None]

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,23 +59,43 @@ class ServiceProcess:
                 stderr=log,
                 text=True,
             )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        found = _SERVING.search(line)
+        deadline = time.monotonic() + timeout
+        found, seen = self._serving_line(deadline)
         if found is None:
-            self.proc.wait(10)
+            # A failed start leaves no process behind (a caller may never call stop()).
+            self.proc.kill()
+            self.proc.wait()
             raise AssertionError(
-                f"the service did not start: {line!r}\n{(self.home / 'serve.log').read_text()}"
+                f"the service did not start; its output: {seen!r}\n"
+                f"{(self.home / 'serve.log').read_text()[-4000:]}"
             )
         self.port = int(found.group(1))
-        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 if httpx2.get(f"{self.url}/healthz", timeout=5).status_code == 200:
                     return self
             except httpx2.TransportError:
                 time.sleep(0.1)
+        self.proc.kill()
+        self.proc.wait()
         raise AssertionError("the service never answered /healthz")
+
+    def _serving_line(self, deadline: float) -> tuple[re.Match[str] | None, list[str]]:
+        """The "serving on" line of its standard output, and the lines before it; None at its
+        end of output, or at ``deadline``, when the process is killed (which ends its output)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        seen: list[str] = []
+        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), self.proc.kill)
+        timer.start()
+        try:
+            for line in iter(self.proc.stdout.readline, ""):
+                found = _SERVING.search(line)
+                if found is not None:
+                    return found, seen
+                seen.append(line)
+        finally:
+            timer.cancel()
+        return None, seen
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 120.0) -> int:
         """Stop it with ``sig``; its exit status (uvicorn ends a graceful stop by re-raising
