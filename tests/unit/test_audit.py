@@ -318,6 +318,14 @@ def test_default_path_without_sandcell_home(monkeypatch: pytest.MonkeyPatch) -> 
 # --- concurrency ----------------------------------------------------------------------------
 
 
+def _assert_verifies(log: AuditLog, count: int | None = None) -> None:
+    """The chain of ``log`` verifies, with ``count`` entries where given."""
+    report = log.verify()
+    assert report.ok, report.problems
+    if count is not None:
+        assert report.count == count
+
+
 def _append_many(path: str, worker: int, count: int, barrier: object) -> None:
     """Child process body: open the shared log and append ``count`` records."""
     assert hasattr(barrier, "wait")
@@ -356,9 +364,7 @@ def test_threads_share_one_log(log: AuditLog) -> None:
         t.start()
     for t in threads:
         t.join()
-    report = log.verify()
-    assert report.ok, report.problems
-    assert report.count == 200
+    _assert_verifies(log, 200)
 
 
 # --- group commits --------------------------------------------------------------------------
@@ -454,9 +460,7 @@ def test_appends_waiting_for_a_write_go_out_in_one_transaction(
         assert sorted(e.seq for e in entries) == list(range(1, 9))
         for entry in entries:
             assert first.get(entry.run_id) == entry
-        report = second.verify()
-    assert report.ok, report.problems
-    assert report.count == 8
+        _assert_verifies(second, 8)
 
 
 def test_a_failed_batch_is_every_callers_error_and_nothing_of_it_is_written(
@@ -492,9 +496,7 @@ def test_a_record_refused_in_a_batch_fails_alone(
         assert isinstance(refused, AuditError) and "already in the audit log" in str(refused)
         assert all(isinstance(o, AuditEntry) for o in outcomes), outcomes
         assert [o.seq for o in outcomes if isinstance(o, AuditEntry)] == [2, 3, 4, 5]
-        report = log.verify()
-    assert report.ok, report.problems
-    assert report.count == 5
+        _assert_verifies(log, 5)
 
 
 def test_a_caller_interrupted_while_queued_is_withdrawn_and_the_group_goes_on(
@@ -532,8 +534,7 @@ def test_a_caller_interrupted_while_queued_is_withdrawn_and_the_group_goes_on(
             assert not t.is_alive()
         assert [e.run_id for e in later] == [run_id(3)]
         assert log.run_ids() == {run_id(1), run_id(3)}
-        report = log.verify()
-    assert report.ok, report.problems
+        _assert_verifies(log)
 
 
 def _append_in_child(path: str, n: int) -> None:
@@ -553,8 +554,7 @@ def test_a_forked_child_appends_whatever_the_parents_group_was_doing(db: Path) -
         child.join(timeout=120)
         assert child.exitcode == 0
         assert log.run_ids() == {run_id(1), run_id(2)}
-        report = log.verify()
-    assert report.ok, report.problems
+        _assert_verifies(log)
 
 
 def test_many_threads_append_through_two_logs(db: Path) -> None:
@@ -570,9 +570,7 @@ def test_many_threads_append_through_two_logs(db: Path) -> None:
         for t in in_threads([functools.partial(work, w) for w in range(threads_n)]):
             t.join(timeout=120)
             assert not t.is_alive()
-        report = first.verify()
-        assert report.ok, report.problems
-        assert report.count == threads_n * each
+        _assert_verifies(first, threads_n * each)
         for worker, entries in returned.items():
             assert [e.run_id for e in entries] == [f"t{worker}-{i}" for i in range(each)]
             # Each thread's records are in the chain in the order its appends returned.
