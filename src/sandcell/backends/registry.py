@@ -4,6 +4,10 @@ The rungs, weakest first:
 
 - ``namespaces``: Linux namespaces on the host's kernel (bubblewrap, seccomp, Landlock, cgroups).
   A kernel bug reachable through the allowed system calls reaches the host.
+- ``wasm``: Python compiled to WebAssembly (Pyodide, run by Node.js) inside a namespaces sandbox:
+  two walls, the program has no system calls of its own; Python and pure-Python packages only.
+  Ranked above namespaces (it is one, plus a wall), below gVisor (Node's own system calls still
+  reach the host's kernel).
 - ``gvisor``: gVisor's user-space kernel (``runsc``) between the program and the host's kernel.
 - ``microvm``: a dedicated guest kernel per run in a minimal virtual machine (QEMU ``microvm``).
 
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
     from sandcell.backends.base import Backend, BackendStatus
     from sandcell.backends.warm import WarmConfig
 
-BackendName = Literal["namespaces", "gvisor", "microvm"]
+BackendName = Literal["namespaces", "wasm", "gvisor", "microvm"]
 LADDER: tuple[BackendName, ...] = get_args(BackendName)
 """Every backend, weakest isolation first."""
 
@@ -38,17 +42,22 @@ ENV_BACKEND = "SANDCELL_BACKEND"
 
 _CLASSES: dict[BackendName, tuple[str, str]] = {
     "namespaces": ("sandcell.backends.namespaces", "NamespacesBackend"),
+    "wasm": ("sandcell.backends.wasm", "WasmBackend"),
     "gvisor": ("sandcell.backends.gvisor", "GVisorBackend"),
     "microvm": ("sandcell.backends.microvm", "MicroVMBackend"),
 }
 
-SWEEP_ORDER: tuple[BackendName, ...] = ("gvisor", "microvm", "namespaces")
+SWEEP_ORDER: tuple[BackendName, ...] = ("gvisor", "microvm", "wasm", "namespaces")
 """The order of :func:`sweep_stale`: gVisor's containers are deleted before anything removes
 their run directories (the microVM's sweep and the namespaces rung's remove those of every dead
 supervisor), and the host's shared sweep (the namespaces rung's) comes last."""
 
 PROTECTS: dict[BackendName, str] = {
     "namespaces": "the host's files, network, processes and resources; not a kernel bug",
+    "wasm": (
+        "also the program's own system calls: Python runs as WebAssembly (Pyodide) inside the "
+        "namespaces sandbox; Python only, pure-Python packages"
+    ),
     "gvisor": "also most host-kernel bugs: system calls are served by gVisor's own kernel",
     "microvm": "also a compromised guest kernel: each run has its own, behind a minimal VMM",
 }

@@ -35,9 +35,13 @@ def observed(
     rejected: tuple[RejectedExport, ...],
     enforcement: Enforcement,
     start: StartInfo | None = None,
+    heap_limit_bytes: int | None = None,
 ) -> BackendResult:
-    """The backend's result: outcome, usage (the cgroup's where it has them, else rusage)."""
-    outcome, reason = classify(launched, cg, request, cancel_reason=cancel_reason)
+    """The backend's result: outcome, usage (the cgroup's where it has them, else rusage).
+    ``heap_limit_bytes``: a memory maximum inside the sandbox (``Seen.heap_limit_bytes``)."""
+    outcome, reason = classify(
+        launched, cg, request, cancel_reason=cancel_reason, heap_limit_bytes=heap_limit_bytes
+    )
     usage = Usage(
         wall_ms=round(launched.wall_ms, 3),
         cpu_ms=round(cg.cpu_ms, 3)
@@ -70,6 +74,7 @@ def classify(
     request: RunRequest,
     *,
     cancel_reason: str | None = None,
+    heap_limit_bytes: int | None = None,
 ) -> tuple[Outcome, str]:
     """The outcome and its reason (:func:`sandcell.backends.host.outcome.classify`)."""
     limits = request.effective_limits
@@ -90,6 +95,7 @@ def classify(
         oom_killed=cg is not None and cg.oom_killed,
         cpu_ms=cg.cpu_ms if cg and cg.cpu_ms is not None else launched.cpu_ms_rusage,
         error="MemoryError" if memory_error else None,
+        heap_limit_bytes=heap_limit_bytes,
     )
     outcome, reason, _, _ = outcome_of(seen)
     return outcome, reason

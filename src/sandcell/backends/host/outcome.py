@@ -85,6 +85,9 @@ class Seen:
     """A cell's reply: ``"ok"``, ``"exit"``, ``"error"`` or ``"interrupted"``."""
     error: str | None = None
     """The exception a cell raised; for a run, ``"MemoryError"`` when it failed with one."""
+    heap_limit_bytes: int | None = None
+    """A memory maximum enforced inside the sandbox below the cgroup's (the wasm rung's Wasm
+    heap): a MemoryError is then that limit reached, not a bug of the program."""
 
 
 def classify(seen: Seen) -> Verdict:
@@ -138,6 +141,9 @@ def classify(seen: Seen) -> Verdict:
         return _reply(seen)
     if not cell and seen.mode is IsolationMode.RLIMITS and seen.error == "MemoryError":
         what = f"address-space limit of {lim.memory_bytes} bytes reached"
+        return Outcome.MEMORY_LIMIT, what, seen.exit_code, seen.signal
+    if not cell and seen.heap_limit_bytes is not None and seen.error == "MemoryError":
+        what = f"Wasm heap maximum of {seen.heap_limit_bytes} bytes reached"
         return Outcome.MEMORY_LIMIT, what, seen.exit_code, seen.signal
     code = seen.exit_code
     if cell:
@@ -227,6 +233,14 @@ def _reply(seen: Seen) -> Verdict:
             Outcome.MEMORY_LIMIT,
             f"address-space limit of {seen.limits.memory_bytes} bytes reached (a limit of the "
             "whole session); the session is kept",
+            1,
+            None,
+        )
+    if seen.heap_limit_bytes is not None and seen.error == "MemoryError":
+        return (
+            Outcome.MEMORY_LIMIT,
+            f"Wasm heap maximum of {seen.heap_limit_bytes} bytes reached (a limit of the whole "
+            "session); the session is kept",
             1,
             None,
         )

@@ -332,6 +332,7 @@ class NamespacesBackend:
                 artifacts=artifacts,
                 rejected=rejected,
                 enforcement=self.enforcement(request, layers, sockets),
+                heap_limit_bytes=self.heap_limit(request),
             )
         finally:
             if self._spare_cgroup is not None:
@@ -365,6 +366,11 @@ class NamespacesBackend:
             )
         # The native init as pid 1 above the boot: no Python fork per run (``_init.c``).
         return boot if self.native_init is None else [SANDBOX_INIT, *boot]
+
+    def heap_limit(self, request: RunRequest) -> int | None:
+        """A memory maximum the program meets inside the sandbox, below the cgroup's (None
+        here; the wasm rung's Wasm heap)."""
+        return None
 
     def _control_files(self, request: RunRequest) -> dict[str, bytes]:
         files = {code_path(request.language).name: request.code.encode("utf-8")}

@@ -1,0 +1,281 @@
+// sandcell's WebAssembly rung: CPython compiled to WebAssembly (Pyodide), run by Node.js inside
+// the namespaces sandbox of an ordinary run. Standalone: it imports nothing of sandcell.
+//
+//   node [permission flags] /sandcell/runner.mjs /sandcell/wasm.json
+//
+// The settings file (written by the host, read-only here) names Pyodide's directory, its memory
+// snapshot, the program, the working directory, the directories to mount and the Wasm heap's
+// maximum. Two modes:
+//
+// * "run": load Pyodide, run the program once as `python main.py` would (exit status, traceback
+//   on stderr), exit. Stdout and stderr are the process's; stdin is read from fd 0.
+// * "kernel": a session's kernel or a pooled sandbox. Pyodide runs on a worker thread; this thread
+//   serves the cell channel on fd 0 (4-byte big-endian length, then JSON, as `_kernel.py`) and
+//   turns SIGINT into Pyodide's interrupt (a KeyboardInterrupt in the running cell).
+//
+// What the program can reach is cut at four places, each enough on its own for what it covers:
+// the Python side (`_lockdown.py`: no `js`, `pyodide`, `pyodide_js`, `ctypes`, `micropip`, no
+// JavaScript object left reachable), this JavaScript realm (no `process`, `require`, `fetch`,
+// `WebAssembly` compile of new code, `eval` or `Function` of strings: Node's
+// --disallow-code-generation-from-strings), Node's permission model (files: the listed
+// directories only; no child processes, addons, WASI, inspector; workers only in kernel mode),
+// and around all of it the namespaces sandbox (seccomp, Landlock, cgroups, no network).
+
+import fs from "node:fs";
+import { isMainThread, parentPort, workerData, Worker } from "node:worker_threads";
+
+const settingsPath = isMainThread ? process.argv[2] : workerData.settingsPath;
+const S = JSON.parse(fs.readFileSync(settingsPath, "utf8"));
+const writeAll = (fd, bytes) => {
+  let off = 0;
+  while (off < bytes.length) {
+    try {
+      off += fs.writeSync(fd, bytes, off, bytes.length - off);
+    } catch (e) {
+      if (e.code === "EAGAIN") continue;
+      throw e;
+    }
+  }
+};
+const encoder = new TextEncoder();
+const say = (text) => writeAll(2, encoder.encode(`sandcell-wasm: ${text}\n`));
+
+// The Wasm heap's maximum: every WebAssembly.Memory made from here on grows at most to it, so a
+// program that asks for more gets a MemoryError from its allocator, inside the cgroup's limit.
+function capMemory(maxBytes) {
+  const Original = WebAssembly.Memory;
+  const pages = Math.max(1, Math.floor(maxBytes / 65536));
+  function Capped(desc) {
+    const d = { ...desc };
+    d.maximum = Math.min(d.maximum ?? pages, pages);
+    if (d.initial > d.maximum) d.initial = d.maximum;
+    return new Original(d);
+  }
+  Capped.prototype = Original.prototype;
+  WebAssembly.Memory = Capped;
+}
+
+async function loadPython(stdinFromFd) {
+  capMemory(S.heap_max_bytes);
+  // Emscripten's NODEFS reads the fs constants through process.binding, which Node's permission
+  // model refuses: they are the same as fs.constants.
+  const constants = { fs: fs.constants };
+  process.binding = (name) => {
+    if (name === "constants") return constants;
+    throw new Error(`process.binding(${name}) is not available`);
+  };
+  const { loadPyodide } = await import(`${S.pyodide_dir}/pyodide.mjs`);
+  const snapshot = S.snapshot ? fs.readFileSync(S.snapshot) : undefined;
+  const py = await loadPyodide({
+    indexURL: `${S.pyodide_dir}/`,
+    lockFileURL: `${S.pyodide_dir}/pyodide-lock.json`,
+    packageCacheDir: `${S.pyodide_dir}/`,
+    jsglobals: Object.freeze(Object.create(null)),
+    env: { ...S.env },
+    fullStdLib: false,
+    checkAPIVersion: true,
+    ...(snapshot ? { _loadSnapshot: snapshot } : {}),
+  });
+  // Raw bytes, unbuffered on this side: Python's own buffering decides when they are written.
+  py.setStdout({ write: (buf) => (writeAll(1, buf), buf.length) });
+  py.setStderr({ write: (buf) => (writeAll(2, buf), buf.length) });
+  if (stdinFromFd) {
+    py.setStdin({
+      read(buf) {
+        try {
+          return fs.readSync(0, buf, 0, buf.length, null);
+        } catch (e) {
+          if (e.code === "EOF") return 0;
+          throw e;
+        }
+      },
+    });
+  } else {
+    py.setStdin({ read: () => 0 });
+  }
+  const FS = py.FS;
+  const mkdirs = (path) => {
+    let cur = "";
+    for (const part of path.split("/").filter(Boolean)) {
+      cur += `/${part}`;
+      try {
+        FS.mkdir(cur);
+      } catch {
+        // exists
+      }
+    }
+  };
+  for (const [hostPath, wasmPath] of S.mounts) {
+    mkdirs(wasmPath);
+    FS.mount(FS.filesystems.NODEFS, { root: hostPath }, wasmPath);
+  }
+  // The program's text, for tracebacks' source lines, at the path it has outside.
+  mkdirs(S.program_path.slice(0, S.program_path.lastIndexOf("/")));
+  if (S.program) FS.writeFile(S.program_path, fs.readFileSync(S.program));
+  FS.chdir(S.cwd);
+  const lockdown = fs.readFileSync(S.lockdown, "utf8");
+  // In a namespace of its own: the program's __main__ is emptied before it runs.
+  const ns = py.globals.get("dict")();
+  ns.set("_sandcell_env", py.toPy(S.env));
+  ns.set("_sandcell_paths", py.toPy(S.python_paths));
+  py.runPython(lockdown, { globals: ns, filename: "<sandcell wasm lockdown>" });
+  const driver = ns.get("_sandcell_driver");
+  ns.destroy();
+  return { py, driver };
+}
+
+// After Pyodide is loaded, this realm keeps nothing a leaked JavaScript object could use to reach
+// Node: the globals that lead to the process, modules, the network or new code are removed.
+function emptyRealm() {
+  for (const name of [
+    "process", "require", "module", "exports", "fetch", "Request", "Response", "Headers",
+    "WebSocket", "EventSource", "XMLHttpRequest", "Worker", "SharedWorker", "importScripts",
+    "Buffer", "navigator", "BroadcastChannel", "MessageChannel", "MessagePort", "caches",
+    "FormData", "WebAssembly", "global",
+  ]) {
+    try {
+      delete globalThis[name];
+    } catch {
+      // not configurable: left, and unreachable from Python (no JavaScript object reaches it)
+    }
+  }
+  // Node's console holds the process's streams: a plain one that writes to stderr instead.
+  const line = (...args) => writeAll(2, encoder.encode(`${args.map(String).join(" ")}\n`));
+  globalThis.console = Object.freeze({ log: line, error: line, warn: line, info: line, debug: line });
+}
+
+async function runOnce() {
+  const { driver } = await loadPython(true);
+  const exitFn = process.reallyExit.bind(process);
+  emptyRealm();
+  let status;
+  try {
+    status = driver.run_program(S.program_path);
+  } catch (e) {
+    say(`the program could not be run: ${e && e.message ? e.message : e}`);
+    status = 70;
+  }
+  exitFn(status);
+}
+
+// -- kernel mode -------------------------------------------------------------------------------
+
+function kernelMain() {
+  const interrupt = new Int32Array(new SharedArrayBuffer(4));
+  const worker = new Worker(new URL(import.meta.url), {
+    workerData: { settingsPath, interrupt },
+    stdout: false,
+    stderr: false,
+  });
+  const ctl = 0;
+  const frame = (msg) => {
+    const body = Buffer.from(JSON.stringify(msg), "utf8");
+    const head = Buffer.alloc(4);
+    head.writeUInt32BE(body.length, 0);
+    writeAll(ctl, Buffer.concat([head, body]));
+  };
+  let inCell = false;
+  process.on("SIGINT", () => {
+    if (inCell) Atomics.store(interrupt, 0, 2);
+  });
+  const queue = [];
+  let busy = false;
+  const next = () => {
+    if (busy || queue.length === 0) return;
+    busy = true;
+    const msg = queue.shift();
+    worker.postMessage(msg);
+  };
+  worker.on("message", (m) => {
+    if (m.op === "hello") {
+      frame({ op: "hello", pid: process.pid, display: false });
+      readChannel();
+      return;
+    }
+    if (m.op === "started") {
+      inCell = true;
+      frame(m);
+      return;
+    }
+    if (m.op === "done") {
+      inCell = false;
+      Atomics.store(interrupt, 0, 0);
+      frame(m);
+      busy = false;
+      next();
+    }
+  });
+  worker.on("error", (e) => {
+    say(`the interpreter failed: ${e && e.message ? e.message : e}`);
+    process.reallyExit(70);
+  });
+  worker.on("exit", (code) => process.reallyExit(code === 0 ? 0 : 70));
+  let buf = Buffer.alloc(0);
+  function readChannel() {
+    const chunk = Buffer.alloc(65536);
+    fs.read(ctl, chunk, 0, chunk.length, null, (err, n) => {
+      if (err) {
+        if (err.code === "EAGAIN") return setTimeout(readChannel, 1);
+        process.reallyExit(0);
+      }
+      if (n === 0) process.reallyExit(0); // the host closed the channel: the session ends
+      buf = Buffer.concat([buf, chunk.subarray(0, n)]);
+      while (buf.length >= 4) {
+        const size = buf.readUInt32BE(0);
+        if (buf.length < 4 + size) break;
+        const body = buf.subarray(4, 4 + size).toString("utf8");
+        buf = buf.subarray(4 + size);
+        let msg;
+        try {
+          msg = JSON.parse(body);
+        } catch {
+          msg = { op: "invalid" };
+        }
+        queue.push(msg);
+      }
+      next();
+      readChannel();
+    });
+  }
+}
+
+async function kernelWorker() {
+  const { py, driver } = await loadPython(false);
+  py.setInterruptBuffer(workerData.interrupt);
+  emptyRealm();
+  const port = parentPort;
+  port.on("message", (msg) => {
+    const id = Number(msg.id ?? 0);
+    const started = () => port.postMessage({ op: "started", id });
+    let reply;
+    try {
+      if (msg.op === "cell" && typeof msg.code === "string") {
+        reply = driver.run_cell(id, msg.code, msg.scope ?? null, msg.cwd ?? null, started).toJs({
+          dict_converter: Object.fromEntries,
+        });
+      } else if (msg.op === "run" && typeof msg.code === "string") {
+        started();
+        const status = driver.run_text(msg.code, S.program_path);
+        reply = { op: "done", id, status: status === 0 ? "ok" : "exit", exit_code: status };
+      } else if (msg.op === "drop" && typeof msg.scope === "string") {
+        driver.drop_scope(msg.scope);
+        reply = { op: "done", id, status: "ok" };
+      } else {
+        reply = { op: "done", id, status: "error", error: "protocol" };
+      }
+    } catch (e) {
+      say(`a cell could not be run: ${e && e.message ? e.message : e}`);
+      reply = { op: "done", id, status: "error", error: "InternalError" };
+    }
+    port.postMessage({ ...reply, op: "done", id, out_dir: null });
+  });
+  port.postMessage({ op: "hello" });
+}
+
+if (!isMainThread) {
+  await kernelWorker();
+} else if (S.mode === "kernel") {
+  kernelMain();
+} else {
+  await runOnce();
+}

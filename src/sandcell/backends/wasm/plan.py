@@ -1,0 +1,114 @@
+"""What a wasm sandbox runs, as data: Node's command line and the runner's settings.
+
+Pure decisions from the request and the installed Pyodide (:mod:`~sandcell.backends.wasm.dist`);
+the backend writes them into the run's control directory and starts them through the namespaces
+sandbox. Node's permission model gets the narrowest lists the runner needs: it reads Pyodide, the
+control directory, the inputs and packages, and reads and writes the workspace and ``/tmp``; no
+child processes, workers (except a session's kernel, whose interpreter runs on one), addons or
+WASI, and no code built from strings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from sandcell.backends.host.layout import (
+    CONTROL_DIR,
+    PACKAGES_DIR,
+    SANDBOX_HOME,
+    SANDBOX_WORKDIR,
+)
+from sandcell.backends.wasm.dist import PyodideDist
+from sandcell.runtimes import code_path, common_env
+from sandcell.spec import MiB, RunRequest
+
+RUNNER = "runner.mjs"
+LOCKDOWN = "lockdown.py"
+SETTINGS = "wasm.json"
+
+
+def pyodide_mount(dist: PyodideDist) -> str:
+    """Where Pyodide's files appear in the sandbox: read-only, beside the packages."""
+    return f"{PACKAGES_DIR}/{dist.directory.name}"
+
+
+INTERPRETER_RESERVE = 160 * MiB
+"""What Node and Pyodide's compiled code take beside the Wasm heap (measured: ~150 MiB resident
+with Pyodide loaded): the heap's maximum is the run's memory limit less this, so that a program
+that fills its heap meets a MemoryError before the cgroup's limit kills the sandbox."""
+HEAP_FLOOR = 32 * MiB
+"""The smallest heap maximum: below it Pyodide cannot restore its snapshot."""
+
+Mode = Literal["run", "kernel"]
+
+
+@dataclass(frozen=True, slots=True)
+class WasmPlan:
+    """Node's argument list and the runner's settings file for one sandbox."""
+
+    argv: tuple[str, ...]
+    settings: dict[str, object]
+    heap_max_bytes: int
+
+    def settings_bytes(self) -> bytes:
+        return json.dumps(self.settings, sort_keys=True).encode()
+
+
+def heap_max(request: RunRequest) -> int:
+    """The Wasm heap's maximum for ``request`` (see :data:`INTERPRETER_RESERVE`)."""
+    memory = request.effective_limits.memory_bytes
+    return max(HEAP_FLOOR, memory - INTERPRETER_RESERVE)
+
+
+def node_argv(node: str, mode: Mode) -> tuple[str, ...]:
+    """Node's command line: the same for every run of a mode (a spare sandbox made ahead serves
+    any run), every per-run setting is in the settings file."""
+    reads = (f"{CONTROL_DIR}/", f"{PACKAGES_DIR}/", "/inputs/", f"{SANDBOX_WORKDIR}/",
+             f"{SANDBOX_HOME}/", "/tmp/")  # fmt: skip
+    writes = (f"{SANDBOX_WORKDIR}/", f"{SANDBOX_HOME}/", "/tmp/")
+    return (
+        node,
+        "--experimental-permission",
+        *(f"--allow-fs-read={p}" for p in reads),
+        *(f"--allow-fs-write={p}" for p in writes),
+        *(("--allow-worker",) if mode == "kernel" else ()),
+        "--disallow-code-generation-from-strings",
+        "--no-warnings",
+        "--max-old-space-size=256",
+        f"{CONTROL_DIR}/{RUNNER}",
+        f"{CONTROL_DIR}/{SETTINGS}",
+    )
+
+
+def plan(request: RunRequest, dist: PyodideDist, mode: Mode) -> WasmPlan:
+    """The plan of one sandbox running ``request`` (a run) or a session's kernel."""
+    mounts: list[list[str]] = [
+        [SANDBOX_WORKDIR, SANDBOX_WORKDIR],
+        [SANDBOX_HOME, SANDBOX_HOME],
+        ["/tmp", "/tmp"],
+    ]
+    if request.inputs:
+        mounts.append(["/inputs", "/inputs"])
+    python_paths = []
+    for pkg in request.packages:
+        path = f"{PACKAGES_DIR}/{pkg.name}"
+        mounts.append([path, path])
+        python_paths.append(path)
+    heap = heap_max(request)
+    program = str(code_path("python"))
+    settings: dict[str, object] = {
+        "mode": mode,
+        "pyodide_dir": pyodide_mount(dist),
+        "snapshot": f"{pyodide_mount(dist)}/{dist.snapshot.name}" if dist.snapshot else None,
+        "heap_max_bytes": heap,
+        "mounts": mounts,
+        "python_paths": python_paths,
+        "env": {**common_env(), **dict(request.env)},
+        "program": program if mode == "run" else None,
+        "program_path": program,
+        "cwd": SANDBOX_WORKDIR,
+        "lockdown": f"{CONTROL_DIR}/{LOCKDOWN}",
+    }
+    return WasmPlan(argv=node_argv(dist.node, mode), settings=settings, heap_max_bytes=heap)
