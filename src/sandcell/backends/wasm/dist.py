@@ -31,7 +31,10 @@ import platformdirs
 from sandcell.errors import IsolationUnavailable
 
 PYODIDE_VERSION = "0.29.3"
-PYODIDE_INTEGRITY = "sha512-22UBuhOJawj7vKUnS7/F3xK+515LJdjiMAHoCfuS6/PbHiOrSQVnYwDe+2sbVwiOZ3sMMexdXICew6NqOMQGgA=="
+PYODIDE_INTEGRITY = (
+    "sha512-22UBuhOJawj7vKUnS7/F3xK+515LJdjiMAHoCfuS6/PbHiOrSQVnYwDe+2sbVwiOZ3sMMexdXICew6NqOMQGgA"
+    "=="
+)
 """npm's ``dist.integrity`` of ``pyodide@0.29.3``: the tarball is refused unless it matches."""
 PYTHON_VERSION = "3.13.2"
 """The CPython that Pyodide 0.29.3 is a build of."""
