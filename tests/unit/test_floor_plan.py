@@ -3,10 +3,11 @@
 A rung (a package ``sandcell/backends/<rung>/`` named in the ladder) imports the shared host layer
 (``backends/host/``), the contracts (``backends/base.py``, the cell contract ``backends/cell/`` with
 its channel, loop and verdict), ``backends/warm.py`` and non-backend sandcell packages, never
-another rung. Outside the rungs, only the registry (``backends/registry.py``) builds a rung by name,
+another rung, except where :data:`BUILDS_ON` names the lower rung a rung is built on (wasm on
+namespaces). Outside the rungs, only the registry (``backends/registry.py``) builds a rung by name,
 and a CLI command that manages one rung's own artefacts may import that rung (``sandcell vm``: the
-microVM image). Every import counts: at module level, inside functions, under ``TYPE_CHECKING``, and
-``importlib.import_module`` with a literal name.
+microVM image; ``sandcell wasm``: the wasm rung's Pyodide). Every import counts: at module level,
+inside functions, under ``TYPE_CHECKING``, and ``importlib.import_module`` with a literal name.
 """
 
 from __future__ import annotations
@@ -24,8 +25,16 @@ RUNGS = frozenset(LADDER)
 ALLOWED_OUTSIDE: dict[str, frozenset[str]] = {
     "sandcell.backends.registry": RUNGS,
     "sandcell.cli.vm": frozenset({"microvm"}),
+    "sandcell.cli.wasm": frozenset({"wasm"}),
 }
 """Modules outside the rungs that may import a rung, and which."""
+
+BUILDS_ON: dict[str, frozenset[str]] = {
+    # The wasm rung is a namespaces sandbox with a WebAssembly wall inside it (see the docstring
+    # of sandcell/backends/wasm/__init__.py): it subclasses NamespacesBackend and reuses its plan.
+    "wasm": frozenset({"namespaces"}),
+}
+"""The one documented exception to "no rung imports another": a rung built on a lower one."""
 
 
 def _module_name(path: Path) -> str:
@@ -83,10 +92,13 @@ def _offences() -> list[str]:
         tree = ast.parse(path.read_text(), filename=str(path))
         home = _rung_of(module)
         allowed = ALLOWED_OUTSIDE.get(module, frozenset())
+        below = BUILDS_ON.get(home, frozenset()) if home else frozenset()
         seen: set[tuple[int, str]] = set()
         for line, name in _imported(tree, module, _is_package(path)):
             rung = _rung_of(name)
             if rung is None or rung == home or (home is None and rung in allowed):
+                continue
+            if rung in below:
                 continue
             if (line, rung) in seen:
                 continue
@@ -126,3 +138,22 @@ def test_the_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
         if (rung := _rung_of(name)) is not None
     }
     assert names == {"gvisor", "microvm", "namespaces"}
+
+
+def test_only_the_documented_rungs_build_on_another() -> None:
+    # The exception stays narrow: named rungs, each building on a lower rung of the ladder only.
+    assert set(BUILDS_ON) <= RUNGS
+    for rung, lower in BUILDS_ON.items():
+        assert lower <= RUNGS
+        assert all(LADDER.index(b) < LADDER.index(rung) for b in lower), (rung, lower)
+
+
+def test_the_reader_finds_a_rung_importing_another(tmp_path: Path) -> None:
+    # The check that no other rung imports another must still see such an import.
+    source = "from sandcell.backends.namespaces import NamespacesBackend\n"
+    names = {
+        rung
+        for _, name in _imported(ast.parse(source), "sandcell.backends.gvisor", package=True)
+        if (rung := _rung_of(name)) is not None
+    }
+    assert names == {"namespaces"} and "gvisor" not in BUILDS_ON

@@ -222,6 +222,19 @@ def make_snapshot(directory: Path, node: str) -> Path:
     return out
 
 
+def _make_readable_dirs(path: Path) -> None:
+    """``path`` and its missing parents, each 0755 whatever the umask: root installs for every
+    user of the host (the tests' unprivileged user included), and a run reads these files."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(exist_ok=True)
+        d.chmod(0o755)
+
+
 def install(base: Path | None = None) -> PyodideDist:
     """Fetch, check and unpack the pinned Pyodide, and make its snapshot (idempotent)."""
     node, node_version = find_node()
@@ -231,7 +244,7 @@ def install(base: Path | None = None) -> PyodideDist:
         _check_integrity(tarball)
         staging = target.with_name(f"{target.name}.new")
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        _make_readable_dirs(staging)
         with tarfile.open(tarball) as tf:
             for member in tf.getmembers():
                 if not member.isfile() or not member.name.startswith("package/"):
@@ -256,6 +269,7 @@ def install(base: Path | None = None) -> PyodideDist:
                 indent=1,
             )
         )
+        (staging / _MANIFEST).chmod(0o644)
         staging.chmod(0o755)
         old = target.with_name(f"{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)
