@@ -37,6 +37,7 @@ from sandcell import (
     input_from_path,
     result_to_dict,
 )
+from sandcell.backends.registry import LADDER
 from sandcell.backends.warm import WarmConfig
 from sandcell.spec import MiB
 
@@ -357,7 +358,7 @@ SANDBOX_PARAMS = [
 def parse_sandbox_param(param: str) -> tuple[str, str, str]:
     """``"root-microvm-pool"`` -> ``("root", "microvm", "pool")``."""
     identity, *rest = param.split("-")
-    backend = rest.pop(0) if rest and rest[0] in ("namespaces", "gvisor", "microvm") else None
+    backend = rest.pop(0) if rest and rest[0] in LADDER else None
     start = rest.pop(0) if rest else "cold"
     assert not rest and start in ("cold", "template", "pool"), param
     return identity, backend or "namespaces", start

@@ -18,8 +18,9 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the executor tests he
 
 
 def test_the_ladder_is_ordered_weakest_first() -> None:
-    assert registry.LADDER == ("namespaces", "gvisor", "microvm")
-    assert registry.rank("namespaces") < registry.rank("gvisor") < registry.rank("microvm")
+    assert registry.LADDER == ("namespaces", "wasm", "gvisor", "microvm")
+    ranks = [registry.rank(name) for name in ("namespaces", "wasm", "gvisor", "microvm")]
+    assert ranks == sorted(ranks) and len(set(ranks)) == 4
     assert set(registry.PROTECTS) == set(registry.LADDER)
 
 
@@ -74,7 +75,7 @@ def test_bad_isolation_sections_point_at_the_line(text: str, message: str) -> No
 def test_the_hostile_builtin_needs_a_microvm(tmp_path: Path) -> None:
     hostile = load_profile("hostile", profile_dir=tmp_path)
     assert (hostile.isolation.backend, hostile.isolation.minimum) == ("microvm", "microvm")
-    for weaker in ("namespaces", "gvisor"):
+    for weaker in ("namespaces", "wasm", "gvisor"):
         with pytest.raises(ConfigError, match="ask for microvm"):
             hostile.backend_for(weaker)
     matrix = render_matrix(hostile)

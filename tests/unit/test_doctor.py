@@ -31,6 +31,7 @@ NAMES = (
     "bash runtime",
     "kvm",
     "backend namespaces",
+    "backend wasm",
     "backend gvisor",
     "backend microvm",
 )
@@ -185,7 +186,12 @@ def test_one_row_per_backend_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(doctor, "probe", fake_probe)
     rows = {c.name: c for c in doctor.diagnose().checks if c.name.startswith("backend ")}
-    assert list(rows) == ["backend namespaces", "backend gvisor", "backend microvm"]
+    assert list(rows) == [
+        "backend namespaces",
+        "backend wasm",
+        "backend gvisor",
+        "backend microvm",
+    ]
     assert rows["backend gvisor"].ok and "protects" in rows["backend gvisor"].detail
     micro = rows["backend microvm"]
     assert not micro.ok and not micro.required and micro.fix == "run install-vm"

@@ -51,6 +51,11 @@ _PHRASES: Mapping[str, _Phrase] = {
     "guest_kernel_sha256": lambda v: f"guest kernel sha256 {v['guest_kernel_sha256']}",
     "guest_image_sha256": lambda v: f"guest image sha256 {v['guest_image_sha256']}",
     "guest_initrd_sha256": lambda v: f"guest initrd sha256 {v['guest_initrd_sha256']}",
+    # The wasm rung: the interpreter the program had is Pyodide's CPython, not the runtime's.
+    "pyodide": lambda v: (
+        f"Pyodide {v['pyodide']}" + (f" ({v['python']})" if v.get("python") else "")
+    ),
+    "node": lambda v: f"Node.js {v['node']}",
 }
 
 _TAKEN_BY: Mapping[str, str] = {
@@ -59,6 +64,7 @@ _TAKEN_BY: Mapping[str, str] = {
     "runsc_platform": "runsc",
     "runsc_rootless": "runsc",
     "runsc_path": "runsc",
+    "python": "pyodide",
 }
 """Keys shown inside another key's phrase (when that key is in the record)."""
 
