@@ -51,6 +51,7 @@ def classify_cell(
     kernel_status: int | None,
     protocol_error: str | None,
     cancel: CellCancel | None = None,
+    heap_limit_bytes: int | None = None,
 ) -> Verdict:
     """The verdict on a cell, by the classifier every rung shares
     (:func:`sandcell.backends.host.outcome.classify`).
@@ -92,6 +93,7 @@ def classify_cell(
         # A reply is the kernel's JSON: its words are named as sent.
         status=None if status is None else str(status),
         error=None if error is None else str(error),
+        heap_limit_bytes=heap_limit_bytes,
     )
     return classify(seen)
 

@@ -428,6 +428,7 @@ class SessionSandbox:
             kernel_status=self._reported_status(),
             protocol_error=self._protocol_error,
             cancel=cancel,
+            heap_limit_bytes=self.backend.heap_limit(self.request),
         )
         if ended_why is not None:
             self.ended = reason

@@ -26,6 +26,7 @@ removes the lockdown's finder; the JavaScript objects it makes reach only the em
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -35,7 +36,7 @@ from sandcell.backends.base import BackendResult, BackendStatus, Collector, Outp
 from sandcell.backends.host.layout import CONTROL_DIR
 from sandcell.backends.namespaces import NamespacesBackend
 from sandcell.backends.namespaces.prepared import SANDBOX_INIT, Layers, boot_command
-from sandcell.backends.warm import WarmConfig, WarmStats
+from sandcell.backends.warm import WarmConfig, WarmReport
 from sandcell.backends.wasm import capabilities, dist, plan
 from sandcell.errors import ConfigError, IsolationUnavailable
 from sandcell.run_sockets import SandboxSockets
@@ -88,19 +89,27 @@ class WasmBackend(NamespacesBackend):
         outer = [p for p in request.packages if p != self.dist.directory]
         return plan.plan(replace(request, packages=tuple(outer)), self.dist, mode)
 
-    def control_files(self, request: RunRequest, mode: plan.Mode) -> dict[str, bytes]:
+    def control_files(
+        self, request: RunRequest, mode: plan.Mode, *, programs: bool = False
+    ) -> dict[str, bytes]:
+        """The control directory's files; ``programs``: a kernel whose cells are programs (a
+        pooled sandbox)."""
+        settings = self.wasm_plan(request, mode).settings
         files = {
             plan.RUNNER: self._runner,
             plan.LOCKDOWN: self._lockdown,
-            plan.SETTINGS: self.wasm_plan(request, mode).settings_bytes(),
+            plan.SETTINGS: json.dumps({**settings, "programs": programs}).encode(),
         }
         if mode == "run":
             files[code_path("python").name] = request.code.encode("utf-8")
         return files
 
+    def node_argv(self, mode: plan.Mode) -> tuple[str, ...]:
+        return plan.node_argv(self.dist.node, mode)
+
     def node_command(self, runtime: Runtime, mode: plan.Mode) -> list[str]:
         """The sandbox's command: the boot (Landlock, then exec) starting Node."""
-        return boot_command(runtime.sandbox_python, "exec", *plan.node_argv(self.dist.node, mode))
+        return boot_command(runtime.sandbox_python, "exec", *self.node_argv(mode))
 
     # -- NamespacesBackend's hooks -------------------------------------------------------------
 
@@ -164,7 +173,7 @@ class WasmBackend(NamespacesBackend):
                 return pooled
         return self._run_cold(inner, run_id=run_id, collect=collect, on_output=on_output)
 
-    def warm_stats(self) -> WarmStats | None:
+    def warm_stats(self) -> WarmReport | None:  # type: ignore[override]  # a pool of sandboxes
         return self._pool.stats() if self._pool is not None else None
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ import linecache
 import os
 import sys
 import traceback
+from typing import Any
 
 _JS_MODULES = ("js", "pyodide_js", "pyodide", "_pyodide", "_pyodide_core", "micropip")
 _NATIVE = ("ctypes", "_ctypes")
@@ -33,14 +34,14 @@ _COMPILED = (
 _RUNGS_WITH_THEM = "namespaces, gvisor or microvm"
 
 
-def _root(name):
+def _root(name: str) -> str:
     return name.partition(".")[0]
 
 
 class _Refuse:
     """The first finder: an ImportError that says why for what the rung does not offer."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         root = _root(name)
         if root in _JS_MODULES:
             raise ImportError(
@@ -61,16 +62,16 @@ class _Refuse:
                 name=name,
             )
 
-    def find_module(self, name, path=None):  # older callers
+    def find_module(self, name: str, path: object = None) -> None:  # older callers
         self.find_spec(name, path)
 
 
-def _module_of(finder):
+def _module_of(finder: object) -> str:
     owner = finder if isinstance(finder, type) else type(finder)
     return getattr(owner, "__module__", "") or ""
 
 
-def _lock():
+def _lock() -> None:
     jsproxy_type = None
     js = sys.modules.get("js")
     if js is not None:
@@ -102,7 +103,7 @@ def _lock():
                     )
 
 
-def _exit_status(exc):
+def _exit_status(exc: SystemExit) -> int:
     code = exc.code
     if code is None:
         return 0
@@ -112,7 +113,7 @@ def _exit_status(exc):
     return 1
 
 
-def _print_exception(exc, skip):
+def _print_exception(exc: BaseException, skip: int) -> None:
     tb = exc.__traceback__
     for _ in range(skip):
         if tb is not None:
@@ -120,43 +121,60 @@ def _print_exception(exc, skip):
     traceback.print_exception(type(exc), exc, tb)
 
 
-def _flush():
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream has nothing left
             stream.flush()
 
 
 class _Driver:
-    def __init__(self, env):
+    def __init__(self, env: dict[str, str]) -> None:
         # The snapshot's environment is Pyodide's build host's: the run's replaces it.
         os.environ.clear()
         os.environ.update(env)
         self.main_ns = sys.modules["__main__"].__dict__
-        self.scopes = {}
+        self.scopes: dict[str, dict[str, Any]] = {}
 
-    def run_program(self, path):
+    def run_program(self, path: str) -> int:
         with open(path, encoding="utf-8") as f:
             code = f.read()
         return self.run_text(code, path)
 
-    def run_text(self, code, filename):
+    def program_cell(self, cell_id: int, code: str, filename: str) -> dict[str, Any]:
+        """A pooled sandbox's one program, replied to as a cell: its exit status, and the
+        exception that ended it (a MemoryError is the heap's maximum)."""
+        status, error = self.run_program_text(code, filename)
+        reply = {"op": "done", "id": cell_id, "status": "exit", "exit_code": status}
+        if error == "KeyboardInterrupt":  # the host's interrupt: its wall time or a cancel
+            reply["status"] = "interrupted"
+        elif error is not None:
+            reply.update(status="error", error=error)
+        return reply
+
+    def run_text(self, code: str, filename: str) -> int:
         """The program as ``python FILE`` runs it: a fresh ``__main__``, its exit status."""
+        return self.run_program_text(code, filename)[0]
+
+    def run_program_text(self, code: str, filename: str) -> tuple[int, str | None]:
+        """:meth:`run_text`'s exit status, and the exception that ended the program."""
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         ns = {"__name__": "__main__", "__file__": filename, "__builtins__": builtins}
         self.main_ns.clear()
         self.main_ns.update(ns)
-        status = 0
+        status, error = 0, None
         try:
             exec(compile(code, filename, "exec", dont_inherit=True), self.main_ns)  # noqa: S102
         except SystemExit as exc:
             status = _exit_status(exc)
         except BaseException as exc:
             _print_exception(exc, 1)
-            status = 1
+            status, error = 1, type(exc).__name__
         _flush()
-        return status
+        return status, error
 
-    def run_cell(self, cell_id, code, scope, cwd):
+    def run_cell(
+        self, cell_id: int, code: str, scope: str | None, cwd: str | None
+    ) -> dict[str, Any]:
         filename = f"<cell {cell_id}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         ns = self.main_ns
@@ -201,7 +219,7 @@ class _Driver:
         _flush()
         return reply
 
-    def drop_scope(self, name):
+    def drop_scope(self, name: str) -> None:
         self.scopes.pop(name, None)
 
 

@@ -250,13 +250,14 @@ async function kernelWorker() {
     let reply;
     try {
       if (msg.op === "cell" && typeof msg.code === "string") {
-        reply = driver.run_cell(id, msg.code, msg.scope ?? null, msg.cwd ?? null, started).toJs({
-          dict_converter: Object.fromEntries,
-        });
-      } else if (msg.op === "run" && typeof msg.code === "string") {
         started();
-        const status = driver.run_text(msg.code, S.program_path);
-        reply = { op: "done", id, status: status === 0 ? "ok" : "exit", exit_code: status };
+        const fn = S.programs ? driver.program_cell : driver.run_cell;
+        const args = S.programs
+          ? [id, msg.code, S.program_path]
+          : [id, msg.code, msg.scope ?? undefined, msg.cwd ?? undefined];
+        const result = fn(...args);
+        reply = result.toJs({ dict_converter: Object.fromEntries });
+        result.destroy();
       } else if (msg.op === "drop" && typeof msg.scope === "string") {
         driver.drop_scope(msg.scope);
         reply = { op: "done", id, status: "ok" };

@@ -10,7 +10,6 @@ WASI, and no code built from strings.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,9 +50,6 @@ class WasmPlan:
     argv: tuple[str, ...]
     settings: dict[str, object]
     heap_max_bytes: int
-
-    def settings_bytes(self) -> bytes:
-        return json.dumps(self.settings, sort_keys=True).encode()
 
 
 def heap_max(request: RunRequest) -> int:
