@@ -74,7 +74,15 @@ def test_policy_list(home: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     names = [line.split()[0] for line in lines[2:] if line.strip()]
-    assert names == ["strict", "analysis", "datascience", "hostile", "supervised", "unchecked"]
+    assert names == [
+        "strict",
+        "analysis",
+        "datascience",
+        "hostile",
+        "pure",
+        "supervised",
+        "unchecked",
+    ]
     assert "strict (default)" in proc.stdout
     assert "UNUSABLE" not in proc.stdout
 
@@ -108,11 +116,28 @@ def test_policy_show_analysis(home: Path) -> None:
     assert len(as_json["sha256"]) == 64
 
 
+@needs_root
+def test_the_pure_profile_runs_on_the_wasm_rung(home: Path) -> None:
+    proc = sandcell(home, "run", "--json", "--profile", "pure", "-c", "print(sum(range(10)))")
+    if "wasm is unavailable" in proc.stderr:
+        backend_unavailable("wasm", proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["stdout"] == "45\n"
+    assert result["enforcement"]["backend"] == "wasm"
+    # Python only: the profile refuses bash before any rung is asked.
+    bash = sandcell(home, "run", "--profile", "pure", "--lang", "bash", "-c", "echo hi")
+    assert bash.returncode == EXIT_CONFIG and "does not allow bash" in bash.stderr
+
+
 def test_policy_show_unknown(home: Path) -> None:
     proc = sandcell(home, "policy", "show", "nosuch")
     assert proc.returncode == EXIT_CONFIG
     assert "nosuch" in proc.stderr
-    assert "available: strict, analysis, datascience, hostile, supervised, unchecked" in proc.stderr
+    assert (
+        "available: strict, analysis, datascience, hostile, pure, supervised, unchecked"
+        in proc.stderr
+    )
 
 
 # --- check ------------------------------------------------------------------------------------

@@ -84,6 +84,16 @@ def test_the_hostile_builtin_needs_a_microvm(tmp_path: Path) -> None:
         assert load_profile(name, profile_dir=tmp_path).backend_for(None) == "namespaces"
 
 
+def test_the_pure_builtin_chooses_the_wasm_rung_and_python_only(tmp_path: Path) -> None:
+    pure = load_profile("pure", profile_dir=tmp_path)
+    assert pure.backend_for(None) == "wasm"
+    # Any rung may be asked for by name (a program that needs numpy: namespaces).
+    assert pure.backend_for("namespaces") == "namespaces"
+    assert pure.runtime.languages == ("python",)
+    assert pure.network.mode == "none"
+    assert "pure-Python packages only" in pure.description
+
+
 @needs_root
 def test_the_executor_refuses_a_rung_below_the_minimum(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
