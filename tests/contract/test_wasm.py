@@ -1,0 +1,290 @@
+"""The wasm rung's contract, with real sandboxes: Pyodide run by Node.js in a namespaces sandbox.
+
+As root through the in-process executor (``backend="wasm"``) and as an ordinary user through the
+CLI (``--backend wasm``): each limit ends the run with its outcome (the memory limit as the Wasm
+heap's maximum), inputs, exports, stdin, exit status and tracebacks work as on the other rungs, the
+run record names the rung's layers, and what the rung cannot run (bash, numpy, the network) is
+refused before the run with the rungs that can. The escapes are tests/escapes/test_wasm_escapes.py.
+Each cold run costs about half a second: a program proves several facts where it can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from tests.conftest import (
+    Sandbox,
+    UnprivEnv,
+    _cli_args,
+    _limits,
+    ladder_executor,
+    run_as_user,
+)
+
+from sandcell import (
+    ConfigError,
+    Executor,
+    IsolationMode,
+    RunRequest,
+    input_from_path,
+    result_to_dict,
+)
+
+IDENTITIES = ["root", "user"]
+OTHER_RUNGS = "namespaces, gvisor or microvm"
+V8_NO_ADDRESS_SPACE = b"Failed to reserve virtual memory for CodeRange"
+
+
+def wasm_executor(request: pytest.FixtureRequest, root_home: Path) -> Executor:
+    """The suite's root executor on the wasm rung (skips, or fails where CI requires the rung,
+    when Pyodide is not installed)."""
+    return ladder_executor(request.getfixturevalue("ladder_executors"), root_home, "wasm", "cold")
+
+
+def wasm_sandbox(
+    request: pytest.FixtureRequest, identity: str, root_home: Path, tmp_path: Path
+) -> Sandbox:
+    """A runner of cold wasm runs as ``identity`` (``root`` or ``user``), with the shared
+    ``sandbox`` fixture's signature: ``run(code, inputs=, exports=, stdin=, **limits)`` returns the
+    JSON result; a refusal before the run raises ConfigError, for both identities."""
+    if identity == "root":
+        ex = wasm_executor(request, root_home)
+
+        def run_root(
+            code: str,
+            *,
+            lang: str = "python",
+            inputs: Sequence[Path] = (),
+            exports: Sequence[str] = (),
+            stdin: bytes = b"",
+            **limits: float,
+        ) -> dict[str, object]:
+            req = RunRequest(
+                code=code,
+                language=lang,  # type: ignore[arg-type]
+                inputs=tuple(input_from_path(p) for p in inputs),
+                exports=tuple(exports),
+                stdin=stdin,
+                limits=_limits(limits),
+            )
+            return result_to_dict(ex.run(req))
+
+        return Sandbox(identity="root", run=run_root, home=root_home, backend="wasm")
+
+    env: UnprivEnv = request.getfixturevalue("unpriv")  # root only: it skips otherwise
+    # The root executor is built first: it skips this host when the rung is not installed.
+    wasm_executor(request, root_home)
+    for p in (tmp_path, *tmp_path.parents):
+        if p == Path("/"):
+            break
+        p.chmod(p.stat().st_mode | 0o005)
+
+    def run_user(
+        code: str,
+        *,
+        lang: str = "python",
+        inputs: Sequence[Path] = (),
+        exports: Sequence[str] = (),
+        stdin: bytes = b"",
+        **limits: float,
+    ) -> dict[str, object]:
+        args = _cli_args(code, lang=lang, inputs=inputs, exports=exports, limits=limits)
+        args.insert(1, "--backend=wasm")
+        if env.mode is IsolationMode.RLIMITS:
+            args.insert(1, "--isolation=rlimits")
+        if stdin:
+            stdin_file = tmp_path / f"stdin-{os.urandom(4).hex()}"
+            stdin_file.write_bytes(stdin)
+            stdin_file.chmod(0o644)
+            args += ["--stdin", str(stdin_file)]
+        proc = run_as_user(env, args)
+        if env.mode is IsolationMode.RLIMITS and V8_NO_ADDRESS_SPACE in proc.stdout:
+            # A known bug, reported: the rlimits mode's RLIMIT_AS (the memory limit) is far
+            # below the address space V8 reserves, so Node dies before the program starts.
+            # Only this exact symptom is excused; a fixed rung runs every user test again.
+            pytest.xfail(f"wasm rung under --isolation=rlimits: Node killed: {V8_NO_ADDRESS_SPACE}")
+        if proc.returncode == 78 and not proc.stdout:
+            raise ConfigError(proc.stderr.decode(errors="replace").strip())
+        try:
+            out: dict[str, object] = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(
+                f"sandcell as {env.user} printed no JSON (exit {proc.returncode}): "
+                f"{proc.stderr.decode(errors='replace')}"
+            ) from None
+        return out
+
+    return Sandbox(identity="user", run=run_user, home=env.home, backend="wasm")
+
+
+@pytest.fixture(params=IDENTITIES)
+def wasm(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
+    return wasm_sandbox(request, str(request.param), root_home, tmp_path)
+
+
+@pytest.fixture
+def wasm_root(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
+    return wasm_sandbox(request, "root", root_home, tmp_path)
+
+
+def _show(r: dict[str, object]) -> str:
+    return f"{r['outcome']} ({r['reason']}): stdout={r['stdout']!r} stderr={r['stderr']!r}"
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def test_runs_in_sandbox_workdir_with_inputs_stdin_exports_and_exit_status(
+    wasm: Sandbox, tmp_path: Path
+) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("from the host\n")
+    data.chmod(0o644)
+    r = wasm.run(
+        """
+import os, sys
+print(os.getcwd())
+print(open('/inputs/data.txt').read().strip(), open('data.txt').read().strip())
+print(os.path.islink('data.txt'), os.readlink('data.txt'))
+print(sys.stdin.read())
+with open('result.txt', 'w') as f:
+    f.write('made inside')
+sys.exit(3)
+""",
+        inputs=[data],
+        exports=["result.txt"],
+        stdin=b"from stdin",
+    )
+    assert r["outcome"] == "error" and r["exit_code"] == 3, _show(r)
+    assert str(r["stdout"]).splitlines() == [
+        "/sandbox",
+        "from the host from the host",
+        "True /inputs/data.txt",
+        "from stdin",
+    ], _show(r)
+    artifacts = r["artifacts"]
+    assert isinstance(artifacts, list)
+    assert [(a["path"], a["size"]) for a in artifacts] == [("result.txt", 11)], artifacts
+
+
+def test_traceback_names_the_program_on_stderr(wasm_root: Sandbox) -> None:
+    r = wasm_root.run("x = 1\nraise ValueError('boom')")
+    assert r["outcome"] == "error" and r["exit_code"] == 1, _show(r)
+    stderr = str(r["stderr"])
+    assert 'File "/sandcell/main.py", line 2' in stderr and "ValueError: boom" in stderr, stderr
+
+
+def test_enforcement_names_the_rung_and_its_layers(wasm: Sandbox) -> None:
+    r = wasm.run("print('ok')")
+    assert r["outcome"] == "ok" and r["stdout"] == "ok\n", _show(r)
+    enf = r["enforcement"]
+    assert isinstance(enf, dict) and enf["backend"] == "wasm", enf
+    layers = enf["layers"]
+    for layer in ("webassembly", "wasm_heap", "javascript", "node_permissions"):
+        assert layer in layers, f"no {layer} layer in {sorted(layers)}"
+    # The outer wall is an ordinary namespaces sandbox.
+    assert "seccomp" in layers and "network_namespace" in layers, sorted(layers)
+
+
+# Reported bug: open('/inputs/data.txt', 'w') succeeds inside Pyodide (the host's file is not
+# changed), the write then fails at close with EBADF instead of EACCES or EROFS, and from then on
+# the program's stdin is gone (sys.stdin.read() raises EBADF): the refused open seems to leave the
+# NODEFS stream on Node's fd 0. Strict: the test fails once this is fixed.
+@pytest.mark.xfail(strict=True, reason="a refused write to /inputs breaks stdin (reported)")
+def test_a_refused_write_is_a_permission_error_and_leaves_stdin_readable(
+    wasm_root: Sandbox, tmp_path: Path
+) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("original\n")
+    r = wasm_root.run(
+        """
+import errno, sys
+try:
+    open('/inputs/data.txt', 'w')
+except OSError as e:
+    print('refused', e.errno in (errno.EACCES, errno.EPERM, errno.EROFS), e)
+print(sys.stdin.read())
+""",
+        inputs=[data],
+        stdin=b"still here",
+    )
+    assert r["outcome"] == "ok", _show(r)
+    assert str(r["stdout"]).splitlines()[0].startswith("refused True"), _show(r)
+    assert str(r["stdout"]).splitlines()[1] == "still here", _show(r)
+
+
+# --- limits ---------------------------------------------------------------------------------
+
+
+def test_wall_time_limit_is_a_timeout(wasm_root: Sandbox) -> None:
+    r = wasm_root.run("while True: pass", wall_time_s=3)
+    assert r["outcome"] == "timeout", _show(r)
+
+
+def test_memory_limit_is_the_wasm_heaps_maximum(wasm: Sandbox) -> None:
+    r = wasm.run("b = bytearray(600 << 20)\nprint(len(b))", memory_mb=512)
+    assert r["outcome"] == "memory_limit", _show(r)
+    assert "Wasm heap" in str(r["reason"]), r["reason"]
+    assert r["stdout"] == "", _show(r)
+
+
+def test_stdout_cap_is_an_output_limit(wasm_root: Sandbox) -> None:
+    r = wasm_root.run("print('x' * 100_000)", stdout_bytes=1000)
+    assert r["outcome"] == "output_limit" and r["stdout_truncated"], _show(r)
+    assert len(str(r["stdout"])) <= 1000
+
+
+def test_workspace_cap_is_no_space_left(wasm_root: Sandbox) -> None:
+    r = wasm_root.run(
+        """
+import errno
+try:
+    with open('big', 'wb') as f:
+        f.write(b'x' * (40 << 20))
+except OSError as e:
+    print('refused', e.errno == errno.ENOSPC)
+else:
+    print('wrote 40 MiB')
+""",
+        workspace_mb=16,
+    )
+    assert r["outcome"] == "ok" and r["stdout"] == "refused True\n", _show(r)
+
+
+# --- refused before the run -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "lang", "says"),
+    [
+        ("echo hi", "bash", "runs Python only"),
+        ("import numpy as np\nprint(np.ones(2))", "python", "imports numpy"),
+        ("from pandas import DataFrame", "python", "imports pandas"),
+    ],
+    ids=["bash", "numpy", "pandas"],
+)
+def test_refuses_what_it_cannot_run_and_names_the_rungs_that_can(
+    wasm: Sandbox, code: str, lang: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        wasm.run(code, lang=lang)
+    assert says in str(info.value) and OTHER_RUNGS in str(info.value), str(info.value)
+
+
+def test_refuses_a_way_outside(request: pytest.FixtureRequest, root_home: Path) -> None:
+    """A run with the network or governed tools gets sandbox sockets; the rung has no way to
+    speak them, and refuses rather than running without them."""
+    ex = wasm_executor(request, root_home)
+    with pytest.raises(ConfigError) as info:
+        ex.backend.run(
+            RunRequest(code="print(1)"),
+            run_id="wasm-outside",
+            collect=lambda ws: ((), ()),
+            sockets=object(),  # type: ignore[arg-type]
+        )
+    assert "no network and no governed tools" in str(info.value), str(info.value)
+    assert OTHER_RUNGS in str(info.value)
