@@ -352,6 +352,10 @@ SANDBOX_PARAMS = [
     # pooled VMs, restored from a snapshot; tests/contract/test_microvm.py covers cold boots.
     "root-microvm-pool",
     "user-microvm-pool",
+    # Python in WebAssembly inside a namespaces sandbox: pooled as root (the start a caller
+    # keeps warm), cold as the user (the rootless launch of Node and Pyodide's snapshot).
+    "root-wasm-pool",
+    "user-wasm",
 ]
 
 
@@ -388,6 +392,30 @@ def make_sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path
     """The ``sandbox`` fixture's runner for ``request.param`` (a :data:`SANDBOX_PARAMS` entry);
     a module that runs another set of cases defines its own ``sandbox`` fixture with it."""
     identity, backend, start = parse_sandbox_param(str(request.param))
+    runner = _make_runner(request, root_home, tmp_path, identity, backend, start)
+    if backend != "wasm":
+        return runner
+
+    def run_wasm(code: str, *, lang: str = "python", **kwargs: object) -> dict[str, object]:
+        # The wasm rung runs Python only: a bash case does not apply there (its refusal before
+        # the run has its own test, tests/contract/test_wasm.py).
+        if lang != "python":
+            pytest.skip(f"the wasm rung runs Python only, not {lang}: no processes, no shell")
+        return runner.run(code, lang=lang, **kwargs)
+
+    return Sandbox(
+        identity=runner.identity, run=run_wasm, home=runner.home, start=start, backend=backend
+    )
+
+
+def _make_runner(
+    request: pytest.FixtureRequest,
+    root_home: Path,
+    tmp_path: Path,
+    identity: str,
+    backend: str,
+    start: str,
+) -> Sandbox:
     if identity == "root":
         if backend == "namespaces":
             ex: Executor = request.getfixturevalue(

@@ -93,9 +93,40 @@ def raw_syscall(what, nr, *args, ok=(errno.EPERM,)):
 '''
 
 
-def attack_code(body: str) -> str:
-    """An attack program: the prelude, the body (dedented), the completion marker."""
-    return PRELUDE + textwrap.dedent(body).strip("\n") + f"\nprint({END!r}, flush=True)\n"
+NATIVE = ("raw_syscall", "_libc", "ctypes")
+"""What an attack needs native code for: on the wasm rung, which has none, it cannot apply."""
+
+
+def _wasm_prelude() -> str:
+    """The prelude without ctypes (refused on the wasm rung, and its system calls do not
+    exist there: a program in WebAssembly reaches only Pyodide's own emulation of them)."""
+    keep, skip = [], False
+    for line in PRELUDE.splitlines(keepends=True):
+        if line.startswith(("def _arg", "def raw_syscall", "_libc =")):
+            skip = not line.startswith("_libc =")
+            continue
+        if skip and line.strip() and not line.startswith((" ", "\t")):
+            skip = False
+        if not skip:
+            keep.append(line.replace("import ctypes, errno", "import errno"))
+    return "".join(keep)
+
+
+def attack_code(body: str, *, backend: str = "namespaces") -> str:
+    """An attack program: the prelude, the body (dedented), the completion marker. On the wasm
+    rung an attack that needs native code skips with the reason (it cannot be attempted)."""
+    text = textwrap.dedent(body).strip("\n")
+    prelude = PRELUDE
+    if backend == "wasm":
+        used = [n for n in NATIVE if n in text]
+        if used:
+            pytest.skip(
+                f"the wasm rung has no native code and no system calls of its own: "
+                f"{', '.join(used)} cannot be attempted there (ctypes is refused, "
+                "tests/contract/test_wasm.py)"
+            )
+        prelude = _wasm_prelude()
+    return prelude + text + f"\nprint({END!r}, flush=True)\n"
 
 
 def _show(result: Mapping[str, object]) -> str:
@@ -115,7 +146,7 @@ class Attack:
     home: Path
 
     def run(self, body: str, *, raw: bool = False, **kw: Any) -> dict[str, object]:
-        code = body if raw else attack_code(body)
+        code = body if raw else attack_code(body, backend=self.sandbox.backend)
         result: dict[str, object] = self.sandbox.run(code, **kw)
         return result
 
