@@ -139,11 +139,11 @@ def classify(seen: Seen) -> Verdict:
             return death
     if not died:
         return _reply(seen)
-    if not cell and seen.mode is IsolationMode.RLIMITS and seen.error == "MemoryError":
-        what = f"address-space limit of {lim.memory_bytes} bytes reached"
-        return Outcome.MEMORY_LIMIT, what, seen.exit_code, seen.signal
     if not cell and seen.heap_limit_bytes is not None and seen.error == "MemoryError":
         what = f"Wasm heap maximum of {seen.heap_limit_bytes} bytes reached"
+        return Outcome.MEMORY_LIMIT, what, seen.exit_code, seen.signal
+    if not cell and seen.mode is IsolationMode.RLIMITS and seen.error == "MemoryError":
+        what = f"address-space limit of {lim.memory_bytes} bytes reached"
         return Outcome.MEMORY_LIMIT, what, seen.exit_code, seen.signal
     code = seen.exit_code
     if cell:
@@ -228,19 +228,19 @@ def _reply(seen: Seen) -> Verdict:
         if code == 0:
             return Outcome.OK, "the cell called exit with status 0", 0, None
         return Outcome.ERROR, f"the cell called exit with status {code}", code, None
-    if seen.mode is IsolationMode.RLIMITS and seen.error == "MemoryError":
-        return (
-            Outcome.MEMORY_LIMIT,
-            f"address-space limit of {seen.limits.memory_bytes} bytes reached (a limit of the "
-            "whole session); the session is kept",
-            1,
-            None,
-        )
     if seen.heap_limit_bytes is not None and seen.error == "MemoryError":
         return (
             Outcome.MEMORY_LIMIT,
             f"Wasm heap maximum of {seen.heap_limit_bytes} bytes reached (a limit of the whole "
             "session); the session is kept",
+            1,
+            None,
+        )
+    if seen.mode is IsolationMode.RLIMITS and seen.error == "MemoryError":
+        return (
+            Outcome.MEMORY_LIMIT,
+            f"address-space limit of {seen.limits.memory_bytes} bytes reached (a limit of the "
+            "whole session); the session is kept",
             1,
             None,
         )

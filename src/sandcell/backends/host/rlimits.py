@@ -22,8 +22,12 @@ class Rlimit:
     hard: int
 
 
-def plan_rlimits(limits: Limits, mode: IsolationMode) -> tuple[Rlimit, ...]:
-    """The rlimits of a run (pure)."""
+def plan_rlimits(
+    limits: Limits, mode: IsolationMode, *, address_space: bool = True
+) -> tuple[Rlimit, ...]:
+    """The rlimits of a run (pure). ``address_space=False``: no RLIMIT_AS in the ``rlimits``
+    mode, for a sandbox whose program bounds its memory otherwise (the wasm rung: V8 reserves
+    gigabytes of address space it never uses, and its Wasm heap has a maximum of its own)."""
     cpu = int(limits.cpu_time_s)
     plan = [
         # The hard CPU limit one second above the soft one: SIGXCPU first, SIGKILL if ignored.
@@ -42,14 +46,17 @@ def plan_rlimits(limits: Limits, mode: IsolationMode) -> tuple[Rlimit, ...]:
         ),
         Rlimit(name="RLIMIT_CORE", resource=resource.RLIMIT_CORE, soft=0, hard=0),
     ]
-    if mode is IsolationMode.RLIMITS:
-        plan += [
+    if mode is IsolationMode.RLIMITS and address_space:
+        plan.append(
             Rlimit(
                 name="RLIMIT_AS",
                 resource=resource.RLIMIT_AS,
                 soft=limits.memory_bytes,
                 hard=limits.memory_bytes,
-            ),
+            )
+        )
+    if mode is IsolationMode.RLIMITS:
+        plan += [
             # Counted per user namespace on current kernels, so it counts only the sandbox.
             Rlimit(
                 name="RLIMIT_NPROC",

@@ -123,7 +123,9 @@ class PreparedSandbox:
         self.mounted = False
         self.helper: HelperChannel | None = None
         """The workspace helper's pipes, once :meth:`argv` decided that one runs the sandbox."""
-        self._rlimits = plan_rlimits(self.limits, request.mode)
+        self._rlimits = plan_rlimits(
+            self.limits, request.mode, address_space=backend.heap_limit(request) is None
+        )
         self._written: list[Path] = []
         """The control files written here, removed by name (see :meth:`remove`)."""
         self.view = self.run_dir / "view"

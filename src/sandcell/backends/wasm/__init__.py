@@ -41,7 +41,7 @@ from sandcell.backends.wasm import capabilities, dist, plan
 from sandcell.errors import ConfigError, IsolationUnavailable
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import Runtime, code_path
-from sandcell.spec import Enforcement, RunRequest
+from sandcell.spec import Enforcement, IsolationMode, RunRequest
 
 if TYPE_CHECKING:
     from sandcell.backends.cell import CellSandbox
@@ -151,7 +151,18 @@ class WasmBackend(NamespacesBackend):
                 "read-write; no child processes, addons or WASI"
             ),
         }
-        return replace(outer, backend=self.name, layers={**outer.layers, **wasm})
+        weakened = outer.weakened
+        if request.mode is IsolationMode.RLIMITS:
+            # No RLIMIT_AS here (host/rlimits.py): Node cannot start under one.
+            wasm["rlimits"] = "cpu, open files, file size, core, processes"
+            weakened = tuple(
+                "cgroups: memory by the Wasm heap maximum (enforced by V8; no RLIMIT_AS: V8 "
+                "reserves gigabytes of address space), processes by RLIMIT_NPROC"
+                if w.startswith("cgroups:")
+                else w
+                for w in weakened
+            )
+        return replace(outer, backend=self.name, layers={**outer.layers, **wasm}, weakened=weakened)
 
     # -- the run -------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ const writeAll = (fd, bytes) => {
   }
 };
 const encoder = new TextEncoder();
+const EACCES = 2; // WebAssembly's libc (musl) numbers, as Pyodide's errno module has them
 const say = (text) => writeAll(2, encoder.encode(`sandcell-wasm: ${text}\n`));
 
 // The Wasm heap's maximum: every WebAssembly.Memory made from here on grows at most to it, so a
@@ -94,6 +95,11 @@ async function loadPython(stdinFromFd) {
     py.setStdin({ read: () => 0 });
   }
   const FS = py.FS;
+  // Node's permission model refuses a write outside the writable directories with an error
+  // Emscripten does not know (ERR_ACCESS_DENIED): as EACCES, not a broken stream.
+  const NODEFS = FS.filesystems.NODEFS;
+  const convert = NODEFS.convertNodeCode.bind(NODEFS);
+  NODEFS.convertNodeCode = (e) => (e && e.code === "ERR_ACCESS_DENIED" ? EACCES : convert(e));
   const mkdirs = (path) => {
     let cur = "";
     for (const part of path.split("/").filter(Boolean)) {
