@@ -408,6 +408,48 @@ def make_sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path
     )
 
 
+WASM_HAS_NO = {
+    "processes": (
+        "no processes: Python in WebAssembly cannot fork, exec, wait for or signal another "
+        "process (Pyodide has no os.fork or subprocess; os.kill is Emscripten's stub, which "
+        "refuses every signal with EPERM and makes no system call); tests/escapes/"
+        "test_wasm_escapes.py tries them"
+    ),
+    "sockets": (
+        "no sockets of the kernel: socket() is Emscripten's emulation, which hands back an "
+        "object for any family and type without a system call, so the attempt 'succeeds' "
+        "while nothing reaches the kernel; tests/escapes/test_wasm_escapes.py proves no "
+        "connection arrives"
+    ),
+    "outside": (
+        "no network and no governed tools: a run with an allowlist or tools is refused before "
+        "it starts (tests/contract/test_wasm.py), so there is no proxy or gateway to attack"
+    ),
+    "host_tree": (
+        "no host tree to hide: the program's / is Pyodide's in-memory filesystem (its standard "
+        "library, /tmp, /dev, the workspace and inputs), none of the host's /etc, /usr, /proc "
+        "or mounts are there to probe; tests/escapes/test_wasm_escapes.py checks host files"
+    ),
+    "special_files": (
+        "no special files: Pyodide's filesystem has no os.mkfifo, AF_UNIX sockets or device "
+        "nodes (os.mknod), and its os.link/os.symlink to paths outside are refused, so the "
+        "attack cannot make what the export would have to refuse"
+    ),
+    "packages": (
+        "no compiled packages: the wasm rung refuses numpy, pandas and matplotlib before the "
+        "run (tests/contract/test_wasm.py asserts the refusal)"
+    ),
+}
+"""What the wasm rung does not have, so that a test of it cannot apply there: the reasons."""
+
+
+def wasm_cannot(sandbox: Sandbox, what: str) -> None:
+    """Skip on the wasm rung a test of something it has none of (``what``: a key of
+    :data:`WASM_HAS_NO`), saying why; on every other rung the test runs as written."""
+    if sandbox.backend == "wasm":
+        pytest.skip(f"the wasm rung has {WASM_HAS_NO[what]}")
+
+
 def _make_runner(
     request: pytest.FixtureRequest,
     root_home: Path,

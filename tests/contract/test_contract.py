@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import CONTRACT_PARAMS, SANDBOX_PARAMS, Sandbox, make_sandbox
+from tests.conftest import CONTRACT_PARAMS, SANDBOX_PARAMS, Sandbox, make_sandbox, wasm_cannot
 
 from sandcell.artifacts import ArtifactStore
 from sandcell.backends.host import landlock
@@ -112,6 +112,7 @@ def test_exit_status_above_128_is_an_error_not_a_signal(sandbox: Sandbox) -> Non
 
 
 def test_killed_by_signal(sandbox: Sandbox) -> None:
+    wasm_cannot(sandbox, "processes")
     r = sandbox.run("import os\nprint('dying', flush=True)\nos.kill(os.getpid(), 9)")
     assert r["outcome"] == "killed"
     assert r["signal"] == 9
@@ -357,6 +358,7 @@ def test_stderr_cap_is_independent_of_stdout(sandbox: Sandbox) -> None:
 
 
 def test_max_pids(sandbox: Sandbox) -> None:
+    wasm_cannot(sandbox, "processes")
     max_pids = 8
     r = sandbox.run(
         _code(

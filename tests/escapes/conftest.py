@@ -209,7 +209,8 @@ def run_with_host_state(
         import json
 
         unpriv = request.getfixturevalue("unpriv")
-        args = ["run", "--json", "--profile", "unchecked", "-c", attack_code(body)]
+        code = attack_code(body, backend=attack.sandbox.backend)
+        args = ["run", "--json", "--profile", "unchecked", "-c", code]
         if unpriv.mode.value == "rlimits":
             args.insert(1, "--isolation=rlimits")
         if attack.sandbox.start != "cold":

@@ -21,6 +21,7 @@ def test_blocks_secret_in_os_environ(
     attack: Attack, run_with_host_state: Callable[..., dict[str, object]]
 ) -> None:
     secret = _secret()
+    wasm = attack.sandbox.backend == "wasm"
     body = f"""
     hits = [k for k, v in os.environ.items() if {secret!r} in v or k == {SECRET_NAME!r}]
     if hits:
@@ -28,8 +29,18 @@ def test_blocks_secret_in_os_environ(
     else:
         blocked("secret in os.environ", "absent")
     import subprocess
-    env_out = subprocess.run(["env"], capture_output=True, text=True).stdout
-    if {secret!r} in env_out or {SECRET_NAME!r} in env_out:
+    try:
+        env_out = subprocess.run(["env"], capture_output=True, text=True).stdout
+    except OSError as exc:
+        if not {wasm!r}:
+            raise
+        # The wasm rung has no processes (Pyodide's subprocess refuses with ENOTSUP): no child
+        # exists that could be handed the environment.
+        blocked("start a child to read its environment", errname(exc))
+        env_out = None
+    if env_out is None:
+        pass
+    elif {secret!r} in env_out or {SECRET_NAME!r} in env_out:
         breach("secret in a child's environment")
     else:
         blocked("secret in a child's environment", "absent")

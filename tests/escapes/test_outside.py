@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import wasm_cannot
 from tests.integration.egress_servers import Servers, servers
 from tests.integration.loopback_http import serving_mcp
+
+from sandcell import ConfigError
 
 from .conftest import END, Attack, Listener
 
@@ -185,6 +188,12 @@ approval = {{ create_ticket = "always" }}
 
 
 def _run(attack: Attack, body: str, profile: str, **kw: Any) -> dict[str, object]:
+    if attack.sandbox.backend == "wasm" and profile != "unchecked":
+        # A profile with an allowlist or tools is refused before the run on the wasm rung:
+        # the refusal is checked, then the rest of the test (the proxy, the gateway) cannot apply.
+        with pytest.raises(ConfigError, match="no network and no governed tools"):
+            attack.run(body, profile=profile, host_env=HOST_ENV, **kw)
+        wasm_cannot(attack.sandbox, "outside")
     return attack.run(body, profile=profile, host_env=HOST_ENV, **kw)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.conftest import wasm_cannot
 
 from .conftest import processes_with
 
@@ -83,6 +84,7 @@ def _run_watched(
 def test_blocks_fork_bomb(attack: Attack, token: str, tmp_path: Path) -> None:
     """Fork until the kernel refuses; the children (sleepers) die with the run. The program waits
     (on a gate file the host opens) until the host has seen the sleepers."""
+    wasm_cannot(attack.sandbox, "processes")
     gate = tmp_path / "gate"
     gate.mkdir(mode=0o755)
     # A file's content, not a name created later: an input directory shows the names it had when
@@ -140,6 +142,7 @@ def test_blocks_fork_bomb(attack: Attack, token: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_blocks_shell_fork_bomb(attack: Attack, token: str) -> None:
     """The classic ``f(){ f|f & }; f``: the process count stays at the cap; the host is fine."""
+    wasm_cannot(attack.sandbox, "processes")
     body = f"""
     import subprocess, time
     subprocess.Popen(["/bin/bash", "-c", ": {token}; f(){{ f | f & }}; f"],
@@ -275,7 +278,8 @@ def test_blocks_stderr_flood(attack: Attack) -> None:
 @pytest.mark.slow
 def test_blocks_infinite_loop(attack: Attack, token: str) -> None:
     """A busy loop with a long sleeper child: the run ends at the wall limit and the whole process
-    tree is gone."""
+    tree is gone. (The wasm rung's wall limit: tests/contract/test_wasm.py.)"""
+    wasm_cannot(attack.sandbox, "processes")
     body = f"""
     pid = os.fork()
     if pid == 0:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.conftest import wasm_cannot
 
 if TYPE_CHECKING:
     from .conftest import Attack
@@ -51,6 +52,7 @@ def _alive(pid: int) -> bool:
 
 def test_blocks_signal_to_host_process(attack: Attack, host_victim: int) -> None:
     """The host pid does not exist in the sandbox (or is another, sandboxed process)."""
+    wasm_cannot(attack.sandbox, "processes")
     pid = host_victim
     assert pid > 100, "the victim's pid could be mistaken for a sandboxed one"
     pidfd_ok = "errno.ESRCH, errno.EPERM"
@@ -71,6 +73,7 @@ def test_blocks_signal_to_host_process(attack: Attack, host_victim: int) -> None
 
 def test_blocks_kill_all_host_processes(attack: Attack, host_victim: int) -> None:
     """kill(-1, SIGKILL) from inside (every process the caller may signal) leaves the host alone."""
+    wasm_cannot(attack.sandbox, "processes")
     body = """
     import signal, time
     child = os.fork()
@@ -97,6 +100,7 @@ def test_blocks_kill_all_host_processes(attack: Attack, host_victim: int) -> Non
 def test_blocks_signal_to_sandbox_supervisor(attack: Attack) -> None:
     """The parent of the sandbox init (bwrap's parent: the supervisor) is out of reach: getppid of
     init is 0 and the supervisor's host pid is not in the namespace."""
+    wasm_cannot(attack.sandbox, "processes")
     supervisor = os.getpid()  # as root the executor is this process; as the user, its ancestor
     microvm = attack.sandbox.backend == "microvm"
     body = f"""
