@@ -36,7 +36,6 @@ from sandcell import (
 
 IDENTITIES = ["root", "user"]
 OTHER_RUNGS = "namespaces, gvisor or microvm"
-V8_NO_ADDRESS_SPACE = b"Failed to reserve virtual memory for CodeRange"
 
 
 def wasm_executor(request: pytest.FixtureRequest, root_home: Path) -> Executor:
@@ -102,11 +101,6 @@ def wasm_sandbox(
             stdin_file.chmod(0o644)
             args += ["--stdin", str(stdin_file)]
         proc = run_as_user(env, args)
-        if env.mode is IsolationMode.RLIMITS and V8_NO_ADDRESS_SPACE in proc.stdout:
-            # A known bug, reported: the rlimits mode's RLIMIT_AS (the memory limit) is far
-            # below the address space V8 reserves, so Node dies before the program starts.
-            # Only this exact symptom is excused; a fixed rung runs every user test again.
-            pytest.xfail(f"wasm rung under --isolation=rlimits: Node killed: {V8_NO_ADDRESS_SPACE}")
         if proc.returncode == 78 and not proc.stdout:
             raise ConfigError(proc.stderr.decode(errors="replace").strip())
         try:
@@ -190,11 +184,6 @@ def test_enforcement_names_the_rung_and_its_layers(wasm: Sandbox) -> None:
     assert "seccomp" in layers and "network_namespace" in layers, sorted(layers)
 
 
-# Reported bug: open('/inputs/data.txt', 'w') succeeds inside Pyodide (the host's file is not
-# changed), the write then fails at close with EBADF instead of EACCES or EROFS, and from then on
-# the program's stdin is gone (sys.stdin.read() raises EBADF): the refused open seems to leave the
-# NODEFS stream on Node's fd 0. Strict: the test fails once this is fixed.
-@pytest.mark.xfail(strict=True, reason="a refused write to /inputs breaks stdin (reported)")
 def test_a_refused_write_is_a_permission_error_and_leaves_stdin_readable(
     wasm_root: Sandbox, tmp_path: Path
 ) -> None:
