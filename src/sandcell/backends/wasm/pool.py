@@ -10,7 +10,8 @@ destroyed on a background thread while a filler starts its replacement.
 A sandbox is made for one shape of run: its limits (the cgroup, the workspace's size, the Wasm
 heap), environment, packages and isolation mode are fixed when it starts. The pool keeps the
 shape of the last run it served; a run of another shape, with inputs or stdin, starts cold and
-the record says why (the next sandboxes take its shape).
+the record says why (the next sandboxes take its shape; without ``WarmConfig.refill``, the pool
+is filled once and keeps its shape).
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class WasmPool:
             with self._cond:
                 while not self._closed and len(self._ready) + self._starting >= self.warm.pool_size:
                     self._cond.wait()
-                if self._closed:
+                # Without refill (a process that runs one program), the first fill is the last.
+                if self._closed or (not self.warm.refill and self.started >= self.warm.pool_size):
                     return
                 request = self._shape_request or RunRequest(code="")
                 self._starting += 1
@@ -141,6 +143,8 @@ class WasmPool:
         t0 = time.monotonic()
         deadline = t0 + self.warm.take_timeout_s
         with self._cond:
+            if shape != self._shape() and not self.warm.refill:
+                return None, 0.0
             if shape != self._shape():
                 # The pool follows the runs: drop what waits for another shape, fill for this one.
                 self._shape_request = replace(request, code="", stdin=b"", exports=())
