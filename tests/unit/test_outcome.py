@@ -102,6 +102,24 @@ RUNS: list[tuple[dict[str, object], tuple[Outcome, str, int | None, int | None]]
         (Outcome.KILLED, "killed by signal 11 (SIGSEGV)", None, SIGSEGV),
     ),
     (
+        {
+            "signal": SIGKILL,
+            "oom_killed": True,
+            "heap_limit_bytes": 1 << 20,
+            "error": "MemoryError",
+        },
+        (Outcome.MEMORY_LIMIT, "memory limit of 33554432 bytes reached", None, SIGKILL),
+    ),
+    (
+        {
+            "exit_code": 1,
+            "mode": IsolationMode.RLIMITS,
+            "error": "MemoryError",
+            "heap_limit_bytes": 1 << 20,
+        },
+        (Outcome.MEMORY_LIMIT, "Wasm heap maximum of 1048576 bytes reached", 1, None),
+    ),
+    (
         {"exit_code": 1, "mode": IsolationMode.RLIMITS, "error": "MemoryError"},
         (Outcome.MEMORY_LIMIT, "address-space limit of 33554432 bytes reached", 1, None),
     ),
@@ -213,6 +231,16 @@ CELLS: list[tuple[dict[str, object], tuple[Outcome, str, int | None, int | None]
     (
         {"status": "exit", "exit_code": 3, "mode": IsolationMode.RLIMITS, "error": "MemoryError"},
         (Outcome.ERROR, "the cell called exit with status 3", 3, None),
+    ),
+    (
+        {"status": "error", "error": "MemoryError", "heap_limit_bytes": 1 << 20},
+        (
+            Outcome.MEMORY_LIMIT,
+            "Wasm heap maximum of 1048576 bytes reached (a limit of the whole session); "
+            "the session is kept",
+            1,
+            None,
+        ),
     ),
     (
         {"status": "error", "error": "MemoryError", "mode": IsolationMode.RLIMITS},
