@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sandcell.backends import inside
 from sandcell.backends.base import BackendResult, BackendStatus, Collector, OutputSink
 from sandcell.backends.host.layout import CONTROL_DIR
 from sandcell.backends.namespaces import NamespacesBackend
@@ -67,6 +68,7 @@ class WasmBackend(NamespacesBackend):
         self.dist = dist.find()
         self._runner = _read(RUNNER_SCRIPT)
         self._lockdown = _read(LOCKDOWN_SCRIPT)
+        self._display = _read(str(inside.DISPLAY_SCRIPT))
         # The namespaces rung's warm starts fork a CPython template: not this rung's; its pool
         # keeps sandboxes with Pyodide loaded instead.
         super().__init__(warm=None)
@@ -82,24 +84,30 @@ class WasmBackend(NamespacesBackend):
         """The namespaces sandbox's request: the program's, with Pyodide's files mounted beside
         the packages. Refuses what the rung cannot run (ConfigError, IsolationUnavailable)."""
         capabilities.check(request)
-        return replace(request, packages=(*request.packages, self.dist.directory), display=False)
+        return replace(request, packages=(*request.packages, self.dist.directory))
 
-    def wasm_plan(self, request: RunRequest, mode: plan.Mode) -> plan.WasmPlan:
+    def wasm_plan(
+        self, request: RunRequest, mode: plan.Mode, *, programs: bool = False
+    ) -> plan.WasmPlan:
         """``request`` is the caller's (before :meth:`inner_request`)."""
         outer = [p for p in request.packages if p != self.dist.directory]
-        return plan.plan(replace(request, packages=tuple(outer)), self.dist, mode)
+        return plan.plan(
+            replace(request, packages=tuple(outer)), self.dist, mode, programs=programs
+        )
 
     def control_files(
         self, request: RunRequest, mode: plan.Mode, *, programs: bool = False
     ) -> dict[str, bytes]:
         """The control directory's files; ``programs``: a kernel whose cells are programs (a
         pooled sandbox)."""
-        settings = self.wasm_plan(request, mode).settings
+        settings = self.wasm_plan(request, mode, programs=programs).settings
         files = {
             plan.RUNNER: self._runner,
             plan.LOCKDOWN: self._lockdown,
-            plan.SETTINGS: json.dumps({**settings, "programs": programs}).encode(),
+            plan.SETTINGS: json.dumps(settings).encode(),
         }
+        if settings["display"] is not None:
+            files[plan.DISPLAY] = self._display
         if mode == "run":
             files[code_path("python").name] = request.code.encode("utf-8")
         return files

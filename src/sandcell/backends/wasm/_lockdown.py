@@ -22,6 +22,7 @@ import errno
 import gc
 import linecache
 import os
+import shutil
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -189,12 +190,36 @@ def _flush() -> None:
 
 
 class _Driver:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], display: list[str] | None) -> None:
         # The snapshot's environment is Pyodide's build host's: the run's replaces it.
         os.environ.clear()
         os.environ.update(env)
         self.main_ns = sys.modules["__main__"].__dict__
         self.scopes: dict[str, dict[str, Any]] = {}
+        self.display: Any = None
+        self.display_dir = ""
+        self.seq = 0
+        if display is not None:
+            source, path, self.display_dir = display
+            module = type(sys)("_sandcell_display")
+            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
+            self.display = module
+
+    def _execute(self, code: str, filename: str, ns: dict[str, Any], out_dir: str | None) -> None:
+        """``code`` in ``ns``: as a notebook cell writing its outputs into ``out_dir`` when the
+        display module is loaded, else plainly."""
+        if self.display is None or out_dir is None:
+            exec(compile(code, filename, "exec", dont_inherit=True), ns)  # noqa: S102
+            return
+        os.makedirs(out_dir, mode=0o700, exist_ok=True)
+        self.seq = self.display.run_cell(code, ns, out_dir, filename=filename, seq_start=self.seq)
+
+    def _report(self, exc: BaseException) -> None:
+        if self.display is not None:
+            tb = self.display.user_traceback(exc.__traceback__)
+            traceback.print_exception(type(exc), exc, tb)
+        else:
+            _print_exception(exc, 2)
 
     def run_program(self, path: str) -> int:
         with open(path, encoding="utf-8") as f:
@@ -223,12 +248,13 @@ class _Driver:
         self.main_ns.clear()
         self.main_ns.update(ns)
         status, error = 0, None
+        out_dir = self.display_dir if self.display is not None else None
         try:
-            exec(compile(code, filename, "exec", dont_inherit=True), self.main_ns)  # noqa: S102
+            self._execute(code, filename, self.main_ns, out_dir)
         except SystemExit as exc:
             status = _exit_status(exc)
         except BaseException as exc:
-            _print_exception(exc, 1)
+            self._report(exc)
             status, error = 1, type(exc).__name__
         _flush()
         return status, error
@@ -255,20 +281,25 @@ class _Driver:
             except OSError as exc:
                 _print_exception(exc, 99)
                 return {"op": "done", "id": cell_id, "status": "error", "error": type(exc).__name__}
-        reply = {"op": "done", "id": cell_id}
+        out_dir = None
+        if self.display is not None:
+            # The host has read the last cell's outputs: only this cell's are kept.
+            shutil.rmtree(self.display_dir, ignore_errors=True)
+            out_dir = f"{self.display_dir}/{cell_id}"
+        reply: dict[str, Any] = {"op": "done", "id": cell_id, "out_dir": out_dir}
         try:
-            exec(compile(code, filename, "exec", dont_inherit=True), ns)  # noqa: S102
+            self._execute(code, filename, ns, out_dir)
             reply["status"] = "ok"
         except KeyboardInterrupt as exc:
             reply["status"] = "interrupted"
-            _print_exception(exc, 1)
+            self._report(exc)
         except SystemExit as exc:
             reply["status"] = "exit"
             reply["exit_code"] = _exit_status(exc)
         except BaseException as exc:
             reply["status"] = "error"
             reply["error"] = type(exc).__name__
-            _print_exception(exc, 1)
+            self._report(exc)
         finally:
             if scope is not None:
                 try:
@@ -289,5 +320,5 @@ class _Driver:
 if "_sandcell_env" in globals():
     _lock()
     sys.path.extend(globals().pop("_sandcell_paths"))  # wheel-cache packages, after the stdlib
-    _sandcell_driver = _Driver(globals().pop("_sandcell_env"))
+    _sandcell_driver = _Driver(globals().pop("_sandcell_env"), globals().pop("_sandcell_display"))
     del _lock, _Driver

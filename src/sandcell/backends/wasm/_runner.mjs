@@ -124,6 +124,9 @@ async function loadPython(stdinFromFd) {
   const ns = py.globals.get("dict")();
   ns.set("_sandcell_env", py.toPy(S.env));
   ns.set("_sandcell_paths", py.toPy(S.python_paths));
+  // The display module (notebook outputs), as source: this interpreter is not the host's.
+  const display = S.display ? [fs.readFileSync(S.display.module, "utf8"), S.display.module, S.display.dir] : undefined;
+  ns.set("_sandcell_display", py.toPy(display));
   py.runPython(lockdown, { globals: ns, filename: "<sandcell wasm lockdown>" });
   const driver = ns.get("_sandcell_driver");
   ns.destroy();
@@ -194,7 +197,7 @@ function kernelMain() {
   };
   worker.on("message", (m) => {
     if (m.op === "hello") {
-      frame({ op: "hello", pid: process.pid, display: false });
+      frame({ op: "hello", pid: process.pid, display: Boolean(S.display) });
       readChannel();
       return;
     }
@@ -274,15 +277,25 @@ async function kernelWorker() {
       say(`a cell could not be run: ${e && e.message ? e.message : e}`);
       reply = { op: "done", id, status: "error", error: "InternalError" };
     }
-    port.postMessage({ ...reply, op: "done", id, out_dir: null });
+    port.postMessage({ ...reply, op: "done", id, out_dir: reply.out_dir ?? null });
   });
   port.postMessage({ op: "hello" });
 }
 
-if (!isMainThread) {
-  await kernelWorker();
-} else if (S.mode === "kernel") {
-  kernelMain();
-} else {
-  await runOnce();
+// An error of the runner itself is one line, never Node's report of an uncaught exception,
+// which quotes the throwing line: Pyodide's is a megabyte of minified JavaScript.
+const failed = (e) => {
+  say(`the interpreter could not start: ${e && e.message ? e.message : e}`);
+  process.reallyExit(70);
+};
+try {
+  if (!isMainThread) {
+    await kernelWorker();
+  } else if (S.mode === "kernel") {
+    kernelMain();
+  } else {
+    await runOnce();
+  }
+} catch (e) {
+  failed(e);
 }

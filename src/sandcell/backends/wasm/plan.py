@@ -15,15 +15,18 @@ from typing import Literal
 
 from sandcell.backends.host.layout import (
     CONTROL_DIR,
+    DISPLAY_DIR,
     PACKAGES_DIR,
     SANDBOX_HOME,
     SANDBOX_WORKDIR,
+    SESSION_OUTPUTS_DIR,
 )
 from sandcell.backends.wasm.dist import PyodideDist
 from sandcell.runtimes import code_path, common_env
 from sandcell.spec import MiB, RunRequest
 
 RUNNER = "runner.mjs"
+DISPLAY = "display.py"
 LOCKDOWN = "lockdown.py"
 SETTINGS = "wasm.json"
 
@@ -78,8 +81,11 @@ def node_argv(node: str, mode: Mode) -> tuple[str, ...]:
     )
 
 
-def plan(request: RunRequest, dist: PyodideDist, mode: Mode) -> WasmPlan:
-    """The plan of one sandbox running ``request`` (a run) or a session's kernel."""
+def plan(request: RunRequest, dist: PyodideDist, mode: Mode, *, programs: bool = False) -> WasmPlan:
+    """The plan of one sandbox running ``request`` (a run) or a kernel: a session's, or with
+    ``programs`` a pooled sandbox's whose cells are programs. Rich outputs (the display module):
+    a run's when it asks for them, into the workspace's output directory; a session kernel's
+    always, one directory per cell under :data:`SESSION_OUTPUTS_DIR`."""
     mounts: list[list[str]] = [
         [SANDBOX_WORKDIR, SANDBOX_WORKDIR],
         [SANDBOX_HOME, SANDBOX_HOME],
@@ -106,5 +112,13 @@ def plan(request: RunRequest, dist: PyodideDist, mode: Mode) -> WasmPlan:
         "program_path": program,
         "cwd": SANDBOX_WORKDIR,
         "lockdown": f"{CONTROL_DIR}/{LOCKDOWN}",
+        "display": None,
     }
+    session = mode == "kernel" and not programs
+    if session or request.display:
+        settings["display"] = {
+            "module": f"{CONTROL_DIR}/{DISPLAY}",
+            "dir": SESSION_OUTPUTS_DIR if session else DISPLAY_DIR,
+        }
+    settings["programs"] = programs
     return WasmPlan(argv=node_argv(dist.node, mode), settings=settings, heap_max_bytes=heap)

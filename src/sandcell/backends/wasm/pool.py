@@ -44,6 +44,7 @@ class Shape:
     mode: str
     landlock: bool | None
     runtime: str | None
+    display: bool
 
     @classmethod
     def of(cls, request: RunRequest) -> Shape:
@@ -65,6 +66,7 @@ class Shape:
             mode=request.mode.value,
             landlock=request.landlock,
             runtime=request.runtime,
+            display=request.display,
         )
 
 

@@ -5,8 +5,9 @@ it (the sandbox, the cell channel, cell limits, interrupts, exports, pause with 
 differs is what the boot starts: Node running ``_runner.mjs`` in kernel mode, whose interpreter
 runs on a worker thread so that the main thread can turn the host's SIGINT into Pyodide's
 interrupt (a KeyboardInterrupt in the cell; the session and its variables are kept). The kernel
-speaks ``_kernel.py``'s channel. Rich outputs are not captured on this rung (no display module in
-Pyodide); a cell's last expression is not echoed.
+speaks ``_kernel.py``'s channel. Rich outputs go through the display module (``_display.py``,
+shipped as source): a cell's last expression's value and ``display()``; tables and figures need
+pandas and matplotlib, which the rung does not have.
 
 A pooled sandbox (``pool.py``) is the same kernel with ``programs=True``: each "cell" runs as a
 program in a fresh ``__main__`` and replies with its exit status.
