@@ -277,3 +277,44 @@ def test_refuses_a_way_outside(request: pytest.FixtureRequest, root_home: Path) 
         )
     assert "no network and no governed tools" in str(info.value), str(info.value)
     assert OTHER_RUNGS in str(info.value)
+
+
+@pytest.mark.parametrize("start", ["cold", "pool"])
+def test_rich_outputs_are_the_last_value_and_displayed_objects(
+    request: pytest.FixtureRequest, root_home: Path, start: str
+) -> None:
+    """The display module runs inside Pyodide: a program's displayed objects and its last
+    expression's value come back as outputs, cold and from the pool (whose sandboxes are made
+    for runs that display); a run that does not ask for them gets none."""
+    ex = ladder_executor(request.getfixturevalue("ladder_executors"), root_home, "wasm", start)
+    code = 'x = 6 * 7\nprint("hi")\ndisplay({"k": [1, 2]})\nx'
+    for _ in range(2 if start == "pool" else 1):  # the pool's first run may start cold
+        result = ex.run(RunRequest(code=code, display=True))
+    assert result.outcome.value == "ok", (result.reason, result.stderr)
+    assert result.stdout == "hi\n"
+    assert [(o.kind, o.data, o.displayed) for o in result.outputs] == [
+        ("value", {"text/plain": "{'k': [1, 2]}"}, True),
+        ("value", {"text/plain": "42"}, False),
+    ]
+    if start == "pool":
+        assert result.start.mode == "pool"
+    plain = ex.run(RunRequest(code="x = 6 * 7\nx"))
+    assert plain.outcome.value == "ok" and plain.outputs == ()
+
+
+def test_a_session_keeps_its_variables_and_shows_each_cells_value(
+    request: pytest.FixtureRequest, root_home: Path
+) -> None:
+    ex = wasm_executor(request, root_home)
+    with ex.session() as s:
+        first = s.run("y = [1, 2]\ny")
+        assert first.outcome.value == "ok"
+        assert [(o.kind, o.data) for o in first.outputs] == [("value", {"text/plain": "[1, 2]"})]
+        second = s.run("y.append(3)\nprint(sum(y))")
+        assert second.stdout == "6\n" and second.outputs == ()
+        failed = s.run("1/0")
+        assert failed.outcome.value == "error"
+        assert 'File "<cell 3>", line 1' in failed.stderr
+        assert "ZeroDivisionError" in failed.stderr
+        assert "lockdown" not in failed.stderr  # the runner's own frames are not shown
+        assert s.run("print(y)").stdout == "[1, 2, 3]\n"
