@@ -421,19 +421,40 @@ WASM_HAS_NO = {
         "while nothing reaches the kernel; tests/escapes/test_wasm_escapes.py proves no "
         "connection arrives"
     ),
+    "unix_sockets": (
+        "no Unix sockets: Pyodide's socket module has no AF_UNIX (family 1 gets Emscripten's "
+        "emulated socket, whose connect fails 'bad family' without a system call), so no host "
+        "socket can be named"
+    ),
+    "dns": (
+        "no resolver: Emscripten's getaddrinfo makes up an address (172.29.x.x) for any name "
+        "without sending a query, and its UDP sockets reach no kernel; tests/escapes/"
+        "test_wasm_escapes.py proves no connection arrives"
+    ),
+    "interfaces": (
+        "no network interfaces: socket.if_nameindex is Emscripten's netlink emulation (it makes "
+        "no system call) and /proc/net does not exist in Pyodide's filesystem"
+    ),
+    "ioctl": (
+        "no terminal ioctls: Pyodide has no fcntl or termios modules and its stdin is no "
+        "terminal, so TIOCSTI cannot be attempted"
+    ),
     "outside": (
         "no network and no governed tools: a run with an allowlist or tools is refused before "
         "it starts (tests/contract/test_wasm.py), so there is no proxy or gateway to attack"
     ),
-    "host_tree": (
-        "no host tree to hide: the program's / is Pyodide's in-memory filesystem (its standard "
-        "library, /tmp, /dev, the workspace and inputs), none of the host's /etc, /usr, /proc "
-        "or mounts are there to probe; tests/escapes/test_wasm_escapes.py checks host files"
+    "links": (
+        "no links: in Pyodide's mount of the workspace os.symlink is refused (EACCES, for any "
+        "target) and os.link does not exist, so the attack cannot make what the export would "
+        "have to refuse"
     ),
     "special_files": (
-        "no special files: Pyodide's filesystem has no os.mkfifo, AF_UNIX sockets or device "
-        "nodes (os.mknod), and its os.link/os.symlink to paths outside are refused, so the "
-        "attack cannot make what the export would have to refuse"
+        "no special files: Pyodide has no os.mkfifo, no os.mknod and no AF_UNIX sockets, so "
+        "the attack cannot make a FIFO, a device node or a socket file for the export to refuse"
+    ),
+    "big_files": (
+        "no file over 2 GiB: Pyodide's file offsets are 32-bit (truncate(10 GiB) raises "
+        "OverflowError before any call), so the 10 GiB sparse file cannot be made"
     ),
     "packages": (
         "no compiled packages: the wasm rung refuses numpy, pandas and matplotlib before the "

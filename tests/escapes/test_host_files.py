@@ -61,6 +61,9 @@ def test_blocks_host_home_dirs(attack: Attack) -> None:
         ({p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/home/")} - {"/home/user"})
         | {"/home/sandcell-test"}
     )
+    # Pyodide's in-memory filesystem has Emscripten's own home, /home/web_user, there from its
+    # start (nothing of the host's); it must be empty.
+    own = ["user", "web_user"] if attack.sandbox.backend == "wasm" else ["user"]
     body = f"""
     def _is_the_workspace(path):
         # Not samefile: gVisor gives each mount of the one directory its own device number.
@@ -80,8 +83,10 @@ def test_blocks_host_home_dirs(attack: Attack) -> None:
     except OSError as exc:
         blocked("list /home", errname(exc))
     else:
-        if names != ["user"]:
+        if sorted(names) != {own!r}:
             breach(f"/home lists {{names!r}}")
+        elif "web_user" in names and os.listdir("/home/web_user"):
+            breach(f"/home/web_user holds {{os.listdir('/home/web_user')!r}}")
         elif not _is_the_workspace("/home/user"):
             breach("/home/user is not the sandbox's workspace")
         else:
@@ -199,6 +204,7 @@ def test_blocks_host_etc_files(attack: Attack) -> None:
     candidates = [n for n in candidates if n not in guest_own]
     probes = [f"/etc/{n}" for n in candidates if (Path("/etc") / n).exists() or n == "hostname"]
     host_users = sorted(p.pw_name for p in pwd.getpwall() if p.pw_uid >= 1000 and p.pw_uid < 65534)
+    wasm = attack.sandbox.backend == "wasm"
     body = (
         _unreadable(probes)
         + f"""
@@ -209,8 +215,13 @@ def test_blocks_host_etc_files(attack: Attack) -> None:
     else:
         extra = sorted(names - set({sorted(allowed)!r}))
         (breach if extra else blocked)("list /etc", f"extra entries {{extra!r}}")
-    with open("/etc/passwd") as f:
-        passwd = f.read()
+    try:
+        with open("/etc/passwd") as f:
+            passwd = f.read()
+    except FileNotFoundError:
+        if not {wasm!r}:
+            raise
+        passwd = ""  # Pyodide's filesystem has no /etc at all: no users to name
     leaked = [u for u in {host_users!r} if u + ":" in passwd]
     if leaked:
         breach(f"/etc/passwd names host users {{leaked!r}}")
@@ -234,6 +245,7 @@ def test_blocks_var_run_and_host_sockets(attack: Attack) -> None:
         "/var/lib/docker", "/var/log",
     ]  # fmt: skip
     guest_run = attack.sandbox.backend == "microvm"
+    wasm = attack.sandbox.backend == "wasm"
     if guest_run:
         # The guest agent mounts its own small tmpfs at /run: it must be there empty (nothing of
         # the host's /run, nothing the agent keeps) and read-only to the program.
@@ -247,6 +259,10 @@ def test_blocks_var_run_and_host_sockets(attack: Attack) -> None:
         attempt("create a file in /run", lambda: open("/run/x", "w") and "created",
                 ok=(errno.EACCES, errno.EROFS))
     for path in ("/run/docker.sock", "/var/run/docker.sock", "/run/dbus/system_bus_socket"):
+        if {wasm!r}:
+            # Pyodide (the wasm rung) has no AF_UNIX: no Unix socket can be connected to.
+            blocked(f"connect {{path}}", "no AF_UNIX")
+            continue
         def connect(path=path):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(2)
@@ -266,7 +282,8 @@ def test_blocks_runs_dir_and_other_workspaces(attack: Attack) -> None:
         if attack.identity == "root"
         else str(attack.home.parent / "runs")
     )
-    microvm = attack.sandbox.backend == "microvm"
+    # No pid 1 to read on the wasm rung either: Pyodide's /proc has no processes.
+    no_pid1 = attack.sandbox.backend in ("microvm", "wasm")
     body = f"""
     attempt("stat the runs root", lambda: os.stat({runs!r}), ok=(errno.ENOENT, errno.EACCES))
     attempt("list the runs root", lambda: os.listdir({runs!r}), ok=(errno.ENOENT, errno.EACCES))
@@ -274,7 +291,7 @@ def test_blocks_runs_dir_and_other_workspaces(attack: Attack) -> None:
         with open("/proc/1/cmdline", "rb") as f:
             argv = f.read().split(b"\\0")
     except FileNotFoundError:
-        if not {microvm!r}:
+        if not {no_pid1!r}:
             raise
         # The guest's pid 1 is its agent, hidden from the program; no host path is in the guest.
         argv = []
@@ -468,6 +485,10 @@ def test_runtime_shows_no_host_paths(attack: Attack) -> None:
 
         built = image.load_manifest().python
         assert built.startswith(exe_dir), f"the guest image names {built}: rebuild it"
+    # The wasm rung's runtime is Pyodide's, in its in-memory filesystem (/lib/python3.13, no
+    # venv, no bytecode files): the host paths are checked there as everywhere, the namespaces
+    # runtime's layout is not.
+    layout = attack.sandbox.backend != "wasm"
     body = (
         textwrap.indent(_WHERE_PROBE, "    ")
         + f"""
@@ -475,7 +496,7 @@ def test_runtime_shows_no_host_paths(attack: Attack) -> None:
     runtime = {runtime!r}
     import re
     where["existing"] = " ".join(p for p in paths if os.path.lexists(p))
-    if where["bytecode"].startswith("0 files"):
+    if {layout!r} and where["bytecode"].startswith("0 files"):
         unexpected("find bytecode in site-packages", where["bytecode"])
     for source, text in where.items():
         hits = [p for p in paths
@@ -484,13 +505,13 @@ def test_runtime_shows_no_host_paths(attack: Attack) -> None:
             breach(f"{{source}} names {{hits}}: {{text[:3000]}}")
         else:
             blocked(f"host paths in {{source}}", "none")
-    if sys.prefix != runtime or not sys.executable.startswith({exe_dir!r}):
+    if {layout!r} and (sys.prefix != runtime or not sys.executable.startswith({exe_dir!r})):
         unexpected("the runtime's place", f"{{sys.prefix}} {{sys.executable}}")
     """
     )
     res = attack.run(body)
     out = attack.expect_blocked(res, attempts=11)
-    assert runtime + "/lib/" in _where(out)["sys paths"], out[-2000:]
+    assert not layout or runtime + "/lib/" in _where(out)["sys paths"], out[-2000:]
 
 
 @pytest.fixture
@@ -525,6 +546,7 @@ def test_mountinfo_names_no_host_path(attack: Attack, home_like: Path) -> None:
         else str(attack.home.parent / "runs")
     )
     forbidden = [*_host_paths(str(home_like), runs, str(attack.home)), "/tmp/sandcell-"]
+    wasm = attack.sandbox.backend == "wasm"
     body = f"""
     import re
     with open("/inputs/notes.txt") as f:
@@ -535,19 +557,28 @@ def test_mountinfo_names_no_host_path(attack: Attack, home_like: Path) -> None:
         unexpected("read the inputs", repr((note, table)))
     else:
         blocked("inputs mounted", "read both")
-    with open("/proc/self/mountinfo") as f:
-        lines = f.read().splitlines()
-    bad = []
-    for line in lines:
-        hits = [p for p in {forbidden!r}
-                if re.search(r"(?<![\\w.-])" + re.escape(p.rstrip("/")) + r"(?![\\w.-])", line)
-                or (p.endswith("-") and p in line)]
-        if hits:
-            bad.append(f"{{hits}}: {{line}}")
-    if bad or not lines:
-        breach("mountinfo names host paths", "\\n".join(bad) or "no lines")
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        if not {wasm!r}:
+            raise
+        # Pyodide's /proc has no mountinfo: its mounts are Emscripten's, named nowhere.
+        lines = None
+    if lines is None:
+        blocked("host paths in mountinfo", "no /proc/self/mountinfo")
     else:
-        blocked("host paths in mountinfo", f"none in {{len(lines)}} lines")
+        bad = []
+        for line in lines:
+            hits = [p for p in {forbidden!r}
+                    if re.search(r"(?<![\\w.-])" + re.escape(p.rstrip("/")) + r"(?![\\w.-])", line)
+                    or (p.endswith("-") and p in line)]
+            if hits:
+                bad.append(f"{{hits}}: {{line}}")
+        if bad or not lines:
+            breach("mountinfo names host paths", "\\n".join(bad) or "no lines")
+        else:
+            blocked("host paths in mountinfo", f"none in {{len(lines)}} lines")
     """
     res = attack.run(body, inputs=[data / "notes.txt", data / "tables"])
     attack.expect_blocked(res, attempts=2)

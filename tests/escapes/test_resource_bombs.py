@@ -240,6 +240,15 @@ def test_blocks_tmp_disk_fill(attack: Attack, where: str) -> None:
         breach(f"{{written}} MiB written into {where}, a 64 MiB tmpfs")
     """
     res = attack.run(body)
+    if (
+        attack.sandbox.backend == "wasm"
+        and where == "/dev/shm"
+        and res["outcome"] == "memory_limit"
+    ):
+        # Pyodide's /dev/shm is its in-memory filesystem, no tmpfs: what bounds it is the run's
+        # memory limit, which must end the run before the breach line.
+        assert "BREACH" not in str(res["stdout"]), res
+        return
     out = attack.expect_blocked(res, attempts=1)
     assert "ENOSPC" in out, out
 

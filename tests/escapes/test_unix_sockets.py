@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.conftest import wasm_cannot
 
 from sandcell import ConfigError
 
@@ -38,6 +39,7 @@ def _connect(address: str, label: str) -> str:
 def test_blocks_host_unix_socket_in_tmp(
     attack: Attack, unix_listener_factory: Callable[[str | bytes], Listener]
 ) -> None:
+    wasm_cannot(attack.sandbox, "unix_sockets")
     path = f"/tmp/sandcell-escape-{secrets.token_hex(6)}.sock"
     lst = unix_listener_factory(path)
     try:
@@ -51,6 +53,7 @@ def test_blocks_host_unix_socket_in_tmp(
 def test_blocks_abstract_unix_socket(
     attack: Attack, unix_listener_factory: Callable[[str | bytes], Listener]
 ) -> None:
+    wasm_cannot(attack.sandbox, "unix_sockets")
     name = f"\0sandcell-test-{secrets.token_hex(6)}"
     lst = unix_listener_factory(name)
     res = attack.run(_connect(repr(name), "connect to a host abstract socket"))

@@ -21,6 +21,8 @@ import pytest
 from sandcell import ConfigError
 from sandcell.runtimes import python_runtime
 
+from .conftest import END
+
 if TYPE_CHECKING:
     from .conftest import Attack
 
@@ -31,9 +33,35 @@ _RT = python_runtime()
 SANDBOX_VENV = os.path.dirname(os.path.dirname(_RT.sandbox_python))
 
 
-def _write_attempts(directory: str, existing: str | None, token: str) -> str:
-    """Attack body: create a file, make a directory, append to and chmod an existing file."""
-    return f"""
+# On the wasm rung these directories are Pyodide's in-memory filesystem (or absent), not the host's:
+# a write there may succeed in memory and is no breach; what must hold is that nothing lands on
+# the host (checked by the test). Each attempt is reported, neither blocked nor a breach.
+_IN_MEMORY = """
+    def attempt(what, fn, ok=None):
+        try:
+            r = fn()
+        except OSError as exc:
+            print("refused:", what, "->", errname(exc), flush=True)
+        else:
+            print("in Pyodide's memory:", what, "->", repr(r), flush=True)
+"""
+
+
+def _write_attempts(
+    directory: str,
+    existing: str | None,
+    token: str,
+    wasm: bool = False,
+    rename_to: str | None = None,
+) -> str:
+    """Attack body: create a file, make a directory, append to and chmod an existing file, rename
+    it (onto itself unless ``rename_to`` names another path)."""
+    stat_existing = "os.stat(existing).st_mode"
+    if wasm:
+        stat_existing = "os.stat(existing).st_mode if os.path.exists(existing) else 0o644"
+    return (
+        (_IN_MEMORY if wasm else "")
+        + f"""
     d = {directory!r}
     ok = (errno.EROFS, errno.EACCES, errno.EPERM)
     def create():
@@ -52,10 +80,12 @@ def _write_attempts(directory: str, existing: str | None, token: str) -> str:
             os.close(fd)
             return "opened for writing"
         attempt(f"open {{existing}} for writing", append, ok=ok)
-        mode = stat.S_IMODE(os.stat(existing).st_mode)
+        mode = stat.S_IMODE({stat_existing})
         attempt(f"chmod {{existing}}", lambda: os.chmod(existing, mode) or "chmod done", ok=ok)
-        attempt(f"rename {{existing}}", lambda: os.rename(existing, existing) or "renamed", ok=ok)
+        target = {rename_to or existing!r}
+        attempt(f"rename {{existing}}", lambda: os.rename(existing, target) or "renamed", ok=ok)
     """
+    )
 
 
 def _host_cleanup(directory: str, token: str) -> list[str]:
@@ -122,10 +152,16 @@ def test_blocks_write_outside_workspace(attack: Attack, token: str, target: str)
         found = next((p for p in sorted(Path(host_dir).glob("*/__init__.py"))), None)
         existing = None if found is None else directory + str(found)[len(host_dir) :]
     attempts = 3 + (3 if existing else 0)
+    wasm = attack.sandbox.backend == "wasm"
     left: list[str] = []
     try:
-        res = attack.run(_write_attempts(directory, existing, token))
-        attack.expect_blocked(res, attempts=attempts)
+        res = attack.run(_write_attempts(directory, existing, token, wasm=wasm))
+        if wasm:
+            out = str(res["stdout"])
+            assert res["outcome"] == "ok" and END in out, res
+            assert out.count("refused:") + out.count("in Pyodide's memory:") == attempts, out
+        else:
+            attack.expect_blocked(res, attempts=attempts)
     finally:
         if directory != "/sandcell":
             left = _host_cleanup(_host_dir(directory), token)
@@ -141,8 +177,12 @@ def test_blocks_write_to_inputs(attack: Attack, tmp_path: Path, token: str) -> N
     single = tmp_path / "single.txt"
     single.write_text("hello\n")
     single.chmod(0o666)
+    # Emscripten's rename returns early, with no call at all, when the source and the target are
+    # one file: on the wasm rung the rename aims at a new name instead, the stronger check (the
+    # host listing below must not change).
+    rename_to = f"/inputs/data/{token}.renamed" if attack.sandbox.backend == "wasm" else None
     body = (
-        _write_attempts("/inputs/data", "/inputs/data/table.csv", token)
+        _write_attempts("/inputs/data", "/inputs/data/table.csv", token, rename_to=rename_to)
         + """
     def overwrite():
         with open("/inputs/single.txt", "w") as f:
