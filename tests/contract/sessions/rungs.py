@@ -1,13 +1,14 @@
 """The rungs a session contract test runs on, and how it gets each rung's executor.
 
 Every session test takes the ``rung`` fixture (tests/contract/sessions/conftest.py), whose
-parameter is the rung's name, so ids read ``[namespaces]``, ``[gvisor]``, ``[microvm]``. A test
-that holds on some rungs only says why with :func:`only_on`: the other rungs skip with that
-reason, before any sandbox is started for them.
+parameter is the rung's name, so ids read ``[namespaces]``, ``[wasm]``, ``[gvisor]``,
+``[microvm]``. A test that holds on some rungs only says why with :func:`only_on`: the other
+rungs skip with that reason, before any sandbox is started for them.
 
 The executors are the suite's root executors (tests/conftest.py), shared with the run contract:
-the namespaces backend's cold one, gVisor's cold one and the microVM's pool, whose clones of a
-snapshot open a session VM in about a second where a cold boot takes seconds under emulation.
+the namespaces backend's cold one, the wasm rung's and gVisor's cold ones (a wasm session opens
+in about a second: Node restores Pyodide's memory snapshot) and the microVM's pool, whose clones
+of a snapshot open a session VM in about a second where a cold boot takes seconds under emulation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sandcell import Executor
 from sandcell.errors import InfraError
 from sandcell.sessions import Session
 
-RUNGS = ("namespaces", "gvisor", "microvm")
+RUNGS = ("namespaces", "wasm", "gvisor", "microvm")
 
 
 def only_on(*rungs: str, reason: str | Mapping[str, str]) -> pytest.MarkDecorator:
@@ -66,8 +67,8 @@ def executor_for(
     the microVM's pool, or with ``microvm_start="cold"`` its executor that boots each VM."""
     if rung == "namespaces":
         return namespaces
-    if rung == "gvisor":
-        return ladder_executor(cache, root_home, "gvisor", "cold")
+    if rung in ("wasm", "gvisor"):
+        return ladder_executor(cache, root_home, rung, "cold")
     need_microvm()
     if microvm_start == "cold":
         return ladder_executor(cache, root_home, "microvm", "cold")

@@ -153,9 +153,12 @@ def _kill_and_sweep(
 ) -> None:
     """Start a session, leave a process running in it, SIGKILL its server: the next session
     command (or, ``by_api``, :func:`registry.sweep` first) sweeps what its sandbox left
-    (processes, mounts, cgroups, directories)."""
+    (processes, mounts, cgroups, directories). The wasm rung has no processes: its kernel and
+    sandbox are what is left."""
     sid = _start(call, rung, *extra)
     sleeper = "import subprocess\nsubprocess.Popen(['sleep', '600'])"
+    if rung == "wasm":  # no processes: the kernel (Node) is the one left, with its sandbox's
+        sleeper = "open('kept', 'w').write('kept')"
     ran = call(["session", "run", sid, "-c", sleeper])
     assert ran.returncode == 0, ran.stderr
     (entry,) = [e for e in json.loads(call(["session", "list", "--json"]).stdout) if e["id"] == sid]

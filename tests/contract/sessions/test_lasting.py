@@ -29,7 +29,9 @@ from sandcell.sessions import (
 MEMORY_RUNGS = ("gvisor", "microvm")
 NO_MEMORY = {
     "namespaces": "the namespaces rung keeps files only (no CRIU that restores its confinement "
-    "on this host)"
+    "on this host)",
+    "wasm": "the wasm rung keeps files only (its kernel is the namespaces rung's sandbox, with "
+    "no checkpoint of Node's memory)",
 }
 
 SETUP = (
@@ -39,6 +41,16 @@ SETUP = (
     "open('d/e/kept.txt', 'w').write('kept')\n"
     "p = subprocess.Popen(['sleep', '600'])\n"
 )
+NO_PROCESSES = "the wasm rung has no processes: Python runs as WebAssembly"
+NO_LINKS = "the wasm rung's cells cannot make symbolic links (see test_cells.py)"
+
+
+def _setup(rung: str) -> str:
+    """SETUP, and a link to a host file the files pause must not keep; the wasm rung's without
+    the process and the link (it has no processes, and refuses links)."""
+    if rung == "wasm":
+        return SETUP.replace("p = subprocess.Popen(['sleep', '600'])\n", "")
+    return SETUP + "os.symlink('/etc/passwd', 'pw')\n"
 
 
 def _ok(s: Session, code: str) -> str:
@@ -90,7 +102,7 @@ def test_memory_pause_keeps_variables_processes_and_files(rung: str, ex: Executo
 
 def test_files_pause_keeps_files_only(rung: str, ex: Executor) -> None:
     s = open_session(ex)
-    _ok(s, SETUP + "os.symlink('/etc/passwd', 'pw')\n")
+    _ok(s, _setup(rung))
     host = trace(rung, s)
     state = s.pause(mode="files")
     assert state.saved.mode is PauseMode.FILES
@@ -107,7 +119,10 @@ def test_files_pause_keeps_files_only(rung: str, ex: Executor) -> None:
         back.close()
 
 
-@only_on("namespaces", reason="the namespaces rung is the one without a memory pause")
+@only_on(
+    "namespaces", "wasm",
+    reason="the namespaces and wasm rungs are the ones without a memory pause",
+)  # fmt: skip
 def test_a_memory_pause_the_rung_cannot_keep_is_refused_and_the_session_goes_on(
     rung: str, ex: Executor
 ) -> None:
@@ -307,6 +322,11 @@ print(os.path.exists("/tmp/secret"))
 """
 
 
+@only_on(
+    "namespaces", "gvisor", "microvm",
+    reason=NO_PROCESSES + " and no sockets: a fork has nothing to listen or connect with; that "
+    "its files are its own is checked by test_files_fork_and_snapshot_start",
+)  # fmt: skip
 def test_forks_cannot_reach_each_other(rung: str, ex: Executor) -> None:
     """A copy listens (LISTEN) and leaves a file in its /tmp; its sibling, copied from the same
     state at the same moment, and its parent reach neither: each is a sandbox of its own."""

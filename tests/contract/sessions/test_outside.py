@@ -60,11 +60,26 @@ print("tool", sandcell_tools.call("api.request", method="GET", path="/items/{n}"
 """
 
 
+def refused_on_wasm(rung: str, ex: Executor, profile: Profile) -> None:
+    """On the wasm rung, assert that a session with ``profile`` (which has ways out) is refused
+    before it starts, then skip: the rung has no network and no governed tools."""
+    if rung != "wasm":
+        return
+    with pytest.raises(ConfigError, match="no network and no governed tools"):
+        open_session(ex, profile=profile)
+    pytest.skip(
+        "wasm: the rung has no network and no governed tools (its programs run as WebAssembly, "
+        "without sockets); a profile with ways out is refused before the session starts "
+        "(asserted), and the checks of the ways out do not apply"
+    )
+
+
 def test_each_cell_records_its_own_connections_and_calls(
-    ex: Executor, api: int, monkeypatch: pytest.MonkeyPatch
+    rung: str, ex: Executor, api: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SESSION_API_KEY", KEY)
     profile = _profile(api)
+    refused_on_wasm(rung, ex, profile)
     with open_session(
         ex, profile=profile, limits=Limits(wall_time_s=30, memory_bytes=256 * MiB)
     ) as s:
@@ -84,7 +99,7 @@ def test_each_cell_records_its_own_connections_and_calls(
 
 
 def test_a_session_with_ways_out_keeps_its_files_and_comes_back_with_new_ones(
-    ex: Executor, api: int, monkeypatch: pytest.MonkeyPatch
+    rung: str, ex: Executor, api: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its proxy's and gateway's connections live on the host, so no rung pauses its memory
     (a restored sandbox would hold connections to nothing, or to something else); a files pause
@@ -92,6 +107,7 @@ def test_a_session_with_ways_out_keeps_its_files_and_comes_back_with_new_ones(
     profile parsed by the caller is not found by name: the resume is given it."""
     monkeypatch.setenv("SESSION_API_KEY", KEY)
     profile = _profile(api)
+    refused_on_wasm(rung, ex, profile)
     s = open_session(ex, profile=profile, limits=Limits(wall_time_s=30, memory_bytes=256 * MiB))
     first = s.run(CELL.format(port=api, n=1) + "open('kept', 'w').write('kept')")
     assert first.ok, (first.reason, first.stderr)

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 from tests.contract.sessions.rungs import open_session
+from tests.contract.sessions.test_outside import refused_on_wasm
 
 from sandcell import Executor, Limits
 from sandcell.network.ingress import PortClosed, PortNotAllowed
@@ -85,7 +86,10 @@ def record_of(ex: Executor, run_id: str) -> dict[str, object]:
     return dict(entry.record)
 
 
-def test_a_server_in_the_session_is_reached_through_sandcell_and_recorded(ex: Executor) -> None:
+def test_a_server_in_the_session_is_reached_through_sandcell_and_recorded(
+    rung: str, ex: Executor
+) -> None:
+    refused_on_wasm(rung, ex, web_profile())
     body = f"page-{uuid.uuid4().hex}"
     with open_session(ex, profile=web_profile(), limits=LIMITS) as s:
         assert s.ingress_ports == (PORT, CLOSED)
@@ -126,7 +130,8 @@ def test_a_server_in_the_session_is_reached_through_sandcell_and_recorded(ex: Ex
     assert sorted(c["by"] for c in late["connections"]) == ["forwarder", "late"], late
 
 
-def test_ports_the_profile_does_not_list_are_refused_and_recorded(ex: Executor) -> None:
+def test_ports_the_profile_does_not_list_are_refused_and_recorded(rung: str, ex: Executor) -> None:
+    refused_on_wasm(rung, ex, web_profile())
     with open_session(ex, profile=web_profile(), limits=LIMITS) as s:
         # A server on a port the profile does not list: the host never reaches it (on the
         # namespaces rung Landlock does not even let the program bind it).
@@ -157,7 +162,8 @@ def test_a_profile_without_ingress_has_no_ports(ex: Executor) -> None:
             s.connect_port(PORT)
 
 
-def test_nothing_listening_is_a_clear_error(ex: Executor) -> None:
+def test_nothing_listening_is_a_clear_error(rung: str, ex: Executor) -> None:
+    refused_on_wasm(rung, ex, web_profile())
     with open_session(ex, profile=web_profile(), limits=LIMITS) as s:
         with pytest.raises(PortClosed, match=f"nothing accepted a connection on port {CLOSED}"):
             s.connect_port(CLOSED)
@@ -191,7 +197,8 @@ print(results)
 """
 
 
-def test_the_sandbox_still_cannot_reach_out(ex: Executor) -> None:
+def test_the_sandbox_still_cannot_reach_out(rung: str, ex: Executor) -> None:
+    refused_on_wasm(rung, ex, web_profile())
     host = socket.socket()
     host.bind(("127.0.0.1", 0))
     host.listen()
@@ -208,7 +215,8 @@ def test_the_sandbox_still_cannot_reach_out(ex: Executor) -> None:
         assert reply.endswith(b"still-served\n"), reply
 
 
-def test_a_resumed_session_has_ports_of_its_own(ex: Executor) -> None:
+def test_a_resumed_session_has_ports_of_its_own(rung: str, ex: Executor) -> None:
+    refused_on_wasm(rung, ex, web_profile())
     with open_session(ex, profile=web_profile(), limits=LIMITS) as s:
         # Sockets (the ingress gate's) keep a session's pause to its files, on every rung.
         assert PauseMode.MEMORY not in s.pause_modes

@@ -38,10 +38,21 @@ FEW_ON_MICROVM = (
     "the microVM runs the few tests that cover the whole path (slow under emulation); this part "
     "is the same manager in the same kernel"
 )
+NO_PROCESSES = "the wasm rung has no processes: Python runs as WebAssembly"
+NO_WATCH = NO_PROCESSES + " (a watch is the session's process manager's, a process of its own)"
 NO_MEMORY_PAUSE = {
     "namespaces": "the namespaces rung keeps files only",
+    "wasm": NO_PROCESSES,
     "microvm": FEW_ON_MICROVM,
 }
+
+
+def _on_namespaces(why: str) -> dict[str, str]:
+    """A namespaces-only test's reason for each other rung: ``why``, or that wasm has no
+    processes at all."""
+    return {"gvisor": why, "microvm": why, "wasm": NO_PROCESSES}
+
+
 TICKS = "for i in 1 2 3; do echo $i; sleep 0.2; done"
 
 
@@ -93,6 +104,7 @@ def _spawn_record(ex: Executor, session_id: str, code: str) -> dict[str, object]
     return _records(ex, session_id, code)[0]
 
 
+@only_on("namespaces", "gvisor", "microvm", reason=NO_PROCESSES)
 def test_a_background_command_streams_while_cells_run(rung: str, ex: Executor) -> None:
     with open_session(ex) as s:
         p = s.spawn(TICKS, tag="ticks")
@@ -116,7 +128,10 @@ def test_a_background_command_streams_while_cells_run(rung: str, ex: Executor) -
         assert s.run("print(x)").stdout == "42\n"  # the manager's scope is not the session's
 
 
-@only_on("namespaces", reason="the buffer and the reads are the manager's, the same on every rung")
+@only_on(
+    "namespaces",
+    reason=_on_namespaces("the buffer and the reads are the manager's, the same on every rung"),
+)
 def test_a_reader_that_fell_behind_is_told_what_it_missed(rung: str, ex: Executor) -> None:
     total = 3_000_000
     # A small stdout cap: each read's reply must still fit in it, so reads are smaller.
@@ -133,7 +148,7 @@ def test_a_reader_that_fell_behind_is_told_what_it_missed(rung: str, ex: Executo
         assert (len(out), set(out), last.exit_code) == (RING_BYTES, {ord("a")}, 0)
 
 
-@only_on("namespaces", "gvisor", reason=FEW_ON_MICROVM)
+@only_on("namespaces", "gvisor", reason={"microvm": FEW_ON_MICROVM, "wasm": NO_PROCESSES})
 def test_stdin_reaches_the_process_and_closing_it_ends_cat(rung: str, ex: Executor) -> None:
     with open_session(ex) as s:
         p = s.spawn(["cat"], stdin=True)
@@ -151,7 +166,7 @@ def test_stdin_reaches_the_process_and_closing_it_ends_cat(rung: str, ex: Execut
         s.kill(quiet.pid)
 
 
-@only_on("namespaces", "gvisor", reason=FEW_ON_MICROVM)
+@only_on("namespaces", "gvisor", reason={"microvm": FEW_ON_MICROVM, "wasm": NO_PROCESSES})
 def test_signal_and_kill_end_a_process(rung: str, ex: Executor) -> None:
     with open_session(ex) as s:
         term = s.spawn(["sleep", "600"])
@@ -169,6 +184,7 @@ def test_signal_and_kill_end_a_process(rung: str, ex: Executor) -> None:
         assert s.run("print('on')").stdout == "on\n"
 
 
+@only_on("namespaces", "gvisor", "microvm", reason=NO_PROCESSES)
 def test_a_terminal_is_the_processs_tty_and_follows_a_resize(rung: str, ex: Executor) -> None:
     with open_session(ex) as s:
         p = s.spawn(["/bin/bash", "--norc", "-i"], pty=(24, 80))
@@ -187,7 +203,7 @@ def test_a_terminal_is_the_processs_tty_and_follows_a_resize(rung: str, ex: Exec
             s.resize(plain.pid, 10, 10)
 
 
-@only_on("namespaces", reason="what the policy decides is the same on every rung")
+@only_on("namespaces", reason=_on_namespaces("what the policy decides is the same on every rung"))
 def test_a_denied_command_starts_nothing(rung: str, ex: Executor) -> None:
     with open_session(ex, profile="strict") as s:
         with pytest.raises(SpawnRefused, match="not started"):
@@ -199,7 +215,7 @@ def test_a_denied_command_starts_nothing(rung: str, ex: Executor) -> None:
         assert _followed(s, allowed.pid)[2].exit_code == 0
 
 
-@only_on("namespaces", "gvisor", reason=FEW_ON_MICROVM)
+@only_on("namespaces", "gvisor", reason={"microvm": FEW_ON_MICROVM, "wasm": NO_PROCESSES})
 def test_the_sessions_process_limit_holds_inside(rung: str, ex: Executor) -> None:
     max_pids = 8
     with open_session(ex, limits=Limits(max_pids=max_pids)) as s:
@@ -218,6 +234,7 @@ def test_the_sessions_process_limit_holds_inside(rung: str, ex: Executor) -> Non
         assert _followed(s, again.pid)[2].exit_code == 0
 
 
+@only_on("namespaces", "gvisor", "microvm", reason=NO_PROCESSES)
 def test_processes_end_with_the_session(rung: str, ex: Executor) -> None:
     s = open_session(ex)
     host = trace(rung, s)
@@ -227,6 +244,7 @@ def test_processes_end_with_the_session(rung: str, ex: Executor) -> None:
     host.assert_gone()
 
 
+@only_on("namespaces", "gvisor", "microvm", reason=NO_WATCH)
 def test_a_watch_sees_changes_in_a_directory(rung: str, ex: Executor) -> None:
     with open_session(ex) as s:
         s.run("import os\nos.makedirs('w/sub')")
@@ -272,7 +290,10 @@ def test_a_memory_pause_keeps_a_process_and_its_output(rung: str, ex: Executor) 
         back.close()
 
 
-@only_on("namespaces", reason="a files-mode resume is the same fresh kernel on every rung")
+@only_on(
+    "namespaces",
+    reason=_on_namespaces("a files-mode resume is the same fresh kernel on every rung"),
+)
 def test_a_files_resume_starts_with_no_processes(rung: str, ex: Executor) -> None:
     s = open_session(ex)
     p = s.spawn(["sleep", "600"])
