@@ -21,16 +21,28 @@ from sandcell.errors import ConfigError
 from sandcell.sessions import SessionEnded
 from sandcell.spec import MiB
 
+NO_LINKS = (
+    "the wasm rung's cells cannot make symbolic links (Pyodide's file system on Node refuses "
+    "os.symlink with PermissionError), so there is no link for the host to refuse"
+)
+
 
 def test_state_outputs_files_exports_and_records(rung: str, ex: Executor) -> None:
     # A figure's first import builds matplotlib's font cache: CPU seconds under TCG.
     s = open_session(ex, limits=Limits(wall_time_s=120, cpu_time_s=240))
     host = trace(rung, s)
+    # The wasm rung has no processes (no bash cells, no shell escapes), none of the compiled
+    # packages (pandas, matplotlib), and its cells cannot make links (NO_LINKS): those parts
+    # are the other rungs'; test_bash_cells_are_refused_on_wasm checks its bash cells.
+    wasm = rung == "wasm"
+    links = ("", "") if wasm else (
+        "os.symlink('/etc/passwd', 'link')\n", "\nos.symlink('/etc/shadow', 'b.csv')"
+    )  # fmt: skip
     codes = [
-        "import json, os\nx = 41\nopen('notes.txt', 'w').write('kept')\n"
-        "os.symlink('/etc/passwd', 'link')\nos.makedirs('sub')\nopen('sub/b.txt', 'w').close()",
+        f"import json, os\nx = 41\nopen('notes.txt', 'w').write('kept')\n{links[0]}"
+        "os.makedirs('sub')\nopen('sub/b.txt', 'w').close()",
         "print(json.dumps({'x': x + 1}), open('notes.txt').read())",
-        "open('a.csv', 'w').write('a,b')\nos.symlink('/etc/shadow', 'b.csv')",
+        f"open('a.csv', 'w').write('a,b'){links[1]}",
     ]
     first = s.run(codes[0])
     assert first.outcome is Outcome.OK, first.reason + first.stderr
@@ -42,18 +54,20 @@ def test_state_outputs_files_exports_and_records(rung: str, ex: Executor) -> Non
     shown = s.run("x")
     assert shown.outcome is Outcome.OK
     assert [(o.kind, o.data.get("text/plain")) for o in shown.outputs] == [("value", "41")]
-    table = s.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
-    assert [o.kind for o in table.outputs] == ["table"], table.stderr
-    figure = s.run("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]);")
-    assert figure.outcome is Outcome.OK, figure.reason + figure.stderr
-    assert [o.kind for o in figure.outputs] == ["figure"]
-    media = sorted(a.media_type for a in figure.outputs[0].artifacts)
-    assert media == ["image/png", "image/svg+xml"]
-    # The figure's chart data too; display() and shell escapes work.
-    chart = json.loads(figure.outputs[0].data["application/vnd.sandcell.chart+json"])
-    assert chart["type"] == "line" and chart["elements"][0]["points"][2] == [2.0, 3.0]
-    ordered = s.run("display(1)\n_sandcell_shell('echo from-guest')\n2")
-    assert ordered.stdout == "from-guest\n", ordered.stderr
+    if not wasm:
+        table = s.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+        assert [o.kind for o in table.outputs] == ["table"], table.stderr
+        figure = s.run("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]);")
+        assert figure.outcome is Outcome.OK, figure.reason + figure.stderr
+        assert [o.kind for o in figure.outputs] == ["figure"]
+        media = sorted(a.media_type for a in figure.outputs[0].artifacts)
+        assert media == ["image/png", "image/svg+xml"]
+        # The figure's chart data too; display() and shell escapes work.
+        chart = json.loads(figure.outputs[0].data["application/vnd.sandcell.chart+json"])
+        assert chart["type"] == "line" and chart["elements"][0]["points"][2] == [2.0, 3.0]
+    shell = "" if wasm else "_sandcell_shell('echo from-guest')\n"
+    ordered = s.run(f"display(1)\n{shell}2")
+    assert ordered.stdout == ("" if wasm else "from-guest\n"), ordered.stderr
     assert [(o.data["text/plain"], o.displayed) for o in ordered.outputs] == [
         ("1", True),
         ("2", False),
@@ -67,24 +81,26 @@ def test_state_outputs_files_exports_and_records(rung: str, ex: Executor) -> Non
     exited = s.run("import sys; sys.exit(3)")
     assert (exited.outcome, exited.exit_code) == (Outcome.ERROR, 3)
     assert s.run("print(x)").stdout == "41\n"
-    # Bash cells share the sandbox, take an environment, and are recorded as bash.
-    wrote = s.run(
-        'printf "%s" "$GREETING" > from_bash.txt; pwd; exit 4',
-        language="bash",
-        env={"GREETING": "hello"},
-    )
-    assert wrote.outcome is Outcome.ERROR and wrote.exit_code == 4, wrote.stderr
-    bash_entry = ex.audit.get(wrote.run_id)
-    assert bash_entry is not None
-    assert bash_entry.record["language"] == "bash"
-    assert str(bash_entry.record["code"]).startswith('printf "%s"')  # the program, not the wrapper
-    assert s.run("print(open('from_bash.txt').read())").stdout == "hello\n"
+    if not wasm:
+        # Bash cells share the sandbox, take an environment, and are recorded as bash.
+        wrote = s.run(
+            'printf "%s" "$GREETING" > from_bash.txt; pwd; exit 4',
+            language="bash",
+            env={"GREETING": "hello"},
+        )
+        assert wrote.outcome is Outcome.ERROR and wrote.exit_code == 4, wrote.stderr
+        bash_entry = ex.audit.get(wrote.run_id)
+        assert bash_entry is not None
+        assert bash_entry.record["language"] == "bash"
+        # The program, not the wrapper.
+        assert str(bash_entry.record["code"]).startswith('printf "%s"')
+        assert s.run("print(open('from_bash.txt').read())").stdout == "hello\n"
     with pytest.raises(ConfigError, match="Bash cells"):
         s.run("print(1)", env={"X": "1"})
     # Exports during the session pass the host's checks: the link is refused.
     out = s.run(codes[2], exports=["*.csv"])
     assert [a.path for a in out.artifacts] == ["a.csv"]
-    assert [r.path for r in out.rejected_exports] == ["b.csv"]
+    assert [r.path for r in out.rejected_exports] == ([] if wasm else ["b.csv"])
     assert ex.store.path_for(out.artifacts[0].sha256).read_text() == "a,b"
     # Every cell is a run in the record, naming the session and the rung.
     for r, code in zip((first, second, out), codes, strict=True):
@@ -121,16 +137,18 @@ def test_interrupts_output_caps_and_pids_keep_the_session(rung: str, ex: Executo
         assert flood.outcome is Outcome.OUTPUT_LIMIT, flood.reason
         assert flood.stdout_truncated and len(flood.stdout) <= 4096
         # The session's pids limit refuses the 17th process (in the microVM's guest: its cgroup
-        # and RLIMIT_NPROC).
-        spawn = s.run(
-            "import subprocess\nprocs = []\ntry:\n"
-            "    for _ in range(40):\n        procs.append(subprocess.Popen(['sleep', '60']))\n"
-            "except OSError as e:\n    print('refused', e.errno)\n"
-            "print(len(procs) < 16)"
-        )
-        assert spawn.outcome is Outcome.OK, spawn.reason + spawn.stderr
-        assert spawn.stdout.split() == ["refused", "11", "True"], spawn.stdout
-        after = s.run("[p.kill() for p in procs]\nprint(counter)")
+        # and RLIMIT_NPROC); the wasm rung has no processes.
+        kill = "[p.kill() for p in procs]\n"
+        if rung != "wasm":
+            spawn = s.run(
+                "import subprocess\nprocs = []\ntry:\n"
+                "    for _ in range(40):\n        procs.append(subprocess.Popen(['sleep', '60']))\n"
+                "except OSError as e:\n    print('refused', e.errno)\n"
+                "print(len(procs) < 16)"
+            )
+            assert spawn.outcome is Outcome.OK, spawn.reason + spawn.stderr
+            assert spawn.stdout.split() == ["refused", "11", "True"], spawn.stdout
+        after = s.run(("" if rung == "wasm" else kill) + "print(counter)")
         assert (after.outcome, after.stdout) == (Outcome.OK, "7\n")
         assert s.ended is None
         # Output and reply in quick succession, again and again: the relay keeps them in order
@@ -164,6 +182,20 @@ def test_kernel_exit_ends_the_session_with_its_status(rung: str, ex: Executor) -
     host.assert_gone()
 
 
+@only_on(
+    "wasm",
+    reason="the other rungs run bash cells (test_state_outputs_files_exports_and_records)",
+)
+def test_bash_cells_are_refused_on_wasm(rung: str, ex: Executor) -> None:
+    """The rung has no processes: a bash cell is refused before it runs, as a bash run is, and
+    the session goes on."""
+    with open_session(ex) as s:
+        with pytest.raises(ConfigError, match="Python only"):
+            s.run("echo hi", language="bash")
+        assert s.ended is None
+        assert s.run("print(1)").stdout == "1\n"
+
+
 @only_on("gvisor", reason="the exit trailer is the gVisor agent's, written on the kernel's stderr")
 def test_forged_exit_trailer_is_not_believed(rung: str, ex: Executor) -> None:
     s = open_session(ex)
@@ -180,12 +212,14 @@ OUTPUTS_DIR = {
     "namespaces": "/tmp/.sandcell-outputs",
     "gvisor": "/sandbox/.sandcell-display",
     "microvm": "/tmp/.sandcell-outputs",
+    "wasm": "/tmp/.sandcell-outputs",
 }
 """Where each rung's kernel leaves a cell's rich outputs (one directory per cell) for the host:
 read from the live sandbox on namespaces and gVisor; on the microVM the guest's agent sends a
 copy, so the guest's link leads nowhere on the host."""
 
 
+@only_on("namespaces", "gvisor", "microvm", reason=NO_LINKS)
 def test_display_directory_link_is_not_followed(rung: str, ex: Executor, tmp_path: Path) -> None:
     # A host directory shaped like a cell's outputs, which a link from the sandbox would reach
     # if the host followed it: its "output" must never come back.
