@@ -90,11 +90,13 @@ def _warm_stats(ex: Any) -> Any:
 def _wait_pool_full(ex: Any, size: int, timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        # A template's pool reports under ``.pool``; a pool of whole sandboxes (wasm, gVisor:
+        # SandboxPoolStats) at the top level.
         st = _warm_stats(ex)
-        pool = getattr(st, "pool", None)
-        if pool is None:
+        ready = getattr(getattr(st, "pool", None) or st, "ready", None)
+        if not isinstance(ready, int):
             return False
-        if pool.ready >= size:
+        if ready >= size:
             return True
         time.sleep(0.2)
     return False

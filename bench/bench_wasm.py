@@ -1,7 +1,8 @@
 """The wasm rung against the namespaces rung, in one run: start latency, idle memory, HumanEval.
 
     .venv/bin/python bench/bench_wasm.py [--runs N] [--pool-size N] [--ns-preload MOD,...]
-        [--concurrency N] [--skip-latency] [--skip-memory] [--skip-humaneval] [--json]
+        [--concurrency N] [--memory-rungs all|RUNG,...] [--skip-latency] [--skip-memory]
+        [--skip-humaneval] [--json]
 
 Measures, each wasm figure next to a namespaces baseline taken in the same run:
 
@@ -12,9 +13,15 @@ Measures, each wasm figure next to a namespaces baseline taken in the same run:
   namespaces: ``WarmConfig(mode="pool")`` with ``--ns-preload``), each timed run taken once the
   pool is full again, so that every run is a pooled start (the start modes seen are printed);
   a wasm pool that cannot be opened is reported as ``pool: not available: <error>``;
-* idle memory: the PSS (``/proc/PID/smaps_rollup``) of every process a full, quiet pool keeps
-  below this process, over the pool size (``bench/bench_density.py``'s figure); without a wasm
-  pool, the cold runs' ``usage.peak_memory_bytes`` instead, said so;
+* idle memory, for every rung in ``--memory-rungs`` (namespaces with the ``--ns-preload``
+  template and without one, wasm, gVisor, microVM), one full pool of ``--pool-size`` at a time:
+  the PSS (``/proc/PID/smaps_rollup``) of every process the quiet pool keeps below this process
+  (``bench/bench_density.py``'s figure), over the sandboxes ready. gVisor adds the processes in
+  its waiting sandboxes' cgroups (should they not be below this process) and notes the cgroups'
+  own charge (``SandboxPoolStats.idle_memory_bytes``, not PSS); microVM notes one QEMU's PSS by
+  source (``bench_microvm.idle_pss_parts``). A rung whose pool cannot be opened or filled is
+  printed as ``not available: <reason>`` and the others go on. The cold runs'
+  ``usage.peak_memory_bytes`` (wasm, namespaces) are printed too, said so;
 * HumanEval (``--humaneval-start cold|pool``): the 164 canonical solutions and their broken
   twins (the body ``return None``, as ``examples/humaneval/make_tasks.py --wrong``), each the
   prompt, the solution, the test and ``check(ENTRY_POINT)`` as one program (as in
@@ -62,6 +69,7 @@ MIB = 1024 * 1024
 PROFILE = "unchecked"
 PRINT = RunRequest(code="print(1)")
 HE_LIMITS = Limits(wall_time_s=10)
+RUNGS = ("namespaces", "wasm", "gvisor", "microvm")
 _EXC = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning))\b")
 
 
@@ -149,27 +157,40 @@ def _pooled(ex: Executor, size: int) -> Callable[[], tuple[float, str]]:
     return run
 
 
-def _open_wasm_pool(size: int) -> tuple[Executor | None, str]:
+FILL_TIMEOUT_S = {"microvm": 300.0}
+"""How long a pool may take to fill before it is reported unavailable (a microVM restores a
+snapshot under TCG: seconds each); 120 s for the rest."""
+
+
+def _open_pool(
+    backend: str, size: int, preload: tuple[str, ...] | None = None
+) -> tuple[Executor | None, str]:
+    """A full pool of ``size`` sandboxes on ``backend``, or (None, why not)."""
+    warm = (
+        WarmConfig(mode="pool", pool_size=size)
+        if preload is None
+        else WarmConfig(mode="pool", pool_size=size, preload=preload)
+    )
     try:
-        ex = Executor(backend="wasm", profile=PROFILE, warm=WarmConfig(mode="pool", pool_size=size))
+        ex = Executor(backend=backend, profile=PROFILE, warm=warm)
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
-    if not _wait_pool_full(ex, size, timeout_s=120):
+    timeout = FILL_TIMEOUT_S.get(backend, 120.0)
+    if not _wait_pool_full(ex, size, timeout_s=timeout):
         st = getattr(ex.backend, "warm_stats", lambda: None)()
         ex.close()
-        return None, f"the pool did not fill to {size} in 120 s (stats: {st})"
+        return None, f"the pool did not fill to {size} in {timeout:g} s (stats: {st})"
     return ex, ""
 
 
+def _open_wasm_pool(size: int) -> tuple[Executor | None, str]:
+    return _open_pool("wasm", size)
+
+
 def _open_ns_pool(size: int, preload: tuple[str, ...]) -> Executor:
-    ex = Executor(
-        backend="namespaces",
-        profile=PROFILE,
-        warm=WarmConfig(mode="pool", pool_size=size, preload=preload),
-    )
-    if not _wait_pool_full(ex, size, timeout_s=120):
-        ex.close()
-        raise SystemExit(f"the namespaces pool did not fill to {size} in 120 s")
+    ex, why = _open_pool("namespaces", size, preload)
+    if ex is None:
+        raise SystemExit(f"the namespaces pool: {why}")
     return ex
 
 
@@ -213,18 +234,66 @@ def bench_latency(runs: int, size: int, preload: tuple[str, ...]) -> list[Latenc
 # -- memory ----------------------------------------------------------------------------------
 
 
-def _pool_pss(name: str, opener: Callable[[], tuple[Executor | None, str]], size: int) -> MemoryRow:
+def _gvisor_cgroup_pids(ex: Executor) -> tuple[set[int], int]:
+    """The processes in the waiting gVisor sandboxes' cgroups (runsc, its sandbox and gofer),
+    and the cgroups' memory charge in bytes (the pool's own ``idle_memory_bytes``)."""
+    pool = getattr(ex.backend, "_pool", None)
+    pids: set[int] = set()
+    for sb in list(getattr(pool, "_ready", ())):
+        for d in getattr(getattr(sb, "cgroup", None), "dirs", {}).values():
+            try:
+                pids.update(int(x) for x in (Path(d) / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                continue
+    st = ex.backend.warm_stats()
+    return pids, int(getattr(st, "idle_memory_bytes", 0) or 0)
+
+
+def _microvm_parts(ex: Executor) -> str:
+    """One ready QEMU's PSS by source (``bench_microvm.idle_pss_parts``), as a note."""
+    from bench_microvm import idle_pss_parts  # imports the microVM backend: only when measured
+
+    st = ex.backend.warm_stats()
+    parts = idle_pss_parts(getattr(st, "template_state", {}).get("snapshot_dir"))
+    return ", ".join(f"{k} {v}" for k, v in parts.items()) if parts else ""
+
+
+def _pool_pss(
+    name: str, backend: str, opener: Callable[[], tuple[Executor | None, str]]
+) -> MemoryRow:
+    """PSS of every process a full, quiet pool keeps (see module), over the sandboxes ready."""
     before = set(descendants(os.getpid()))
-    ex, why = opener()
-    if ex is None:
-        return MemoryRow(name, 0, 0, None, None, f"pool: not available: {why}")
     try:
-        pids = settle(before)
-        total, counted = _total_pss(pids)
+        ex, why = opener()
+    except (Exception, SystemExit) as exc:
+        ex, why = None, f"{type(exc).__name__}: {exc}"
+    if ex is None:
+        return MemoryRow(name, 0, 0, None, None, f"not available: {why}")
+    extra = ""
+    try:
+        pids = set(settle(before))
+        if backend == "gvisor":
+            # runsc's sandbox and gofer should be below this process; the cgroups say for sure.
+            in_cgroups, charge = _gvisor_cgroup_pids(ex)
+            outside = in_cgroups - pids
+            pids |= in_cgroups
+            extra = f"; the cgroups' own charge {charge / MIB:.1f} MiB in all (not PSS)"
+            if outside:
+                extra += f"; {len(outside)} of them were not below this process"
+        elif backend == "microvm":
+            parts = _microvm_parts(ex)
+            extra = f"; one QEMU's PSS by source (MiB): {parts}" if parts else ""
+        total, counted = _total_pss(sorted(pids))
         ready = _ready(ex) or 0
     finally:
         ex.close()
-    note = "every process below this one (bwrap, template if any, waiting sandboxes) / ready"
+    what = {
+        "namespaces": "bwrap, template, waiting children",
+        "wasm": "bwrap and Node.js+Pyodide per waiting sandbox",
+        "gvisor": "runsc, its sandbox (Sentry) and gofer per waiting sandbox",
+        "microvm": "jailer and QEMU per waiting VM",
+    }[backend]
+    note = f"PSS of every process the pool keeps ({what}) / ready{extra}"
     return MemoryRow(name, ready, counted, total / 1024, total / 1024 / max(ready, 1), note)
 
 
@@ -239,13 +308,25 @@ def _cold_peak(backend: str, runs: int) -> MemoryRow:
     return MemoryRow(f"{backend} cold peak", 0, 0, None, med, note)
 
 
-def bench_memory(size: int, preload: tuple[str, ...]) -> list[MemoryRow]:
-    rows = [_pool_pss("wasm pool", lambda: _open_wasm_pool(size), size)]
-    label = f"namespaces pool ({'+'.join(preload) or 'no'} preload)"
-    rows.append(_pool_pss(label, lambda: (_open_ns_pool(size, preload), ""), size))
-    # The cold peaks always: the fallback figure when the pool is missing, and context otherwise.
-    rows.append(_cold_peak("wasm", 5))
-    rows.append(_cold_peak("namespaces", 5))
+def bench_memory(size: int, preload: tuple[str, ...], rungs: tuple[str, ...]) -> list[MemoryRow]:
+    """One pool at a time per rung in ``rungs``, each closed before the next opens."""
+    rows: list[MemoryRow] = []
+    for rung in rungs:
+        if rung == "namespaces":
+            for pre in dict.fromkeys((preload, ())):
+                label = f"namespaces pool ({'+'.join(pre) or 'no'} preload)"
+                rows.append(_pool_pss(label, rung, lambda p=pre: (_open_ns_pool(size, p), "")))
+        else:
+            rows.append(_pool_pss(f"{rung} pool", rung, lambda r=rung: _open_pool(r, size)))
+    # The cold peaks: context, and wasm's figure when its pool is missing.
+    for rung in ("wasm", "namespaces"):
+        if rung in rungs:
+            try:
+                rows.append(_cold_peak(rung, 5))
+            except Exception as exc:
+                rows.append(
+                    MemoryRow(f"{rung} cold peak", 0, 0, None, None, f"not available: {exc}")
+                )
     return rows
 
 
@@ -362,7 +443,7 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 def report(body: dict[str, Any]) -> None:
     info = body["machine"]
-    print(f"# wasm rung vs namespaces rung, profile {PROFILE}")
+    print(f"# wasm rung vs the other rungs, profile {PROFILE}")
     print("# " + "  ".join(f"{k}: {v}" for k, v in info.items()))
     if "latency" in body:
         lat = [LatencyRow(**r) for r in body["latency"]]
@@ -382,14 +463,16 @@ def report(body: dict[str, Any]) -> None:
         if pw and pn:
             print(f"ratio wasm pool / namespaces pool (medians): {pw / pn:.2f}x")
     if "memory" in body:
-        print(
-            f"\n{'idle memory':<42} {'ready':>5} {'procs':>5} {'total MiB':>10} "
-            f"{'MiB each':>9}  note"
-        )
+        print(f"\n{'rung':<36} {'start':<5} {'ready':>5} {'PSS MiB/ready':>13}  what was measured")
         for m in (MemoryRow(**r) for r in body["memory"]):
+            rung, _, start = m.variant.rpartition(" pool")
+            if not _:
+                rung, start = m.variant.removesuffix(" cold peak"), "cold"
+            else:
+                rung, start = rung + start, "pool"
             print(
-                f"{m.variant:<42} {m.ready:>5} {m.processes:>5} {_fmt(m.total_mib):>10} "
-                f"{_fmt(m.per_ready_mib):>9}  {m.note}"
+                f"{rung:<36} {start:<5} {m.ready:>5} {_fmt(m.per_ready_mib):>13}  "
+                f"{m.note}" + (f" [{m.processes} processes]" if m.processes else "")
             )
     for name, he in body.get("humaneval", {}).items():
         print(
@@ -434,18 +517,26 @@ def main() -> None:
         default="cold",
         help="HumanEval on wasm: a cold sandbox per task, or a pool of --concurrency sandboxes",
     )
+    ap.add_argument(
+        "--memory-rungs",
+        default="all",
+        help=f"rungs whose idle pools are measured, comma-separated ({','.join(RUNGS)}; all)",
+    )
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-humaneval", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = ap.parse_args()
     preload = tuple(m for m in args.ns_preload.split(",") if m)
+    rungs = RUNGS if args.memory_rungs == "all" else tuple(args.memory_rungs.split(","))
+    if bad := [r for r in rungs if r not in RUNGS]:
+        ap.error(f"--memory-rungs: unknown {', '.join(bad)}; choose from {', '.join(RUNGS)}")
     body: dict[str, Any] = {"machine": machine_info(), "command": " ".join(sys.argv)}
     try:
         if not args.skip_latency:
             body["latency"] = [asdict(r) for r in bench_latency(args.runs, args.pool_size, preload)]
         if not args.skip_memory:
-            body["memory"] = [asdict(r) for r in bench_memory(args.pool_size, preload)]
+            body["memory"] = [asdict(r) for r in bench_memory(args.pool_size, preload, rungs)]
         if not args.skip_humaneval:
             body["humaneval"] = bench_humaneval(args.concurrency, args.first, args.humaneval_start)
     except Exception:
