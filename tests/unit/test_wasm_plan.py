@@ -38,7 +38,7 @@ def test_node_runs_under_its_permission_model_with_no_child_processes_or_code_fr
     for power in ("--allow-child-process", "--allow-addons", "--allow-wasi", "--allow-worker"):
         assert power not in argv
     writes = {a.split("=", 1)[1] for a in argv if a.startswith("--allow-fs-write=")}
-    assert writes == {"/sandbox/", "/home/user/", "/tmp/"}
+    assert writes == {"/sandbox/", "/home/user/", "/tmp/", "/dev/shm/"}
     assert argv[-2:] == ("/sandcell/runner.mjs", "/sandcell/wasm.json")
 
 
@@ -69,6 +69,7 @@ def test_the_settings_mount_only_the_workspace_tmp_inputs_and_packages(tmp_path:
         ["/sandbox", "/sandbox"],
         ["/home/user", "/home/user"],
         ["/tmp", "/tmp"],
+        ["/dev/shm", "/dev/shm"],
         ["/inputs", "/inputs"],
         ["/packages/pkg", "/packages/pkg"],
     ]
@@ -95,6 +96,20 @@ def test_what_the_rung_cannot_run_is_refused_naming_the_other_rungs(
         capabilities.check(request_)
     assert words in str(err.value)
     assert capabilities.OTHER_RUNGS in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("limits", "words"),
+    [
+        (Limits().with_(memory_bytes=128 * MiB), "memory limit of at least 256 MiB"),
+        (Limits().with_(cpu_time_s=1), "CPU-time limit of at least 2 s"),
+    ],
+)
+def test_limits_below_what_node_and_pyodide_take_to_start_are_refused(
+    limits: Limits, words: str
+) -> None:
+    with pytest.raises(ConfigError, match=words):
+        capabilities.check(RunRequest(code="print(1)", limits=limits))
 
 
 def test_a_package_with_compiled_code_is_refused(tmp_path: Path) -> None:

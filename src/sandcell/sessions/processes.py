@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sandcell.backends.base import BackendResult
-from sandcell.backends.cell import CellScope
+from sandcell.backends.cell import CellScope, lacking
 from sandcell.backends.inside import PROCS_SCRIPT
 from sandcell.errors import ConfigError, InfraError
 from sandcell.pipeline.finish import finish
@@ -244,6 +244,9 @@ class ProcessControl:
         argv, command = _argv(cmd)
         if pty is not None:
             pty = _size(*pty)
+        missing = lacking(self._sandbox, "processes")
+        if missing is not None:
+            raise ConfigError(missing)
         with self._lock:
             self._check_alive()
             self.executor.check_home()  # a spawn whose record would be lost does not start
@@ -407,6 +410,9 @@ class ProcessControl:
             return self._procs_locked(op)
 
     def _procs_locked(self, op: Mapping[str, object]) -> dict[str, Any]:
+        missing = lacking(self._sandbox, "processes")
+        if missing is not None:
+            raise ConfigError(missing)
         reply = self._procs_reply(
             {**op, "ends_budget": self.request.effective_limits.stdout_bytes // 4}
         )

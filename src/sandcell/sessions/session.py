@@ -38,7 +38,14 @@ from typing import TYPE_CHECKING, Literal
 
 from sandcell.artifacts import collect_exports, validate_globs
 from sandcell.backends.base import BackendResult, Collector
-from sandcell.backends.cell import CellRun, CellScope, Exported, HeldOnNode, open_cell_sandbox
+from sandcell.backends.cell import (
+    CellRun,
+    CellScope,
+    Exported,
+    HeldOnNode,
+    lacking,
+    open_cell_sandbox,
+)
 from sandcell.backends.cell.state import PauseMode, SandboxMetrics
 from sandcell.backends.cell.verdict import CellCancel
 from sandcell.display import DisplayCollection
@@ -348,6 +355,9 @@ class Session(ProcessControl, PortAccess):
                 "scope= names a namespace of the Python kernel; a Bash cell is a program of "
                 "its own, so give it cwd= and env= instead"
             )
+        missing = lacking(self._sandbox, language)
+        if missing is not None:
+            raise ConfigError(missing)
         cell_scope = CellScope(name=scope, cwd=cwd) if scope is not None else None
         with self._lock:
             self._check_alive()

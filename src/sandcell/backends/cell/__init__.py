@@ -260,6 +260,14 @@ class HeldOnNode(Protocol):
     def bound_idle(self, idle_timeout_s: float) -> None: ...
 
 
+def lacking(sandbox: CellSandbox, what: str) -> str | None:
+    """Why ``sandbox`` cannot do ``what`` (``"bash"`` cells, ``"processes"``), or None when it
+    can. A rung whose sandboxes lack something names it in a ``lacking`` mapping (the wasm
+    rung's: no processes in WebAssembly); the others have everything a session asks for."""
+    found: dict[str, str] = getattr(sandbox, "lacking", {})
+    return found.get(what)
+
+
 def open_cell_sandbox(
     backend: Backend,
     request: RunRequest,
@@ -294,5 +302,6 @@ __all__ = [
     "SandboxMetrics",
     "SavedState",
     "kernel_message",
+    "lacking",
     "open_cell_sandbox",
 ]

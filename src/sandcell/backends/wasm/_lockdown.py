@@ -95,6 +95,34 @@ def _lock() -> None:
         if hasattr(os, name):
             setattr(os, name, _no_processes)
     _unlink_javascript(proxy_meta, (JsProxy,))
+    _interruptible_sleep()
+
+
+def _interruptible_sleep() -> None:
+    """time.sleep in slices: Pyodide sees an interrupt (a cell's wall time, a cancel) only
+    between bytecodes, and one long sleep would hold it off until it returns."""
+    import time
+
+    whole = time.sleep
+
+    def sleep(secs: float) -> None:
+        if not isinstance(secs, int | float) or secs <= 0.05:
+            whole(secs)  # its own errors for other types and negative lengths
+            return
+        end = time.monotonic() + secs
+        while (left := end - time.monotonic()) > 0:
+            whole(min(left, 0.05))
+
+    sleep.__doc__ = whole.__doc__
+    time.sleep = sleep  # type: ignore[assignment]
+
+
+class _KernelExit(BaseException):
+    """``os._exit`` in a kernel: the cell's end, then the kernel's with that status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 def _no_processes(*args: object, **kwargs: object) -> NoReturn:
@@ -221,6 +249,16 @@ class _Driver:
         else:
             _print_exception(exc, 2)
 
+    def kernel_exits(self) -> None:
+        """In a kernel (a session's, a pooled sandbox's): ``os._exit`` ends the kernel with its
+        status once the cell's frames are gone. Emscripten's own exit does not return from a
+        worker thread, where a kernel's interpreter runs."""
+
+        def _exit(status: int) -> None:
+            raise _KernelExit(int(status) & 0xFF)
+
+        os._exit = _exit  # type: ignore[assignment]
+
     def run_program(self, path: str) -> int:
         with open(path, encoding="utf-8") as f:
             code = f.read()
@@ -229,7 +267,10 @@ class _Driver:
     def program_cell(self, cell_id: int, code: str, filename: str) -> dict[str, Any]:
         """A pooled sandbox's one program, replied to as a cell: its exit status, and the
         exception that ended it (a MemoryError is the heap's maximum)."""
-        status, error = self.run_program_text(code, filename)
+        try:
+            status, error = self.run_program_text(code, filename)
+        except _KernelExit as exc:
+            return {"op": "exit", "status": exc.status}
         reply = {"op": "done", "id": cell_id, "status": "exit", "exit_code": status}
         if error == "KeyboardInterrupt":  # the host's interrupt: its wall time or a cancel
             reply["status"] = "interrupted"
@@ -253,6 +294,8 @@ class _Driver:
             self._execute(code, filename, self.main_ns, out_dir)
         except SystemExit as exc:
             status = _exit_status(exc)
+        except _KernelExit:
+            raise
         except BaseException as exc:
             self._report(exc)
             status, error = 1, type(exc).__name__
@@ -296,6 +339,9 @@ class _Driver:
         except SystemExit as exc:
             reply["status"] = "exit"
             reply["exit_code"] = _exit_status(exc)
+        except _KernelExit as exc:
+            _flush()
+            return {"op": "exit", "status": exc.status}
         except BaseException as exc:
             reply["status"] = "error"
             reply["error"] = type(exc).__name__

@@ -22,6 +22,7 @@
 // and around all of it the namespaces sandbox (seccomp, Landlock, cgroups, no network).
 
 import fs from "node:fs";
+import net from "node:net";
 import { isMainThread, parentPort, workerData, Worker } from "node:worker_threads";
 
 const settingsPath = isMainThread ? process.argv[2] : workerData.settingsPath;
@@ -38,7 +39,9 @@ const writeAll = (fd, bytes) => {
   }
 };
 const encoder = new TextEncoder();
-const EACCES = 2; // WebAssembly's libc (musl) numbers, as Pyodide's errno module has them
+// WebAssembly's libc (musl) numbers, as Pyodide's errno module has them.
+const EACCES = 2;
+const ENOSPC = 51;
 const say = (text) => writeAll(2, encoder.encode(`sandcell-wasm: ${text}\n`));
 
 // The Wasm heap's maximum: every WebAssembly.Memory made from here on grows at most to it, so a
@@ -54,6 +57,40 @@ function capMemory(maxBytes) {
   }
   Capped.prototype = Original.prototype;
   WebAssembly.Memory = Capped;
+}
+
+// What a program writes outside the mounted directories lands in Pyodide's in-memory filesystem,
+// whose file data are JavaScript arrays, outside the Wasm heap and its maximum: it gets a budget
+// of its own (the sandbox's /tmp size), and a write past it fails with ENOSPC.
+function capMemfs(FS, budget) {
+  const MEMFS = FS.filesystems.MEMFS;
+  let used = 0;
+  const size = (node) => (node.contents ? node.contents.length : 0);
+  const charge = (node, wanted, grow) => {
+    const before = size(node);
+    if (wanted > before && used + (wanted - before) > budget) throw new FS.ErrnoError(ENOSPC);
+    grow();
+    used += size(node) - before;
+  };
+  // A write (its fast path for a new file replaces the data outright) and a truncate that grows.
+  const fileOps = MEMFS.ops_table.file.stream;
+  const write = fileOps.write;
+  fileOps.write = (stream, buffer, offset, length, position, canOwn) => {
+    let n;
+    charge(stream.node, position + length, () => {
+      n = write(stream, buffer, offset, length, position, canOwn);
+    });
+    return n;
+  };
+  const resize = MEMFS.resizeFileStorage.bind(MEMFS);
+  MEMFS.resizeFileStorage = (node, newSize) => charge(node, newSize, () => resize(node, newSize));
+  const dirOps = MEMFS.ops_table.dir.node;
+  const unlink = dirOps.unlink;
+  dirOps.unlink = (parent, name) => {
+    const node = parent.contents[name];
+    unlink(parent, name);
+    if (node && ArrayBuffer.isView(node.contents)) used -= size(node); // a file's data
+  };
 }
 
 async function loadPython(stdinFromFd) {
@@ -111,6 +148,7 @@ async function loadPython(stdinFromFd) {
       }
     }
   };
+  capMemfs(FS, S.memfs_bytes);
   for (const [hostPath, wasmPath] of S.mounts) {
     mkdirs(wasmPath);
     FS.mount(FS.filesystems.NODEFS, { root: hostPath }, wasmPath);
@@ -148,6 +186,9 @@ function emptyRealm() {
       // not configurable: left, and unreachable from Python (no JavaScript object reaches it)
     }
   }
+  // Emscripten's exit (os._exit) sets process.exitCode and throws its ExitStatus: that is all
+  // of `process` it keeps, and the runner exits with the status.
+  globalThis.process = { exitCode: undefined };
   // Node's console holds the process's streams: a plain one that writes to stderr instead.
   const line = (...args) => writeAll(2, encoder.encode(`${args.map(String).join(" ")}\n`));
   globalThis.console = Object.freeze({ log: line, error: line, warn: line, info: line, debug: line });
@@ -161,8 +202,11 @@ async function runOnce() {
   try {
     status = driver.run_program(S.program_path);
   } catch (e) {
-    say(`the program could not be run: ${e && e.message ? e.message : e}`);
-    status = 70;
+    status = exitStatus(e); // os._exit(status)
+    if (status === undefined) {
+      say(`the program could not be run: ${e && e.message ? e.message : e}`);
+      status = 70;
+    }
   }
   exitFn(status);
 }
@@ -176,12 +220,18 @@ function kernelMain() {
     stdout: false,
     stderr: false,
   });
-  const ctl = 0;
+  // The channel as a socket on the event loop, not blocking reads on libuv's thread pool: an
+  // exit would wait for a pool thread blocked in read() for ever.
+  const ctl = new net.Socket({ fd: 0, readable: true, writable: true });
+  const end = (status) => {
+    ctl.destroy();
+    process.reallyExit(status);
+  };
   const frame = (msg) => {
     const body = Buffer.from(JSON.stringify(msg), "utf8");
     const head = Buffer.alloc(4);
     head.writeUInt32BE(body.length, 0);
-    writeAll(ctl, Buffer.concat([head, body]));
+    ctl.write(Buffer.concat([head, body]));
   };
   let inCell = false;
   process.on("SIGINT", () => {
@@ -192,18 +242,22 @@ function kernelMain() {
   const next = () => {
     if (busy || queue.length === 0) return;
     busy = true;
-    const msg = queue.shift();
-    worker.postMessage(msg);
+    worker.postMessage(queue.shift());
   };
   worker.on("message", (m) => {
     if (m.op === "hello") {
       frame({ op: "hello", pid: process.pid, display: Boolean(S.display) });
-      readChannel();
+      ctl.on("data", onData);
       return;
     }
     if (m.op === "started") {
       inCell = true;
       frame(m);
+      return;
+    }
+    if (m.op === "exit") {
+      // os._exit in a cell: everything the cell wrote is out; the kernel ends with its status.
+      ctl.end(() => end(m.status));
       return;
     }
     if (m.op === "done") {
@@ -216,41 +270,35 @@ function kernelMain() {
   });
   worker.on("error", (e) => {
     say(`the interpreter failed: ${e && e.message ? e.message : e}`);
-    process.reallyExit(70);
+    end(70);
   });
-  worker.on("exit", (code) => process.reallyExit(code === 0 ? 0 : 70));
+  worker.on("exit", (code) => end(code === 0 ? 0 : 70));
+  ctl.on("end", () => end(0)); // the host closed the channel: the session ends
+  ctl.on("error", () => end(0));
   let buf = Buffer.alloc(0);
-  function readChannel() {
-    const chunk = Buffer.alloc(65536);
-    fs.read(ctl, chunk, 0, chunk.length, null, (err, n) => {
-      if (err) {
-        if (err.code === "EAGAIN") return setTimeout(readChannel, 1);
-        process.reallyExit(0);
+  function onData(chunk) {
+    buf = Buffer.concat([buf, chunk]);
+    while (buf.length >= 4) {
+      const size = buf.readUInt32BE(0);
+      if (buf.length < 4 + size) break;
+      const body = buf.subarray(4, 4 + size).toString("utf8");
+      buf = buf.subarray(4 + size);
+      let msg;
+      try {
+        msg = JSON.parse(body);
+      } catch {
+        msg = { op: "invalid" };
       }
-      if (n === 0) process.reallyExit(0); // the host closed the channel: the session ends
-      buf = Buffer.concat([buf, chunk.subarray(0, n)]);
-      while (buf.length >= 4) {
-        const size = buf.readUInt32BE(0);
-        if (buf.length < 4 + size) break;
-        const body = buf.subarray(4, 4 + size).toString("utf8");
-        buf = buf.subarray(4 + size);
-        let msg;
-        try {
-          msg = JSON.parse(body);
-        } catch {
-          msg = { op: "invalid" };
-        }
-        queue.push(msg);
-      }
-      next();
-      readChannel();
-    });
+      queue.push(msg);
+    }
+    next();
   }
 }
 
 async function kernelWorker() {
   const { py, driver } = await loadPython(false);
   py.setInterruptBuffer(workerData.interrupt);
+  driver.kernel_exits();
   emptyRealm();
   const port = parentPort;
   port.on("message", (msg) => {
@@ -267,6 +315,11 @@ async function kernelWorker() {
         const result = fn(...args);
         reply = result.toJs({ dict_converter: Object.fromEntries });
         result.destroy();
+        if (reply.op === "exit") {
+          // os._exit(status) in the cell: the kernel ends with it, as a process would.
+          port.postMessage({ op: "exit", status: reply.status });
+          return;
+        }
       } else if (msg.op === "drop" && typeof msg.scope === "string") {
         driver.drop_scope(msg.scope);
         reply = { op: "done", id, status: "ok" };
@@ -274,6 +327,13 @@ async function kernelWorker() {
         reply = { op: "done", id, status: "error", error: "protocol" };
       }
     } catch (e) {
+      const status = exitStatus(e);
+      if (status !== undefined) {
+        // os._exit(status): the kernel ends with that status, as a process would; the host
+        // sees the session's interpreter gone.
+        port.postMessage({ op: "exit", status });
+        return;
+      }
       say(`a cell could not be run: ${e && e.message ? e.message : e}`);
       reply = { op: "done", id, status: "error", error: "InternalError" };
     }
@@ -284,6 +344,14 @@ async function kernelWorker() {
 
 // An error of the runner itself is one line, never Node's report of an uncaught exception,
 // which quotes the throwing line: Pyodide's is a megabyte of minified JavaScript.
+// Emscripten's exit (os._exit) throws its ExitStatus; Pyodide may pass it on wrapped, its
+// message kept: the status, or undefined for any other error.
+function exitStatus(e) {
+  if (e && Number.isInteger(e.status)) return e.status;
+  const m = /Program terminated with exit\((\d+)\)/.exec(String(e && e.message));
+  return m ? Number(m[1]) : undefined;
+}
+
 const failed = (e) => {
   say(`the interpreter could not start: ${e && e.message ? e.message : e}`);
   process.reallyExit(70);

@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 from sandcell.errors import ConfigError
-from sandcell.spec import RunRequest
+from sandcell.spec import MiB, RunRequest
 
 OTHER_RUNGS = "namespaces, gvisor or microvm"
 NO_OUTSIDE = (
@@ -32,8 +32,29 @@ other at import time, with the same message)."""
 _NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
 
 
+MEMORY_FLOOR = 256 * MiB
+"""The smallest memory limit the rung takes: Node.js with Pyodide restored is ~160 MiB before
+the program's first line (a lower limit would end every run in the cgroup's OOM kill)."""
+CPU_FLOOR_S = 2.0
+"""The smallest CPU-time limit: Node.js and Pyodide spend ~0.7 s of CPU starting, and the
+limit (RLIMIT_CPU) counts the whole process."""
+
+
 def check(request: RunRequest) -> None:
     """Raise ConfigError when the rung cannot run ``request`` as asked."""
+    limits = request.effective_limits
+    if limits.memory_bytes < MEMORY_FLOOR:
+        raise ConfigError(
+            f"the wasm rung needs a memory limit of at least {MEMORY_FLOOR // MiB} MiB (Node.js "
+            f"and Pyodide take ~160 MiB before the program starts), not "
+            f"{limits.memory_bytes / MiB:g} MiB; raise --memory, or use the {OTHER_RUNGS} rung"
+        )
+    if limits.cpu_time_s < CPU_FLOOR_S:
+        raise ConfigError(
+            f"the wasm rung needs a CPU-time limit of at least {CPU_FLOOR_S:g} s (Node.js and "
+            f"Pyodide spend ~0.7 s starting), not {limits.cpu_time_s:g} s; raise --cpu-time, or "
+            f"use the {OTHER_RUNGS} rung"
+        )
     if request.language != "python":
         raise ConfigError(
             f"the wasm rung runs Python only, not {request.language}: it has no processes "

@@ -65,8 +65,8 @@ def node_argv(node: str, mode: Mode) -> tuple[str, ...]:
     """Node's command line: the same for every run of a mode (a spare sandbox made ahead serves
     any run), every per-run setting is in the settings file."""
     reads = (f"{CONTROL_DIR}/", f"{PACKAGES_DIR}/", "/inputs/", f"{SANDBOX_WORKDIR}/",
-             f"{SANDBOX_HOME}/", "/tmp/")  # fmt: skip
-    writes = (f"{SANDBOX_WORKDIR}/", f"{SANDBOX_HOME}/", "/tmp/")
+             f"{SANDBOX_HOME}/", "/tmp/", "/dev/shm/")  # fmt: skip
+    writes = (f"{SANDBOX_WORKDIR}/", f"{SANDBOX_HOME}/", "/tmp/", "/dev/shm/")
     return (
         node,
         "--experimental-permission",
@@ -90,6 +90,7 @@ def plan(request: RunRequest, dist: PyodideDist, mode: Mode, *, programs: bool =
         [SANDBOX_WORKDIR, SANDBOX_WORKDIR],
         [SANDBOX_HOME, SANDBOX_HOME],
         ["/tmp", "/tmp"],
+        ["/dev/shm", "/dev/shm"],
     ]
     if request.inputs:
         mounts.append(["/inputs", "/inputs"])
@@ -105,6 +106,7 @@ def plan(request: RunRequest, dist: PyodideDist, mode: Mode, *, programs: bool =
         "pyodide_dir": pyodide_mount(dist),
         "snapshot": f"{pyodide_mount(dist)}/{dist.snapshot.name}" if dist.snapshot else None,
         "heap_max_bytes": heap,
+        "memfs_bytes": request.effective_limits.tmp_bytes,
         "mounts": mounts,
         "python_paths": python_paths,
         "env": {**common_env(), **dict(request.env)},

@@ -15,15 +15,33 @@ program in a fresh ``__main__`` and replies with its exit status.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import ClassVar
+
 from sandcell.backends.cell.state import RestorePoint
 from sandcell.backends.namespaces.prepared import boot_command
 from sandcell.backends.namespaces.session import SessionSandbox
-from sandcell.backends.wasm import WasmBackend
+from sandcell.backends.wasm import WasmBackend, capabilities, plan
 from sandcell.spec import RunRequest
 
 
 class WasmSessionSandbox(SessionSandbox):
     """A live sandbox whose kernel is Pyodide (see module)."""
+
+    lacking: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {
+            "bash": (
+                "the wasm rung runs Python only: Bash cells need processes, which WebAssembly does "
+                f"not have; open the session on the {capabilities.OTHER_RUNGS} rung (--backend)"
+            ),
+            "processes": (
+                "the wasm rung has no processes (Python runs as WebAssembly): no background "
+                f"processes, terminals or watches; use the {capabilities.OTHER_RUNGS} rung"
+            ),
+        }
+    )
+    """What this sandbox cannot do (``backends.cell.lacking``), refused before any cell."""
 
     def __init__(
         self,
@@ -45,7 +63,7 @@ class WasmSessionSandbox(SessionSandbox):
         files = self.wasm_backend.control_files(
             self.outer_request, "kernel", programs=self.programs
         )
-        self.display = False
+        self.display = plan.DISPLAY in files
         self.prepared.create(files, freezer=True)
 
     def _command(self) -> list[str]:
