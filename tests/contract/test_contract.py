@@ -312,7 +312,9 @@ def test_wall_time_limit_on_a_sleeping_program(sandbox: Sandbox) -> None:
 
 
 def test_cpu_time_limit(sandbox: Sandbox) -> None:
-    r = sandbox.run("print('spin', flush=True)\nwhile True:\n    pass", cpu_time_s=1)
+    # The wasm rung's smallest CPU-time limit is 2 s (Node.js and Pyodide spend ~0.7 s starting).
+    cpu = 2 if sandbox.backend == "wasm" else 1
+    r = sandbox.run("print('spin', flush=True)\nwhile True:\n    pass", cpu_time_s=cpu)
     assert r["outcome"] == "timeout", r
     assert "cpu" in str(r["reason"]).lower()
     assert r["stdout"] == "spin\n"
@@ -322,7 +324,8 @@ def test_memory_limit(sandbox: Sandbox) -> None:
     # Bytes that are written, so the pages are really used (calloc'd zeros would not count).
     r = sandbox.run(
         "print('allocating', flush=True)\nblob = b'\\x01' * (200 * 1024 * 1024)\nprint(len(blob))",
-        memory_mb=64,
+        # The wasm rung's smallest limit (Node.js and Pyodide take ~160 MiB before the program).
+        memory_mb=256 if sandbox.backend == "wasm" else 64,
     )
     assert r["outcome"] == "memory_limit", r
     assert str(r["stdout"]).startswith("allocating\n")

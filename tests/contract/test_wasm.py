@@ -10,28 +10,15 @@ Each cold run costs about half a second: a program proves several facts where it
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from tests.conftest import (
-    Sandbox,
-    UnprivEnv,
-    _cli_args,
-    _limits,
-    ladder_executor,
-    run_as_user,
-)
+from tests.conftest import Sandbox, _make_runner, ladder_executor
 
 from sandcell import (
     ConfigError,
     Executor,
-    IsolationMode,
     RunRequest,
-    input_from_path,
-    result_to_dict,
 )
 
 IDENTITIES = ["root", "user"]
@@ -47,72 +34,12 @@ def wasm_executor(request: pytest.FixtureRequest, root_home: Path) -> Executor:
 def wasm_sandbox(
     request: pytest.FixtureRequest, identity: str, root_home: Path, tmp_path: Path
 ) -> Sandbox:
-    """A runner of cold wasm runs as ``identity`` (``root`` or ``user``), with the shared
-    ``sandbox`` fixture's signature: ``run(code, inputs=, exports=, stdin=, **limits)`` returns the
-    JSON result; a refusal before the run raises ConfigError, for both identities."""
-    if identity == "root":
-        ex = wasm_executor(request, root_home)
-
-        def run_root(
-            code: str,
-            *,
-            lang: str = "python",
-            inputs: Sequence[Path] = (),
-            exports: Sequence[str] = (),
-            stdin: bytes = b"",
-            **limits: float,
-        ) -> dict[str, object]:
-            req = RunRequest(
-                code=code,
-                language=lang,  # type: ignore[arg-type]
-                inputs=tuple(input_from_path(p) for p in inputs),
-                exports=tuple(exports),
-                stdin=stdin,
-                limits=_limits(limits),
-            )
-            return result_to_dict(ex.run(req))
-
-        return Sandbox(identity="root", run=run_root, home=root_home, backend="wasm")
-
-    env: UnprivEnv = request.getfixturevalue("unpriv")  # root only: it skips otherwise
+    """A runner of cold wasm runs as ``identity`` (``root``: the in-process executor; ``user``:
+    the CLI), the shared ``sandbox`` fixture's own (tests/conftest.py) without its skip of other
+    languages: a refusal before the run raises ConfigError, for both identities."""
     # The root executor is built first: it skips this host when the rung is not installed.
     wasm_executor(request, root_home)
-    for p in (tmp_path, *tmp_path.parents):
-        if p == Path("/"):
-            break
-        p.chmod(p.stat().st_mode | 0o005)
-
-    def run_user(
-        code: str,
-        *,
-        lang: str = "python",
-        inputs: Sequence[Path] = (),
-        exports: Sequence[str] = (),
-        stdin: bytes = b"",
-        **limits: float,
-    ) -> dict[str, object]:
-        args = _cli_args(code, lang=lang, inputs=inputs, exports=exports, limits=limits)
-        args.insert(1, "--backend=wasm")
-        if env.mode is IsolationMode.RLIMITS:
-            args.insert(1, "--isolation=rlimits")
-        if stdin:
-            stdin_file = tmp_path / f"stdin-{os.urandom(4).hex()}"
-            stdin_file.write_bytes(stdin)
-            stdin_file.chmod(0o644)
-            args += ["--stdin", str(stdin_file)]
-        proc = run_as_user(env, args)
-        if proc.returncode == 78 and not proc.stdout:
-            raise ConfigError(proc.stderr.decode(errors="replace").strip())
-        try:
-            out: dict[str, object] = json.loads(proc.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(
-                f"sandcell as {env.user} printed no JSON (exit {proc.returncode}): "
-                f"{proc.stderr.decode(errors='replace')}"
-            ) from None
-        return out
-
-    return Sandbox(identity="user", run=run_user, home=env.home, backend="wasm")
+    return _make_runner(request, root_home, tmp_path, identity, "wasm", "cold")
 
 
 @pytest.fixture(params=IDENTITIES)
