@@ -392,7 +392,9 @@ def make_sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path
     """The ``sandbox`` fixture's runner for ``request.param`` (a :data:`SANDBOX_PARAMS` entry);
     a module that runs another set of cases defines its own ``sandbox`` fixture with it."""
     identity, backend, start = parse_sandbox_param(str(request.param))
-    runner = _make_runner(request, root_home, tmp_path, identity, backend, start)
+    runner = _make_runner(
+        request, root_home, tmp_path, identity=identity, backend=backend, start=start
+    )
     if backend != "wasm":
         return runner
 
@@ -475,6 +477,7 @@ def _make_runner(
     request: pytest.FixtureRequest,
     root_home: Path,
     tmp_path: Path,
+    *,
     identity: str,
     backend: str,
     start: str,

@@ -39,7 +39,9 @@ def wasm_sandbox(
     languages: a refusal before the run raises ConfigError, for both identities."""
     # The root executor is built first: it skips this host when the rung is not installed.
     wasm_executor(request, root_home)
-    return _make_runner(request, root_home, tmp_path, identity, "wasm", "cold")
+    return _make_runner(
+        request, root_home, tmp_path, identity=identity, backend="wasm", start="cold"
+    )
 
 
 @pytest.fixture(params=IDENTITIES)
