@@ -181,6 +181,23 @@ def _cell(outcome: Outcome, reason: str, exit_code: int | None) -> CellRun:
             _cell(Outcome.OUTPUT_LIMIT, "stdout exceeded its cap of 5 bytes; the cell was", None),
             "stdout exceeded its cap of 5 bytes",
         ),
+        (
+            _cell(
+                Outcome.MEMORY_LIMIT,
+                "memory limit of 9 bytes for the session reached, the kernel was killed; the "
+                "session ended",
+                None,
+            ),
+            f"memory limit of {512 * MiB} bytes reached",
+        ),
+        (
+            _cell(
+                Outcome.TIMEOUT,
+                "CPU-time limit of 60 s for the session reached; the session ended",
+                None,
+            ),
+            "CPU-time limit of 60 s reached",
+        ),
     ],
 )
 def test_a_pooled_runs_verdict_is_worded_as_a_runs(cell: CellRun, expected: str) -> None:

@@ -16,6 +16,7 @@ is filled once and keeps its shape).
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
@@ -270,17 +271,24 @@ class WasmPool:
 def _run_verdict(
     cell: CellRun, request: RunRequest, *, heap: int | None, cancelled: str | None
 ) -> tuple[Outcome, str]:
-    """A cell's verdict in a run's words: the sandbox is thrown away, so nothing "is kept"."""
+    """A cell's verdict in a run's words: the sandbox is thrown away, so nothing "is kept" and
+    no "session" ends; the outcome is the classifier's (``backends/host/outcome.py``)."""
     outcome, reason, exit_code = cell.outcome, cell.reason, cell.exit_code
     limits = request.effective_limits
     if outcome is Outcome.TIMEOUT:
+        if "CPU-time" in reason:
+            return outcome, f"CPU-time limit of {limits.cpu_time_s} s reached"
         return outcome, f"wall-time limit of {limits.wall_time_s:g} s reached"
     if outcome is Outcome.KILLED and cancelled is not None:
         return outcome, f"cancelled: {cancelled}"
-    if outcome is Outcome.MEMORY_LIMIT and "Wasm heap" in reason:
-        return outcome, f"Wasm heap maximum of {heap} bytes reached"
+    if outcome is Outcome.KILLED and cell.signal is not None:
+        return outcome, f"killed by signal {cell.signal} ({signal.Signals(cell.signal).name})"
+    if outcome is Outcome.MEMORY_LIMIT:
+        if "Wasm heap" in reason:
+            return outcome, f"Wasm heap maximum of {heap} bytes reached"
+        return outcome, f"memory limit of {limits.memory_bytes} bytes reached"
     if outcome is Outcome.OUTPUT_LIMIT:
         return outcome, reason.split(";", maxsplit=1)[0]
     if outcome in (Outcome.OK, Outcome.ERROR) and exit_code is not None:
         return outcome, f"exited with status {exit_code}"
-    return outcome, reason
+    return outcome, reason.removesuffix("; the session ended")
