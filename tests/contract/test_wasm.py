@@ -10,16 +10,18 @@ Each cold run costs about half a second: a program proves several facts where it
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from tests.conftest import Sandbox, _make_runner, ladder_executor
+from tests.conftest import Sandbox, _make_runner, ladder_executor, settle_pools
 
 from sandcell import (
     ConfigError,
     Executor,
     RunRequest,
 )
+from sandcell.backends.warm import WarmConfig
 
 IDENTITIES = ["root", "user"]
 OTHER_RUNGS = "namespaces, gvisor or microvm"
@@ -247,3 +249,36 @@ def test_a_session_keeps_its_variables_and_shows_each_cells_value(
         assert "ZeroDivisionError" in failed.stderr
         assert "lockdown" not in failed.stderr  # the runner's own frames are not shown
         assert s.run("print(y)").stdout == "[1, 2, 3]\n"
+
+
+def test_a_closed_pool_leaves_no_sandbox(root_home: Path, request: pytest.FixtureRequest) -> None:
+    """The pool's waiting sandboxes say so in a listing (its command line's last word), and
+    ``close`` ends them all, the used ones' teardowns included."""
+    from tests.integration.hostscan import children_of
+
+    wasm_executor(request, root_home)  # skips where the rung is not installed
+    me = os.getpid()
+
+    def pooled() -> dict[int, str]:
+        return {
+            p.pid: p.cmdline
+            for p in children_of(me)
+            if p.comm == "bwrap" and "runner.mjs" in p.cmdline
+        }
+
+    before = pooled()  # the suite's own wasm pool may be waiting too
+    ex = Executor(
+        home=root_home,
+        profile="unchecked",
+        backend="wasm",
+        warm=WarmConfig(mode="pool", pool_size=2),
+    )
+    try:
+        for _ in range(3):
+            assert ex.run(RunRequest(code="print(1)")).outcome.value == "ok"
+        settle_pools({("wasm", "pool"): ex})  # refilled: two sandboxes waiting
+        mine = {pid: c for pid, c in pooled().items() if pid not in before}
+        assert mine and all(c.endswith(" pooled") for c in mine.values()), mine
+    finally:
+        ex.close()
+    assert set(pooled()) <= set(before)

@@ -69,15 +69,25 @@ def children_of(pid: int) -> list[Proc]:
 
 def unreaped_sandboxes(pid: int) -> list[Proc]:
     """Children of ``pid`` a finished run must not leave: zombies, and any bwrap but a warm
-    template's or a jailed VM's waiting in the microVM pool (the session-wide warm executors of
-    tests/conftest.py keep theirs by design; what a warm executor leaves after ``close`` is
-    tested in test_template_isolation.py and test_microvm.py)."""
+    template's, a jailed VM's waiting in the microVM pool or a sandbox waiting in the wasm pool
+    (the session-wide warm executors of tests/conftest.py keep theirs by design; what a warm
+    executor leaves after ``close`` is tested in test_template_isolation.py, test_microvm.py and
+    test_wasm.py)."""
     return [
         p
         for p in children_of(pid)
-        if p.zombie
-        or (p.comm == "bwrap" and "zygote.pyc" not in p.cmdline and "qemu-system" not in p.cmdline)
+        if p.zombie or (p.comm == "bwrap" and not waiting_in_a_pool(p.cmdline))
     ]
+
+
+def waiting_in_a_pool(cmdline: str) -> bool:
+    """A bwrap of a sandbox that a warm executor keeps waiting (namespaces template, microVM
+    jail, wasm pool), by its command line."""
+    return (
+        "zygote.pyc" in cmdline
+        or "qemu-system" in cmdline
+        or ("runner.mjs" in cmdline and cmdline.endswith(" pooled"))
+    )
 
 
 def alive(pid: int) -> bool:

@@ -20,7 +20,7 @@ import pytest
 from sandcell import Executor, Outcome, RunRequest
 from sandcell.backends.host import cgroups, workspace
 
-from .hostscan import children_of
+from .hostscan import children_of, waiting_in_a_pool
 
 
 def _in_a_run_group(pid: int) -> bool:
@@ -34,14 +34,12 @@ def _in_a_run_group(pid: int) -> bool:
 
 def _run_bwraps() -> list[tuple[str, bool]]:
     """This process's bwraps of runs and sessions, each with whether it is in a run group: not
-    the warm templates' or jailed VMs' that the suite's session-wide executors keep."""
+    the warm templates', jailed VMs' or pooled wasm sandboxes' that the suite's session-wide
+    executors keep."""
     return [
         (p.comm, _in_a_run_group(p.pid))
         for p in children_of(os.getpid())
-        if p.comm == "bwrap"
-        and not p.zombie
-        and "zygote.pyc" not in p.cmdline
-        and "qemu-system" not in p.cmdline
+        if p.comm == "bwrap" and not p.zombie and not waiting_in_a_pool(p.cmdline)
     ]
 
 

@@ -112,8 +112,8 @@ class WasmBackend(NamespacesBackend):
             files[code_path("python").name] = request.code.encode("utf-8")
         return files
 
-    def node_argv(self, mode: plan.Mode) -> tuple[str, ...]:
-        return plan.node_argv(self.dist.node, mode)
+    def node_argv(self, mode: plan.Mode, *, pooled: bool = False) -> tuple[str, ...]:
+        return plan.node_argv(self.dist.node, mode, pooled=pooled)
 
     def node_command(self, runtime: Runtime, mode: plan.Mode) -> list[str]:
         """The sandbox's command: the boot (Landlock, then exec) starting Node."""

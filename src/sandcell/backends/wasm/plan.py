@@ -61,7 +61,12 @@ def heap_max(request: RunRequest) -> int:
     return max(HEAP_FLOOR, memory - INTERPRETER_RESERVE)
 
 
-def node_argv(node: str, mode: Mode) -> tuple[str, ...]:
+POOLED_MARK = "pooled"
+"""The last word of a pooled sandbox's command line, which the runner ignores: a waiting sandbox
+of a warm pool is told from a session's kernel in a process listing."""
+
+
+def node_argv(node: str, mode: Mode, *, pooled: bool = False) -> tuple[str, ...]:
     """Node's command line: the same for every run of a mode (a spare sandbox made ahead serves
     any run), every per-run setting is in the settings file."""
     reads = (f"{CONTROL_DIR}/", f"{PACKAGES_DIR}/", "/inputs/", f"{SANDBOX_WORKDIR}/",
@@ -78,6 +83,7 @@ def node_argv(node: str, mode: Mode) -> tuple[str, ...]:
         "--max-old-space-size=256",
         f"{CONTROL_DIR}/{RUNNER}",
         f"{CONTROL_DIR}/{SETTINGS}",
+        *((POOLED_MARK,) if pooled else ()),
     )
 
 

@@ -93,6 +93,8 @@ class WasmPool:
         self._starting = 0
         self.started = self.taken = self.discarded = self.refill_errors = 0
         self.last_error: str | None = None
+        self._teardowns: list[threading.Thread] = []
+        """Sandboxes being destroyed off the result path; :meth:`close` waits for them."""
         self._filler = threading.Thread(target=self._fill, name="sandcell-wasm-pool", daemon=True)
         self._filler.start()
 
@@ -119,7 +121,7 @@ class WasmPool:
                 self._starting -= 1
                 if sandbox is not None:
                     if self._closed or Shape.of(request) != self._shape():
-                        threading.Thread(target=sandbox.teardown, daemon=True).start()
+                        self._destroy(sandbox)
                         self.discarded += 1
                     else:
                         self._ready.append((Shape.of(request), sandbox))
@@ -127,6 +129,13 @@ class WasmPool:
                 self._cond.notify_all()
             if sandbox is None:
                 time.sleep(1.0)
+
+    def _destroy(self, sandbox: WasmSessionSandbox) -> None:
+        thread = threading.Thread(target=sandbox.teardown, name="sandcell-wasm-teardown")
+        thread.start()
+        with self._cond:
+            self._teardowns = [t for t in self._teardowns if t.is_alive()]
+            self._teardowns.append(thread)
 
     def _start(self, request: RunRequest) -> WasmSessionSandbox:
         from sandcell.backends.wasm.session import WasmSessionSandbox
@@ -156,7 +165,7 @@ class WasmPool:
                 self.discarded += len(stale)
                 self._cond.notify_all()
                 for _, sb in stale:
-                    threading.Thread(target=sb.teardown, daemon=True).start()
+                    self._destroy(sb)
                 return None, 0.0
             while not self._closed:
                 while self._ready:
@@ -166,7 +175,7 @@ class WasmPool:
                         self.taken += 1
                         return sb, (time.monotonic() - t0) * 1000
                     self.discarded += 1
-                    threading.Thread(target=sb.teardown, daemon=True).start()
+                    self._destroy(sb)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (self._starting == 0 and self.last_error is not None):
                     return None, 0.0
@@ -205,7 +214,7 @@ class WasmPool:
                 artifacts, rejected = (), ()
             enforcement = sandbox.enforcement()
         finally:
-            threading.Thread(target=sandbox.teardown, daemon=True).start()
+            self._destroy(sandbox)
         outcome, reason = _run_verdict(
             cell, request, heap=self.backend.heap_limit(request), cancelled=c.reason
         )
@@ -266,6 +275,10 @@ class WasmPool:
         for sb in stale:
             sb.teardown()
         self._filler.join(timeout=60)
+        with self._cond:
+            pending = list(self._teardowns)
+        for thread in pending:
+            thread.join(timeout=60)
 
 
 def _run_verdict(

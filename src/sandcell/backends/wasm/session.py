@@ -68,7 +68,11 @@ class WasmSessionSandbox(SessionSandbox):
 
     def _command(self) -> list[str]:
         runtime = self.prepared.runtime
-        return boot_command(runtime.sandbox_python, "exec", *self.wasm_backend.node_argv("kernel"))
+        return boot_command(
+            runtime.sandbox_python,
+            "exec",
+            *self.wasm_backend.node_argv("kernel", pooled=self.programs),
+        )
 
 
 __all__ = ["WasmSessionSandbox"]
