@@ -266,7 +266,9 @@ def test_a_closed_pool_leaves_no_sandbox(root_home: Path, request: pytest.Fixtur
             if p.comm == "bwrap" and "runner.mjs" in p.cmdline
         }
 
-    before = pooled()  # the suite's own wasm pool may be waiting too
+    # The suite's own pools full and idle first: its waiting sandboxes stay what they are.
+    settle_pools(request.getfixturevalue("ladder_executors"))
+    before = pooled()
     ex = Executor(
         home=root_home,
         profile="unchecked",
