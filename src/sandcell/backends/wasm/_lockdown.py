@@ -29,10 +29,9 @@ from typing import Any, NoReturn
 
 _JS_MODULES = ("js", "pyodide_js", "pyodide", "_pyodide", "_pyodide_core", "micropip")
 _NATIVE = ("ctypes", "_ctypes")
-_COMPILED = (
-    "numpy", "pandas", "scipy", "matplotlib", "sklearn", "torch", "polars", "pyarrow", "lxml",
-    "PIL", "cv2", "shapely", "statsmodels",
-)  # fmt: skip
+_COMPILED: frozenset[str] = frozenset()
+"""Compiled packages the rung refuses, with the rungs that have them: the host's list
+(``capabilities.COMPILED_MODULES``), set from the runner's settings before the lockdown."""
 _RUNGS_WITH_THEM = "namespaces, gvisor or microvm"
 
 
@@ -94,8 +93,31 @@ def _lock() -> None:
                  "spawnv", "spawnve", "popen"):  # fmt: skip
         if hasattr(os, name):
             setattr(os, name, _no_processes)
+    _no_asyncio()
     _unlink_javascript(proxy_meta, (JsProxy,))
     _interruptible_sleep()
+
+
+def _no_asyncio() -> None:
+    """asyncio.run says why it cannot run here instead of failing inside Pyodide."""
+    import asyncio
+
+    # Pyodide's event loop schedules through JavaScript, and the standard one needs a socket
+    # pair Pyodide makes with a JavaScript WebSocket: asyncio cannot run here; say so.
+    asyncio.set_event_loop_policy(None)
+    asyncio.events._set_running_loop(None)  # Pyodide set its loop running
+
+    def run(main: object, **_: object) -> None:
+        close = getattr(main, "close", None)
+        if close is not None:
+            close()
+        raise RuntimeError(
+            "asyncio's event loop is not available on the wasm rung (Pyodide's runs on "
+            f"JavaScript); run asyncio programs on the {_RUNGS_WITH_THEM} rung (--backend)"
+        )
+
+    asyncio.run = run  # type: ignore[assignment]
+    asyncio.runners.run = run  # type: ignore[assignment]
 
 
 def _interruptible_sleep() -> None:
@@ -136,25 +158,6 @@ def _unlink_javascript(proxy_meta: type, bases: tuple[type, ...]) -> None:
     class of proxy has the one metaclass ``proxy_meta`` or derives from one of ``bases``. A
     dict, list or instance that holds one loses it; a proxy held by anything else, or one still
     found after that, stops the start."""
-    import asyncio
-
-    # Pyodide's event loop schedules through JavaScript, and the standard one needs a socket
-    # pair Pyodide makes with a JavaScript WebSocket: asyncio cannot run here; say so.
-    asyncio.set_event_loop_policy(None)
-    asyncio.events._set_running_loop(None)  # Pyodide set its loop running
-
-    def run(main: object, **_: object) -> None:
-        close = getattr(main, "close", None)
-        if close is not None:
-            close()
-        raise RuntimeError(
-            "asyncio's event loop is not available on the wasm rung (Pyodide's runs on "
-            f"JavaScript); run asyncio programs on the {_RUNGS_WITH_THEM} rung (--backend)"
-        )
-
-    asyncio.run = run  # type: ignore[assignment]
-    asyncio.runners.run = run  # type: ignore[assignment]
-
     # The classes first (heap types, tracked): then each object's referents are tested as a set
     # of types, in C, not one by one in Python (a pass over ~19,000 objects here).
     proxy_types = {
@@ -364,6 +367,7 @@ class _Driver:
 # Only where the runner ran this file, having set these names first: imported anywhere else (the
 # host's checks import every module), it locks nothing down.
 if "_sandcell_env" in globals():
+    _COMPILED = frozenset(globals().pop("_sandcell_compiled"))
     _lock()
     sys.path.extend(globals().pop("_sandcell_paths"))  # wheel-cache packages, after the stdlib
     _sandcell_driver = _Driver(globals().pop("_sandcell_env"), globals().pop("_sandcell_display"))

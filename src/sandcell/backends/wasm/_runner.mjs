@@ -162,6 +162,7 @@ async function loadPython(stdinFromFd) {
   const ns = py.globals.get("dict")();
   ns.set("_sandcell_env", py.toPy(S.env));
   ns.set("_sandcell_paths", py.toPy(S.python_paths));
+  ns.set("_sandcell_compiled", py.toPy(S.compiled_modules));
   // The display module (notebook outputs), as source: this interpreter is not the host's.
   const display = S.display ? [fs.readFileSync(S.display.module, "utf8"), S.display.module, S.display.dir] : undefined;
   ns.set("_sandcell_display", py.toPy(display));

@@ -21,6 +21,7 @@ from sandcell.backends.host.layout import (
     SANDBOX_WORKDIR,
     SESSION_OUTPUTS_DIR,
 )
+from sandcell.backends.wasm.capabilities import COMPILED_MODULES
 from sandcell.backends.wasm.dist import PyodideDist
 from sandcell.runtimes import code_path, common_env
 from sandcell.spec import MiB, RunRequest
@@ -115,6 +116,7 @@ def plan(request: RunRequest, dist: PyodideDist, mode: Mode, *, programs: bool =
         "memfs_bytes": request.effective_limits.tmp_bytes,
         "mounts": mounts,
         "python_paths": python_paths,
+        "compiled_modules": sorted(COMPILED_MODULES),
         "env": {**common_env(), **dict(request.env)},
         "program": program if mode == "run" else None,
         "program_path": program,
