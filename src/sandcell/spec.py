@@ -16,8 +16,37 @@ from typing import Literal
 
 from sandcell.errors import ConfigError
 
-Language = Literal["python", "bash"]
-LANGUAGES: tuple[Language, ...] = ("python", "bash")
+Language = Literal["python", "bash", "javascript", "typescript"]
+LANGUAGES: tuple[Language, ...] = ("python", "bash", "javascript", "typescript")
+NODE_LANGUAGES: frozenset[Language] = frozenset({"javascript", "typescript"})
+"""The languages Node.js runs (the ``node`` runtime): TypeScript by Node's own type stripping."""
+LANGUAGE_ALIASES: Mapping[str, Language] = {
+    "python": "python",
+    "py": "python",
+    "bash": "bash",
+    "sh": "bash",
+    "shell": "bash",
+    "javascript": "javascript",
+    "js": "javascript",
+    "node": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
+}
+"""Every name a caller may give a language by (the CLI's ``--lang``, the service, MCP, E2B)."""
+NODE_RESERVED_ENV = ("NODE_OPTIONS", "NODE_PATH", "NODE_REPL_EXTERNAL_MODULE", "NODE_DEBUG_NATIVE")
+"""Variables that change how Node.js itself starts (flags, module search, native debugging): a
+JavaScript or TypeScript run may not set them; its flags are the runtime's."""
+
+
+def language_named(name: str) -> Language:
+    """The language ``name`` stands for (``js`` is ``javascript``), or a :class:`ConfigError`
+    that lists the names there are."""
+    language = LANGUAGE_ALIASES.get(name.strip().lower())
+    if language is None:
+        raise ConfigError(
+            f"unknown language {name!r}; choose one of {', '.join(LANGUAGES)} (or js, ts, sh)"
+        )
+    return language
 DEFAULT_RUNTIME = "default"
 """The runtime that is the environment sandcell itself runs in (see :mod:`sandcell.runtimes`)."""
 
@@ -149,6 +178,12 @@ class RunRequest:
         for name, value in self.env.items():
             if not name or "=" in name or "\x00" in name or "\x00" in value:
                 raise ConfigError(f"invalid environment variable name or value: {name!r}")
+            if self.language in NODE_LANGUAGES and name in NODE_RESERVED_ENV:
+                raise ConfigError(
+                    f"a {self.language} run may not set {name}: it changes how Node.js starts "
+                    "(its flags and module search are the runtime's); remove it from the "
+                    "environment"
+                )
         seen: set[str] = set()
         for item in self.inputs:
             if item.name in seen:

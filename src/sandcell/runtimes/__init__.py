@@ -43,7 +43,7 @@ from pathlib import Path
 
 from sandcell.errors import ConfigError
 from sandcell.runtimes.view import SANDBOX_RUNTIME_DIR, HostPython, host_hooks, neutral_view
-from sandcell.spec import DEFAULT_RUNTIME, Language
+from sandcell.spec import DEFAULT_RUNTIME, NODE_LANGUAGES, Language
 
 # Top-level directories that merged-/usr systems turn into symlinks; recreated as symlinks inside
 # the sandbox, or bound read-only where they are real directories.
@@ -82,6 +82,9 @@ class Runtime:
     """The Python interpreter's path inside the sandbox (boot step of every language)."""
     sandbox_interpreter: str = ""
     """The language's interpreter path inside the sandbox."""
+    interpreter_args: tuple[str, ...] = ()
+    """Arguments between the interpreter and the program's path (Node.js's permission flags);
+    every rung starts a non-Python program as ``sandbox_interpreter *interpreter_args path``."""
     sandbox_env: Mapping[str, str] = field(default_factory=dict)
     """:attr:`env` for the neutral layout: what programs get in the sandbox."""
     tree_sha256: str = ""
@@ -355,9 +358,14 @@ def _bash_runtime(name: str, py_sha256: str) -> Runtime:
 
 
 def runtime_for(language: Language, name: str | None = None) -> Runtime:
-    """The runtime for a language, over the Python runtime ``name`` (None: ``default``)."""
+    """The runtime for a language, over the Python runtime ``name`` (None: ``default``); for
+    JavaScript and TypeScript, the Node runtime ``name`` (None or ``default``: ``node``)."""
     if language == "python":
         return python_runtime(name)
+    if language in NODE_LANGUAGES:
+        from sandcell.runtimes.node import node_runtime
+
+        return node_runtime(name)
     return bash_runtime(name)
 
 
@@ -375,6 +383,16 @@ def common_env() -> dict[str, str]:
     }
 
 
+_CODE_FILES: dict[str, str] = {
+    "python": "main.py",
+    "bash": "main.sh",
+    # Node.js tells CommonJS from an ES module by the program's syntax (``require`` or
+    # ``import``/top-level ``await``), and TypeScript by the extension: its types are stripped.
+    "javascript": "main.js",
+    "typescript": "main.ts",
+}
+
+
 def code_path(language: Language) -> Path:
     """Where the program text sits inside the sandbox."""
-    return Path("/sandcell/main.py" if language == "python" else "/sandcell/main.sh")
+    return Path("/sandcell") / _CODE_FILES[language]

@@ -213,7 +213,13 @@ def request_line(request: RunRequest, host: Host, sockets: SandboxSockets | None
     if request.language == "python":
         argv = [*boot, "python", str(code_path("python"))]
     else:
-        argv = [*boot, "exec", rt.sandbox_interpreter, str(code_path("bash"))]
+        argv = [
+            *boot,
+            "exec",
+            rt.sandbox_interpreter,
+            *rt.interpreter_args,
+            str(code_path(request.language)),
+        ]
     doc: dict[str, object] = {
         "env": {**common_env(), **rt.sandbox_env, **request.env, **sockets_env(sockets)},
         "rlimits": [[r.name, r.value] for r in bundle_plan.plan_rlimits(limits, request.mode)],

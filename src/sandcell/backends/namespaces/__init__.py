@@ -67,6 +67,7 @@ from sandcell.spec import (
     Artifact,
     Enforcement,
     IsolationMode,
+    Language,
     RejectedExport,
     RunRequest,
 )
@@ -357,12 +358,16 @@ class NamespacesBackend:
     def _command(self, request: RunRequest, runtime: Runtime) -> list[str]:
         return self._command_for(request.language, runtime)
 
-    def _command_for(self, language: str, runtime: Runtime) -> list[str]:
+    def _command_for(self, language: Language, runtime: Runtime) -> list[str]:
         if language == "python":
             boot = boot_command(runtime.sandbox_python, "python", str(code_path("python")))
         else:
             boot = boot_command(
-                runtime.sandbox_python, "exec", runtime.sandbox_interpreter, str(code_path("bash"))
+                runtime.sandbox_python,
+                "exec",
+                runtime.sandbox_interpreter,
+                *runtime.interpreter_args,
+                str(code_path(language)),
             )
         # The native init as pid 1 above the boot: no Python fork per run (``_init.c``).
         return boot if self.native_init is None else [SANDBOX_INIT, *boot]

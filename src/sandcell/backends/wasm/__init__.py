@@ -42,7 +42,7 @@ from sandcell.backends.wasm import capabilities, dist, plan
 from sandcell.errors import ConfigError, IsolationUnavailable
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import Runtime, code_path
-from sandcell.spec import Enforcement, IsolationMode, RunRequest
+from sandcell.spec import Enforcement, IsolationMode, Language, RunRequest
 
 if TYPE_CHECKING:
     from sandcell.backends.cell import CellSandbox
@@ -121,7 +121,7 @@ class WasmBackend(NamespacesBackend):
 
     # -- NamespacesBackend's hooks -------------------------------------------------------------
 
-    def _command_for(self, language: str, runtime: Runtime) -> list[str]:
+    def _command_for(self, language: Language, runtime: Runtime) -> list[str]:
         boot = self.node_command(runtime, "run")
         return boot if self.native_init is None else [SANDBOX_INIT, *boot]
 
