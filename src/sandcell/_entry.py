@@ -31,7 +31,20 @@ if TYPE_CHECKING:
 
 __all__ = ["entry", "main"]
 
-_LANGUAGES = ("python", "bash")
+# sandcell.spec.LANGUAGE_ALIASES, copied (importing spec costs more than this module; a test
+# holds the two equal): a name sent is the full one, as the full command line sends it.
+_LANGUAGES = {
+    "python": "python",
+    "py": "python",
+    "bash": "bash",
+    "sh": "bash",
+    "shell": "bash",
+    "javascript": "javascript",
+    "js": "javascript",
+    "node": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
+}
 _CONNECT_TIMEOUT_S = 2.0  # as the full command line's probe: a service too busy to accept is none
 
 
@@ -154,8 +167,8 @@ def _run_options(args: list[str]) -> tuple[str, str, str | None, bool] | None:
         values["file"], i = arg, i + 1
     if ("code" in values) == ("file" in values):
         return None
-    lang = values.get("--lang", "python")
-    if lang not in _LANGUAGES:
+    lang = _LANGUAGES.get(values.get("--lang", "python").strip().lower())
+    if lang is None:
         return None
     code = values.get("code")
     if code is None:

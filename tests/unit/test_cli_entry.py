@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
         (["-c", ""], ("", "python", None, False)),
         (["--lang", "bash", "-c", "echo hi"], ("echo hi", "bash", None, False)),
         (["--lang=bash", "-c", "echo"], ("echo", "bash", None, False)),
+        (["--lang", "js", "-c", "1"], ("1", "javascript", None, False)),
+        (["--lang=TS", "-c", "1"], ("1", "typescript", None, False)),
         (["-c", "x", "--profile", "analysis", "--json"], ("x", "python", "analysis", True)),
         (["--profile=", "-c", "x"], ("x", "python", "", False)),
     ],
@@ -117,6 +119,12 @@ def test_the_profile_is_sent_by_name_only(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert _entry._plan(["run", "-c", "print('\udcff')"]) is None
 
 
+def test_the_language_names_are_the_specs() -> None:
+    from sandcell.spec import LANGUAGE_ALIASES
+
+    assert dict(LANGUAGE_ALIASES) == _entry._LANGUAGES
+
+
 def test_the_body_is_the_one_the_full_command_line_sends(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -131,7 +139,7 @@ def test_the_body_is_the_one_the_full_command_line_sends(
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
     code = 'print("quote \\" é")\u2028\x1b[31m\n\ttab'
-    for extra in ([], ["--lang", "bash"], ["--profile", "analysis"]):
+    for extra in ([], ["--lang", "bash"], ["--lang", "ts"], ["--profile", "analysis"]):
         argv = ["run", "-c", code, *extra]
         plan = _entry._plan(argv)
         assert plan is not None

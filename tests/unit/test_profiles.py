@@ -381,6 +381,24 @@ def test_empty_denies_and_absent_takes_the_default(tmp_path: Path) -> None:
     assert absent.runtime == RuntimeRules()
 
 
+def test_javascript_and_typescript_are_allowed_where_a_profile_names_them(tmp_path: Path) -> None:
+    # Absent is strict's list, which has no Node languages; unchecked (the sandbox alone) has
+    # them; a profile of one's own may name them.
+    for name in ("strict", "supervised", "hostile", "analysis", "datascience", "pure", "absent"):
+        profile = load_profile(
+            str(write(tmp_path, "absent.toml", "")) if name == "absent" else name
+        )
+        assert not profile.allows_language("javascript"), name
+        assert not profile.allows_language("typescript"), name
+    unchecked = load_profile("unchecked")
+    assert unchecked.runtime.languages == ("python", "bash", "javascript", "typescript")
+    node = load_profile(
+        str(write(tmp_path, "node.toml", '[runtime]\nlanguages = ["javascript"]\n'))
+    )
+    assert node.allows_language("javascript") and not node.allows_language("typescript")
+    assert not node.allows_language("python")
+
+
 ANALYSIS_GLOBS = ("out/**", "*.png", "*.csv", "*.json")
 
 

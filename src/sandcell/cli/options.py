@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sandcell.backends.registry import ENV_BACKEND, LADDER
 from sandcell.errors import ConfigError
+from sandcell.spec import LANGUAGES, Language, language_named
 
 
 def add_backend_option(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,26 @@ def add_backend_option(p: argparse.ArgumentParser) -> None:
         help=f"isolation backend, weakest first: {', '.join(LADDER)} (default: "
         f"${ENV_BACKEND}, else the profile's; a backend below the profile's minimum is refused)",
     )
+
+
+def add_lang_option(p: argparse.ArgumentParser) -> None:
+    """``--lang``: the program's language, by any name :data:`sandcell.spec.LANGUAGE_ALIASES`
+    knows (``js`` is javascript, ``ts`` typescript), stored as its full name."""
+    p.add_argument(
+        "--lang",
+        type=_language,
+        default="python",
+        metavar="LANG",
+        help=f"the program's language: {', '.join(LANGUAGES)} (or js, ts, sh; default python)",
+    )
+
+
+def _language(name: str) -> Language:
+    try:
+        return language_named(name)
+    except ConfigError as exc:
+        # argparse reports this as `argument --lang: <message>` and exits 2, as for a choice.
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def check_out_dir(out: Path | None) -> None:

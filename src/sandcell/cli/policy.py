@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sandcell import status
+from sandcell.cli.options import add_lang_option
 from sandcell.cli.run import read_code
 from sandcell.executor import data_dir
 from sandcell.packages import WheelCache
@@ -21,7 +22,7 @@ from sandcell.policy.profiles import (
     render_list,
     render_matrix,
 )
-from sandcell.spec import LANGUAGES, RunRequest
+from sandcell.spec import RunRequest
 from sandcell.validation import neutralise
 
 _VERDICT_EXIT = {"allow": 0, "deny": status.EXIT_DENIED, "approve": status.EXIT_AWAITING_APPROVAL}
@@ -43,7 +44,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     c.add_argument("file", nargs="?", help="program file, or - for stdin")
     c.add_argument("-c", dest="code", help="program text")
-    c.add_argument("--lang", choices=LANGUAGES, default="python")
+    add_lang_option(c)
     c.add_argument(
         "--profile",
         default=None,

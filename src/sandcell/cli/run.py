@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from sandcell import status
 from sandcell.cli._own_lines import OwnLines
-from sandcell.cli.options import add_backend_option, check_out_dir
+from sandcell.cli.options import add_backend_option, add_lang_option, check_out_dir
 from sandcell.cli.remote import add_service_option, find_service
 from sandcell.errors import ConfigError
-from sandcell.spec import LANGUAGES, IsolationMode, MiB, RunRequest, RunResult, input_from_path
+from sandcell.spec import IsolationMode, MiB, RunRequest, RunResult, input_from_path
 
 if TYPE_CHECKING:
     from sandcell.executor import Executor
@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r = sub.add_parser("run", help="run a program in a fresh sandbox")
     r.add_argument("file", nargs="?", help="program file, or - to read the program from stdin")
     r.add_argument("-c", dest="code", help="program text")
-    r.add_argument("--lang", choices=LANGUAGES, default="python")
+    add_lang_option(r)
     r.add_argument(
         "--input",
         action="append",

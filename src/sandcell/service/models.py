@@ -6,11 +6,29 @@ rather than an option silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from sandcell.spec import LANGUAGE_ALIASES, LANGUAGES, Language
 
 RunStatusName = Literal["queued", "running", "finished"]
+
+
+def _full_name(value: object) -> object:
+    """A language's full name for any name it goes by (``js`` is javascript); anything else is
+    left for the Literal to refuse with a 422 that lists the names."""
+    if isinstance(value, str):
+        return LANGUAGE_ALIASES.get(value.strip().lower(), value)
+    return value
+
+
+LanguageName = Annotated[
+    Language,
+    BeforeValidator(_full_name),
+    Field(description=f"{', '.join(LANGUAGES)} (or js, ts, sh)"),
+]
+"""A program's language as a request names it: the full name or a short one (js, ts, sh)."""
 
 
 class _Request(BaseModel):
@@ -37,7 +55,7 @@ class RunBody(_Request):
     """One program to run in a fresh sandbox."""
 
     code: str
-    language: Literal["python", "bash"] = "python"
+    language: LanguageName = "python"
     profile: str | None = Field(
         default=None, description="one of the tenant's profiles (default: its first)"
     )
