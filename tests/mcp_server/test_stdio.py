@@ -30,6 +30,8 @@ pytestmark = pytest.mark.timeout(300)
 TOOLS = {
     "run_python",
     "run_bash",
+    "run_javascript",
+    "run_typescript",
     "session_open",
     "session_run",
     "session_close",

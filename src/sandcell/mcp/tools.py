@@ -1,9 +1,10 @@
 """The MCP tools: each a thin layer over one :class:`~sandcell.executor.Executor`.
 
-``run_python`` / ``run_bash`` run one program in a fresh sandbox, ``session_open`` /
-``session_run`` / ``session_close`` keep one sandbox across cells, ``list_profiles`` lists the
-policy profiles and ``get_artifact`` returns a stored file. The executor is synchronous: every
-call to it runs on a worker thread, so one slow run never blocks the server's event loop.
+``run_python`` / ``run_bash`` / ``run_javascript`` / ``run_typescript`` run one program in a
+fresh sandbox, ``session_open`` / ``session_run`` / ``session_close`` keep one sandbox across
+cells, ``list_profiles`` lists the policy profiles and ``get_artifact`` returns a stored file.
+The executor is synchronous: every call to it runs on a worker thread, so one slow run never
+blocks the server's event loop.
 
 Errors are tool results with ``isError`` and a sentence saying what was wrong and how to fix it,
 then the error's code and whether a retry can help, from :mod:`sandcell.wire`
@@ -204,6 +205,56 @@ class SandcellTools:
         with _tool_errors("run_bash"):
             return await self._run(
                 "bash",
+                code,
+                ctx,
+                inputs=inputs,
+                timeout_s=timeout_s,
+                profile=profile,
+                exports=exports,
+            )
+
+    async def run_javascript(
+        self,
+        code: Code,
+        ctx: Context,
+        *,
+        inputs: Inputs = None,
+        timeout_s: Timeout = None,
+        profile: ProfileName = None,
+        exports: Exports = None,
+    ) -> ToolResult:
+        """Run a JavaScript program with Node.js 22 in a fresh sandbox (no network, no
+        secrets, hard limits) and return its stdout, stderr and outcome. It may require or
+        import Node's built-in modules and the locked packages lodash, date-fns, zod,
+        papaparse, csv-parse and yaml; it cannot start child processes, workers or native
+        addons. A file with import or top-level await runs as an ES module."""
+        with _tool_errors("run_javascript"):
+            return await self._run(
+                "javascript",
+                code,
+                ctx,
+                inputs=inputs,
+                timeout_s=timeout_s,
+                profile=profile,
+                exports=exports,
+            )
+
+    async def run_typescript(
+        self,
+        code: Code,
+        ctx: Context,
+        *,
+        inputs: Inputs = None,
+        timeout_s: Timeout = None,
+        profile: ProfileName = None,
+        exports: Exports = None,
+    ) -> ToolResult:
+        """Run a TypeScript program with Node.js 22 in a fresh sandbox, as run_javascript
+        does: the types are stripped, not checked (no enums or namespaces, which need more
+        than stripping), and the same modules and packages are there."""
+        with _tool_errors("run_typescript"):
+            return await self._run(
+                "typescript",
                 code,
                 ctx,
                 inputs=inputs,
