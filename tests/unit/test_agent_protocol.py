@@ -22,6 +22,18 @@ def test_bash_and_aliases_are_recognised() -> None:
         assert reply.code is not None and reply.code.language == lang
 
 
+def test_javascript_and_typescript_blocks_are_code() -> None:
+    for tag, lang in (
+        ("js", "javascript"),
+        ("javascript", "javascript"),
+        ("ts", "typescript"),
+        ("TypeScript", "typescript"),
+    ):
+        reply = parse_reply(f"Plan.\n```{tag}\nconsole.log(1)\n```")
+        assert reply.problem is None and reply.code is not None
+        assert (reply.code.language, reply.code.code) == (lang, "console.log(1)\n")
+
+
 def test_only_the_first_code_block_runs_and_the_model_is_told() -> None:
     reply = parse_reply("```python\nprint(1)\n```\nand\n```python\nprint(2)\n```")
     assert reply.code is not None and reply.code.code == "print(1)\n"

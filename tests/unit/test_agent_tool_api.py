@@ -217,7 +217,8 @@ def test_the_prompt_says_no_network_without_an_allowlist() -> None:
     text = system_prompt(p, limits=p.limits.defaults, exports=[])
     assert "No network and no secrets." in text and "sandcell_tools" not in text
     assert "reaches for the network" in text
-    assert tools_for(p) == TOOLS
+    (run_code, answer) = tools_for(p)
+    assert (run_code.description, answer) == (TOOLS[0].description, TOOLS[1])
 
 
 def test_the_prompt_lists_the_allowlisted_hosts() -> None:

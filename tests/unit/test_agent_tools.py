@@ -8,10 +8,11 @@ from decimal import Decimal
 import pytest
 
 from sandcell.agent.protocol import parse_reply
-from sandcell.agent.tools import NO_TOOL_CALL, TOOLS, as_text, read_tool_calls
+from sandcell.agent.tools import NO_TOOL_CALL, TOOLS, as_text, read_tool_calls, tools_for
 from sandcell.errors import ConfigError, ModelError
 from sandcell.models.base import Completion, Message, TokenUsage, ToolCall
 from sandcell.models.fake import Scripted, ScriptedModel, call, turns_from_json
+from sandcell.policy.profiles import load_profile
 
 
 def completion(*calls: ToolCall, text: str = "") -> Completion:
@@ -40,6 +41,21 @@ def test_run_code_is_read_into_a_code_block() -> None:
     )
 
 
+def test_run_code_takes_every_language_name_and_offers_what_the_profile_runs() -> None:
+    for name, lang in (("js", "javascript"), ("TypeScript", "typescript"), ("sh", "bash")):
+        reply = read_tool_calls(completion(call("run_code", code="x", language=name)))
+        assert reply.code is not None and reply.code.language == lang
+    (strict, _) = tools_for(load_profile("strict"))
+    assert strict.parameters["properties"]["language"]["enum"] == ["python", "bash"]
+    assert tools_for(load_profile("unchecked")) == TOOLS
+    assert TOOLS[0].parameters["properties"]["language"]["enum"] == [
+        "python",
+        "bash",
+        "javascript",
+        "typescript",
+    ]
+
+
 def test_answer_keeps_the_precision_it_was_written_with() -> None:
     args = '{"explanation": "7.20% converted", "figures": [{"name": "r", "value": 0.0720}]}'
     reply = read_tool_calls(completion(ToolCall(id="x", name="answer", arguments=args)))
@@ -54,7 +70,7 @@ def test_answer_keeps_the_precision_it_was_written_with() -> None:
         ("run_code", "{not json", "not valid JSON"),
         ("run_code", '["print(1)"]', "must be an object"),
         ("run_code", '{"code": "  "}', "needs the program"),
-        ("run_code", '{"code": "x", "language": "ruby"}', "python or bash"),
+        ("run_code", '{"code": "x", "language": "ruby"}', "python, bash, javascript, typescript"),
         ("answer", '{"figures": []}', "non-empty 'explanation'"),
         ("search_web", "{}", "no tool 'search_web'"),
     ],
@@ -132,3 +148,18 @@ def test_a_script_out_of_turns_is_a_model_error_and_skip_moves_on() -> None:
     assert model.complete([Message(role="user", content="q")], max_tokens=5).text == "two"
     with pytest.raises(ModelError, match="2 turns and was asked for turn 3"):
         model.complete([Message(role="user", content="q")], max_tokens=5)
+
+
+def test_the_prompt_and_the_fallback_speak_of_node_only_where_the_profile_runs_it() -> None:
+    from sandcell.agent.feedback import fallback
+    from sandcell.agent.prompt import system_prompt
+
+    for name, node in (("strict", False), ("unchecked", True)):
+        p = load_profile(name)
+        for protocol in ("text", "native"):
+            text = system_prompt(p, limits=p.limits.defaults, exports=[], protocol=protocol)
+            assert ("Node.js 22" in text) is node, (name, protocol)
+            assert ("javascript" in text) is node, (name, protocol)
+        assert ("```typescript" in system_prompt(p, limits=p.limits.defaults, exports=[])) is node
+    assert "not javascript" in fallback(3, language="javascript", python_allowed=True)
+    assert "Python" not in fallback(3, language="javascript", python_allowed=False)

@@ -201,7 +201,13 @@ def answer_rejected(untraced: Sequence[str]) -> str:
 
 def fallback(tries: int, *, language: Language | None, python_allowed: bool) -> str:
     """The last chance after ``tries`` failed replies: a simpler approach."""
-    switch = " Write it in Python, not bash." if language == "bash" and python_allowed else ""
+    # The simple approach below is Python's (csv, statistics, json): from another language,
+    # the model is pointed at Python where the profile runs it.
+    switch = (
+        f" Write it in Python, not {language}."
+        if language not in (None, "python") and python_allowed
+        else ""
+    )
     return (
         f"That has failed {tries} times in a row. Step back and take the simplest approach that "
         "can work: one short, complete program, using the standard library where possible "

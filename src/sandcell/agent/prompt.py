@@ -25,7 +25,7 @@ from sandcell.agent.tool_api import ToolOperation, render_api
 from sandcell.policy._profile_sections import RUNTIME_IMPORTS
 from sandcell.policy.profiles import Profile
 from sandcell.runtimes.offer import offer
-from sandcell.spec import InputFile, Limits, MiB
+from sandcell.spec import NODE_LANGUAGES, InputFile, Limits, MiB
 from sandcell.validation import Redactor
 
 __all__ = [
@@ -42,6 +42,12 @@ Protocol = Literal["native", "text"]
 DEFAULT_SAMPLE_BYTES = 1024
 """Per input: the first lines of a text file, up to this many bytes."""
 _SAMPLE_LINES = 6
+NODE_LINE = (
+    "JavaScript and TypeScript run on Node.js 22 (TypeScript's types are stripped, not checked) "
+    "with Node's built-in modules and the packages lodash, date-fns, zod, papaparse, csv-parse "
+    "and yaml; they cannot start processes"
+)
+"""Said of the Node languages where the profile runs them: what their programs have."""
 _DIR_ENTRIES = 20
 _PROBE_BYTES = 8192
 
@@ -84,6 +90,10 @@ def system_prompt(
         + ("" if network else " and nothing can be installed")
     )
     languages = ", ".join(profile.runtime.languages)
+    others = [lang for lang in profile.runtime.languages if lang != "python"]
+    or_others = f", or {' or '.join(others)}" if others else ""
+    if NODE_LANGUAGES & set(profile.runtime.languages):
+        languages += f". {NODE_LINE}"
     export_line = (
         f"Files you are asked for leave the sandbox only if their path matches one of: "
         f"{', '.join(exports)} (create the directories first, e.g. os.makedirs('out', "
@@ -104,10 +114,11 @@ def system_prompt(
         '"run" is the number of the run whose output shows the figure. If the data cannot '
         "answer the question, say so in the explanation, without numbers."
     )
+    fences = f" (or {' or '.join(f'```{lang}' for lang in others)})" if others else ""
     if protocol == "native":
         replies = f"""\
 Work with the two tools, one call at a time:
-1. run_code runs a program (python, or bash where allowed) and returns its output. Print every \
+1. run_code runs a program (python{or_others}) and returns its output. Print every \
 figure you will report, with a label, at full precision.
 2. Once the output you have seen answers the question, call answer with the explanation and the \
 figures, for example: {example}
@@ -115,7 +126,7 @@ Rules for the answer: {rules}"""
     else:
         replies = f"""\
 Reply with exactly one fenced block each time, and nothing but a short plan around it:
-1. A program to run, in a ```python block (or ```bash where allowed). Print every figure you \
+1. A program to run, in a ```python block{fences}. Print every figure you \
 will report, with a label, at full precision.
 2. Once the output you have seen answers the question, the final answer as JSON in an \
 ```{ANSWER_TAG} block:

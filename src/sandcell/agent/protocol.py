@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sandcell.spec import Language
+from sandcell.spec import LANGUAGE_ALIASES, Language
 
 __all__ = [
     "ANSWER_TAG",
@@ -45,14 +45,8 @@ _FENCE = re.compile(
     r"(?P<body>.*?)^[ \t]*(?P=fence)[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
-_LANGUAGES: dict[str, Language] = {
-    "python": "python",
-    "python3": "python",
-    "py": "python",
-    "bash": "bash",
-    "sh": "bash",
-    "shell": "bash",
-}
+# A fence's tag: every name a language goes by (js, ts, sh...), and python3.
+_LANGUAGES: dict[str, Language] = {**LANGUAGE_ALIASES, "python3": "python"}
 _ANSWER_TAGS = {ANSWER_TAG, "final", "final_answer"}
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sandcell.agent.protocol import ANSWER_TAG, CodeBlock, Reply, parse_answer
 from sandcell.models.base import Completion, Message, ToolCall, ToolSpec
-from sandcell.spec import Language
+from sandcell.spec import LANGUAGE_ALIASES, LANGUAGES, language_named
 
 if TYPE_CHECKING:
     from sandcell.policy.profiles import Profile
@@ -35,24 +35,29 @@ __all__ = [
     "tools_for",
 ]
 
-RUN_CODE = ToolSpec(
-    name="run_code",
-    description="Run one complete program in a fresh, isolated sandbox (no network; the inputs "
-    "read-only under /inputs and in the working directory) and get back what it printed. "
-    "Nothing carries over between runs. Print every figure you will report, with a label.",
-    parameters={
+
+def _run_code_parameters(languages: Sequence[str]) -> dict[str, object]:
+    return {
         "type": "object",
         "properties": {
             "code": {"type": "string", "description": "The whole program."},
             "language": {
                 "type": "string",
-                "enum": ["python", "bash"],
+                "enum": list(languages),
                 "description": "The program's language (default python).",
             },
         },
         "required": ["code"],
         "additionalProperties": False,
-    },
+    }
+
+
+RUN_CODE = ToolSpec(
+    name="run_code",
+    description="Run one complete program in a fresh, isolated sandbox (no network; the inputs "
+    "read-only under /inputs and in the working directory) and get back what it printed. "
+    "Nothing carries over between runs. Print every figure you will report, with a label.",
+    parameters=_run_code_parameters(LANGUAGES),
 )
 ANSWER = ToolSpec(
     name="answer",
@@ -91,7 +96,7 @@ ANSWER = ToolSpec(
     },
 )
 TOOLS: tuple[ToolSpec, ...] = (RUN_CODE, ANSWER)
-"""The tools under a profile that reaches nothing outside the sandbox."""
+"""The tools under a profile that reaches nothing outside the sandbox and runs every language."""
 
 
 def tools_for(profile: Profile) -> tuple[ToolSpec, ...]:
@@ -101,18 +106,23 @@ def tools_for(profile: Profile) -> tuple[ToolSpec, ...]:
         reach.append("the network only through a proxy, to the hosts the rules list")
     if profile.tools:
         reach.append("the governed tools the rules list, through sandcell_tools.call")
-    if not reach:
+    # A profile that runs no language keeps the full enum (an empty one is no schema); its
+    # refusal says so when a program comes.
+    languages = [lang for lang in LANGUAGES if profile.allows_language(lang)] or list(LANGUAGES)
+    if not reach and languages == list(LANGUAGES):
         return TOOLS
     description = RUN_CODE.description.replace(
-        "(no network;", f"(it may reach {' and '.join(reach)};"
+        "(no network;", f"(it may reach {' and '.join(reach)};" if reach else "(no network;"
     )
-    return (replace(RUN_CODE, description=description), ANSWER)
+    # The language enum is what the profile runs: a model is not offered a language the
+    # profile refuses (a call in one anyway is answered with the refusal).
+    parameters = _run_code_parameters(languages)
+    return (replace(RUN_CODE, description=description, parameters=parameters), ANSWER)
 
 
 NO_TOOL_CALL = (
     "the reply called no tool: call run_code with a program to run, or answer with the final answer"
 )
-_LANGUAGES: dict[str, Language] = {"python": "python", "bash": "bash"}
 
 
 def read_tool_calls(completion: Completion) -> Reply:
@@ -150,10 +160,12 @@ def _run_code(call: ToolCall) -> tuple[CodeBlock | None, str | None]:
     code, language = args.get("code"), args.get("language", "python")
     if not isinstance(code, str) or not code.strip():
         return None, "run_code needs the program in 'code'"
-    if not isinstance(language, str) or language.lower() not in _LANGUAGES:
-        return None, f"run_code's 'language' must be python or bash, not {language!r}"
+    if not isinstance(language, str) or language.strip().lower() not in LANGUAGE_ALIASES:
+        return None, (
+            f"run_code's 'language' must be one of {', '.join(LANGUAGES)}, not {language!r}"
+        )
     text = code if code.endswith("\n") else code + "\n"
-    return CodeBlock(language=_LANGUAGES[language.lower()], code=text), None
+    return CodeBlock(language=language_named(language), code=text), None
 
 
 def as_text(messages: Sequence[Message]) -> list[Message]:
