@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from sandcell.errors import ConfigError, InfraError, IsolationUnavailable
+from sandcell.runtimes.node.build import build_node
+from sandcell.runtimes.node.locked import NODE_RUNTIME, node_lock
 from sandcell.runtimes.store import (
     SHIPPED,
     Lock,
@@ -35,9 +37,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pl = rsub.add_parser("list", help="the runtimes built on this host, with their hashes")
     pl.add_argument("--json", action="store_true")
     pb = rsub.add_parser(
-        "build", help=f"build a runtime from its lock ({', '.join(SHIPPED)}, or --lock FILE)"
+        "build",
+        help=f"build a runtime from its lock ({', '.join((*SHIPPED, NODE_RUNTIME))}, or --lock F)",
     )
-    pb.add_argument("name", nargs="?", help="a shipped lock's name, or the name for --lock")
+    pb.add_argument(
+        "name",
+        nargs="?",
+        help=f"a shipped lock's name ({NODE_RUNTIME}: Node.js and its packages), or the name for "
+        "--lock",
+    )
     pb.add_argument("--lock", type=Path, help="your own lock file (pip-compile --generate-hashes)")
     pb.add_argument(
         "--find-links", type=Path, help="a directory of wheels to install from instead of an index"
@@ -64,6 +72,7 @@ def _summary(s: StoredRuntime) -> dict[str, object]:
         "tree_sha256": m.tree_sha256,
         "lock_sha256": m.lock_sha256,
         "lock": m.lock_source,
+        "kind": m.kind,
         "python": m.implementation,
         "packages": len(m.distributions),
         "files": m.files,
@@ -106,8 +115,9 @@ def handle(args: argparse.Namespace) -> int:
         print(f"  lock   sha256:{m.lock_sha256}  {m.lock_source}")
         print(f"  built  {m.built_at}  at {s.tree}")
         print(f"  packages ({len(m.distributions)}):")
+        sep = "@" if m.kind == "node" else "=="
         for name, version in sorted(m.distributions.items()):
-            print(f"    {name}=={version}")
+            print(f"    {name}{sep}{version}")
         if not m.distributions:
             print("    none: the standard library only")
         return 0
@@ -140,6 +150,8 @@ def _up_to_date(lock: Lock) -> bool:
 
 
 def _build(args: argparse.Namespace) -> int:
+    if args.name == NODE_RUNTIME or (args.lock is not None and args.lock.stem == NODE_RUNTIME):
+        return _build_node(args)
     if args.lock is not None:
         lock = load_lock(args.lock, args.name)
     elif args.name:
@@ -167,3 +179,42 @@ def _build(args: argparse.Namespace) -> int:
         f"{_mib(m.size_bytes)}, sha256 {m.tree_sha256}"
     )
     return 0
+
+
+def _build_node(args: argparse.Namespace) -> int:
+    if args.lock is not None or args.find_links is not None or args.no_index:
+        raise ConfigError(
+            f"the runtime name {NODE_RUNTIME!r} is the Node runtime, built from the lock that "
+            f"ships with sandcell: run 'sandcell runtime build {NODE_RUNTIME}' without --lock, "
+            "--find-links or --no-index (npm's own configuration says which registry it uses)"
+        )
+    lock = node_lock()
+    if not args.force and _node_up_to_date(lock.sha256):
+        return 0
+    base = runtimes_dir()
+    print(f"building runtime {NODE_RUNTIME} from {lock.source} into {base} ...", flush=True)
+    try:
+        stored = build_node(lock, base, say=lambda m: print(f"  {m}", flush=True))
+    except (InfraError, IsolationUnavailable) as exc:
+        print(f"sandcell: {exc}", file=sys.stderr)
+        return EXIT_INFRA
+    m = stored.manifest
+    print(
+        f"runtime {NODE_RUNTIME}: {m.implementation}, {len(m.distributions)} packages, "
+        f"{m.files} files, {_mib(m.size_bytes)}, sha256 {m.tree_sha256}"
+    )
+    return 0
+
+
+def _node_up_to_date(lock_sha256: str) -> bool:
+    try:
+        stored = find(NODE_RUNTIME)
+        if stored.manifest.kind != "node" or stored.manifest.lock_sha256 != lock_sha256:
+            return False
+        verify(stored)
+    except (ConfigError, IsolationUnavailable):
+        return False
+    print(
+        f"runtime {NODE_RUNTIME} is built from this lock and intact: {stored.manifest.tree_sha256}"
+    )
+    return True

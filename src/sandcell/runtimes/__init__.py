@@ -247,8 +247,13 @@ def _named_python_runtime(ref: str) -> Runtime:
     from sandcell.runtimes.store import find, verify
 
     stored = find(ref)
-    verify(stored)
     m = stored.manifest
+    if m.kind != "python":
+        raise ConfigError(
+            f"runtime {m.name!r} is the {m.implementation} runtime, for JavaScript and TypeScript "
+            "programs; name a Python runtime for Python and Bash (sandcell runtime list)"
+        )
+    verify(stored)
     return _stored_python_runtime(
         m.name, m.tree_sha256, str(stored.tree), m.site_packages, m.lock_sha256, m.lock_source
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sandcell.runtimes import Runtime
-from sandcell.spec import RuntimeRef
+from sandcell.spec import NODE_LANGUAGES, RuntimeRef
 
 __all__ = ["ref_from_record", "runtime_record", "runtime_ref"]
 
@@ -30,7 +30,11 @@ def runtime_record(runtime: Runtime, requested: str | None) -> dict[str, object]
         # A built runtime: the tree it is stored as and the lock it was built from.
         **(
             {
-                "selected": _selected(requested),
+                # A JavaScript or TypeScript run is in the Node runtime whatever Python runtime
+                # the request named: its record names ``node``, so a replay pins that tree.
+                "selected": runtime.name
+                if runtime.language in NODE_LANGUAGES
+                else _selected(requested),
                 "tree_sha256": runtime.tree_sha256,
                 "lock_sha256": runtime.lock_sha256,
             }

@@ -15,8 +15,6 @@ every user of the host can read::
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +27,7 @@ from pathlib import Path
 import platformdirs
 
 from sandcell.errors import IsolationUnavailable
+from sandcell.packages import npm
 
 PYODIDE_VERSION = "0.29.3"
 PYODIDE_INTEGRITY = (
@@ -153,45 +152,6 @@ def find(base: Path | None = None) -> PyodideDist:
     )
 
 
-def _check_integrity(tarball: Path) -> None:
-    algo, _, expected = PYODIDE_INTEGRITY.partition("-")
-    digest = hashlib.new(algo)
-    with tarball.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    got = base64.b64encode(digest.digest()).decode()
-    if got != expected:
-        raise IsolationUnavailable(
-            "wasm",
-            f"the Pyodide tarball's {algo} is {got}, not the pinned {expected}",
-            "check the npm registry npm is configured for (npm config get registry)",
-        )
-
-
-def _fetch(into: Path) -> Path:
-    npm = shutil.which("npm")
-    if npm is None:
-        raise IsolationUnavailable(
-            "wasm", "npm is not installed", "install npm (Debian: apt-get install npm)"
-        )
-    proc = subprocess.run(
-        [npm, "pack", f"pyodide@{PYODIDE_VERSION}", "--pack-destination", str(into), "--silent"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=into,
-    )
-    tarball = into / f"pyodide-{PYODIDE_VERSION}.tgz"
-    if proc.returncode != 0 or not tarball.is_file():
-        raise IsolationUnavailable(
-            "wasm",
-            f"npm pack pyodide@{PYODIDE_VERSION} failed: {proc.stderr.strip()[-500:]}",
-            "check that npm reaches its registry (npm ping)",
-        )
-    return tarball
-
-
 def make_snapshot(directory: Path, node: str) -> Path:
     """Pyodide's memory snapshot, made by this host's Node (outside any sandbox: no program runs
     in it, only Pyodide's own start and the imports of :data:`SNAPSHOT_IMPORTS`)."""
@@ -240,8 +200,8 @@ def install(base: Path | None = None) -> PyodideDist:
     node, node_version = find_node()
     target = dist_dir(base)
     with tempfile.TemporaryDirectory(prefix="sandcell-pyodide-") as tmp:
-        tarball = _fetch(Path(tmp))
-        _check_integrity(tarball)
+        tarball = npm.pack("pyodide", PYODIDE_VERSION, Path(tmp), layer="wasm")
+        npm.check_integrity(tarball, PYODIDE_INTEGRITY, layer="wasm", what="Pyodide")
         staging = target.with_name(f"{target.name}.new")
         shutil.rmtree(staging, ignore_errors=True)
         _make_readable_dirs(staging)

@@ -35,10 +35,10 @@ from sandcell.errors import ConfigError, InfraError
 from sandcell.packages.wheels import dist_imports, module_of, normalize_name, read_metadata
 from sandcell.runtimes.store.locks import Lock
 from sandcell.runtimes.store.store import FORMAT, RuntimeManifest, StoredRuntime, python_tag
-from sandcell.runtimes.store.tree import summarize
+from sandcell.runtimes.store.tree import TreeSummary, summarize
 from sandcell.runtimes.view import SANDBOX_VENV
 
-__all__ = ["build"]
+__all__ = ["build", "open_staging", "read_only", "remove_tree", "store_staged"]
 
 Progress = Callable[[str], None]
 
@@ -92,7 +92,7 @@ def _compile(target: Path) -> None:
     subprocess.run(argv, capture_output=True, check=False, env={**env, "PYTHONHASHSEED": "0"})
 
 
-def _read_only(root: Path) -> None:
+def read_only(root: Path) -> None:
     for dirpath, _, filenames in os.walk(root, topdown=False):
         for name in filenames:
             path = os.path.join(dirpath, name)
@@ -122,17 +122,7 @@ def build(
     lock: Lock, base: Path, *, pip_args: Sequence[str] = (), say: Progress = lambda _: None
 ) -> StoredRuntime:
     """Build ``lock`` into the store at ``base`` and point its name at the result."""
-    try:
-        for sub in ("sha256", "names"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot create the runtime store {base}: {exc.strerror}; build as root for the "
-            "system-wide store, or set SANDCELL_RUNTIMES_DIR to a directory you own"
-        ) from None
-    if os.geteuid() == 0:
-        base.chmod(0o755)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=base))
+    staging = open_staging(base)
     try:
         site = staging / "tree" / _site_rel()
         site.mkdir(parents=True)
@@ -144,44 +134,76 @@ def build(
         missing = sorted({p.name for p in lock.pins} - set(dists))
         if missing:
             raise InfraError(f"pip did not install {', '.join(missing)} from {lock.source}")
-        _read_only(staging / "tree")
-        say("hashing the tree ...")
-        summary = summarize(staging / "tree")
-        manifest = RuntimeManifest(
-            format=FORMAT,
-            name=lock.name,
-            lock_source=lock.source,
-            lock_sha256=lock.sha256,
-            python=python_tag(),
-            implementation=f"{platform.python_implementation()} {platform.python_version()}",
-            platform=f"{sys.platform}-{platform.machine()}",
-            tree_sha256=summary.sha256,
-            files=summary.files,
-            size_bytes=summary.size_bytes,
-            site_packages=_site_rel(),
-            distributions=dists,
-            imports=imports,
-            built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        )
-        final = base / "sha256" / summary.sha256
-        if final.is_dir() and summarize(final).sha256 == summary.sha256:
-            say("an identical tree is already stored; keeping it")
-        else:
-            if final.exists():
-                # Stored under this hash but no longer hashing to it: changed since; replaced.
-                # Moved aside first, never removed in place: a process looking the runtime up
-                # meanwhile finds the changed tree (refused), no tree, or the new one, never a
-                # half-removed one; a service's warm template sees the new directory
-                # (runtime_store/stamp.py).
-                say(f"the stored tree {final} was changed since it was built; replacing it")
-                os.rename(final, staging / "replaced")
-            os.rename(staging / "tree", final)
-        _write_atomic(base / "sha256" / f"{summary.sha256}.json", manifest.to_json())
-        pointer = f'{{"tree_sha256": "{summary.sha256}", "lock_sha256": "{lock.sha256}"}}\n'
-        _write_atomic(base / "names" / f"{lock.name}.json", pointer)
-        return StoredRuntime(manifest, final)
+
+        def manifest(summary: TreeSummary) -> RuntimeManifest:
+            return RuntimeManifest(
+                format=FORMAT,
+                name=lock.name,
+                lock_source=lock.source,
+                lock_sha256=lock.sha256,
+                python=python_tag(),
+                implementation=f"{platform.python_implementation()} {platform.python_version()}",
+                platform=f"{sys.platform}-{platform.machine()}",
+                tree_sha256=summary.sha256,
+                files=summary.files,
+                size_bytes=summary.size_bytes,
+                site_packages=_site_rel(),
+                distributions=dists,
+                imports=imports,
+                built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            )
+
+        return store_staged(base, staging, manifest, say)
     finally:
-        _remove_tree(staging)
+        remove_tree(staging)
+
+
+def open_staging(base: Path) -> Path:
+    """A new staging directory inside the store at ``base`` (made if missing), on the store's
+    filesystem so that the finished tree is renamed into place. The caller builds ``tree`` in
+    it, then calls :func:`store_staged`, and removes it (:func:`remove_tree`) either way."""
+    try:
+        for sub in ("sha256", "names"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the runtime store {base}: {exc.strerror}; build as root for the "
+            "system-wide store, or set SANDCELL_RUNTIMES_DIR to a directory you own"
+        ) from None
+    if os.geteuid() == 0:
+        base.chmod(0o755)
+    return Path(tempfile.mkdtemp(prefix=".build-", dir=base))
+
+
+def store_staged(
+    base: Path,
+    staging: Path,
+    manifest_of: Callable[[TreeSummary], RuntimeManifest],
+    say: Progress,
+) -> StoredRuntime:
+    """Make ``staging/tree`` read-only, hash it, store it by its hash with the manifest
+    ``manifest_of`` gives for its summary, and point the manifest's name at it."""
+    read_only(staging / "tree")
+    say("hashing the tree ...")
+    summary = summarize(staging / "tree")
+    manifest = manifest_of(summary)
+    final = base / "sha256" / summary.sha256
+    if final.is_dir() and summarize(final).sha256 == summary.sha256:
+        say("an identical tree is already stored; keeping it")
+    else:
+        if final.exists():
+            # Stored under this hash but no longer hashing to it: changed since; replaced.
+            # Moved aside first, never removed in place: a process looking the runtime up
+            # meanwhile finds the changed tree (refused), no tree, or the new one, never a
+            # half-removed one; a service's warm template sees the new directory
+            # (runtime_store/stamp.py).
+            say(f"the stored tree {final} was changed since it was built; replacing it")
+            os.rename(final, staging / "replaced")
+        os.rename(staging / "tree", final)
+    _write_atomic(base / "sha256" / f"{summary.sha256}.json", manifest.to_json())
+    pointer = f'{{"tree_sha256": "{summary.sha256}", "lock_sha256": "{manifest.lock_sha256}"}}\n'
+    _write_atomic(base / "names" / f"{manifest.name}.json", pointer)
+    return StoredRuntime(manifest, final)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -191,7 +213,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _remove_tree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     if not path.exists():
         return
     for dirpath, _, _ in os.walk(path):

@@ -64,6 +64,10 @@ class RuntimeManifest:
     imports: tuple[str, ...] = ()
     """Top-level names the packages provide (the standard library is not listed)."""
     built_at: str = ""
+    kind: str = "python"
+    """``python`` (a venv's site-packages, for the base interpreter ``python``) or ``node`` (the
+    Node.js binary under ``node/`` and the npm packages under ``node_modules/``: ``python`` is
+    then empty, ``implementation`` names Node's version, ``site_packages`` is ``node_modules``)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -119,9 +123,10 @@ def python_tag() -> str:
 
 
 def _build_hint(name: str) -> str:
+    from sandcell.runtimes.node.locked import NODE_RUNTIME
     from sandcell.runtimes.store.locks import SHIPPED
 
-    lock = "" if name in SHIPPED else " --lock YOUR_LOCK.txt"
+    lock = "" if name in SHIPPED or name == NODE_RUNTIME else " --lock YOUR_LOCK.txt"
     return f"sandcell runtime build {name}{lock}"
 
 
@@ -169,7 +174,8 @@ def find(name: str) -> StoredRuntime:
         tree = _read_pointer(base, name)
         if tree is not None:
             stored = load(base, tree)
-            if stored.manifest.python != python_tag():
+            # Node's runtime holds no Python code: any Python boots it.
+            if stored.manifest.kind == "python" and stored.manifest.python != python_tag():
                 raise ConfigError(
                     f"runtime {name!r} was built for Python {stored.manifest.python}, sandcell "
                     f"runs on {python_tag()}; rebuild it with: {_build_hint(name)}"
