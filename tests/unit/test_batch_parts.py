@@ -164,6 +164,22 @@ def test_a_bash_task_cannot_have_a_test(tmp_path: Path) -> None:
         _tasks(tmp_path, line)
 
 
+def test_task_languages_by_any_name_and_the_profiles_say(tmp_path: Path) -> None:
+    js, ts = _tasks(
+        tmp_path,
+        {"id": "j", "language": "js", "code": "console.log(1)", "expected_stdout": "1"},
+        {"id": "t", "language": "TypeScript", "code": "const n: number = 1"},
+    )
+    assert (js.request.language, ts.request.language) == ("javascript", "typescript")
+    with pytest.raises(ConfigError, match="line 1: field 'language': unknown language 'ruby'"):
+        _tasks(tmp_path, {"id": "r", "language": "ruby", "code": "puts 1"})
+    with pytest.raises(ConfigError, match="profile 'strict' does not allow javascript programs"):
+        _tasks(tmp_path, {"id": "j", "language": "js", "code": "1"}, profile="strict")
+    test = {"id": "j", "language": "js", "code": "1", "test": "assert True"}
+    with pytest.raises(ConfigError, match="a javascript task cannot have a test"):
+        _tasks(tmp_path, test)
+
+
 def test_no_expectation_means_ok_passes() -> None:
     assert judge(_task(), _result(), new_secret()) == (True, None)
     assert judge(_task(), _result(Outcome.TIMEOUT), new_secret()) == (False, None)

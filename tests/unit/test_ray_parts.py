@@ -108,3 +108,10 @@ def test_an_address_where_no_cluster_listens_fails_at_once(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="HOST:PORT"):
         connect(ray, "head-without-port")
     assert not ray.is_initialized()
+
+
+def test_run_program_refuses_an_unknown_language_before_any_sandbox() -> None:
+    from sandcell.ray.api import run_program
+
+    with pytest.raises(ConfigError, match="unknown language 'ruby'.*javascript, typescript"):
+        run_program("puts 1", language="ruby")

@@ -6,13 +6,14 @@ A line::
      "expected_stdout": "3"}
 
 Fields: ``id`` (required, unique; a string or an integer), ``code`` (required), ``language``
-(``python`` or ``bash``, default ``python``), ``inputs`` (paths, relative to the tasks file's
+(``python``, ``bash``, ``javascript`` or ``typescript``, or a short name such as ``js``, ``ts``;
+default ``python``), ``inputs`` (paths, relative to the tasks file's
 directory, made visible read-only as with ``sandcell run --input``), ``stdin`` (text),
 ``expected_stdout``, ``compare`` (``strip``, the default: trailing whitespace of each line and
 blank lines at the start and end are ignored; ``exact``: the text must be identical), ``test``
 (Python code run after the program in the same run, e.g. HumanEval's ``check(candidate)``, which
-calls the program's functions from a process of its own; see :mod:`sandcell.batch.judge`; a bash
-task cannot have one), ``limits`` (:class:`~sandcell.spec.Limits` field names, e.g.
+calls the program's functions from a process of its own; see :mod:`sandcell.batch.judge`; a task
+in another language cannot have one), ``limits`` (:class:`~sandcell.spec.Limits` field names, e.g.
 ``{"wall_time_s": 5, "memory_bytes": 268435456}``) and ``exports`` (globs, as ``--export``).
 
 Everything is checked before anything runs, against the profile the batch runs under (language,
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 from sandcell.errors import ConfigError
 from sandcell.inputs import check_input_path
-from sandcell.spec import InputFile, IsolationMode, RunRequest, input_from_path
+from sandcell.spec import InputFile, IsolationMode, RunRequest, input_from_path, language_named
 
 if TYPE_CHECKING:
     from sandcell.policy.profiles import Profile
@@ -71,7 +72,7 @@ def _task_model() -> type[object]:
 
         id: StrictStr | StrictInt = Field(union_mode="left_to_right")
         code: str
-        language: Literal["python", "bash"] = "python"
+        language: str = "python"
         inputs: list[str] = Field(default_factory=list)
         stdin: str = ""
         expected_stdout: str | None = None
@@ -178,7 +179,10 @@ def _parse_line(raw: str, number: int, ctx: _Context) -> Task:
     def bad(field: str, why: str) -> ConfigError:
         return ConfigError(f"line {number}: field {field!r}: {why}")
 
-    language = fields["language"]
+    try:
+        language = language_named(fields["language"])
+    except ConfigError as exc:
+        raise bad("language", str(exc)) from None
     if not profile.allows_language(language):
         raise bad("language", f"profile {profile.name!r} does not allow {language} programs")
     if fields["test"] is not None and not fields["test"].strip():
@@ -186,8 +190,9 @@ def _parse_line(raw: str, number: int, ctx: _Context) -> Task:
     if fields["test"] is not None and language != "python":
         raise bad(
             "test",
-            f"a {language} task cannot have a test: it would run in the program's own shell, "
-            "where the program can fake its outcome; compare its output with expected_stdout",
+            f"a {language} task cannot have a test: it would run in the program's own "
+            "interpreter, where the program can fake its outcome; compare its output with "
+            "expected_stdout",
         )
     inputs: list[InputFile] = []
     for item in fields["inputs"]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sandcell.errors import ConfigError
 from sandcell.home import data_dir
 from sandcell.ray._ray import SLOTS, import_ray
 
@@ -66,15 +65,15 @@ def run_program(
 ) -> dict[str, object]:
     """Run one program in a fresh sandbox of this process's node; call it inside a Ray task or
     actor. Returns the outcome, exit code, output, run id and node id as plain data."""
-    from sandcell.spec import RunRequest
+    from sandcell.spec import RunRequest, language_named
 
-    if language not in ("python", "bash"):
-        raise ConfigError(f"language must be 'python' or 'bash', got {language!r}")
+    # Any name a language goes by (js, ts, sh); an unknown one is a ConfigError naming them.
+    lang = language_named(language)
     ex = _executor(profile, backend)
     limits = ex.profile.limits_for({"wall_time_s": wall_time_s} if wall_time_s else {})
     request = RunRequest(
         code=code,
-        language="bash" if language == "bash" else "python",
+        language=lang,
         stdin=stdin.encode(),
         limits=limits,
     )
