@@ -28,7 +28,7 @@ from typing import Any
 from sandcell.backends.host import bubblewrap as bw
 from sandcell.backends.host import cgroups, landlock, seccomp
 from sandcell.backends.registry import LADDER, PROTECTS, BackendName, probe
-from sandcell.errors import IsolationUnavailable
+from sandcell.errors import ConfigError, IsolationUnavailable
 from sandcell.runtimes import _root_layout, bash_runtime, python_runtime
 
 _PROBE_TIMEOUT_S = 10
@@ -335,6 +335,30 @@ def _bash_check() -> Check:
     )
 
 
+def _node_check() -> Check:
+    """JavaScript and TypeScript: the Node runtime built and intact (optional: without it those
+    languages are refused, Python and Bash run)."""
+    from sandcell.runtimes.node import node_runtime
+
+    try:
+        rt = node_runtime()
+    except (ConfigError, IsolationUnavailable) as exc:
+        return Check(
+            name="node runtime",
+            ok=False,
+            detail=f"JavaScript and TypeScript cannot run: {exc}",
+            fix="sandcell runtime build node (needs npm, at install time only)",
+            required=False,
+        )
+    return Check(
+        name="node runtime",
+        ok=True,
+        detail=f"{rt.identity}, sha256 {rt.sha256[:12]}",
+        fix=None,
+        required=False,
+    )
+
+
 def _guarded(name: str, required: bool, fn: Callable[[], Check]) -> Check:
     """Run one check; an exception becomes a failed check so the report always comes out."""
     try:
@@ -372,6 +396,7 @@ def diagnose() -> DoctorReport:
         ("cgroups", True, lambda: _cgroup_check(cgroups.detect())),
         ("python runtime", True, _python_check),
         ("bash runtime", False, _bash_check),
+        ("node runtime", False, _node_check),
         ("kvm", False, _kvm_check),
     ]
     checks = [_guarded(name, req, fn) for name, req, fn in steps]

@@ -29,6 +29,7 @@ NAMES = (
     "cgroups",
     "python runtime",
     "bash runtime",
+    "node runtime",
     "kvm",
     "backend namespaces",
     "backend wasm",
