@@ -289,6 +289,10 @@ def test_the_source_must_fit_the_workspace(executor: Executor, repo: Path) -> No
     os.mkfifo(repo / "pipe")
     with pytest.raises(ConfigError, match="FIFO"):
         run(executor, repo, "true")
+    (repo / "pipe").unlink()
+    node = RunRequest(code="console.log(1)", language="javascript")
+    with pytest.raises(ConfigError, match="javascript program cannot run in a working directory"):
+        run_in_workdir(executor, node, repo)
 
 
 def test_apply_refuses_a_target_that_moved(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sandcell.changes.workdir import WorkdirRun
 from sandcell.errors import ConfigError
 from sandcell.policy.profiles import Profile, load_profile
-from sandcell.spec import Outcome
+from sandcell.spec import NODE_LANGUAGES, Outcome
 
 if TYPE_CHECKING:
     from sandcell.executor import Executor
@@ -69,6 +69,14 @@ def run_prepared(
     """Run ``request`` on the snapshot ``wd`` under ``prof``: the snapshot is kept in the
     artifact store and the record names it, with the caller's program, so that the run can be
     replayed (``sandcell audit replay``)."""
+    if request.language in NODE_LANGUAGES:
+        # The changes are recorded by a Python frame that starts the program as its child;
+        # Node's permission model lets a JavaScript program start no process, and the frame
+        # cannot start Node from a Python sandbox either: refused, not run without a record.
+        raise ConfigError(
+            f"a {request.language} program cannot run in a working directory "
+            "(--workdir-from): write it in python or bash, or run it without one"
+        )
     hook = wd.post_collect(ex.store, ex.export_limits, ex.known_secrets)
     if not export_diff:
         hook = _drop_archive
