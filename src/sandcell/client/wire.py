@@ -21,6 +21,7 @@ from sandcell.spec import (
     RejectedExport,
     RunRequest,
     RunResult,
+    language_named,
     result_from_dict,
 )
 
@@ -96,10 +97,12 @@ def endpoint_from_env(
 # -- request bodies --------------------------------------------------------------------------
 
 
-def as_request(request: RunRequest | str, language: Language) -> RunRequest:
-    return (
-        request if isinstance(request, RunRequest) else RunRequest(code=request, language=language)
-    )
+def as_request(request: RunRequest | str, language: Language | str) -> RunRequest:
+    """The request for the code alone in ``language``, by any name it goes by (``js``, ``ts``:
+    an unknown name is a ConfigError before anything is sent)."""
+    if isinstance(request, RunRequest):
+        return request
+    return RunRequest(code=request, language=language_named(language))
 
 
 def files_body(inputs: Sequence[InputFile]) -> dict[str, str]:

@@ -37,7 +37,7 @@ from sandcell.service.core import Service
 from sandcell.service.problems import ServiceProblem
 from sandcell.service.tenants import Tenant
 from sandcell.sessions import Session
-from sandcell.spec import Language, RunResult
+from sandcell.spec import LANGUAGE_ALIASES, NODE_LANGUAGES, Language, RunResult
 
 __all__ = ["interpreter_routes"]
 
@@ -46,9 +46,18 @@ _LANGUAGES: dict[str, Language] = {"python": "python", "bash": "bash", "sh": "ba
 
 def _language(name: str | None) -> Language:
     language = _LANGUAGES.get((name or "python").lower())
-    if language is None:
-        raise E2BError(400, f"language {name!r} is not served by sandcell; use python (or bash)")
-    return language
+    if language is not None:
+        return language
+    if LANGUAGE_ALIASES.get((name or "").strip().lower()) in NODE_LANGUAGES:
+        # A cell runs in the sandbox's session, whose kernel is Python's: a JavaScript cell
+        # has no kernel to keep its state in.
+        raise E2BError(
+            400,
+            f"language {name!r} is not served by sandcell's code interpreter: its sessions run "
+            "python and bash cells; run a JavaScript or TypeScript program one-shot instead "
+            "(POST /v1/runs with language javascript, or the MCP tool run_javascript)",
+        )
+    raise E2BError(400, f"language {name!r} is not served by sandcell; use python (or bash)")
 
 
 def _env_cells(env: dict[str, str]) -> tuple[str, str]:
