@@ -84,7 +84,12 @@ def test_the_runner_calls_the_tool_and_sees_the_sandbox_result(executor: Executo
     assert "stdout:\nsandboxed" in failed
     (offered,) = model.offered
     assert offered.name == "run_code"
-    assert offered.params_json_schema["properties"]["language"]["enum"] == ["python", "bash"]
+    assert offered.params_json_schema["properties"]["language"]["enum"] == [
+        "python",
+        "bash",
+        "javascript",
+        "typescript",
+    ]
 
 
 def test_an_exported_file_is_named_in_the_output(executor: Executor) -> None:

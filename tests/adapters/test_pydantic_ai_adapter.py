@@ -80,7 +80,12 @@ def test_the_tool_schema_offers_code_and_language(executor: Executor) -> None:
     assert definition.name == "run_code"
     schema = definition.parameters_json_schema
     assert schema["required"] == ["code"]
-    assert schema["properties"]["language"]["enum"] == ["python", "bash"]
+    assert schema["properties"]["language"]["enum"] == [
+        "python",
+        "bash",
+        "javascript",
+        "typescript",
+    ]
     assert "sandbox" in (definition.description or "")
 
 

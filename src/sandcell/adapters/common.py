@@ -16,17 +16,20 @@ from typing import Literal, Protocol
 from sandcell.sessions.session import SessionEnd
 from sandcell.spec import InputFile, Limits, Outcome, RunRequest, RunResult
 
-ToolLanguage = Literal["python", "bash"]
+ToolLanguage = Literal["python", "bash", "javascript", "typescript"]
+"""The languages the tool offers (the profile decides which of them run)."""
 
 TOOL_NAME = "run_code"
 TOOL_DESCRIPTION = (
-    "Run a short Python or bash program in a fresh, isolated sandbox (no network, a private "
-    "working directory, hard time and memory limits) and return what happened: the outcome, "
-    "stdout, the end of stderr, the last expression's value and any exported files. Print what "
-    "you need to see; nothing is kept between calls."
+    "Run a short Python, bash, JavaScript or TypeScript program in a fresh, isolated sandbox "
+    "(no network, a private working directory, hard time and memory limits) and return what "
+    "happened: the outcome, stdout, the end of stderr, the last expression's value and any "
+    "exported files. Print what you need to see; nothing is kept between calls."
 )
 CODE_DESCRIPTION = "the program's full source text"
-LANGUAGE_DESCRIPTION = "the program's language: python (default) or bash"
+LANGUAGE_DESCRIPTION = (
+    "the program's language: python (default), bash, or javascript or typescript (Node.js 22)"
+)
 
 STDOUT_CHARS = 4000
 STDERR_CHARS = 2000

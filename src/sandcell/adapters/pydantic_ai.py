@@ -46,7 +46,8 @@ def sandcell_tool(
 
         Args:
             code: the program's full source text
-            language: the program's language: python (default) or bash
+            language: the program's language: python (default), bash, or javascript or
+                typescript (Node.js 22)
         """
         return await tool.acall(code, language)
 
