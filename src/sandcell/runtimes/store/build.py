@@ -198,12 +198,21 @@ def store_staged(
             # half-removed one; a service's warm template sees the new directory
             # (runtime_store/stamp.py).
             say(f"the stored tree {final} was changed since it was built; replacing it")
-            os.rename(final, staging / "replaced")
-        os.rename(staging / "tree", final)
+            _move_dir(final, staging / "replaced")
+        _move_dir(staging / "tree", final)
     _write_atomic(base / "sha256" / f"{summary.sha256}.json", manifest.to_json())
     pointer = f'{{"tree_sha256": "{summary.sha256}", "lock_sha256": "{manifest.lock_sha256}"}}\n'
     _write_atomic(base / "names" / f"{manifest.name}.json", pointer)
     return StoredRuntime(manifest, final)
+
+
+def _move_dir(src: Path, dest: Path) -> None:
+    """Rename a read-only directory to another parent: its ``..`` entry changes, which needs
+    write permission on it for any user but root. Writable for the rename only (its mode is not
+    part of the tree's hash)."""
+    os.chmod(src, 0o755)  # noqa: S103 - shared read-only code, read-only again below
+    os.rename(src, dest)
+    os.chmod(dest, 0o555)  # noqa: S103 - shared read-only code, every user mounts it
 
 
 def _write_atomic(path: Path, text: str) -> None:
