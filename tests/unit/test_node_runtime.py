@@ -329,3 +329,12 @@ def test_a_tampered_stand_in_tree_is_refused(fake_store: StoredRuntime) -> None:
     forget_verified()
     with pytest.raises(IsolationUnavailable, match="refused as tampered"):
         node_runtime()
+
+
+def test_a_denied_python_import_is_not_pointed_at_the_node_runtime(
+    fake_store: StoredRuntime,
+) -> None:
+    from sandcell.packages.resolution import _elsewhere
+
+    assert "yaml" in fake_store.manifest.imports
+    assert _elsewhere("yaml", None) == ""

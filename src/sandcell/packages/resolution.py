@@ -168,7 +168,10 @@ def _elsewhere(module: str, runtime: str | None) -> str:
         names = [
             s.manifest.name
             for s in list_runtimes()
-            if module in s.manifest.imports and s.manifest.name != runtime
+            # A Python import: the node runtime's npm packages (a "yaml" there too) do not count.
+            if s.manifest.kind == "python"
+            and module in s.manifest.imports
+            and s.manifest.name != runtime
         ]
     except SandcellError:
         return ""
