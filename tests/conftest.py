@@ -141,7 +141,11 @@ def settle_pools(executors: Mapping[tuple[str, str], Executor], timeout: float =
         while stats_of is not None and time.monotonic() < deadline:
             stats = stats_of()
             pool = getattr(stats, "pool", stats)  # the microVM's WarmStats nests its pool
-            if pool is None or pool.ready >= pool.size:
+            # The namespaces rung's Node pool beside its template's (size 0 until a JS run).
+            node = getattr(stats, "node_pool", None)
+            if (pool is None or pool.ready >= pool.size) and (
+                node is None or node.ready >= node.size
+            ):
                 break
             time.sleep(0.1)
         else:

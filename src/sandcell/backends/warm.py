@@ -70,6 +70,8 @@ class WarmStats:
     pool: PoolStats | None
     cgroup_prefix: str
     """Start of the names of this starter's pooled cgroups (the owner tag, then its own tag)."""
+    node_pool: SandboxPoolStats | None = None
+    """The namespaces pool of waiting Node sandboxes (JavaScript and TypeScript runs), if any."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,9 +33,13 @@ under the limits, status, exports), with measured timings and where a pooled run
 C -> G -> P) plus a cgroup attach, which caps back-to-back throughput at about 35-40 runs/s
 on the 2-core development host.
 
+JavaScript and TypeScript runs take a sandbox with Node waiting from a pool of their own in the
+``pool`` mode (``node_pool.py``), filled from the first such run on.
+
 What the cold path still serves (and the record says why, in the enforcement layer
-``warm_start``): bash, packages from the wheel cache, a run in another runtime than the
-template's (``WarmConfig.runtime``, ``warm_runtime.py``), and any run while the template is down.
+``warm_start``): bash, JavaScript and TypeScript in the ``template`` mode, packages from the
+wheel cache, a run in another runtime than the template's (``WarmConfig.runtime``,
+``warm_runtime.py``), and any run while the template is down.
 Rich outputs (``display``) start warm: the template loads the display module once. The outcome
 of a warm run is classified exactly as a cold one's.
 
@@ -91,10 +95,11 @@ from sandcell.backends.warm import WarmConfig, WarmStats, idle_memory
 from sandcell.errors import InfraError, IsolationUnavailable
 from sandcell.run_sockets import PROXY_PORT, SandboxSockets
 from sandcell.runtimes import common_env, runtime_for
-from sandcell.spec import RunRequest, StartInfo
+from sandcell.spec import NODE_LANGUAGES, RunRequest, StartInfo
 
 if TYPE_CHECKING:
     from sandcell.backends.namespaces import NamespacesBackend
+    from sandcell.backends.namespaces.node_pool import NodePool
 
 __all__ = ["WarmConfig", "WarmStarter", "WarmStats"]
 
@@ -129,6 +134,13 @@ class WarmStarter:
         self._pool: WarmPool | None = None
         self._restarts = -1
         self._runs = self._fallbacks = 0
+        # JavaScript and TypeScript: sandboxes with Node waiting (``node_pool.py``), filled from
+        # the first such run on; not for a process that runs one program (``refill`` off).
+        self._node_pool: NodePool | None = None
+        if config.mode == "pool" and config.refill:
+            from sandcell.backends.namespaces.node_pool import NodePool  # imports the backend
+
+            self._node_pool = NodePool(backend, config)
         self._start()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -211,6 +223,9 @@ class WarmStarter:
         """End the template and pool; returns once every used sandbox is torn down."""
         with self._lock:
             self._stop()
+            if self._node_pool is not None:
+                self._node_pool.close()
+                self._node_pool = None
         self._teardown.drain()
 
     def template(self) -> Template:
@@ -250,12 +265,23 @@ class WarmStarter:
             fallbacks=self._fallbacks,
             pool=self._pool.stats() if self._pool is not None else None,
             cgroup_prefix=self.cgroup_prefix,
+            node_pool=self._node_pool.stats() if self._node_pool is not None else None,
         )
 
     # -- serving a run ---------------------------------------------------------------------
 
     def unservable(self, request: RunRequest) -> str | None:
         """Why this request starts cold, or None when a warm start can serve it."""
+        if request.language in NODE_LANGUAGES and self.config.mode == "pool":
+            return (
+                f"{request.language} programs start cold when the pool is filled once "
+                "(WarmConfig.refill off): Node waits only in a refilled pool"
+            )
+        if request.language in NODE_LANGUAGES:
+            return (
+                f"{request.language} programs start cold (the template is a python interpreter; "
+                "Node waits ready in the pool mode, WarmConfig(mode='pool'))"
+            )
         if request.language != "python":
             return f"{request.language} programs start cold (the template is a python interpreter)"
         if request.packages:
@@ -276,6 +302,15 @@ class WarmStarter:
         """The run's result, or why it must start cold instead (nothing ran then). ``sockets``:
         the run's ways out, moved into its sandbox as a mount tree (``outside.py``);
         ``on_output``: told the output as it is read."""
+        if request.language in NODE_LANGUAGES and self._node_pool is not None:
+            node = self._node_pool.run(
+                request, run_id=run_id, collect=collect, sockets=sockets, on_output=on_output
+            )
+            if isinstance(node, str):
+                self._fallbacks += 1
+            else:
+                self._runs += 1
+            return node
         reason = self.unservable(request)
         if reason is not None:
             self._fallbacks += 1
