@@ -27,7 +27,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "checks-evasions.md"
 @dataclass(frozen=True)
 class Evasion:
     id: str
-    language: Literal["python", "bash"]
+    language: Literal["python", "bash", "javascript", "typescript"]
     code: str
     expected: Literal["caught", "missed"]
     rule: str = ""
@@ -187,6 +187,77 @@ TABLE: tuple[Evasion, ...] = (
             "missed"),
     Evasion("sh-script-written", "bash", "echo 'curl https://example.com/x' > run.sh\nsh run.sh",
             "missed", note="a script written at run time is never seen"),
+    # -- JavaScript: string-built and aliased loads -----------------------------------------
+    Evasion("js-concat-require", "javascript", 'require("child_" + "process").execSync("id")',
+            "caught", "js.process", "`+` of literals is folded; the built name is also flagged"),
+    Evasion("js-template-require", "javascript",
+            'const m = "process";\nrequire(`child_${m}`).execSync("id")',
+            "caught", "js.process", "template literals fold when their substitutions do"),
+    Evasion("js-join-require", "javascript",
+            'require(["child", "process"].join("_")).execSync("id")', "caught", "js.process"),
+    Evasion("js-reversed-require", "javascript",
+            'require("ssecorp_dlihc".split("").reverse().join(""))', "caught", "js.process"),
+    Evasion("js-require-alias", "javascript",
+            'const r = require;\nr("child_process").execSync("id")',
+            "caught", "js.process", "aliases are followed; `require` as a value is flagged too"),
+    Evasion("js-destructured-alias", "javascript",
+            'const { execSync: e } = require("node:child_process");\ne("id")',
+            "caught", "js.process"),
+    Evasion("js-global-require", "javascript", 'globalThis["req" + "uire"]("child_process")',
+            "caught", "js.process", "a constant key into the global object is resolved"),
+    Evasion("js-require-call", "javascript", 'require.call(null, "child_process")',
+            "caught", "js.process", "also `require.apply`, `module.require`, `createRequire`"),
+    Evasion("js-main-module", "javascript", 'process.mainModule.require("child_process")',
+            "caught", "js.process"),
+    Evasion("js-import-computed", "javascript", 'const m = await import("node:" + name);',
+            "caught", "js.dynamic-code", "a computed module name is itself a finding"),
+    Evasion("js-import-data-url", "javascript",
+            'await import("data:text/javascript,process.exit(1)")',
+            "caught", "js.dynamic-code", "code from a URL is a deny"),
+    Evasion("ts-import-require", "typescript", 'import cp = require("child_process");',
+            "caught", "js.process", "TypeScript goes through the same rules"),
+    # -- JavaScript: dynamic code and Node's internals ---------------------------------------
+    Evasion("js-eval-built", "javascript", 'eval("req" + "uire(\'child_process\')")',
+            "caught", "js.process", "a constant string given to eval is checked in turn"),
+    Evasion("js-eval-decoded", "javascript",
+            'eval(atob("cmVxdWlyZSgnY2hpbGRfcHJvY2VzcycpKQ=="))',
+            "caught", "js.dynamic-code", "`eval` of anything but a literal is a deny"),
+    Evasion("js-indirect-eval", "javascript", "(0, eval)(payload)", "caught", "js.dynamic-code"),
+    Evasion("js-constructor-chain", "javascript",
+            '({}).constructor.constructor("return process")()', "caught", "js.dynamic-code",
+            "the constructor chain reaches Function: a deny"),
+    Evasion("js-async-function", "javascript",
+            'Object.getPrototypeOf(async () => {}).constructor("return process")()',
+            "caught", "js.dynamic-code"),
+    Evasion("js-string-timer", "javascript", 'setTimeout("require(\'child_process\')", 0)',
+            "caught", "js.process"),
+    Evasion("js-binding-built", "javascript", 'process["bind" + "ing"]("spawn_sync")',
+            "caught", "js.native"),
+    Evasion("js-reflect-binding", "javascript",
+            'Reflect.get(process, "bin" + "ding")("spawn_sync")', "caught", "js.native"),
+    Evasion("js-destructured-binding", "javascript",
+            'const { binding: b } = process;\nb("spawn_sync")', "caught", "js.native"),
+    Evasion("js-computed-key", "javascript", 'process[atob("YmluZGluZw==")]("spawn_sync")',
+            "caught", "js.reflection", "a computed key into process is a finding"),
+    Evasion("js-fetch-alias", "javascript", 'const f = globalThis["fe" + "tch"];\nf("https://x.example")',
+            "caught", "js.network"),
+    Evasion("js-this-global", "javascript", 'Function("return this")().process.binding("fs")',
+            "caught", "js.dynamic-code", "caught only as a constant Function (a warning): the "
+            "global object it returns is not followed"),
+    # -- JavaScript: what is missed ----------------------------------------------------------
+    Evasion("js-container", "javascript", 'const p = [process][0];\np.binding("spawn_sync")',
+            "missed", note="values are not followed through containers (Node's permission model "
+            "refuses process.binding at run time)"),
+    Evasion("js-function-return", "javascript",
+            'function g() {\n  return process;\n}\ng().binding("spawn_sync")',
+            "missed", note="nor through function returns"),
+    Evasion("js-write-then-require", "javascript",
+            'fs.writeFileSync("m.js", "require(\'child_process\')");\nrequire("./m.js")',
+            "missed", note="code written at run time is never seen"),
+    Evasion("js-path-from-bytes", "javascript",
+            "fs.readFileSync(Buffer.from([47, 101, 116, 99, 47, 115, 104, 97, 100, 111, 119])"
+            ".toString())",
+            "missed", note="paths built from non-string data are not folded"),
 )  # fmt: skip
 
 
@@ -221,6 +292,7 @@ def test_table_records_misses_honestly() -> None:
     # The table is a record, not a boast: it must keep listing tricks that get through.
     assert any(e.expected == "missed" for e in TABLE if e.language == "python")
     assert any(e.expected == "missed" for e in TABLE if e.language == "bash")
+    assert any(e.expected == "missed" for e in TABLE if e.language == "javascript")
 
 
 def render() -> str:
@@ -240,6 +312,15 @@ def render() -> str:
         "allowlist alone) and no network. *Caught* means at least one `warning` or `deny`",
         "finding, including the rule in *caught by*; *all findings* lists every rule that",
         "fired (`info` findings left out).",
+        "",
+        "JavaScript and TypeScript are read on a real parse (tree-sitter) and resolved as",
+        "Python is: aliases, destructuring, strings built from literals, constant keys into",
+        "`globalThis` and `process`, `require.call`, `createRequire` and `import()`. Behind",
+        "them Node runs with its permission model (`sandcell.runtimes.node.flags`:",
+        "`--permission`), which refuses child processes, worker threads, native addons,",
+        "`process.binding`, WASI and the inspector at run time, and writes outside the",
+        "workspace, `/tmp` and `/dev/shm`: that wall, and the sandbox around it, hold what",
+        "the checks miss below.",
         "",
         f"**{caught} caught, {len(TABLE) - caught} missed, of {len(TABLE)}.**",
         "",

@@ -20,7 +20,7 @@ from sandcell.policy._profile_sections import RUNTIME_IMPORTS
 from sandcell.policy.checks import Decision, Finding, check, decide
 from sandcell.policy.profiles import Profile
 from sandcell.runtimes.offer import DEFAULT_OFFER
-from sandcell.spec import DEFAULT_RUNTIME, Language, RunRequest
+from sandcell.spec import DEFAULT_RUNTIME, NODE_LANGUAGES, Language, RunRequest
 
 _CACHED_CODE_CHARS = 64 * 1024
 """Programs up to this size have their check findings kept (see :func:`_checked`)."""
@@ -86,7 +86,9 @@ def admit(
     runtime = _runtime_of(request, profile)
     allowlist = profile.import_allowlist()
     if allowlist is not None and RUNTIME_IMPORTS in allowlist:
-        allowlist = (allowlist - {RUNTIME_IMPORTS}) | _offered(runtime)
+        node = request.language in NODE_LANGUAGES
+        offered = _node_offered() if node else _offered(runtime)
+        allowlist = (allowlist - {RUNTIME_IMPORTS}) | offered
     packages: tuple[Path, ...] = request.packages
     package_findings: tuple[Finding, ...] = ()
     if cache is not None and request.language == "python":
@@ -151,6 +153,16 @@ def _offered(runtime: str) -> frozenset[str]:
     from sandcell.runtimes.offer import offer
 
     return offer(runtime).offered
+
+
+@lru_cache(maxsize=1)
+def _node_offered() -> frozenset[str]:
+    """What ``@runtime`` allows a JavaScript or TypeScript program: the Node runtime's locked
+    packages (Node's safe built-ins are added by the checks themselves, as the safe standard
+    library is for Python)."""
+    from sandcell.runtimes.node.locked import locked_packages
+
+    return frozenset(locked_packages())
 
 
 def _checked(

@@ -29,6 +29,7 @@ from sandcell.policy.checks.findings import (
     decide,
     snippet_of,
 )
+from sandcell.policy.checks.js_rules import NODE_SAFE_BUILTINS, check_javascript
 from sandcell.policy.checks.python_rules import SAFE_STDLIB, check_python
 from sandcell.policy.checks.shell_escapes import misused, shell_escapes
 from sandcell.policy.checks.shell_rules import check_shell
@@ -36,6 +37,7 @@ from sandcell.spec import Language
 
 __all__ = [
     "APPROVAL_MODES",
+    "NODE_SAFE_BUILTINS",
     "RULES",
     "SAFE_STDLIB",
     "SEVERITIES",
@@ -45,6 +47,7 @@ __all__ = [
     "Severity",
     "Verdict",
     "check",
+    "check_javascript",
     "check_python",
     "check_shell",
     "decide",
@@ -59,9 +62,10 @@ def check(
     network: bool,
     bash: bool = True,
 ) -> list[Finding]:
-    """Findings for ``code`` in ``language`` (``python`` or ``bash``), in source order.
+    """Findings for ``code`` in ``language``, in source order.
 
-    ``allowed_imports`` is the profile's package allowlist for Python (``None``: any import);
+    ``allowed_imports`` is the profile's package allowlist for the language (``None``: any
+    import; for JavaScript and TypeScript, Node's safe built-ins are added to it);
     ``network`` says whether the profile gives the run a network; ``bash`` whether it allows
     Bash programs. A Python cell's shell escapes (:mod:`.shell_escapes`) are checked as the
     Bash programs they are, their findings placed at the escape's line.
@@ -72,6 +76,14 @@ def check(
         return sorted(findings + escapes, key=lambda f: f.line) if escapes else findings
     if language == "bash":
         return check_shell(code, network=network)
+    if language == "javascript":
+        return check_javascript(
+            code, typescript=False, allowed_imports=allowed_imports, network=network
+        )
+    if language == "typescript":
+        return check_javascript(
+            code, typescript=True, allowed_imports=allowed_imports, network=network
+        )
     assert_never(language)
 
 

@@ -55,6 +55,18 @@ RULES: dict[str, str] = {
     "sh.destroy": "rm -rf /, mkfs, dd to a device, fork bombs (deny)",
     "sh.background": "processes that outlive the command: &, nohup, setsid, disown",
     "sh.eval": "code known only at run time: eval, computed names, text piped into a shell",
+    "js.syntax": "JavaScript or TypeScript that does not parse (deny: it cannot run)",
+    "js.import": "a module outside the profile's allowlist (Node's safe built-ins and the "
+    "runtime's locked packages)",
+    "js.process": "processes and threads: child_process, cluster, worker_threads",
+    "js.native": "native code: process.dlopen, process.binding, .node addons, wasi (deny)",
+    "js.dynamic-code": "eval, Function, vm, string timers, the constructor chain, computed "
+    "require()/import() (deny if computed)",
+    "js.reflection": "computed keys into globalThis, process, module or require; Reflect and "
+    "Proxy on them",
+    "js.network": "network modules, fetch, WebSocket and URLs when the profile has no network",
+    "js.path": "path literals outside the workspace and inputs",
+    "js.inspector": "the inspector module and debugger flags (deny)",
 }
 """Every rule id the checks emit, with what it is about; profiles refer to these ids."""
 
