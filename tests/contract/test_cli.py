@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_cli
+from tests.conftest import run_cli, runtime_required
 
 from sandcell import Executor, RunRequest, RunResult
 from sandcell.backends.host import cgroups
@@ -88,6 +88,21 @@ def test_run_file(home: Path, tmp_path: Path) -> None:
     p = sandcell(home, "run", str(prog))
     assert p.returncode == 0, p.stderr
     assert p.stdout == "from file True\n"
+
+
+def test_run_javascript_and_typescript(home: Path, tmp_path: Path) -> None:
+    runtime_required("node")
+    program = 'const _ = require("lodash");\nconsole.log(_.sum([40, 2]), process.version);\n'
+    p = sandcell(home, "run", "--lang", "js", "-c", program)
+    assert (p.returncode, p.stdout) == (0, "42 v22.23.5\n"), p.stderr
+    prog = tmp_path / "main.ts"
+    prog.write_text("const n: number = 6;\nconsole.log(n * 7);\n")
+    p = sandcell(home, "run", "--lang", "TypeScript", "--json", str(prog))
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert (result["outcome"], result["stdout"]) == ("ok", "42\n"), result
+    p = sandcell(home, "run", "--lang", "ruby", "-c", "puts 1")
+    assert p.returncode == 2 and "unknown language 'ruby'" in p.stderr, p.stderr
 
 
 def test_run_program_from_stdin(home: Path) -> None:

@@ -365,10 +365,19 @@ def test_secret_shaped_tokens_in_the_diff_are_findings(executor: Executor, repo:
 
 
 def test_changed_code_goes_through_the_static_checks(executor: Executor, repo: Path) -> None:
-    result = run(executor, repo, "printf 'import socket\\nsocket.socket()\\n' > net.py")
+    result = run(
+        executor,
+        repo,
+        "printf 'import socket\\nsocket.socket()\\n' > net.py; "
+        "printf 'const n: number = 1;\\nprocess.dlopen(module, \"/x.node\");\\n' > load.ts; "
+        "printf 'eval(\"1\" + n)\\n' > tool.cjs",
+    )
     rec = load(executor.audit, executor.store, result.run_id)
     code = [f for f in rec.findings if f["check"] == "code"]
-    assert code and all(f["path"] == "net.py" for f in code), rec.findings
+    assert {f["path"] for f in code} == {"net.py", "load.ts", "tool.cjs"}, rec.findings
+    # Each file is judged in its own language, at its own line.
+    assert ("load.ts", "js.native", 2) in {(f["path"], f["what"], f["line"]) for f in code}
+    assert ("tool.cjs", "js.dynamic-code", 1) in {(f["path"], f["what"], f["line"]) for f in code}
 
 
 def test_cli_show_approve_apply(repo: Path, tmp_path: Path) -> None:

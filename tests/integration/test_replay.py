@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.conftest import backend_unavailable, run_cli
+from tests.conftest import backend_unavailable, run_cli, runtime_required
 from tests.unit.test_packages import make_wheel
 
 from sandcell.errors import IsolationUnavailable
@@ -157,6 +157,19 @@ def test_wheel_cache_packages_by_hash(home: Path, tmp_path: Path) -> None:
         ex.wheels.prepare_files([make_wheel(tmp_path / "v2", version="2.0", files=upgrade)])
         with pytest.raises(ReplayRefused, match=r"package tinypkg .* changed in the wheel cache"):
             ex.replay(original.run_id)
+
+
+def test_a_typescript_run_is_replayed_on_the_node_runtime(ex: Executor) -> None:
+    runtime_required("node")
+    code = 'const n: number = 42;\nconsole.log(require("lodash").sum([n, 0]));\n'
+    original = ex.run(RunRequest(code=code, language="typescript", stdin=b"x"))
+    assert (original.outcome, original.stdout) == (Outcome.OK, "42\n"), original.stderr
+
+    report = ex.replay(original.run_id)
+
+    assert report.matched and report.plan.exact, report.to_dict()
+    assert report.plan.request.language == "typescript"
+    assert _record(ex, report.result.run_id)["runtime"] == _record(ex, original.run_id)["runtime"]
 
 
 def test_non_deterministic_program_is_reported_differing(ex: Executor) -> None:

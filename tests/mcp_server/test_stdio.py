@@ -11,6 +11,7 @@ import pytest
 from mcp import Client
 from mcp.client.context import ClientRequestContext
 from mcp.types import BlobResourceContents, ElicitRequestParams, ElicitResult, EmbeddedResource
+from tests.conftest import runtime_required
 
 from sandcell.audit import AuditLog
 from sandcell.policy.approvals import ApprovalStore
@@ -165,6 +166,36 @@ def test_bad_arguments_are_tool_errors_that_say_how_to_fix_them(mcp_home: Path) 
             assert_tool_error(await s.call_tool("get_artifact", {}), "sha256, or by run_id")
             assert_tool_error(
                 await s.call_tool("get_artifact", {"sha256": "0" * 64}), "no artifact"
+            )
+
+    anyio.run(scenario)
+
+
+def test_javascript_and_typescript_tools(mcp_home: Path) -> None:
+    runtime_required("node")
+    program = (
+        'const fs = require("fs");\nconst _ = require("lodash");\n'
+        'console.log(_.sum(fs.readFileSync("/inputs/n.txt", "utf8").split(",").map(Number)));\n'
+    )
+    inputs = [{"name": "n.txt", "text": "40,2"}]
+
+    async def scenario() -> None:
+        async with stdio_session(
+            mcp_home, "--profile", "unchecked", "--allow-profile", "strict"
+        ) as s:
+            r = await s.call_tool("run_javascript", {"code": program, "inputs": inputs})
+            assert (structured(r)["outcome"], structured(r)["stdout"]) == ("ok", "42\n"), text(r)
+            typed = "const n: number = 42;\nconsole.log(n);\n"
+            r = await s.call_tool("run_typescript", {"code": typed})
+            assert (structured(r)["outcome"], structured(r)["stdout"]) == ("ok", "42\n"), text(r)
+            # No child processes: Node's permission model refuses them.
+            spawn = 'require("child_process").execSync("id")'
+            r = await s.call_tool("run_javascript", {"code": spawn})
+            assert structured(r)["outcome"] == "error", text(r)
+            assert "ERR_ACCESS_DENIED" in structured(r)["stderr"], text(r)
+            assert_tool_error(
+                await s.call_tool("run_javascript", {"code": "1", "profile": "strict"}),
+                "does not allow javascript",
             )
 
     anyio.run(scenario)

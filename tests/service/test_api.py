@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import httpx2
+from tests.conftest import runtime_required
 from tests.service.server import ServiceProcess, add_tenant
 
 
@@ -153,6 +154,10 @@ def test_bad_input_is_a_problem_naming_the_field(service: ServiceProcess, home: 
         )
         body = _problem(c.post("/v1/runs", json={"code": "pass", "language": "cobol"}), 422)
         assert body["errors"][0]["field"] == "body.language"
+        assert "javascript" in str(body["errors"][0])  # the names there are
+        # A short name is the language; strict does not run it (a 400 saying so, not a 422).
+        body = _problem(c.post("/v1/runs", json={"code": "1", "language": "js"}), 400)
+        assert "does not allow javascript programs" in str(body["detail"])
         body = _problem(c.post("/v1/runs", json={"code": "pass", "backend": "bogus"}), 400)
         assert "bogus" in str(body["detail"])
         body = _problem(c.post("/v1/runs", json={"code": "pass", "backend": "gvisor"}), 400)
@@ -170,6 +175,25 @@ def test_bad_input_is_a_problem_naming_the_field(service: ServiceProcess, home: 
         _problem(c.get("/v1/runs/nope"), 404)
         _problem(c.get("/v1/nothing-here"), 404)
         _problem(c.delete("/v1/runs"), 405)
+
+
+def test_javascript_and_typescript_runs(service: ServiceProcess, home: Path) -> None:
+    runtime_required("node")
+    key = add_tenant(home, "api-node", profiles=("unchecked",))
+    program = 'const _ = require("lodash");\nconsole.log(_.sum([40, 2]), process.version);\n'
+    with service.client(key) as c:
+        for language, code in (
+            ("js", program),
+            ("typescript", "const n: number = 42;\n" + program),
+        ):
+            r = c.post("/v1/runs", json={"code": code, "language": language})
+            assert r.status_code == 200, r.text
+            result = r.json()["result"]
+            assert (result["outcome"], result["stdout"]) == ("ok", "42 v22.23.5\n"), result
+            assert result["runtime"]["name"] == "node"
+            record = c.get(f"/v1/audit/{result['run_id']}").json()["record"]
+            full = "javascript" if language == "js" else "typescript"
+            assert record["language"] == full
 
 
 def test_a_tenant_whose_profile_disappeared_gets_a_400(service: ServiceProcess, home: Path) -> None:

@@ -392,6 +392,10 @@ def test_javascript_and_typescript_are_allowed_where_a_profile_names_them(tmp_pa
         assert not profile.allows_language("typescript"), name
     unchecked = load_profile("unchecked")
     assert unchecked.runtime.languages == ("python", "bash", "javascript", "typescript")
+    # "No static check runs": every rule of every language, JavaScript's included.
+    from sandcell.policy.checks.findings import RULES
+
+    assert set(RULES) <= set(unchecked.checks.disabled)
     node = load_profile(
         str(write(tmp_path, "node.toml", '[runtime]\nlanguages = ["javascript"]\n'))
     )

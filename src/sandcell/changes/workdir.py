@@ -114,7 +114,16 @@ def store_bytes(store: ArtifactStore, data: bytes, max_bytes: int) -> tuple[str,
         os.close(fd)
 
 
-_CHECKED: dict[str, Language] = {".py": "python", ".sh": "bash"}
+_CHECKED: dict[str, Language] = {
+    ".py": "python",
+    ".sh": "bash",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+}
 
 
 def code_language(path: str, data: bytes) -> Language | None:
@@ -128,14 +137,17 @@ def code_language(path: str, data: bytes) -> Language | None:
         return "python"
     if first.rstrip().endswith((b"sh", b"bash", b"dash")):
         return "bash"
+    if b"node" in first:
+        return "javascript"
     return None
 
 
 def findings(cs: ChangeSet, known_secrets: tuple[str, ...]) -> list[dict[str, object]]:
     """The checks' findings on a change set: secret-shaped tokens and the host's secrets in the
-    patch (as in any exported file), and the static code checks on every changed Python or
-    shell file (as they judge a program before it runs), each naming where. A code file the
-    checks cannot read as text (a NUL byte, not UTF-8) is a finding itself, never skipped."""
+    patch (as in any exported file), and the static code checks on every changed Python,
+    shell, JavaScript or TypeScript file (as they judge a program before it runs), each naming
+    where. A code file the checks cannot read as text (a NUL byte, not UTF-8) is a finding
+    itself, never skipped."""
     out: list[dict[str, object]] = [
         {
             "check": "secrets",

@@ -73,7 +73,7 @@ LIMIT_KEYS: Mapping[str, tuple[str, int]] = MappingProxyType(
 )
 """TOML key under ``[limits]`` and ``[ceilings]`` -> (:class:`Limits` field, unit in bytes)."""
 
-_RULE_ID = re.compile(r"^(py|sh)\.[a-z0-9-]+$")
+_RULE_ID = re.compile(r"^(py|sh|js)\.[a-z0-9-]+$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
@@ -362,7 +362,7 @@ class CheckRules:
             if not _RULE_ID.match(rule):
                 where = "disabled" if rule in self.disabled else "severity"
                 raise SectionError(
-                    f"{rule!r} is not a rule id (like 'py.process' or 'sh.network-tool')",
+                    f"{rule!r} is not a rule id (like 'py.process', 'sh.network' or 'js.process')",
                     where,
                     rule,
                 )
