@@ -269,7 +269,7 @@ class _Checker:
         elif kind == "export_statement":
             source = node.child_by_field_name("source")
             if source is not None:
-                self._on_specifier(node, source, "export from")
+                self._on_specifier(node, source, "re-export")
         elif kind in {"call_expression", "new_expression"}:
             self._on_call(node)
             if kind == "call_expression" and self.names.callee(node)[0] == "Reflect.get":
