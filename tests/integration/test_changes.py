@@ -481,9 +481,13 @@ def test_the_agent_answers_with_the_patch_and_its_tests(executor: Executor, repo
     from sandcell.agent import Agent
     from sandcell.models.fake import ScriptedModel
 
-    model = ScriptedModel([FIX_TURN, FIX_ANSWER])
+    # A JavaScript program first: unchecked runs JavaScript, but not in a working directory;
+    # the model is told so and writes the Bash one.
+    second = FIX_ANSWER.replace('"run": "1"', '"run": "2"')  # the Bash run is attempt 2
+    model = ScriptedModel(["```js\nconsole.log(1)\n```", FIX_TURN, second])
     answer = Agent(executor, model).ask("Fix the failing test of this repository.", workdir=repo)
     assert answer.stop_reason == "answered", answer.message
+    assert "cannot run in this task's working directory" in model.calls[1][-1].content
     assert "copy of the repository 'repo'" in model.calls[0][-1].content
     assert answer.run_ids and {"changes.patch", "changes.json"} <= {
         a.path for a in answer.artifacts

@@ -16,6 +16,7 @@ __all__ = [
     "fallback",
     "held_for_approval",
     "language_refused",
+    "language_refused_in_workdir",
     "not_run",
     "observation",
     "prose_rejected",
@@ -173,6 +174,13 @@ def language_refused(language: Language, allowed: Sequence[str]) -> str:
     return (
         f"That program is {language}, which this profile does not run; it allows: "
         f"{', '.join(allowed)}. Write the program in {allowed[0]}."
+    )
+
+
+def language_refused_in_workdir(language: Language) -> str:
+    return (
+        f"That program is {language}, which cannot run in this task's working directory (its "
+        "changes are recorded around Python and Bash programs only). Write it in Python or Bash."
     )
 
 

@@ -65,7 +65,15 @@ from sandcell.models.base import (
     tool_calling_of,
 )
 from sandcell.policy.profiles import Profile, load_profile
-from sandcell.spec import InputFile, Limits, Outcome, RunRequest, RunResult, input_from_path
+from sandcell.spec import (
+    NODE_LANGUAGES,
+    InputFile,
+    Limits,
+    Outcome,
+    RunRequest,
+    RunResult,
+    input_from_path,
+)
 
 if TYPE_CHECKING:
     from sandcell.executor import ApprovalCallback, Executor
@@ -339,8 +347,16 @@ class Agent:
         """Run one program: None on success, a failure (kind, feedback), or the final stop."""
         index = len(task.attempts) + 1
         prof, limits = task.profile, task.limits
+        refused = None
         if not prof.allows_language(block.language):
             message = feedback.language_refused(block.language, prof.runtime.languages)
+            refused = f"profile {prof.name!r} does not run {block.language}"
+        elif task.workdir is not None and block.language in NODE_LANGUAGES:
+            # A working directory's changes are recorded by a Python frame Node cannot run in
+            # (sandcell.changes.run): said to the model, as a language the profile refuses.
+            message = feedback.language_refused_in_workdir(block.language)
+            refused = f"a {block.language} program cannot run in a working directory"
+        if refused is not None:
             task.attempts.append(
                 Attempt(
                     index=index,
@@ -349,7 +365,7 @@ class Agent:
                     code=block.code,
                     run_id=None,
                     outcome="denied",
-                    reason=f"profile {prof.name!r} does not run {block.language}",
+                    reason=refused,
                     feedback=message,
                 )
             )
