@@ -47,6 +47,8 @@ def language_named(name: str) -> Language:
             f"unknown language {name!r}; choose one of {', '.join(LANGUAGES)} (or js, ts, sh)"
         )
     return language
+
+
 DEFAULT_RUNTIME = "default"
 """The runtime that is the environment sandcell itself runs in (see :mod:`sandcell.runtimes`)."""
 

@@ -173,7 +173,7 @@ def test_unserved_language_is_refused(sbx: Sandbox) -> None:
     with pytest.raises(SandboxException, match="not served"):
         sbx.run_code("puts 1", language="ruby")
     # JavaScript has no session kernel here: the refusal says where it runs one-shot.
-    with pytest.raises(SandboxException, match="not served.*run_javascript"):
+    with pytest.raises(SandboxException, match=r"not served.*run_javascript"):
         sbx.run_code("console.log(1)", language="js")
 
 

@@ -113,5 +113,5 @@ def test_an_address_where_no_cluster_listens_fails_at_once(tmp_path: Path) -> No
 def test_run_program_refuses_an_unknown_language_before_any_sandbox() -> None:
     from sandcell.ray.api import run_program
 
-    with pytest.raises(ConfigError, match="unknown language 'ruby'.*javascript, typescript"):
+    with pytest.raises(ConfigError, match=r"unknown language 'ruby'.*javascript, typescript"):
         run_program("puts 1", language="ruby")
