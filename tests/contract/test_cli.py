@@ -433,7 +433,7 @@ def test_main_usage_error_raises_system_exit_2(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as exc:
         main(["run", "--lang", "cobol", "-c", "x"])
     assert exc.value.code == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert "argument --lang: unknown language 'cobol'" in capsys.readouterr().err
 
 
 # -- asyncio -----------------------------------------------------------------------------------

@@ -288,7 +288,7 @@ def test_bad_input_gets_the_full_command_lines_error(
         (("run", "-c", "x", "prog.py"), 78, "either as FILE or with -c"),
         (("run",), 78, "no program given"),
         (("run", str(tmp_path / "missing.py")), 78, "does not exist"),
-        (("run", "--lang", "cobol", "-c", "x"), 2, "invalid choice"),
+        (("run", "--lang", "cobol", "-c", "x"), 2, "unknown language 'cobol'"),
         (("run", "-c", "x", "--profile", "./mine.toml"), 78, "named profiles"),
     ):
         fast, full, sent = _both(args, home=home, env=env, tmp=tmp_path)
