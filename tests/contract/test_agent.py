@@ -17,12 +17,13 @@ from tests.contract.test_model_adapters import ProviderServer, Received, Reply
 from sandcell import Executor, Limits, RunRequest
 from sandcell.agent import Agent, Answer, Budget, Event, as_tool
 from sandcell.agent.paused import ResumeError
-from sandcell.agent.tools import TOOLS
+from sandcell.agent.tools import tools_for
 from sandcell.errors import ConfigError, ModelError, ModelRateLimited
 from sandcell.models.anthropic_messages import AnthropicMessagesModel
 from sandcell.models.base import Message
 from sandcell.models.fake import FunctionModel, Scripted, ScriptedModel, Turn, call
 from sandcell.models.openai_chat import OpenAIChatModel
+from sandcell.policy.profiles import load_profile
 
 SALES = Path(__file__).resolve().parents[2] / "examples" / "sales.csv"
 
@@ -422,7 +423,7 @@ def test_a_native_conversation_resumes_into_the_pending_tool_call(executor: Exec
     assert result.stop_reason == "answered", result.message
     last = resumed.calls[0][-1]
     assert last.role == "tool" and last.tool_call_id == run.id and "6.77" in last.content
-    assert resumed.tools[0] == TOOLS
+    assert resumed.tools[0] == tools_for(load_profile("supervised"))
 
 
 # --- Prose answers ----------------------------------------------------------------------------
@@ -484,7 +485,7 @@ def test_native_tool_calls_with_a_fake_model(executor: Executor) -> None:
     result = Agent(executor, model).ask("What is the conversion rate?", inputs=[SALES])
     assert result.stop_reason == "answered", result.message
     assert result.figures[0].value == 6.77 and result.figures[0].run_id == result.run_ids[0]
-    assert model.tools == [TOOLS, TOOLS]
+    assert model.tools == [tools_for(executor.profile)] * 2
     system, _, turn, observed = model.calls[1]
     assert "run_code runs a program" in system.content and "```answer" not in system.content
     assert turn.tool_calls == (run,) and turn.content == "Counting."
