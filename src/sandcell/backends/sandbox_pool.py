@@ -11,7 +11,9 @@ A sandbox is made for one shape of run (:class:`Shape`): its limits (the cgroup,
 workspace's size), environment, packages and isolation mode are fixed when it starts. The pool
 keeps the shape of the last run it served; a run of another shape starts cold and the pool
 fills for that shape from then on (without ``WarmConfig.refill`` the pool is filled once and
-keeps its shape). A pool made without a first shape (``first=None``) starts nothing until a run
+keeps its shape). Within a shape, the next sandboxes are started for the last run's request:
+what the shape leaves out may still prepare them for it (the Node pool's language). A pool
+made without a first shape (``first=None``) starts nothing until a run
 asks for one: a pool for a language few runs use costs nothing until one does.
 """
 
@@ -67,6 +69,11 @@ class Shape:
             runtime=request.runtime,
             display=request.display,
         )
+
+
+def _blank(request: RunRequest) -> RunRequest:
+    """The request a pooled sandbox is started for: ``request`` without its program."""
+    return replace(request, code="", stdin=b"", exports=())
 
 
 class PooledSandbox(Protocol):
@@ -143,7 +150,7 @@ class SandboxPool(Generic[S]):
             with self._cond:
                 self._starting -= 1
                 if sandbox is not None:
-                    if self._closed or self._shape_request is not request:
+                    if self._closed or Shape.of(request) != self._shape():
                         self.destroy(sandbox)
                         self.discarded += 1
                     else:
@@ -179,7 +186,7 @@ class SandboxPool(Generic[S]):
                     return None, 0.0, "the pool was filled once for runs of another shape"
                 # The pool follows the runs: drop what waits for another shape, fill for this one.
                 first = self._shape_request is None
-                self._shape_request = replace(request, code="", stdin=b"", exports=())
+                self._shape_request = _blank(request)
                 stale = list(self._ready)
                 self._ready.clear()
                 self.discarded += len(stale)
@@ -189,6 +196,9 @@ class SandboxPool(Generic[S]):
                 if first:
                     return None, 0.0, "the pool starts with the first run that needs it"
                 return None, 0.0, "no pooled sandbox of this run's shape was ready"
+            # The next sandboxes are made for this request (what its shape leaves out, such as
+            # its language, may still let a sandbox prepare better for the runs to come).
+            self._shape_request = _blank(request)
             while not self._closed:
                 while self._ready:
                     got_shape, sb = self._ready.popleft()

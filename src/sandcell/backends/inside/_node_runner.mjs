@@ -1,25 +1,27 @@
 // sandcell's pooled Node.js sandbox: Node started ahead, waiting to become one program.
 // Standalone: it imports nothing of sandcell, and runs inside the sandbox only.
 //
-//   node [the runtime's permission flags] /sandcell/node_runner.mjs pooled
+//   node [the runtime's permission flags] /sandcell/node_runner.mjs [typescript] pooled
 //
 // Fd 0 is the host's channel (4-byte big-endian length, then UTF-8 JSON, as the session
 // kernel's). The runner says {"op": "hello", "pid": PID}, then blocks in read() until the host
 // sends {"op": "run", "path": "/sandcell/main.js"} (or main.ts), having written that file into
-// the control directory, and answers {"op": "started"}. The channel is then closed and /dev/null takes fd 0 (a cold run's
-// program has no input either), argv becomes what `node main.js` gives, and Node's own entry
-// point runs the program: CommonJS or ESM by Node's syntax detection, TypeScript's types
-// stripped, exit codes, uncaught errors and rejections exactly as for `node main.js` (the
-// stack's last frames name this file's timer instead of Node's main). Whatever the program
-// does, this process ends with it, and the sandbox is destroyed: nothing here is trusted by
-// the host beyond the hello's framing.
+// the control directory, and answers {"op": "started"}. The channel is then closed and
+// /dev/null takes fd 0 (a cold run's program has an empty input too), argv becomes what
+// `node main.js` gives, and Node's own entry point runs the program: CommonJS or ESM by Node's
+// syntax detection, TypeScript's types stripped, exit codes, uncaught errors and rejections
+// exactly as for `node main.js` (the stack's last frames name this file's timer instead of
+// Node's main). Whatever the program does, this process ends with it, and the sandbox is
+// destroyed: nothing here is trusted by the host beyond the hello's framing.
 
 import fs from "node:fs";
 import Module from "node:module";
+import util from "node:util";
 
 const CHANNEL = 0;
 const PROGRAMS = new Set(["/sandcell/main.js", "/sandcell/main.ts"]);
 const MAX_MESSAGE = 64 * 1024;
+const WARM_TS = "/sandcell/node_warm.ts";
 
 function fail(text) {
   fs.writeSync(2, `sandcell-node-runner: ${text}\n`);
@@ -62,6 +64,16 @@ function receive() {
   return JSON.parse(body.toString("utf8"));
 }
 
+// What a program's start would do anyway, done while waiting where nothing of it shows: the
+// formatting every console.log goes through (a millisecond of a first call's CPU), and with
+// "typescript" Node's type stripper, loaded by a TypeScript module of sandcell's and forgotten
+// again (about 100 ms). process.stdout itself is not made: that would set fd 1 non-blocking
+// under a program that writes to it with fs.writeSync only.
+if (process.argv[2] === "typescript") {
+  Module.createRequire(import.meta.url)(WARM_TS);
+  delete Module._cache[WARM_TS];
+}
+util.format("%s", 1);
 send({ op: "hello", pid: process.pid });
 const msg = receive();
 // The host went away before a program came: the sandbox is being destroyed.
