@@ -40,6 +40,9 @@ class Entry:
     backend: str | None = None
     """The rung the session runs on; None in an entry written by an older server, which a
     listing still shows rather than sweeping a live session away as unreadable."""
+    language: str = "python"
+    """The language of the session's kernel (``Session.language``); ``python`` in an entry
+    written by an older server."""
 
     def alive(self) -> bool:
         return workspace.owner_alive(self.owner)

@@ -25,7 +25,7 @@ from sandcell.home import SHARED_DIR_ENV
 from sandcell.policy.profiles import Profile
 from sandcell.sessions.events import Event, record_event
 from sandcell.sessions.states import StateKind, StoredState
-from sandcell.spec import InputFile, IsolationMode, Limits
+from sandcell.spec import InputFile, IsolationMode, Limits, language_named
 
 if TYPE_CHECKING:
     from sandcell.audit import AuditEntry
@@ -185,6 +185,7 @@ def open_from(
         idle_timeout_s=s.idle_timeout_s,
         max_lifetime_s=s.max_lifetime_s,
         runtime=s.runtime,
+        language=language_named(s.language),
         on_idle="pause" if s.on_idle == "pause" else "end",
         paused_ttl_s=s.paused_ttl_s,
         owner=state.owner,

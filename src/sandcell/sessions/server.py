@@ -153,6 +153,7 @@ def serve(
                         created_at=session.created_at,
                         idle_timeout_s=session.idle_timeout_s,
                         max_lifetime_s=session.max_lifetime_s,
+                        language=session.language,
                     ),
                 )
                 os.write(ready_fd, b"ok\n")

@@ -67,6 +67,7 @@ from sandcell.sessions.states import (
     check_snapshot_name,
 )
 from sandcell.spec import (
+    NODE_LANGUAGES,
     Artifact,
     InputFile,
     IsolationMode,
@@ -88,6 +89,8 @@ DEFAULT_PAUSED_TTL_S = 30 * 24 * 3600.0
 """How long a paused session is kept before it is swept (its own ``paused_ttl_s``)."""
 
 OnIdle = Literal["end", "pause"]
+KERNEL_LANGUAGES: tuple[Language, ...] = ("python", *sorted(NODE_LANGUAGES))
+"""The languages a session's kernel runs (its ``language``)."""
 
 
 class SessionEnded(ConfigError):
@@ -112,6 +115,8 @@ class SessionInfo:
     """What its idle timeout does: ``end`` it, or ``pause`` it."""
     parent: str | None = None
     """The session it was forked or started from."""
+    language: str = "python"
+    """The language of its kernel's cells (``python``, ``javascript``, ``typescript``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,7 +171,14 @@ class Session(ProcessControl, PortAccess):
         restore: StoredState | None = None,
         parent: str | None = None,
         labels: Mapping[str, str] | None = None,
+        language: Language = "python",
     ) -> None:
+        if language not in KERNEL_LANGUAGES:
+            raise ConfigError(
+                f"a session's language is the one its kernel runs: one of "
+                f"{', '.join(KERNEL_LANGUAGES)}, not {language!r} (Bash cells run in any session "
+                "whose profile allows them: run(code, language='bash'))"
+            )
         if idle_timeout_s <= 0 or max_lifetime_s <= 0 or paused_ttl_s <= 0:
             raise ConfigError("idle_timeout_s, max_lifetime_s and paused_ttl_s must be positive")
         if on_idle not in ("end", "pause"):
@@ -199,6 +211,7 @@ class Session(ProcessControl, PortAccess):
         # its code.
         base = RunRequest(
             code="",
+            language=language,
             inputs=tuple(inputs),
             limits=limits,
             mode=mode,
@@ -273,6 +286,12 @@ class Session(ProcessControl, PortAccess):
     # -- state -----------------------------------------------------------------------------------
 
     @property
+    def language(self) -> Language:
+        """The language of the kernel's cells, chosen when the session was opened: ``python``
+        (the default), ``javascript`` or ``typescript`` (a Node kernel, ``_kernel.mjs``)."""
+        return self.request.language
+
+    @property
     def ended(self) -> str | None:
         """Why the session ended, or None while it is alive."""
         return self._ended
@@ -304,6 +323,7 @@ class Session(ProcessControl, PortAccess):
             ended=self._ended,
             on_idle=self.on_idle,
             parent=self.parent,
+            language=self.language,
         )
 
     def idle_deadline(self) -> float:
@@ -316,7 +336,7 @@ class Session(ProcessControl, PortAccess):
         self,
         code: str,
         *,
-        language: Language = "python",
+        language: Language | None = None,
         timeout_s: float | None = None,
         exports: Sequence[str] = (),
         on_output: OutputListener | None = None,
@@ -326,6 +346,8 @@ class Session(ProcessControl, PortAccess):
     ) -> RunResult:
         """Run one cell in the session; the result is also a run in the record.
 
+        ``language`` is the session's own (None, the default) or ``bash``; a cell in another
+        language than the kernel's is refused (open a session with that ``language``).
         ``language="bash"`` runs ``code`` with Bash in the session's sandbox and workspace
         (:mod:`sandcell.sessions.bash_cell`), with ``env`` added to its environment and ``cwd``
         (a path in the sandbox) as its working directory; the policy judges, and the record
@@ -344,15 +366,16 @@ class Session(ProcessControl, PortAccess):
         :meth:`Executor.run <sandcell.executor.Executor.run>` does. Raises
         :class:`SessionEnded` once the session has ended.
         """
-        if language == "python" and (env or (cwd is not None and scope is None)):
+        language = self._cell_language(language)
+        if language != "bash" and (env or (cwd is not None and scope is None)):
             raise ConfigError(
-                "env= applies to Bash cells, and cwd= to Bash cells or Python cells in a scope; "
-                "a Python cell shares the kernel's process, so set os.environ or call os.chdir "
-                "in the cell instead (or give the cell a scope= with its cwd=)"
+                "env= applies to Bash cells, and cwd= to Bash cells or kernel cells in a scope; "
+                "a kernel cell shares the kernel's process, so set the environment or change "
+                "directory in the cell instead (or give the cell a scope= with its cwd=)"
             )
-        if language != "python" and scope is not None:
+        if language == "bash" and scope is not None:
             raise ConfigError(
-                "scope= names a namespace of the Python kernel; a Bash cell is a program of "
+                "scope= names a namespace of the session's kernel; a Bash cell is a program of "
                 "its own, so give it cwd= and env= instead"
             )
         missing = lacking(self._sandbox, language)
@@ -413,6 +436,23 @@ class Session(ProcessControl, PortAccess):
                 self._end(self._sandbox.ended)
             self._wake.set()
             return result
+
+    def _cell_language(self, language: Language | None) -> Language:
+        """A cell's language: the kernel's, or Bash (run by a Python kernel)."""
+        if language is None or language == self.language:
+            return self.language
+        if language == "bash" and self.language == "python":
+            return language
+        if language == "bash":
+            raise ConfigError(
+                f"a {self.language} session runs no Bash cells: its Node kernel may not start "
+                "programs (Node's permission model refuses child processes); run Bash in a "
+                "Python session or as a run of its own (sandcell run --lang bash)"
+            )
+        raise ConfigError(
+            f"this session's kernel runs {self.language} cells, not {language}; open a session "
+            f"with language={language!r} for them"
+        )
 
     def _run_cell(
         self,
@@ -634,6 +674,7 @@ class Session(ProcessControl, PortAccess):
             mode=r.mode.value,
             landlock=r.landlock,
             runtime=r.runtime,
+            language=r.language,
             idle_timeout_s=self.idle_timeout_s,
             max_lifetime_s=self.max_lifetime_s,
             on_idle=self.on_idle,

@@ -100,6 +100,8 @@ class SessionSettings:
     max_lifetime_s: float
     on_idle: str
     paused_ttl_s: float
+    language: str = "python"
+    """The kernel's language (a state saved before sessions had one: ``python``)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -113,6 +115,7 @@ class SessionSettings:
             "max_lifetime_s": self.max_lifetime_s,
             "on_idle": self.on_idle,
             "paused_ttl_s": self.paused_ttl_s,
+            "language": self.language,
         }
 
     @classmethod
@@ -130,6 +133,7 @@ class SessionSettings:
             max_lifetime_s=float(d["max_lifetime_s"]),
             on_idle=str(d["on_idle"]),
             paused_ttl_s=float(d["paused_ttl_s"]),
+            language=str(d.get("language", "python")),
         )
 
 

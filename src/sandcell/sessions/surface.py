@@ -19,7 +19,7 @@ from sandcell.sessions.session import (
     Session,
 )
 from sandcell.sessions.states import StateNotFound, StateStore, StoredState
-from sandcell.spec import InputFile, IsolationMode, Limits
+from sandcell.spec import InputFile, IsolationMode, Language, Limits
 
 if TYPE_CHECKING:
     from sandcell.executor import Executor
@@ -58,6 +58,7 @@ class SessionCalls:
         snapshot: str | None = None,
         owner: str | None = None,
         by: str | None = None,
+        language: Language = "python",
     ) -> Session:
         """Start a session: one sandbox kept alive across cells (see :mod:`sandcell.sessions`).
 
@@ -67,12 +68,15 @@ class SessionCalls:
         :meth:`Session.pause <sandcell.sessions.Session.pause>`); a paused state is kept
         ``paused_ttl_s``. ``snapshot`` starts the session from that snapshot of ``owner``'s
         (:meth:`Session.snapshot <sandcell.sessions.Session.snapshot>`): its profile, limits and
-        state are the snapshot's, so no other settings may be given with it.
+        state are the snapshot's, so no other settings may be given with it. ``language`` is the
+        kernel's: ``python``, or ``javascript`` / ``typescript`` for a Node kernel (the node
+        runtime); Bash cells run in a Python session.
         """
         self.check_home()
         if snapshot is not None:
             given = (limits, inputs, landlock, idle_timeout_s, max_lifetime_s, runtime)
-            if any(g not in (None, ()) for g in given) or paused_ttl_s is not None:
+            unset = paused_ttl_s is None and language == "python"
+            if any(g not in (None, ()) for g in given) or not unset:
                 raise ConfigError(
                     "a session started from a snapshot takes the snapshot's settings; give only "
                     "snapshot= (and profile= naming the snapshot's profile, if at all)"
@@ -97,6 +101,7 @@ class SessionCalls:
             on_idle=on_idle,
             paused_ttl_s=paused_ttl_s or DEFAULT_PAUSED_TTL_S,
             owner=owner,
+            language=language,
         )
 
     def resume(
