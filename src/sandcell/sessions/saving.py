@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandcell.backends.cell.kernel import memory_refusal
 from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError, InfraError
 from sandcell.home import SHARED_DIR_ENV
@@ -98,9 +99,12 @@ def save(
         )
     if mode not in sandbox.pause_modes:
         offered = ", ".join(sorted(m.value for m in sandbox.pause_modes))
+        # A Node kernel's memory is refused on every rung: say why rather than the rung.
+        why = memory_refusal(session.request.language) if mode is PauseMode.MEMORY else None
         raise PauseRefused(
-            f"the {sandbox.backend.name} backend cannot save a session's {mode.value} here; it "
-            f"offers: {offered}"
+            why
+            or f"the {sandbox.backend.name} backend cannot save a session's {mode.value} here; "
+            f"it offers: {offered}"
         )
     states = session.executor.states
     staging = states.staging()

@@ -6,7 +6,9 @@ helper), the session's cgroup, the bundle, and the agent as the container's firs
 agent runs in channel mode (``_agent.py``): its stdin is one end of a socket pair, the cell
 channel (:mod:`sandcell.backends.cell.channel`); it reads its request line from it, forks, installs
 the rlimits and the seccomp filter in the child and hands over to the boot, which starts the
-namespaces backend's kernel (``_kernel.py``) in place of a program. The agent stays as pid 1:
+session's kernel in place of a program: the namespaces backend's ``_kernel.py``, or for a
+JavaScript or TypeScript session its Node twin ``_kernel.mjs`` (:mod:`sandcell.backends.cell.kernel`
+says which, and how it starts). The agent stays as pid 1:
 when the kernel ends, it ends every other process and writes the kernel's wait status as its
 exit trailer on stderr, so the host tells how the kernel died. A session that reaches outside
 (an egress allowlist, tools) has its socket directory read-only at ``/run/sandcell`` for its
@@ -66,7 +68,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.artifacts.store import ArtifactStore
-from sandcell.backends import inside
 from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.cell import (
     CappedOutput,
@@ -76,6 +77,7 @@ from sandcell.backends.cell import (
     kernel_message,
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.kernel import kernel_command, kernel_file
 from sandcell.backends.cell.loop import CellRung, supervise_cell
 from sandcell.backends.cell.state import PauseMode, RestorePoint, SandboxMetrics, SavedState
 from sandcell.backends.cell.verdict import CellCancel, classify_cell
@@ -90,7 +92,7 @@ from sandcell.backends.gvisor.sandbox import (
     sockets_env,
 )
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, decode, trailer_tail
-from sandcell.backends.host import landlock, workspace
+from sandcell.backends.host import landlock, node_program, workspace
 from sandcell.backends.host.layout import (
     CONTROL_BOOT,
     CONTROL_DIR,
@@ -102,7 +104,7 @@ from sandcell.backends.host.layout import (
 from sandcell.display import DISPLAY_DIRNAME, DisplayCollection, read_outputs, refused_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
-from sandcell.runtimes import common_env, python_runtime
+from sandcell.runtimes import common_env, runtime_for
 from sandcell.spec import Enforcement, Outcome, RunRequest, Usage
 
 if TYPE_CHECKING:
@@ -114,8 +116,6 @@ END_WAIT_S = 5.0
 OUTPUTS_DIR = f"{SANDBOX_WORKDIR}/{DISPLAY_DIRNAME}"
 """Where the kernel writes each cell's rich outputs (``OUTPUTS_DIR/<cell id>``)."""
 
-_KERNEL_SOURCE = inside.KERNEL_SCRIPT
-_CONTROL_KERNEL = "kernel.pyc"
 _READ_CHUNK = 65536
 _TRAILER = re.compile(re.escape(EXIT) + rb"(\d{1,10})\n\Z")
 _TAIL_BYTES = len(EXIT) + 16
@@ -187,14 +187,12 @@ class GVisorSessionSandbox:
         """Create the sandbox and wait for the kernel's hello, or bring back :attr:`restore`
         (:mod:`.session_state`). Cleans up after itself on error."""
         try:
-            kernel = landlock.boot_bytecode(f"{CONTROL_DIR}/kernel.py", script=_KERNEL_SOURCE)
+            kernel_name, kernel = kernel_file(self.request.language)
             plan = landlock.boot_plan_json(
                 plan=None,
                 input_links=[(i.name, f"/inputs/{i.name}") for i in self.request.inputs],
             )
-            self.sb.create(
-                channel=True, control={_CONTROL_KERNEL: kernel, CONTROL_PLAN: plan.encode()}
-            )
+            self.sb.create(channel=True, control={kernel_name: kernel, CONTROL_PLAN: plan.encode()})
             if self.sockets is not None:
                 self.sb.attach_sockets(self.sockets)
             resumed = (
@@ -309,20 +307,28 @@ class GVisorSessionSandbox:
 
     def _request_line(self) -> bytes:
         """The agent's request: the session's environment and rlimits, the boot's command line
-        starting the kernel, in the session's runtime."""
-        py = python_runtime(self.request.runtime)
-        kernel = [py.sandbox_python, "-I", f"{CONTROL_DIR}/{_CONTROL_KERNEL}"]
-        for pkg in self.request.packages:
-            kernel += ["--path", f"{PACKAGES_DIR}/{pkg.name}"]
+        starting the kernel of the session's language, in its runtime."""
+        request = self.request
+        rt = runtime_for(request.language, request.runtime)
+        paths = [f"{PACKAGES_DIR}/{pkg.name}" for pkg in request.packages]
         if self.sockets is not None:
-            kernel += ["--path", SANDBOX_LIB]
-        kernel += ["--display", f"{CONTROL_DIR}/{CONTROL_DISPLAY}", "--outputs", OUTPUTS_DIR]
+            paths.append(SANDBOX_LIB)
+        kernel = kernel_command(
+            request.language,
+            rt,
+            self.limits,
+            request.mode,
+            paths=paths,
+            display=f"{CONTROL_DIR}/{CONTROL_DISPLAY}",
+            outputs=OUTPUTS_DIR,
+        )
         boot = [f"{CONTROL_DIR}/{CONTROL_BOOT}", f"{CONTROL_DIR}/{CONTROL_PLAN}", "exec"]
+        reserve = node_program.address_reserve(request.language)
         doc: dict[str, object] = {
-            "env": {**common_env(), **py.sandbox_env, **self.request.env}
-            | sockets_env(self.sockets),
+            "env": {**common_env(), **rt.sandbox_env, **request.env} | sockets_env(self.sockets),
             "rlimits": [
-                [r.name, r.value] for r in bundle_plan.plan_rlimits(self.limits, self.request.mode)
+                [r.name, r.value]
+                for r in bundle_plan.plan_rlimits(self.limits, request.mode, reserve=reserve)
             ],
             "argv": [*boot, *kernel],
         }

@@ -24,8 +24,9 @@ release's ``--leave-running`` restores into a ``runsc`` process of its own, out 
 reach.
 
 Memory mode is refused for an ordinary user (the workspace lives in the helper's mount namespace,
-which ends with runsc) and for a session that reaches outside (its connections to host sockets
-cannot be checkpointed): those keep files only.
+which ends with runsc), for a session that reaches outside (its connections to host sockets
+cannot be checkpointed) and for a JavaScript or TypeScript session (its copies would draw the same
+random numbers: :func:`~sandcell.backends.cell.kernel.memory_refusal`): those keep files only.
 
 **Files.** The workspace is packed (after the sandbox was killed, unless it keeps running), and
 a restore starts a fresh sandbox whose workspace is filled before its kernel starts (rootless:
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandcell.backends.cell.kernel import memory_refusal
 from sandcell.backends.cell.state import (
     PauseMode,
     PauseRefused,
@@ -94,6 +96,9 @@ def pause_modes(sandbox: GVisorSessionSandbox) -> frozenset[PauseMode]:
 
 
 def _memory_refusal(sandbox: GVisorSessionSandbox) -> str | None:
+    by_language = memory_refusal(sandbox.request.language)
+    if by_language is not None:
+        return by_language
     if sandbox.host.runsc.rootless:
         return (
             "rootless gVisor keeps the workspace in its helper's mount namespace, which ends "

@@ -5,8 +5,10 @@ else one restored at call time (``template``, or without warm starts a clone of 
 user's processes share, where one is saved), else a cold boot; the record's enforcement says
 which. Every way starts the image of the session's runtime (a pool of another runtime's image
 starts it cold). The host then sends the agent a session job (``Q``: the run's job with the
-namespaces backend's kernel, ``_kernel.py``, and its display module), the inputs, the cache packages
-(verified on the host, ``guest_packages.py``) and ``G``; the agent sets up
+namespaces backend's kernel, ``_kernel.py``, and its display module, or a JavaScript or
+TypeScript session's Node kernel, ``_kernel.mjs``: :func:`~sandcell.backends.cell.kernel.
+guest_kernel`), the inputs, the cache packages (verified on the host, ``guest_packages.py``) and
+``G``; the agent sets up
 the workspace, cgroup and identity as for a run and has the runner become the kernel, unprivileged
 with the run's rlimits, in the program's cgroup (memory and pids of the whole session).
 
@@ -55,7 +57,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.artifacts.store import ArtifactStore
-from sandcell.backends import inside
 from sandcell.backends.base import Collector, OutputSink
 from sandcell.backends.cell import (
     CappedOutput,
@@ -65,6 +66,7 @@ from sandcell.backends.cell import (
     kernel_message,
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.kernel import guest_kernel
 from sandcell.backends.cell.loop import CellRung, supervise_cell
 from sandcell.backends.cell.state import PauseMode, RestorePoint, SandboxMetrics, SavedState
 from sandcell.backends.cell.verdict import CellCancel, classify_cell
@@ -109,8 +111,6 @@ TRANSFER_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 """How long the guest has to report its processes stopped at close (TCG on a busy host)."""
 MAX_FILES = 20_000
-_KERNEL_SOURCE = inside.KERNEL_SCRIPT
-_DISPLAY_SOURCE = inside.DISPLAY_SCRIPT
 _OUT_DIR = re.compile("^" + re.escape(SESSION_OUTPUTS_DIR) + r"/[0-9]{1,15}$")
 _SIGKILL_STATUS = 9
 """The wait status of a process killed by SIGKILL: what a VM that stopped means for its kernel."""
@@ -303,8 +303,8 @@ class VMSessionSandbox:
             packages=self.packages,
             sockets=self.sockets,
         )
-        job["kernel_source"] = _KERNEL_SOURCE.read_text(encoding="utf-8")
-        job["display_source"] = _DISPLAY_SOURCE.read_text(encoding="utf-8")
+        # The kernel of the session's language (Node's for JavaScript and TypeScript).
+        job |= guest_kernel(self.request.language, outputs=SESSION_OUTPUTS_DIR)
         try:
             vm.chan.send(SESSION, json.dumps(job).encode())
             for frame in input_frames(input_items(self.request.inputs)):

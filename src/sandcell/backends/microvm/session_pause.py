@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandcell.backends.cell.kernel import memory_refusal
 from sandcell.backends.cell.state import PauseMode, PauseRefused, SandboxMetrics, SavedState
 from sandcell.backends.microvm import session_state
 from sandcell.backends.microvm.vm import VM
@@ -43,8 +44,18 @@ ALL_MODES = frozenset({PauseMode.MEMORY, PauseMode.FILES})
 
 def pause_modes(sb: VMSessionSandbox) -> frozenset[PauseMode]:
     """Memory and files; files only for a session with sockets (its egress relay's
-    connections live on the host and would not come back with the guest)."""
-    return ALL_MODES if sb.sockets is None else frozenset({PauseMode.FILES})
+    connections live on the host and would not come back with the guest) and for a JavaScript
+    or TypeScript session (:func:`~sandcell.backends.cell.kernel.memory_refusal`)."""
+    return ALL_MODES if _memory_refusal(sb) is None else frozenset({PauseMode.FILES})
+
+
+def _memory_refusal(sb: VMSessionSandbox) -> str | None:
+    if sb.sockets is not None:
+        return (
+            "a microVM session with sockets (egress or tools) cannot keep its memory: the "
+            "relay's connections live on the host; mode=files keeps its files"
+        )
+    return memory_refusal(sb.request.language)
 
 
 def _ask(
@@ -135,11 +146,9 @@ def save(
     vm = sb.vm
     if sb.ended is not None or vm is None:
         raise InfraError(f"the session's VM has ended: {sb.ended}")
-    if mode not in pause_modes(sb):
-        raise PauseRefused(
-            "a microVM session with sockets (egress or tools) cannot keep its memory: the "
-            "relay's connections live on the host; mode=files keeps its files"
-        )
+    why = _memory_refusal(sb) if mode is PauseMode.MEMORY else None
+    if why is not None:
+        raise PauseRefused(why)
     if not state_dir.is_dir() or any(state_dir.iterdir()):
         raise ConfigError(f"the state directory {state_dir} must exist and be empty")
     if mode is PauseMode.FILES:

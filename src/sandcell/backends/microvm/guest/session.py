@@ -1,5 +1,9 @@
 """A session: the runner becomes the host's kernel, relayed cell by cell until the VM goes.
 
+The kernel is the one the host sent: Python's runs in the runner's process (:data:`SESSION_BOOT`);
+a JavaScript or TypeScript session's, Node's ``_kernel.mjs``, is written where the job says and
+the runner executes Node on it with the job's interpreter arguments and the kernel's own.
+
 :func:`session_main` sets the session up as a run is set up, then :class:`KernelRelay` carries
 the kernel's messages, output and end between the kernel and the host.
 """
@@ -69,13 +73,19 @@ def session_main(
     port.send(b"q")
     fwd = None
     port.early = frames
-    job["code"] = SESSION_BOOT
-    job["code_path"] = "/sandcell/boot.py"
+    # A Node kernel (JavaScript, TypeScript) is the runner's program, as a Node run's is; the
+    # Python kernel runs in the runner's own process.
+    node = "kernel_path" in job
+    if node:
+        job["code"], job["code_path"] = job["kernel_source"], job["kernel_path"]
+    else:
+        job["code"], job["code_path"] = SESSION_BOOT, "/sandcell/boot.py"
     try:
         reseed(bytes.fromhex(job["entropy"]))
         set_identity(job)
         prepare_cgroup(job["limits"])
-        write_session_files(job)
+        if not node:
+            write_session_files(job)
         if job.get("sockets"):
             fwd = Forwarder(port)
             fwd.setup(job["sockets"], job["limits"])
@@ -88,7 +98,10 @@ def session_main(
     err_r, err_w = os.pipe()
     skip = ("code", "kernel_source", "display_source")
     brief = {k: v for k, v in job.items() if k not in skip}
-    brief.update(language="python", display=False)
+    if node:
+        brief.update(display=False, args=job["kernel_args"])
+    else:
+        brief.update(language="python", display=False)
     socket.send_fds(runner_sock, [json.dumps(brief).encode()], [kernel_end.fileno(), out_w, err_w])
     kernel_end.close()
     os.close(out_w)
