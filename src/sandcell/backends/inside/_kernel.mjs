@@ -57,6 +57,7 @@
 // trusted by the host beyond framing and shape; limits are the sandbox's (cgroups, rlimits) and
 // Node's permission model's, never this code's.
 
+import { Buffer } from "node:buffer";
 import fs from "node:fs";
 import net from "node:net";
 import util from "node:util";
@@ -479,25 +480,31 @@ function jsonText(v) {
   }
 }
 
+function valueType(v) {
+  if (typeof v === "boolean") return "boolean";
+  if (typeof v === "bigint") return "integer";
+  if (typeof v === "number") return Number.isInteger(v) ? "integer" : "number";
+  if (typeof v === "string") return "string";
+  return v instanceof Date ? "datetime" : "any";
+}
+
+// A column's type in the table schema: its values' one type (integers among numbers are
+// numbers), "string" for a mix, as pandas would hold it (an object column).
 function fieldType(values) {
   let type = null;
   for (const v of values) {
     if (v === null || v === undefined) continue;
-    let t;
-    if (typeof v === "boolean") t = "boolean";
-    else if (typeof v === "number" || typeof v === "bigint") t = Number.isInteger(Number(v)) && typeof v !== "number" ? "integer" : Number.isInteger(v) ? "integer" : "number";
-    else if (typeof v === "string") t = "string";
-    else if (v instanceof Date) t = "datetime";
-    else t = "any";
-    if (type === null) type = t;
-    else if (type !== t) type = type === "integer" && t === "number" ? "number" : t === "integer" && type === "number" ? "number" : "string";
+    const t = valueType(v);
+    if (type === null || type === t) type = t;
+    else if ((type === "integer" || type === "number") && (t === "integer" || t === "number")) type = "number";
+    else type = "string";
   }
   return type ?? "string";
 }
 
 function cellText(v) {
-  if (v === undefined) return "NaN";
-  if (v === null) return "None";
+  if (v === undefined) return "NaN"; // a record without the column: missing, as pandas shows it
+  if (v === null) return "null";
   if (typeof v === "string") return v;
   if (v instanceof Date) return v.toISOString();
   return inspect(v, { breakLength: Infinity, depth: 1 });

@@ -4,7 +4,8 @@ Built like a cold run, by :class:`~sandcell.backends.namespaces.prepared.Prepare
 layers decided and failed closed, a run directory with a size-capped workspace tmpfs (or the
 rootless workspace helper), the session's cgroup, the bwrap argument list with seccomp, the
 sandbox init moved into the cgroup and given its rlimits before it starts anything, then the
-boot applying Landlock and starting the kernel (``_kernel.py``) instead of a program. A session
+boot applying Landlock and starting the kernel (``_kernel.py``, or ``_kernel.mjs`` under Node for a
+JavaScript or TypeScript session: ``backends/cell/kernel.py``) instead of a program. A session
 whose profile reaches outside gets its ways out (``sockets``) for its whole life, shown as for a
 cold run (``backends/namespaces/outside.py``): the boot starts the egress bridge before the
 kernel, and the kernel gets the tool client's directory on its path.
@@ -60,6 +61,7 @@ from sandcell.backends.cell import (
     kernel_message,
 )
 from sandcell.backends.cell.channel import MAX_KERNEL_MESSAGE, ChannelError, FrameDecoder, encode
+from sandcell.backends.cell.kernel import kernel_command, kernel_file
 from sandcell.backends.cell.loop import CellRung, supervise_cell
 from sandcell.backends.cell.state import PauseMode, RestorePoint, SandboxMetrics, SavedState
 from sandcell.backends.cell.verdict import INTERRUPT_GRACE_S, CellCancel, classify_cell
@@ -74,13 +76,11 @@ from sandcell.backends.namespaces.spawner import Spawner, spawner_in
 from sandcell.display import DisplayCollection, read_outputs_below, refused_outputs
 from sandcell.errors import InfraError
 from sandcell.run_sockets import SandboxSockets
-from sandcell.spec import Enforcement, RunRequest, Usage
+from sandcell.spec import NODE_LANGUAGES, Enforcement, RunRequest, Usage
 
 SETUP_TIMEOUT_S = 60.0
 
-_KERNEL_SOURCE = inside.KERNEL_SCRIPT
 _DISPLAY_SOURCE = inside.DISPLAY_SCRIPT
-_CONTROL_KERNEL = "kernel.pyc"
 _READ_CHUNK = 65536
 _CELL_DIR = re.compile(r"[0-9]{1,15}")
 
@@ -165,29 +165,32 @@ class SessionSandbox:
             raise
 
     def _prepare(self) -> None:
-        files = {
-            _CONTROL_KERNEL: landlock.boot_bytecode(
-                f"{CONTROL_DIR}/kernel.py", script=_KERNEL_SOURCE
-            )
-        }
+        # The session's language picks its kernel: _kernel.py, or _kernel.mjs for JavaScript
+        # and TypeScript (which shows a cell's value itself: no display module).
+        name, kernel = kernel_file(self.request.language)
+        files = {name: kernel}
         if _DISPLAY_SOURCE.is_file():
-            files[CONTROL_DISPLAY] = landlock.boot_bytecode(
-                f"{CONTROL_DIR}/display.py", script=_DISPLAY_SOURCE
-            )
+            if self.request.language not in NODE_LANGUAGES:
+                files[CONTROL_DISPLAY] = landlock.boot_bytecode(
+                    f"{CONTROL_DIR}/display.py", script=_DISPLAY_SOURCE
+                )
             self.display = True
         self.prepared.create(files, freezer=True)
 
     def _command(self) -> list[str]:
-        python = self.prepared.runtime.sandbox_python
-        kernel = [python, "-I", f"{CONTROL_DIR}/{_CONTROL_KERNEL}"]
-        for pkg in self.request.packages:
-            kernel += ["--path", f"/packages/{pkg.name}"]
+        runtime = self.prepared.runtime
         # The boot execs the kernel: its sys.path additions would not reach it.
-        for path in outside.python_paths(self.sockets):
-            kernel += ["--path", path]
-        if self.display:
-            kernel += ["--display", f"{CONTROL_DIR}/{CONTROL_DISPLAY}"]
-        return boot_command(python, "exec", *kernel)
+        paths = [f"/packages/{pkg.name}" for pkg in self.request.packages]
+        paths += outside.python_paths(self.sockets)
+        kernel = kernel_command(
+            self.request.language,
+            runtime,
+            self.limits,
+            self.request.mode,
+            paths=paths,
+            display=f"{CONTROL_DIR}/{CONTROL_DISPLAY}" if self.display else None,
+        )
+        return boot_command(runtime.sandbox_python, "exec", *kernel)
 
     def _keeper(self, started: queue.Queue[BaseException | None]) -> None:
         try:
