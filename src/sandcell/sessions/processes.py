@@ -191,6 +191,18 @@ else:
 """
 
 
+def _kernel_lacks(language: str) -> str | None:
+    """Why a session whose kernel runs ``language`` has no background processes, terminals or
+    watches (None: it has them): their manager runs inside the Python kernel, and a Node kernel
+    may not start programs (Node's permission model refuses child processes)."""
+    if language == "python":
+        return None
+    return (
+        f"a {language} session has no background processes, terminals or watches: its Node "
+        "kernel may not start programs; open a Python session for them"
+    )
+
+
 class ProcessControl:
     """The background-process, terminal and watch methods of :class:`~sandcell.sessions.Session`
     (see the module docstring)."""
@@ -244,7 +256,7 @@ class ProcessControl:
         argv, command = _argv(cmd)
         if pty is not None:
             pty = _size(*pty)
-        missing = lacking(self._sandbox, "processes")
+        missing = lacking(self._sandbox, "processes") or _kernel_lacks(self.request.language)
         if missing is not None:
             raise ConfigError(missing)
         with self._lock:
@@ -410,7 +422,7 @@ class ProcessControl:
             return self._procs_locked(op)
 
     def _procs_locked(self, op: Mapping[str, object]) -> dict[str, Any]:
-        missing = lacking(self._sandbox, "processes")
+        missing = lacking(self._sandbox, "processes") or _kernel_lacks(self.request.language)
         if missing is not None:
             raise ConfigError(missing)
         reply = self._procs_reply(

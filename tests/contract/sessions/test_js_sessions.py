@@ -125,6 +125,8 @@ def _check_refusals(session: Session, ex: Executor) -> None:
         session.run("echo hi", language="bash")
     with pytest.raises(ConfigError, match="set the environment or change directory"):
         session.run("1", env={"X": "1"})
+    with pytest.raises(ConfigError, match="no background processes"):
+        session.spawn("sleep 1")
     with pytest.raises(ConfigError, match="a session's language"):
         ex.session(language="bash")  # type: ignore[arg-type]
     assert session.cells == 18  # the refused cells never ran
