@@ -197,6 +197,15 @@ def test_javascript_and_typescript_tools(mcp_home: Path) -> None:
                 await s.call_tool("run_javascript", {"code": "1", "profile": "strict"}),
                 "does not allow javascript",
             )
+            # A TypeScript session: names persist between cells, the last value is shown.
+            opened = structured(await s.call_tool("session_open", {"language": "typescript"}))
+            assert opened["language"] == "typescript", opened
+            cell = {"session_id": opened["session_id"], "code": "const n: number = 6;"}
+            assert structured(await s.call_tool("session_run", cell))["outcome"] == "ok"
+            r = await s.call_tool("session_run", {**cell, "code": "console.log(n * 7); n + 1"})
+            assert (structured(r)["outcome"], structured(r)["stdout"]) == ("ok", "42\n"), text(r)
+            assert text(r).endswith("value:\n7"), text(r)
+            await s.call_tool("session_close", {"session_id": opened["session_id"]})
 
     anyio.run(scenario)
 

@@ -68,7 +68,7 @@ def build_server(
         (tools.run_bash, "Run bash in a sandbox", _RUNS),
         (tools.run_javascript, "Run JavaScript in a sandbox", _RUNS),
         (tools.run_typescript, "Run TypeScript in a sandbox", _RUNS),
-        (tools.session_open, "Open a Python session", _RUNS),
+        (tools.session_open, "Open a session", _RUNS),
         (tools.session_run, "Run a cell in a session", _RUNS),
         (tools.session_close, "Close a session", _ENDS),
         (lasting.session_pause, "Pause a session", _RUNS),

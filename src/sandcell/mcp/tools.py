@@ -65,6 +65,13 @@ ProfileName = Annotated[
     Field(description="policy profile: one list_profiles offers (default: the server's)"),
 ]
 SessionId = Annotated[str, Field(description="the id session_open returned")]
+SessionLanguage = Annotated[
+    Literal["python", "javascript", "typescript"],
+    Field(
+        description="the language of the session's cells: python (default; bash cells too), "
+        "or javascript or typescript (Node.js 22, the node runtime's packages)"
+    ),
+]
 Exports = Annotated[
     list[str] | None,
     Field(
@@ -418,10 +425,12 @@ class SandcellTools:
         max_lifetime_s: Annotated[
             float | None, Field(gt=0, description="end the session this long after it opened")
         ] = None,
+        language: SessionLanguage = "python",
     ) -> CallToolResult:
-        """Open a Python session: one sandbox kept alive across cells, so variables, imports
-        and files persist (like a notebook kernel). It ends when session_close is called, when
-        this client disconnects, or after its idle or lifetime limit."""
+        """Open a session: one sandbox kept alive across cells, so variables, imports and
+        files persist (like a notebook kernel), in Python or, with language, JavaScript or
+        TypeScript. It ends when session_close is called, when this client disconnects, or
+        after its idle or lifetime limit."""
         with _tool_errors("session_open"):
             owner = self._owner(ctx)
             self.sessions.check_room(owner)
@@ -443,6 +452,7 @@ class SandcellTools:
                     idle_timeout_s=idle_timeout_s,
                     max_lifetime_s=max_lifetime_s,
                     owner=self.state_owner(),
+                    language=language,
                 )
             except BaseException:
                 staged.close()
@@ -457,7 +467,8 @@ class SandcellTools:
                 else ""
             )
             text = (
-                f"session {info.id} is open (profile {info.profile}, backend {info.backend}); "
+                f"{info.language} session {info.id} is open (profile {info.profile}, backend "
+                f"{info.backend}); "
                 f"run cells with session_run, end it with session_close. It ends by itself "
                 f"after {info.idle_timeout_s:g} s without a cell, {info.max_lifetime_s:g} s "
                 f"after it opened{ends}."
@@ -475,8 +486,9 @@ class SandcellTools:
         timeout_s: Timeout = None,
         exports: Exports = None,
     ) -> CallToolResult:
-        """Run one Python cell in an open session; earlier cells' variables and files are
-        there. Returns stdout, stderr and outcome; figures as images, DataFrames as tables."""
+        """Run one cell, in the session's language, in an open session; earlier cells'
+        variables and files are there. Returns stdout, stderr and outcome; figures as images,
+        DataFrames and JavaScript arrays of records as tables."""
         with _tool_errors("session_run"):
             session = self.sessions.get(session_id, self._owner(ctx))
             result = await self._admitted(
