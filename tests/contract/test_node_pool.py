@@ -139,7 +139,8 @@ def test_a_closed_pool_leaves_no_sandbox(
     node_built: None, root_home: Path, request: pytest.FixtureRequest
 ) -> None:
     """The waiting sandboxes say so in a listing (the suite's host scans leave them alone), a
-    taken one is used once, and ``close`` ends them all with their run directories."""
+    taken one is used once, those started after a TypeScript run are made for TypeScript, and
+    ``close`` ends them all with their run directories."""
     from tests.integration.hostscan import children_of, waiting_in_a_pool
 
     if os.geteuid() != 0:
@@ -175,6 +176,14 @@ def test_a_closed_pool_leaves_no_sandbox(
         settle_pools({("namespaces", "pool"): ex})
         stats = ex.backend.warm_stats().node_pool  # type: ignore[union-attr]
         assert (stats.taken, stats.ready, stats.size) == (1, 2, 2), stats
+        # After a TypeScript run the next sandboxes load the type stripper ahead, and say so.
+        ts = RunRequest(code="console.log(1 as number)", language="typescript")
+        assert ex.run(ts).stdout == "1\n"
+        assert ex.run(ts).stdout == "1\n"
+        settle_pools({("namespaces", "pool"): ex})
+        ts_ready = [c for pid, c in waiting().items() if pid not in before]
+        assert ts_ready and all(c.endswith(" typescript pooled") for c in ts_ready), ts_ready
+        assert all(waiting_in_a_pool(c) for c in ts_ready)
     finally:
         ex.close()
     assert set(waiting()) <= set(before)
