@@ -8,6 +8,12 @@ limit) and of an await that never ends (a cancel) with the state kept, ``process
 cell's exit status, an error's stack at the cell's lines, scopes with their own globals and
 directory. One TypeScript session runs typed cells. Cells of another language are refused
 before anything runs.
+
+On gVisor and in the microVM, where the same kernel runs under the rung's own plumbing (its
+channel, its interrupt, its output relay), one JavaScript session checks fewer, denser cells:
+names across cells, top-level await and lodash, output streamed, the last value, a loop
+interrupted at its time limit with the state kept, the output cap, an error, an export at the
+end, and the memory pause refused (files only); a TypeScript session runs typed cells.
 """
 
 from __future__ import annotations
@@ -17,18 +23,26 @@ import json
 import pytest
 from tests.conftest import runtime_required
 from tests.contract.sessions.rungs import only_on, open_session
+from tests.contract.sessions.traces import trace
 
 from sandcell import Executor, Limits, Outcome
+from sandcell.backends.cell.state import PauseMode, PauseRefused
 from sandcell.errors import ConfigError
 from sandcell.sessions import Session
 from sandcell.spec import MiB
 
-pytestmark = only_on(
-    "namespaces",
+_WASM = "the wasm rung runs Python only (Pyodide)"
+_DENSER = (
+    "its Node sessions are test_node_session_on_the_rung's and test_typescript_cells_on_the_"
+    "rung's: fewer, denser cells (a session there costs seconds)"
+)
+NAMESPACES = only_on("namespaces", reason={"wasm": _WASM, "gvisor": _DENSER, "microvm": _DENSER})
+OTHER_RUNGS = only_on(
+    "gvisor",
+    "microvm",
     reason={
-        "wasm": "the wasm rung runs Python only (Pyodide)",
-        "gvisor": "Node sessions on gVisor come with its session plumbing",
-        "microvm": "Node sessions in the microVM come with its session plumbing",
+        "namespaces": "covered by test_javascript_session and test_typescript_session",
+        "wasm": _WASM,
     },
 )
 
@@ -132,6 +146,7 @@ def _check_refusals(session: Session, ex: Executor) -> None:
     assert session.cells == 18  # the refused cells never ran
 
 
+@NAMESPACES
 def test_javascript_session(ex: Executor) -> None:
     runtime_required("node")
     with open_session(ex, language="javascript", limits=LIMITS) as session:
@@ -142,6 +157,7 @@ def test_javascript_session(ex: Executor) -> None:
         _check_refusals(session, ex)
 
 
+@NAMESPACES
 def test_typescript_session(ex: Executor) -> None:
     runtime_required("node")
     with open_session(ex, language="typescript", limits=LIMITS) as session:
@@ -158,3 +174,48 @@ def test_typescript_session(ex: Executor) -> None:
         assert typo.outcome is Outcome.ERROR and "SyntaxError" in typo.reason
         with pytest.raises(ConfigError, match="runs typescript cells, not javascript"):
             session.run("1", language="javascript")
+
+
+@OTHER_RUNGS
+def test_node_session_on_the_rung(rung: str, ex: Executor) -> None:
+    runtime_required("node")
+    s = open_session(ex, language="javascript", limits=Limits(stdout_bytes=4096))
+    host = trace(rung, s)
+    seen: list[tuple[str, str]] = []
+    first = s.run(
+        "import _ from 'lodash'\nlet x = 41\nconst xs = await Promise.resolve([1, 2, 3, 4])\n"
+        "console.log('chunks', JSON.stringify(_.chunk(xs, 2)))",
+        on_output=lambda stream, text: seen.append((stream, text)),
+    )
+    assert first.outcome is Outcome.OK, first.reason + first.stderr
+    assert first.stdout == "chunks [[1,2],[3,4]]\n"
+    assert "".join(text for stream, text in seen if stream == "stdout") == first.stdout
+    assert _value(s, "_.sum(xs) + x") == "51"
+    # The rung's interrupt (runsc kill, the guest agent's SIGINT) stops a synchronous loop.
+    looped = s.run("let spins = 0\nwhile (true) { spins++ }", timeout_s=2)
+    assert looped.outcome is Outcome.TIMEOUT, looped.reason
+    assert "interrupted" in looped.reason and "kept" in looped.reason and s.ended is None
+    flood = s.run("for (;;) console.log('x'.repeat(100))", timeout_s=30)
+    assert flood.outcome is Outcome.OUTPUT_LIMIT, flood.reason
+    assert flood.stdout_truncated and len(flood.stdout) <= 4096
+    failed = s.run("null.field")
+    assert failed.outcome is Outcome.ERROR and "TypeError" in failed.stderr
+    assert _value(s, "require('node:fs').writeFileSync('out.txt', String(x))\nspins > 0") == "true"
+    # A Node kernel's memory would copy its generators' state into every restore.
+    assert s.pause_modes == frozenset({PauseMode.FILES})
+    with pytest.raises(PauseRefused, match=r"Math\.random"):
+        s.fork(mode="memory")
+    assert s.ended is None
+    end = s.close(exports=["out.txt"])
+    assert [a.path for a in end.artifacts] == ["out.txt"]
+    assert ex.store.path_for(end.artifacts[0].sha256).read_text() == "41"
+    host.assert_gone()
+
+
+@OTHER_RUNGS
+def test_typescript_cells_on_the_rung(rung: str, ex: Executor) -> None:
+    runtime_required("node")
+    with open_session(ex, language="typescript") as s:
+        typed = s.run("interface P { x: number }\nconst p: P = { x: 2 }\nconsole.log(p.x * 21)")
+        assert (typed.outcome, typed.stdout) == (Outcome.OK, "42\n"), typed.stderr
+        assert _value(s, "const twice = (n: number): number => n * 2\ntwice(p.x)") == "4"
