@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from tests.conftest import runtime_required
 from tests.service.server import ServiceProcess, add_approver, add_tenant
 
 from sandcell.client import AsyncClient, Client, QuotaExceeded, ServiceError, ServiceUnavailable
@@ -93,6 +94,23 @@ def test_sessions_files_and_their_end(service: ServiceProcess, home: Path) -> No
         with pytest.raises(SessionEnded, match="start a new one"):
             s.run("1")
         assert s.close().reason == "closed"  # idempotent, as in-process
+
+
+def test_a_javascript_session_over_the_service(service: ServiceProcess, home: Path) -> None:
+    runtime_required("node")
+    key = add_tenant(home, "client-node", profiles=("unchecked",))
+    with Client(service.url, key) as c:
+        s = c.session(language="js", idle_timeout_s=120)
+        assert s.info().language == "javascript"
+        assert s.run("const _ = require('lodash'); let xs = [40, 2];").outcome is Outcome.OK
+        done = s.run("console.log(_.sum(xs)); xs.length")
+        assert (done.outcome, done.stdout) == (Outcome.OK, "42\n"), done.stderr
+        assert s.close().reason == "closed"
+        with pytest.raises(ConfigError, match="unknown language 'ruby'"):
+            c.session(language="ruby")  # never sent
+        with pytest.raises(ServiceError, match=r"body\.language") as e:
+            c.session(language="bash")  # no kernel runs bash: bash cells run in python's
+        assert e.value.status == 422
 
 
 def test_errors_are_sandcells_own(service: ServiceProcess, home: Path) -> None:

@@ -263,6 +263,7 @@ class AsyncClient:
         on_idle: str = "end",
         paused_ttl_s: float | None = None,
         snapshot: str | None = None,
+        language: str = "python",
     ) -> AsyncRemoteSession:
         """Open a session: ``async with await client.session() as s`` (``snapshot``,
         ``on_idle``: as :meth:`Client.session <sandcell.client.Client.session>`)."""
@@ -277,6 +278,7 @@ class AsyncClient:
             on_idle=on_idle,
             paused_ttl_s=paused_ttl_s,
             snapshot=snapshot,
+            language=language,
         )
         call = ops.session_from_snapshot(body) if snapshot else ops.session_open(body)
         return AsyncRemoteSession(self, await self._do(call))

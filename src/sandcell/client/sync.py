@@ -313,10 +313,13 @@ class Client:
         on_idle: str = "end",
         paused_ttl_s: float | None = None,
         snapshot: str | None = None,
+        language: str = "python",
     ) -> RemoteSession:
         """:meth:`sandcell.Executor.session` on the service: one sandbox kept across cells.
         ``snapshot`` starts it from that snapshot of the tenant's (StateNotFound without
-        one); ``on_idle="pause"`` pauses it at its idle timeout instead of ending it."""
+        one); ``on_idle="pause"`` pauses it at its idle timeout instead of ending it;
+        ``language`` is its cells' (``python``, ``javascript``, ``typescript``, or ``js``,
+        ``ts``)."""
         body = session_body(
             profile=profile,
             limits=limits,
@@ -328,6 +331,7 @@ class Client:
             on_idle=on_idle,
             paused_ttl_s=paused_ttl_s,
             snapshot=snapshot,
+            language=language,
         )
         call = ops.session_from_snapshot(body) if snapshot else ops.session_open(body)
         return RemoteSession(self, self._do(call))

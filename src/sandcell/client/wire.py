@@ -209,8 +209,10 @@ def session_body(
     on_idle: str = "end",
     paused_ttl_s: float | None = None,
     snapshot: str | None = None,
+    language: str = "python",
 ) -> dict[str, Any]:
     _check_profile(profile)
+    language = language_named(language)
     if mode is not IsolationMode.STRICT or landlock is not None:
         raise ConfigError(
             "the service runs sessions in strict mode with its own Landlock setting; leave "
@@ -225,6 +227,8 @@ def session_body(
         "on_idle": on_idle,
         "paused_ttl_s": paused_ttl_s,
         "snapshot": snapshot,
+        # Sent only when it is not the default, which a service without languages takes too.
+        **({"language": language} if language != "python" else {}),
     }
 
 
@@ -252,6 +256,7 @@ def session_info_from_dict(data: Mapping[str, Any]) -> SessionInfo:
         ended=None if data.get("ended") is None else str(data["ended"]),
         on_idle=str(data.get("on_idle") or "end"),
         parent=None if data.get("parent") is None else str(data["parent"]),
+        language=str(data.get("language") or "python"),
     )
 
 

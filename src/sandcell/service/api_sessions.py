@@ -45,6 +45,7 @@ def _info(session: Session) -> SessionInfoBody:
     return SessionInfoBody(
         id=i.id,
         profile=i.profile,
+        language=i.language,
         backend=i.backend,
         created_at=i.created_at,
         cells=i.cells,
@@ -78,6 +79,7 @@ async def create_session(
                 idle_timeout_s=body.idle_timeout_s,
                 max_lifetime_s=body.max_lifetime_s,
                 runtime=body.runtime,
+                language=body.language,
                 on_idle=body.on_idle,
                 paused_ttl_s=body.paused_ttl_s,
                 owner=tenant.id,

@@ -30,6 +30,16 @@ LanguageName = Annotated[
 ]
 """A program's language as a request names it: the full name or a short one (js, ts, sh)."""
 
+KernelLanguageName = Annotated[
+    Literal["python", "javascript", "typescript"],
+    BeforeValidator(_full_name),
+    Field(
+        description="the language of the session's cells: python (bash cells too), javascript "
+        "or typescript (or js, ts)"
+    ),
+]
+"""A session's language: the languages a session kernel runs, by any name they go by."""
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -148,6 +158,7 @@ class CancelBody(BaseModel):
 
 class SessionBody(_Request):
     profile: str | None = None
+    language: KernelLanguageName = "python"
     runtime: str | None = Field(
         default=None,
         description="the runtime to run in (sandcell runtime list; default: the profile's)",
@@ -178,6 +189,7 @@ class SessionBody(_Request):
 class SessionInfoBody(BaseModel):
     id: str
     profile: str
+    language: str = Field(default="python", description="the language of its cells")
     backend: str
     created_at: str
     cells: int
