@@ -12,8 +12,9 @@ before anything runs.
 On gVisor and in the microVM, where the same kernel runs under the rung's own plumbing (its
 channel, its interrupt, its output relay), one JavaScript session checks fewer, denser cells:
 names across cells, top-level await and lodash, output streamed, the last value, a loop
-interrupted at its time limit with the state kept, the output cap, an error, an export at the
-end, and the memory pause refused (files only); a TypeScript session runs typed cells.
+interrupted at its time limit with the state kept, the output cap, an error, the memory pause
+refused and a files pause resumed under a fresh kernel, an export at the end; a TypeScript
+session runs typed cells.
 """
 
 from __future__ import annotations
@@ -201,12 +202,24 @@ def test_node_session_on_the_rung(rung: str, ex: Executor) -> None:
     failed = s.run("null.field")
     assert failed.outcome is Outcome.ERROR and "TypeError" in failed.stderr
     assert _value(s, "require('node:fs').writeFileSync('out.txt', String(x))\nspins > 0") == "true"
-    # A Node kernel's memory would copy its generators' state into every restore.
+    # A Node kernel's memory would copy its generators' state into every restore: its files
+    # are kept, and come back under a fresh Node kernel.
     assert s.pause_modes == frozenset({PauseMode.FILES})
     with pytest.raises(PauseRefused, match=r"Math\.random"):
         s.fork(mode="memory")
     assert s.ended is None
-    end = s.close(exports=["out.txt"])
+    s.pause(mode="files")
+    host.assert_gone()
+    back = ex.resume(s.id)
+    host = trace(rung, back)
+    try:
+        assert back.language == "javascript"
+        assert _value(back, "typeof x + require('node:fs').readFileSync('out.txt', 'utf8')") == (
+            "'undefined41'"
+        )
+        end = back.close(exports=["out.txt"])
+    finally:
+        back.close()
     assert [a.path for a in end.artifacts] == ["out.txt"]
     assert ex.store.path_for(end.artifacts[0].sha256).read_text() == "41"
     host.assert_gone()

@@ -113,6 +113,7 @@ def guest_kernel(language: Language, *, outputs: str) -> dict[str, str | list[st
     return {
         "kernel_source": inside.NODE_KERNEL_SCRIPT.read_text(encoding="utf-8"),
         "kernel_path": f"{CONTROL_DIR}/{NODE_KERNEL}",
+        # Any display turns the Node kernel's own on (it has no display module to name).
         "kernel_args": kernel_options(language, display="", outputs=outputs),
     }
 
