@@ -70,9 +70,9 @@ def children_of(pid: int) -> list[Proc]:
 def unreaped_sandboxes(pid: int) -> list[Proc]:
     """Children of ``pid`` a finished run must not leave: zombies, and any bwrap but a warm
     template's, a jailed VM's waiting in the microVM pool or a sandbox waiting in the wasm pool
-    (the session-wide warm executors of tests/conftest.py keep theirs by design; what a warm
-    executor leaves after ``close`` is tested in test_template_isolation.py, test_microvm.py and
-    test_wasm.py)."""
+    or the namespaces Node pool (the session-wide warm executors of tests/conftest.py keep
+    theirs by design; what a warm executor leaves after ``close`` is tested in
+    test_template_isolation.py, test_microvm.py, test_wasm.py and test_node_pool.py)."""
     return [
         p
         for p in children_of(pid)
@@ -82,7 +82,8 @@ def unreaped_sandboxes(pid: int) -> list[Proc]:
 
 def waiting_in_a_pool(cmdline: str) -> bool:
     """A bwrap of a sandbox that a warm executor keeps waiting (namespaces template, microVM
-    jail, wasm pool), by its command line."""
+    jail, the wasm pool's ``runner.mjs ... pooled``, the namespaces Node pool's
+    ``node_runner.mjs [typescript] pooled``), by its command line."""
     return (
         "zygote.pyc" in cmdline
         or "qemu-system" in cmdline
