@@ -379,6 +379,28 @@ mode), which the user's namespaces case and every escape test on every rung exer
 each behavioural check again as the user on each rung only repeated those (minutes of suite)."""
 
 
+NODE_PARAMS = [
+    "root",
+    "user",
+    "root-gvisor",
+    "user-gvisor",
+    "root-microvm-pool",
+    "user-microvm-pool",
+]
+"""The cases of JavaScript and TypeScript programs: every rung that runs them, root and user. A
+Node program starts cold on the namespaces and gVisor rungs (their templates and pools are
+Python interpreters: the warm cases would repeat the cold one), and from a pooled VM on the
+microVM rung (its runner execs Node); the wasm rung refuses them before the run."""
+
+
+@pytest.fixture(params=NODE_PARAMS)
+def node_sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
+    """The ``sandbox`` fixture's runner on :data:`NODE_PARAMS`, where the Node runtime is built
+    (``sandcell runtime build node``; a skip here, a failure where CI requires sandboxes)."""
+    runtime_required("node")
+    return make_sandbox(request, root_home, tmp_path)
+
+
 @pytest.fixture(params=SANDBOX_PARAMS)
 def sandbox(request: pytest.FixtureRequest, root_home: Path, tmp_path: Path) -> Sandbox:
     """A runner for real sandboxed runs, once as root and once as an ordinary user, on every

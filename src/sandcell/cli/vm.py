@@ -45,8 +45,13 @@ def handle(args: argparse.Namespace) -> int:
         # This user's saved snapshots of the old build of this image would be refused anyway;
         # those of other VM directories' (and other runtimes') images are theirs.
         snapshot.remove_stale(idir / image.IMAGE_NAME, manifest.image_sha256)
+        node = (
+            f"Node runtime {manifest.node_tree_sha256[:12]}"
+            if manifest.node_tree_sha256
+            else "no Node runtime (JavaScript needs: sandcell runtime build node, then this)"
+        )
         print(
-            f"built in {time.monotonic() - t0:.0f} s: runtime {manifest.runtime}, kernel "
+            f"built in {time.monotonic() - t0:.0f} s: runtime {manifest.runtime}, {node}, kernel "
             f"{manifest.kernel_release}, image {manifest.image_bytes // (1 << 20)} MiB sha256 "
             f"{manifest.image_sha256}"
         )

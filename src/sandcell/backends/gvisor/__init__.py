@@ -68,7 +68,7 @@ from sandcell.backends.base import (
 from sandcell.backends.gvisor import proctree, runsc
 from sandcell.backends.gvisor.sandbox import AGENT_SCRIPT, GSandbox, Host, fixed_for
 from sandcell.backends.gvisor.supervise import CPU_POLL_S, supervise
-from sandcell.backends.host import cgroups, landlock, seccomp, workspace
+from sandcell.backends.host import cgroups, landlock, node_program, seccomp, workspace
 from sandcell.backends.host.layout import SANDBOX_WORKDIR
 from sandcell.backends.host.observe import observed
 from sandcell.backends.host.process import Launched, StopPipe
@@ -354,6 +354,7 @@ class GVisorBackend:
             "no_new_privs": "yes",
             "seccomp": self._seccomp_policy.describe()
             + "; applied by gVisor to the program, installed by the agent before it starts",
+            **node_program.layers(request.language, request.mode),
         }
         if sockets is not None:
             ll["run_sockets"] = (

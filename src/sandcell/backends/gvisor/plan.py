@@ -95,13 +95,14 @@ class BundlePlan:
     sandbox and makes :data:`POOL_SOCKETS_NAME` there."""
 
 
-def plan_rlimits(limits: Limits, mode: IsolationMode) -> tuple[Rlimit, ...]:
+def plan_rlimits(limits: Limits, mode: IsolationMode, *, reserve: int = 0) -> tuple[Rlimit, ...]:
     """The rlimits gVisor applies to the program (pure).
 
     RLIMIT_CPU is absent on purpose: gVisor does not enforce it, the host does (``sandbox.py``).
     RLIMIT_NPROC is always set: the host's pids cgroup also counts gVisor's own threads, so it is
     a backstop sized above the program's limit, and the program's own count is the sentry's.
-    RLIMIT_AS stands in for the memory cgroup only in the ``rlimits`` mode.
+    RLIMIT_AS stands in for the memory cgroup only in the ``rlimits`` mode, ``reserve`` bytes
+    above the memory limit (the address space Node reserves unused: ``host/node_program.py``).
     """
     plan = [
         Rlimit(name="RLIMIT_NOFILE", value=limits.max_open_files),
@@ -110,7 +111,7 @@ def plan_rlimits(limits: Limits, mode: IsolationMode) -> tuple[Rlimit, ...]:
         Rlimit(name="RLIMIT_NPROC", value=limits.max_pids),
     ]
     if mode is IsolationMode.RLIMITS:
-        plan.append(Rlimit(name="RLIMIT_AS", value=limits.memory_bytes))
+        plan.append(Rlimit(name="RLIMIT_AS", value=limits.memory_bytes + reserve))
     return tuple(plan)
 
 

@@ -52,7 +52,7 @@ from sandcell.backends.warm import SandboxPoolStats, WarmConfig
 from sandcell.errors import SandcellError
 from sandcell.run_sockets import SandboxSockets
 from sandcell.runtimes import python_runtime
-from sandcell.spec import IsolationMode, Limits, RunRequest, StartInfo
+from sandcell.spec import NODE_LANGUAGES, IsolationMode, Limits, RunRequest, StartInfo
 
 if TYPE_CHECKING:
     from sandcell.backends.gvisor import GVisorBackend
@@ -95,6 +95,11 @@ class GVisorPool:
             return "this runsc cannot connect to host sockets (no --host-uds)"
         if request.mode is not self.mode:
             return f"the pool runs in the {self.mode.value} isolation mode"
+        if request.language in NODE_LANGUAGES:
+            return (
+                f"{request.language} programs start cold (the pooled sandboxes mount the Python "
+                "runtime, not Node's)"
+            )
         other_runtime = runtime_mismatch(request, self.runtime, "pool")
         if other_runtime is not None:
             return other_runtime

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from sandcell.backends.gvisor import plan as bundle_plan
 from sandcell.backends.gvisor import proctree, runsc
-from sandcell.backends.host import cgroups, landlock, neutral_sources, workspace
+from sandcell.backends.host import cgroups, landlock, neutral_sources, node_program, workspace
 from sandcell.backends.host.layout import (
     CONTROL_DIR,
     CONTROL_DISPLAY,
@@ -76,7 +76,7 @@ from sandcell.run_sockets import (
     SandboxSockets,
 )
 from sandcell.runtimes import Runtime, code_path, common_env, python_runtime, runtime_for
-from sandcell.spec import InputFile, Limits, RunRequest
+from sandcell.spec import NODE_LANGUAGES, InputFile, Language, Limits, RunRequest
 
 CONTROL_AGENT = "agent.pyc"
 CONTROL_BOOT = "boot.pyc"
@@ -139,6 +139,9 @@ class Fixed:
     """The view is filled when a run takes the sandbox (a pooled one; see ``plan.py``)."""
     runtime: str | None = None
     """The runtime the sandbox mounts and boots (``RunRequest.runtime``; None: ``default``)."""
+    language: Language = "python"
+    """The language of the runtime it mounts: a JavaScript or TypeScript program's sandbox
+    mounts the Node runtime (Node and its packages, beside the Python runtime of the boot)."""
 
 
 def fixed_for(request: RunRequest, host: Host, sockets: SandboxSockets | None = None) -> Fixed:
@@ -153,12 +156,15 @@ def fixed_for(request: RunRequest, host: Host, sockets: SandboxSockets | None = 
         tmp_bytes=limits.tmp_bytes,
         workspace_bytes=limits.workspace_bytes,
         workspace_inodes=limits.workspace_inodes,
-        rlimits=bundle_plan.plan_rlimits(limits, request.mode),
+        rlimits=bundle_plan.plan_rlimits(
+            limits, request.mode, reserve=node_program.address_reserve(request.language)
+        ),
         env={**common_env(), **rt.sandbox_env, **request.env},
         memory_bytes=limits.memory_bytes if host.cgroup_host is not None else None,
         max_pids=limits.max_pids,
         sockets=sockets is not None,
         runtime=request.runtime,
+        language=request.language,
     )
 
 
@@ -213,16 +219,18 @@ def request_line(request: RunRequest, host: Host, sockets: SandboxSockets | None
     if request.language == "python":
         argv = [*boot, "python", str(code_path("python"))]
     else:
-        argv = [
-            *boot,
-            "exec",
-            rt.sandbox_interpreter,
-            *rt.interpreter_args,
-            str(code_path(request.language)),
-        ]
+        args = node_program.program_args(
+            request.language, rt.interpreter_args, limits, request.mode
+        )
+        argv = [*boot, "exec", rt.sandbox_interpreter, *args, str(code_path(request.language))]
     doc: dict[str, object] = {
         "env": {**common_env(), **rt.sandbox_env, **request.env, **sockets_env(sockets)},
-        "rlimits": [[r.name, r.value] for r in bundle_plan.plan_rlimits(limits, request.mode)],
+        "rlimits": [
+            [r.name, r.value]
+            for r in bundle_plan.plan_rlimits(
+                limits, request.mode, reserve=node_program.address_reserve(request.language)
+            )
+        ],
         "argv": argv,
     }
     bridge = bridge_argv(sockets, request.runtime)
@@ -333,7 +341,8 @@ class GSandbox:
         }
         for fname, data in files.items():
             self._write_control(fname, data)
-        py = python_runtime(f.runtime)
+        # The language's runtime: the Python runtime's mounts, and Node's for a Node program.
+        py = runtime_for(f.language, f.runtime)
         agent = [py.sandbox_python, "-I", f"{CONTROL_DIR}/{CONTROL_AGENT}", ",".join(preload)]
         # A built runtime's bytecode already names the sandbox paths: no layer for it.
         moved, layers = neutral_sources.runtime_sources(
@@ -519,6 +528,11 @@ class GSandbox:
             raise InfraError(
                 f"the sandbox mounts runtime {runtime_name(self.fixed.runtime)}, the request "
                 f"is in runtime {runtime_name(request.runtime)}"
+            )
+        if (request.language in NODE_LANGUAGES) != (self.fixed.language in NODE_LANGUAGES):
+            raise InfraError(
+                f"the sandbox mounts the runtime of {self.fixed.language} programs, the request "
+                f"is a {request.language} program"
             )
         self._write_control(code_path(request.language).name, request.code.encode("utf-8"))
         plan_text = landlock.boot_plan_json(

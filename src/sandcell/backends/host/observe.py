@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from sandcell.backends.base import BackendResult
 from sandcell.backends.host import cgroups
-from sandcell.backends.host.outcome import Seen
+from sandcell.backends.host.node_program import heap_exhausted
+from sandcell.backends.host.outcome import V8_HEAP, Seen
 from sandcell.backends.host.outcome import classify as outcome_of
 from sandcell.backends.host.process import BOOT_FAILED_STATUS, Launched
 from sandcell.spec import (
@@ -80,6 +81,7 @@ def classify(
     limits = request.effective_limits
     code = launched.exit_code
     memory_error = bool(code) and launched.stderr.rstrip().endswith(b"MemoryError")
+    v8_heap = heap_exhausted(launched.stderr, code, launched.signal)
     seen = Seen(
         subject="run",
         limits=limits,
@@ -94,7 +96,7 @@ def classify(
         signal=launched.signal,
         oom_killed=cg is not None and cg.oom_killed,
         cpu_ms=cg.cpu_ms if cg and cg.cpu_ms is not None else launched.cpu_ms_rusage,
-        error="MemoryError" if memory_error else None,
+        error="MemoryError" if memory_error else V8_HEAP if v8_heap else None,
         heap_limit_bytes=heap_limit_bytes,
     )
     outcome, reason, _, _ = outcome_of(seen)

@@ -29,7 +29,7 @@ from typing import Literal
 
 from sandcell.spec import IsolationMode, Limits, Outcome
 
-__all__ = ["CPU_SPENT", "Seen", "Verdict", "classify"]
+__all__ = ["CPU_SPENT", "V8_HEAP", "Seen", "Verdict", "classify"]
 
 Verdict = tuple[Outcome, str, int | None, int | None]
 """(outcome, reason, exit code, signal)."""
@@ -37,6 +37,11 @@ Verdict = tuple[Outcome, str, int | None, int | None]
 CPU_SPENT = 0.98
 """The share of the CPU-time limit from which a SIGKILL counts as the limit reached (the cgroup's
 and rusage's clocks tick a little behind the kernel's own enforcement)."""
+
+V8_HEAP = "V8 heap"
+"""``Seen.error`` of a Node program that V8 aborted because its heap was full: V8 sizes the heap
+from the memory limit (the cgroup's, or ``--max-old-space-size`` in the ``rlimits`` mode), so
+the limit was reached even though the kernel did not kill it."""
 
 _OUTPUTS = ("stdout", "stderr")
 _ENDED = "; the session ended"
@@ -84,7 +89,8 @@ class Seen:
     status: str | None = None
     """A cell's reply: ``"ok"``, ``"exit"``, ``"error"`` or ``"interrupted"``."""
     error: str | None = None
-    """The exception a cell raised; for a run, ``"MemoryError"`` when it failed with one."""
+    """The exception a cell raised; for a run, ``"MemoryError"`` when it failed with one, or
+    :data:`V8_HEAP` when V8 aborted it on a full heap (``node_program.heap_exhausted``)."""
     heap_limit_bytes: int | None = None
     """A memory maximum enforced inside the sandbox below the cgroup's (the wasm rung's Wasm
     heap): a MemoryError is then that limit reached, not a bug of the program."""
@@ -199,6 +205,14 @@ def _death(seen: Seen, cell: bool) -> Verdict | None:
             what = f"memory limit of {lim.memory_bytes} bytes for the session reached, the kernel"
             return Outcome.MEMORY_LIMIT, f"{what} was killed" + _ENDED, None, sig
         what = f"memory limit of {lim.memory_bytes} bytes reached"
+        return Outcome.MEMORY_LIMIT, what, seen.exit_code, sig
+    if seen.error == V8_HEAP:
+        what = (
+            f"memory limit of {lim.memory_bytes} bytes reached: the JavaScript heap is full "
+            "(V8 sizes it from the memory limit, and aborted: JavaScript heap out of memory)"
+        )
+        if cell:
+            return Outcome.MEMORY_LIMIT, what + _ENDED, None, sig
         return Outcome.MEMORY_LIMIT, what, seen.exit_code, sig
     spent = seen.cpu_ms is not None and seen.cpu_ms >= lim.cpu_time_s * 1000 * CPU_SPENT
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and spent):

@@ -23,11 +23,13 @@ class Rlimit:
 
 
 def plan_rlimits(
-    limits: Limits, mode: IsolationMode, *, address_space: bool = True
+    limits: Limits, mode: IsolationMode, *, address_space: bool = True, reserve: int = 0
 ) -> tuple[Rlimit, ...]:
     """The rlimits of a run (pure). ``address_space=False``: no RLIMIT_AS in the ``rlimits``
     mode, for a sandbox whose program bounds its memory otherwise (the wasm rung: V8 reserves
-    gigabytes of address space it never uses, and its Wasm heap has a maximum of its own)."""
+    gigabytes of address space it never uses, and its Wasm heap has a maximum of its own).
+    ``reserve``: bytes of address space the interpreter reserves without using them, added to
+    RLIMIT_AS (a Node program's: ``node_program.py``)."""
     cpu = int(limits.cpu_time_s)
     plan = [
         # The hard CPU limit one second above the soft one: SIGXCPU first, SIGKILL if ignored.
@@ -51,8 +53,8 @@ def plan_rlimits(
             Rlimit(
                 name="RLIMIT_AS",
                 resource=resource.RLIMIT_AS,
-                soft=limits.memory_bytes,
-                hard=limits.memory_bytes,
+                soft=limits.memory_bytes + reserve,
+                hard=limits.memory_bytes + reserve,
             )
         )
     if mode is IsolationMode.RLIMITS:

@@ -57,6 +57,7 @@ from sandcell.backends.base import (
     OutputSink,
     started_cold,
 )
+from sandcell.backends.host import node_program
 from sandcell.backends.host.runs import RunRegistry
 from sandcell.backends.host.sweep import sweep as host_sweep
 from sandcell.backends.microvm import (
@@ -76,6 +77,7 @@ from sandcell.backends.warm import WarmConfig, WarmStats
 from sandcell.errors import InfraError, IsolationUnavailable, SandcellError
 from sandcell.run_sockets import SANDBOX_DIR, SANDBOX_LIB, SandboxSockets
 from sandcell.spec import (
+    NODE_LANGUAGES,
     Artifact,
     Enforcement,
     Outcome,
@@ -133,6 +135,10 @@ class MicroVMBackend:
             if found is None or image.replaced(found.files):
                 found = replace(self.guest, files=image.verify(runtime=name))
                 self._guests[name] = found
+        if request.language in NODE_LANGUAGES:
+            missing = image.node_missing(found.files.manifest)
+            if missing is not None:
+                raise missing
         return found
 
     # -- the Backend protocol --------------------------------------------------------------
@@ -373,6 +379,7 @@ class MicroVMBackend:
             "workspace_quota": f"tmpfs of {lim.workspace_bytes} bytes in the guest",
             "wall_time_and_output": "enforced by the host: the VM is stopped and destroyed",
             "jailer": self._jail.describe() if self._jail else "none: " + jail.why_not(),
+            **node_program.layers(request.language, request.mode),
         }
         if request.packages:
             layers["packages"] = (

@@ -7,7 +7,7 @@ first reseeds what the preload may have seeded from the snapshot's kernel (``ran
 legacy generator), then: rlimits, uid/gid 1000 with no groups, the job's environment, stdio from
 the three descriptors sent with the job, ``/sandbox`` as working directory, and the program: a
 python program runs in this process as ``__main__`` (the preloaded modules already imported),
-a bash program replaces it.
+a bash or Node program replaces it.
 """
 
 from __future__ import annotations
@@ -217,8 +217,17 @@ def main() -> None:
     # The program gets no descriptor of sandcell's: only its stdin, stdout and stderr.
     sock.close()
     become(job, fds)
-    if job["language"] == "bash":
-        os.execve(job["interpreter"], [job["interpreter"], job["code_path"]], job["env"])
+    if job["language"] != "python":
+        # Bash, or Node (JavaScript, TypeScript) with its permission flags before the path.
+        interpreter = job["interpreter"]
+        # ``args``: a session's Node kernel's own arguments (``guest/session.py``).
+        argv = [
+            interpreter,
+            *job.get("interpreter_args", ()),
+            job["code_path"],
+            *job.get("args", ()),
+        ]
+        os.execve(interpreter, argv, job["env"])
     code = 0
     try:
         run_python(job)

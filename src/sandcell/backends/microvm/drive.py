@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandcell.backends.base import OutputSink
-from sandcell.backends.host.outcome import Seen
+from sandcell.backends.host.node_program import heap_exhausted, program_args
+from sandcell.backends.host.outcome import V8_HEAP, Seen
 from sandcell.backends.host.outcome import classify as outcome_of
 from sandcell.backends.host.supervise import STDERR, STDOUT, Watch
 from sandcell.backends.microvm import channel, relay
@@ -100,6 +101,10 @@ def job_doc(
         "language": request.language,
         # The guest has the runtime at the namespaces backend's neutral paths (``image.py``).
         "interpreter": runtime.sandbox_interpreter,
+        # Node's permission flags (and V8's limits in the rlimits mode: ``node_program.py``).
+        "interpreter_args": list(
+            program_args(request.language, runtime.interpreter_args, lim, request.mode)
+        ),
         "env": env,
         "limits": {
             "cpu_time_s": lim.cpu_time_s,
@@ -326,6 +331,9 @@ def classify(
         signal=ended.signal,
         oom_killed=bool(ended.oom_kill),
         cpu_ms=ended.cpu_ms,
+        error=V8_HEAP
+        if heap_exhausted(bytes(ended.stderr), ended.exit_code, ended.signal)
+        else None,
     )
     outcome, reason, _, _ = outcome_of(seen)
     return outcome, reason

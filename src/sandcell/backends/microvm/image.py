@@ -112,6 +112,9 @@ class Manifest:
     the default one)."""
     runtime_tree_sha256: str = ""
     """A named runtime's content hash (``Runtime.tree_sha256``); empty for ``default``."""
+    node_tree_sha256: str = ""
+    """The Node runtime the image holds for JavaScript and TypeScript programs (its tree hash,
+    ``sandcell runtime build node``); empty when none was built when the image was."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -329,6 +332,10 @@ def plan_root(runtime: str | None = None) -> RootPlan:
     # The neutral venv's pyvenv.cfg, and empty files over hooks that name the host's sources.
     generated += [(path, text.encode(), 0o644) for path, text in py.files]
     generated.append((INTERPRETER_FILE, py.sandbox_python.encode(), 0o644))
+    # Node and its packages at the sandbox's paths, when built: ldd of the staged binary brings
+    # the C++ runtime it links (libstdc++, libgcc_s), as it does the Python extensions'.
+    node = _node_mounts()
+    moved += node
     # /etc/fonts: matplotlib finds fonts quietly; C.utf8: the locale every program gets.
     trees += [d for d in ("/etc/fonts", "/usr/lib/locale/C.utf8") if os.path.isdir(d)]
     dirs: tuple[str, ...] = ("/proc", "/sys", "/dev", "/tmp", "/sandbox", "/home/user", "/inputs")
@@ -341,8 +348,52 @@ def plan_root(runtime: str | None = None) -> RootPlan:
         links=tuple(links),
         generated=tuple(generated),
         dirs=dirs,
-        prebuilt=py.prebuilt_bytecode,
+        prebuilt=(*py.prebuilt_bytecode, *(host for host, _ in node)),
     )
+
+
+def _node_mounts() -> list[tuple[str, str]]:
+    """(host, guest) of the Node runtime's trees, or none where it is not built (the image then
+    runs no JavaScript: :func:`node_missing` says so before such a run)."""
+    built = node_tree_sha256()
+    if not built:
+        return []
+    from sandcell.runtimes.node import SANDBOX_NODE, SANDBOX_NODE_MODULES, node_runtime
+
+    # The sandbox paths of every rung.
+    wanted = (SANDBOX_NODE, SANDBOX_NODE_MODULES)
+    return [(host, guest) for host, guest in node_runtime().mounts if guest in wanted]
+
+
+def node_tree_sha256() -> str:
+    """The tree hash of this host's Node runtime (empty where none is built)."""
+    from sandcell.runtimes.node import stored_node
+
+    try:
+        return stored_node().manifest.tree_sha256
+    except ConfigError:
+        return ""
+
+
+def node_missing(manifest: Manifest) -> IsolationUnavailable | None:
+    """Why an image cannot run a JavaScript or TypeScript program (None when it can): it holds
+    no Node runtime, or another build than this host's."""
+    fix = f"sandcell runtime build node, then: {build_command(manifest.runtime)}"
+    current = node_tree_sha256()
+    if not manifest.node_tree_sha256:
+        return IsolationUnavailable(
+            "microvm image",
+            f"the guest image (built {manifest.built_at}) holds no Node.js runtime",
+            f"build it into the image: {fix}",
+        )
+    if manifest.node_tree_sha256 != current:
+        return IsolationUnavailable(
+            "microvm image",
+            f"the guest image holds Node runtime {manifest.node_tree_sha256[:12]}, but this "
+            f"host's is {current[:12] or 'not built'}",
+            f"rebuild the image: {fix}",
+        )
+    return None
 
 
 def _guest_bytecode() -> list[tuple[str, bytes, int]]:
@@ -609,6 +660,7 @@ def build(
         raise ConfigError(f"{exc}; run scripts/install-vm again") from None
     # Resolved (and a named runtime verified) before anything is written.
     py, bash = python_runtime(name), bash_runtime(name)
+    node_sha = node_tree_sha256()
     idir.mkdir(parents=True, exist_ok=True)
     agent = agent_sha256()
     with tempfile.TemporaryDirectory(prefix=".build-", dir=idir) as tmp:
@@ -637,6 +689,7 @@ def build(
         agent_sha256=agent,
         runtime=name,
         runtime_tree_sha256=py.tree_sha256,
+        node_tree_sha256=node_sha,
     )
     _write_atomic(idir / MANIFEST_NAME, json.dumps(asdict(manifest), indent=2).encode(), 0o644)
     with_cache = idir / _VERIFIED_NAME
@@ -655,6 +708,8 @@ __all__ = [
     "build_command",
     "guest_path",
     "load_manifest",
+    "node_missing",
+    "node_tree_sha256",
     "plan_root",
     "replaced",
     "sha256_file",

@@ -37,10 +37,11 @@ import platform
 import subprocess
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sandcell.backends.base import BackendResult, Collector, OutputSink, started_cold
-from sandcell.backends.host import cgroups, landlock, native_init, seccomp, workspace
+from sandcell.backends.host import cgroups, landlock, native_init, node_program, seccomp, workspace
 from sandcell.backends.host.bubblewrap import find_bwrap
 from sandcell.backends.host.layout import CONTROL_DISPLAY, SANDBOX_WORKDIR, displays
 from sandcell.backends.host.observe import observed
@@ -356,7 +357,10 @@ class NamespacesBackend:
         return Spawner(self.bwrap.path, self.seccomp_program, self._command_for("python", runtime))
 
     def _command(self, request: RunRequest, runtime: Runtime) -> list[str]:
-        return self._command_for(request.language, runtime)
+        args = node_program.program_args(
+            request.language, runtime.interpreter_args, request.effective_limits, request.mode
+        )
+        return self._command_for(request.language, replace(runtime, interpreter_args=args))
 
     def _command_for(self, language: Language, runtime: Runtime) -> list[str]:
         if language == "python":
@@ -423,6 +427,7 @@ class NamespacesBackend:
                 sockets, landlock_abi=layers.landlock_abi, cgroup=layers.cgroup_host is not None
             )
         )
+        ll.update(node_program.layers(request.language, request.mode))
         return Enforcement(
             backend=self.name, layers=ll, mode=request.mode, weakened=tuple(weakened)
         )

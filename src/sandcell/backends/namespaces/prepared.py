@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandcell.backends.host import cgroups, landlock, neutral_sources, workspace
+from sandcell.backends.host import cgroups, landlock, neutral_sources, node_program, workspace
 from sandcell.backends.host import native_init as native_init_build
 from sandcell.backends.host.layout import (
     CONTROL_BOOT,
@@ -124,7 +124,10 @@ class PreparedSandbox:
         self.helper: HelperChannel | None = None
         """The workspace helper's pipes, once :meth:`argv` decided that one runs the sandbox."""
         self._rlimits = plan_rlimits(
-            self.limits, request.mode, address_space=backend.heap_limit(request) is None
+            self.limits,
+            request.mode,
+            address_space=backend.heap_limit(request) is None,
+            reserve=node_program.address_reserve(request.language),
         )
         self._written: list[Path] = []
         """The control files written here, removed by name (see :meth:`remove`)."""

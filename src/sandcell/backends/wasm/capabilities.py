@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 from sandcell.errors import ConfigError
-from sandcell.spec import MiB, RunRequest
+from sandcell.spec import NODE_LANGUAGES, MiB, RunRequest
 
 OTHER_RUNGS = "namespaces, gvisor or microvm"
 NO_OUTSIDE = (
@@ -56,9 +56,16 @@ def check(request: RunRequest) -> None:
             f"use the {OTHER_RUNGS} rung"
         )
     if request.language != "python":
+        # Node.js runs there, but as Pyodide's host: a program's JavaScript would run beside
+        # the Wasm sandbox, not in it.
+        why = (
+            "its Node.js only hosts Python's WebAssembly interpreter (Pyodide)"
+            if request.language in NODE_LANGUAGES
+            else "it has no processes and no shell"
+        )
         raise ConfigError(
-            f"the wasm rung runs Python only, not {request.language}: it has no processes "
-            f"and no shell; run {request.language} on the {OTHER_RUNGS} rung (--backend)"
+            f"the wasm rung runs Python only, not {request.language}: {why}; run "
+            f"{request.language} on the {OTHER_RUNGS} rung (--backend)"
         )
     for pkg in request.packages:
         native = _native_file(pkg)
