@@ -22,7 +22,7 @@ def add_backend_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_lang_option(p: argparse.ArgumentParser) -> None:
+def add_lang_option(p: argparse.ArgumentParser, *, what: str = "the program's") -> None:
     """``--lang``: the program's language, by any name :data:`sandcell.spec.LANGUAGE_ALIASES`
     knows (``js`` is javascript, ``ts`` typescript), stored as its full name."""
     p.add_argument(
@@ -30,7 +30,7 @@ def add_lang_option(p: argparse.ArgumentParser) -> None:
         type=_language,
         default="python",
         metavar="LANG",
-        help=f"the program's language: {', '.join(LANGUAGES)} (or js, ts, sh; default python)",
+        help=f"{what} language: {', '.join(LANGUAGES)} (or js, ts, sh; default python)",
     )
 
 

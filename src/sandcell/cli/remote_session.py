@@ -24,6 +24,7 @@ from sandcell.cli.remote_run import (
 from sandcell.cli.run import read_code
 from sandcell.cli.session import (
     _session_limits,
+    check_kernel_language,
     idle_timeout,
     max_lifetime,
     print_cell,
@@ -65,6 +66,7 @@ def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
     if idle_timeout(args) <= 0 or max_lifetime(args) <= 0:
         raise ConfigError("--idle-timeout and --max-lifetime must be positive")
     _session_limits(args)  # refused here as in-process: a value that is not positive
+    check_kernel_language(args.lang)
     limits = {
         "wall_time_s": args.timeout,
         "memory_bytes": args.memory * MiB if args.memory is not None else None,
@@ -85,6 +87,8 @@ def _start(args: argparse.Namespace, target: Target, remote: Remote) -> int:
         "files": input_files(args.input),
         "on_idle": args.on_idle,
         "paused_ttl_s": args.paused_ttl,
+        # Only when not the default, which a service without session languages takes too.
+        **({"language": args.lang} if args.lang != "python" else {}),
     }
     info = remote.json("POST", "/v1/sessions", body=body)
     if args.json:

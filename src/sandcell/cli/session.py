@@ -23,7 +23,7 @@ from typing import Any
 from sandcell import status
 from sandcell.artifacts import ArtifactStore
 from sandcell.cli._own_lines import OwnLines
-from sandcell.cli.options import add_backend_option
+from sandcell.cli.options import add_backend_option, add_lang_option
 from sandcell.cli.remote import add_service_option, find_service
 from sandcell.cli.render import render_outputs
 from sandcell.cli.run import read_code
@@ -38,6 +38,7 @@ from sandcell.sessions import (
     registry,
     server,
 )
+from sandcell.sessions.session import KERNEL_LANGUAGES
 from sandcell.spec import (
     Artifact,
     DisplayOutput,
@@ -162,6 +163,7 @@ def _session_options(p: argparse.ArgumentParser) -> None:
         help=f"keep a paused state this long (default {DEFAULT_PAUSED_TTL_S:g})",
     )
     add_backend_option(p)
+    add_lang_option(p, what="the session's cells'")
 
 
 def home_of(args: argparse.Namespace) -> Path:
@@ -192,6 +194,8 @@ def _common_argv(args: argparse.Namespace) -> list[str]:
     ]
     if args.paused_ttl is not None:
         argv += ["--paused-ttl", repr(args.paused_ttl)]
+    if args.lang != "python":
+        argv += ["--lang", args.lang]
     if args.profile:
         argv += ["--profile", args.profile]
     if args.backend:
@@ -258,6 +262,7 @@ def _start(args: argparse.Namespace) -> int:
     if args.paused_ttl is not None and not (math.isfinite(args.paused_ttl) and args.paused_ttl > 0):
         raise ConfigError(f"--paused-ttl must be a positive number, got {args.paused_ttl:g}")
     _session_limits(args)  # refused here: the server's own refusal would not reach the caller
+    check_kernel_language(args.lang)
     for p in args.input:
         input_from_path(p)  # refused here, with the caller's path in the message
     home = home_of(args)
@@ -281,6 +286,16 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_kernel_language(language: str) -> None:
+    """Refuse a session language no kernel runs (bash) before a server starts."""
+    if language not in KERNEL_LANGUAGES:
+        raise ConfigError(
+            f"--lang {language}: a session's language is its kernel's, one of "
+            f"{', '.join(KERNEL_LANGUAGES)}; run a {language} program with "
+            f"sandcell run --lang {language}"
+        )
+
+
 def refuse_settings_with_snapshot(args: argparse.Namespace) -> None:
     """A session started from a snapshot takes the snapshot's settings (as
     :meth:`Executor.session <sandcell.executor.Executor.session>` says): any other is refused
@@ -298,6 +313,7 @@ def refuse_settings_with_snapshot(args: argparse.Namespace) -> None:
             ("--isolation", None if args.isolation == IsolationMode.STRICT.value else 1),
             ("--no-landlock", args.no_landlock or None),
             ("--on-idle", None if args.on_idle == "end" else 1),
+            ("--lang", None if args.lang == "python" else 1),
             ("--paused-ttl", args.paused_ttl),
             ("--backend", args.backend),
         )

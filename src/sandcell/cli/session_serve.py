@@ -99,6 +99,7 @@ def _new(ex: Executor, args: argparse.Namespace, session_id: str) -> Session:
         session_id=session_id,
         on_idle="pause" if args.on_idle == "pause" else "end",
         paused_ttl_s=DEFAULT_PAUSED_TTL_S if args.paused_ttl is None else args.paused_ttl,
+        language=args.lang,
     )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.conftest import UnprivEnv, backend_unavailable, run_as_user, run_cli
+from tests.conftest import UnprivEnv, backend_unavailable, run_as_user, run_cli, runtime_required
 from tests.contract.sessions.rungs import need_microvm, only_on
 from tests.contract.sessions.traces import gvisor_leftovers, gvisor_state_dir, qemus_under
 from tests.integration import hostscan
@@ -237,3 +237,24 @@ def test_cli_idle_timeout_ends_the_server(rung: str, tmp_path: Path) -> None:
     assert not (home / "sessions" / f"{sid}.sock").exists()
     listed = call(["session", "list", "--json"])
     assert json.loads(listed.stdout) == []
+
+
+@only_on(
+    "namespaces",
+    reason="the CLI gives the session its language and the rung starts that language's kernel; "
+    "the kernel on each rung is the sessions contract's (test_cells)",
+)
+def test_cli_session_in_typescript(rung: str, tmp_path: Path) -> None:
+    runtime_required("node")
+    call, _ = _as_root(tmp_path)
+    refused = call(["session", "start", "--profile", "unchecked", "--lang", "bash"])
+    assert refused.returncode == 78 and "a session's language is its kernel's" in refused.stderr
+    sid = _start(call, rung, "--lang", "ts")
+    try:
+        first = call(["session", "run", sid, "-c", "const n: number = 20;"])
+        assert first.returncode == 0, first.stderr
+        second = call(["session", "run", sid, "-c", "console.log(n + 22)"])
+        assert (second.returncode, _text(second.stdout)) == (0, "42\n"), second.stderr
+    finally:
+        closed = call(["session", "close", sid])
+    assert closed.returncode == 0, closed.stderr
