@@ -3,8 +3,8 @@
 ``run_code`` is one cell of the sandbox's session, answered as the interpreter's NDJSON stream
 (:mod:`sandcell.e2b.results`), with the cell's output live when the session offers it. Python
 runs as a cell, its IPython syntax (``!cmd``, magics) first translated into the plain Python
-that the profile checks and the cell runs (:mod:`sandcell.e2b.ipython`); ``bash`` (the one
-other language the SDK names and a profile may allow) runs as a command. A context is a scope
+that the profile checks and the cell runs (:mod:`sandcell.e2b.ipython`); ``bash`` runs as a command;
+JavaScript and TypeScript are refused (the sandbox's kernel is Python's). A context is a scope
 of the session's kernel named by its id: its variables are its own (the default context is
 the kernel's main namespace), its cells run in its working directory, restarting it empties it
 and removing it drops it. It is a namespace, not a process
@@ -49,13 +49,14 @@ def _language(name: str | None) -> Language:
     if language is not None:
         return language
     if LANGUAGE_ALIASES.get((name or "").strip().lower()) in NODE_LANGUAGES:
-        # A cell runs in the sandbox's session, whose kernel is Python's: a JavaScript cell
-        # has no kernel to keep its state in.
+        # A cell runs in the sandbox's one session, whose kernel is Python's; a Node kernel
+        # would be another sandbox, whose files are not this one's, which E2B's contexts share.
         raise E2BError(
             400,
-            f"language {name!r} is not served by sandcell's code interpreter: its sessions run "
-            "python and bash cells; run a JavaScript or TypeScript program one-shot instead "
-            "(POST /v1/runs with language javascript, or the MCP tool run_javascript)",
+            f"language {name!r} is not served by sandcell's code interpreter: a sandbox's "
+            "session has a Python kernel (python and bash cells); JavaScript and TypeScript "
+            "run in a session of their own (POST /v1/sessions with language javascript) or "
+            "one-shot (POST /v1/runs, the MCP tool run_javascript)",
         )
     raise E2BError(400, f"language {name!r} is not served by sandcell; use python (or bash)")
 
