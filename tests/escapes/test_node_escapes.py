@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import Sandbox
+from tests.conftest import Sandbox, run_as_user
 
 from sandcell import ConfigError, RunRequest
 from sandcell.spec import NODE_RESERVED_ENV
@@ -264,12 +264,23 @@ def test_network_is_unreachable(attack: Attack, tcp_listener: Listener) -> None:
     assert not tcp_listener.stop(), f"[{attack.identity}] ESCAPE: {tcp_listener.seen}"
 
 
-def test_node_start_variables_are_refused_before_the_run(attack: Attack) -> None:
+def test_node_start_variables_are_refused_before_the_run(
+    attack: Attack, request: pytest.FixtureRequest
+) -> None:
     """A variable that changes how Node starts (its flags, its module path) is refused before
     any sandbox starts, through the API and the CLI alike."""
     for name in NODE_RESERVED_ENV:
         with pytest.raises(ConfigError, match=name):
             RunRequest(code="1", language="javascript", env={name: "--allow-child-process"})
+    if attack.identity == "user":
+        unpriv = request.getfixturevalue("unpriv")
+        args = ["run", "--json", "--profile", "unchecked", "--lang", "javascript"]
+        args += ["--env", "NODE_OPTIONS=--allow-child-process", "-c", "console.log(1)"]
+        if attack.sandbox.backend != "namespaces":
+            args.insert(1, f"--backend={attack.sandbox.backend}")
+        proc = run_as_user(unpriv, args)
+        assert proc.returncode == 78, proc
+        assert b"NODE_OPTIONS" in proc.stderr and not proc.stdout, proc
     # And the program's own environment holds none of them.
     res = _run(
         attack,
