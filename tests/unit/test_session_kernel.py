@@ -1,8 +1,11 @@
 """Which kernel a session starts, by its language (backends/cell/kernel.py): the command lines
-every rung execs, what a microVM guest is sent, and the memory saves a Node kernel refuses.
+every rung execs, what a microVM guest is sent, the memory saves a Node kernel refuses, and a
+kernel V8 aborted on a full heap judged as the memory limit reached.
 Pure: the sandboxes that run these are tests/contract/sessions/test_js_sessions.py's."""
 
 from __future__ import annotations
+
+import signal
 
 from sandcell.backends import inside
 from sandcell.backends.cell.kernel import (
@@ -11,10 +14,11 @@ from sandcell.backends.cell.kernel import (
     kernel_file,
     memory_refusal,
 )
+from sandcell.backends.cell.verdict import classify_cell
 from sandcell.backends.host import node_program
 from sandcell.runtimes import Runtime
 from sandcell.runtimes.node.flags import NODE_FLAGS
-from sandcell.spec import IsolationMode, Limits
+from sandcell.spec import IsolationMode, Limits, Outcome
 
 RUNTIME = Runtime(
     name="node",
@@ -76,3 +80,25 @@ def test_a_node_kernel_never_saves_its_memory() -> None:
     assert memory_refusal("python") is None and memory_refusal("bash") is None
     why = memory_refusal("javascript")
     assert why is not None and "Math.random" in why and "mode=files" in why
+
+
+def test_a_node_kernel_aborted_on_a_full_heap_met_the_memory_limit() -> None:
+    said = b"FATAL ERROR: Reached heap limit Allocation failed - JavaScript"
+    said += b" heap out of memory\n 1: 0xb8d0a3 node::OOMErrorHandler\n"
+    common = {
+        "reply": None,
+        "stopped_by": None,
+        "ended_why": "kernel",
+        "timeout_s": 10.0,
+        "limits": Limits(),
+        "mode": IsolationMode.STRICT,
+        "cg": None,
+        "kernel_status": signal.SIGABRT,
+        "protocol_error": None,
+    }
+    outcome, reason, _, sig = classify_cell(**common, stderr=said)  # type: ignore[arg-type]
+    assert (outcome, sig) == (Outcome.MEMORY_LIMIT, signal.SIGABRT)
+    assert "JavaScript heap" in reason and reason.endswith("the session ended")
+    # Another abort is the kernel's crash, as before.
+    crashed = classify_cell(**common, stderr=b"Assertion failed\n")  # type: ignore[arg-type]
+    assert crashed[0] is Outcome.KILLED

@@ -14,7 +14,7 @@ channel, its interrupt, its output relay), one JavaScript session checks fewer, 
 names across cells, top-level await and lodash, output streamed, the last value, a loop
 interrupted at its time limit with the state kept, the output cap, an error, the memory pause
 refused and a files pause resumed under a fresh kernel, an export at the end; a TypeScript
-session runs typed cells.
+session runs typed cells until one fills the session's memory.
 """
 
 from __future__ import annotations
@@ -228,7 +228,14 @@ def test_node_session_on_the_rung(rung: str, ex: Executor) -> None:
 @OTHER_RUNGS
 def test_typescript_cells_on_the_rung(rung: str, ex: Executor) -> None:
     runtime_required("node")
-    with open_session(ex, language="typescript") as s:
-        typed = s.run("interface P { x: number }\nconst p: P = { x: 2 }\nconsole.log(p.x * 21)")
-        assert (typed.outcome, typed.stdout) == (Outcome.OK, "42\n"), typed.stderr
-        assert _value(s, "const twice = (n: number): number => n * 2\ntwice(p.x)") == "4"
+    s = open_session(ex, language="typescript", limits=Limits(memory_bytes=384 * MiB))
+    host = trace(rung, s)
+    typed = s.run("interface P { x: number }\nconst p: P = { x: 2 }\nconsole.log(p.x * 21)")
+    assert (typed.outcome, typed.stdout) == (Outcome.OK, "42\n"), typed.stderr
+    assert _value(s, "const twice = (n: number): number => n * 2\ntwice(p.x)") == "4"
+    # The session's memory limit, however it is met: the cgroup kills Node, or V8 aborts on a
+    # heap it sized from the limit (the microVM's guest cgroup); the session ends either way.
+    full = s.run("const kept: number[][] = []\nfor (;;) kept.push(new Array(1e6).fill(1.5))")
+    assert full.outcome is Outcome.MEMORY_LIMIT, full.reason
+    assert s.ended is not None and "session ended" in full.reason
+    host.assert_gone()

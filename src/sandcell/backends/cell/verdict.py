@@ -10,7 +10,8 @@ runs, in one order of precedence.
 from __future__ import annotations
 
 from sandcell.backends.host import cgroups
-from sandcell.backends.host.outcome import Seen, Verdict, classify
+from sandcell.backends.host.node_program import heap_exhausted
+from sandcell.backends.host.outcome import V8_HEAP, Seen, Verdict, classify
 from sandcell.backends.host.process import decode_wait
 from sandcell.spec import IsolationMode, Limits
 
@@ -52,6 +53,7 @@ def classify_cell(
     protocol_error: str | None,
     cancel: CellCancel | None = None,
     heap_limit_bytes: int | None = None,
+    stderr: bytes = b"",
 ) -> Verdict:
     """The verdict on a cell, by the classifier every rung shares
     (:func:`sandcell.backends.host.outcome.classify`).
@@ -62,12 +64,16 @@ def classify_cell(
     life), ``"grace"`` (the interrupted cell did not return in time) or ``"kernel"`` (the
     kernel is gone: ``kernel_status`` is the wait status the boot reported, if any, and
     ``protocol_error`` says how the kernel broke the channel's protocol, if it did).
+    ``stderr``: the cell's, where a Node kernel that V8 aborted on a full heap said so (V8
+    sizes its heap from the memory limit: that limit was reached, not a crash).
     """
     status: object = None
     error: object = None
     code: int | None = None
     if ended_why == "kernel":
         code, sig = decode_wait(kernel_status) if kernel_status is not None else (None, None)
+        if heap_exhausted(stderr, code, sig):
+            error = V8_HEAP
     else:
         sig = None
         if ended_why is None:

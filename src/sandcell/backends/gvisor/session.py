@@ -526,6 +526,7 @@ class GVisorSessionSandbox:
             kernel_status=self._kernel_status,
             protocol_error=self._protocol_error,
             cancel=cancel,
+            stderr=bytes(err.data),
         )
         if self._cpu_out:
             outcome, code_, sig = Outcome.TIMEOUT, None, signal.SIGKILL

@@ -493,6 +493,7 @@ class VMSessionSandbox:
             kernel_status=self._kernel_status(),
             protocol_error=self._protocol_error,
             cancel=cancel,
+            stderr=bytes(err.data),
         )
         if ended_why is not None:
             self.ended = reason

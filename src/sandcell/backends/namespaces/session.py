@@ -432,6 +432,7 @@ class SessionSandbox:
             protocol_error=self._protocol_error,
             cancel=cancel,
             heap_limit_bytes=self.backend.heap_limit(self.request),
+            stderr=bytes(err.data),
         )
         if ended_why is not None:
             self.ended = reason
