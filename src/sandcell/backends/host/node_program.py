@@ -60,10 +60,11 @@ def address_reserve(language: Language) -> int:
 
 
 def heap_exhausted(stderr: bytes, exit_code: int | None, sig: int | None) -> bool:
-    """Whether a run ended as V8 ends a program whose heap is full: its message last on stderr
-    and an abort (the signal, or a shell's 128 + 6 where a shell reported it)."""
+    """Whether a run ended as V8 ends a program whose heap is full: its message near the end of
+    stderr (only V8's native stack trace follows it, a few KiB of C++ names) and an abort (the
+    signal, or a shell's 128 + 6 where a shell reported it)."""
     aborted = sig == signal.SIGABRT or exit_code == 128 + signal.SIGABRT
-    return aborted and HEAP_EXHAUSTED.encode() in stderr[-4096:]
+    return aborted and HEAP_EXHAUSTED.encode() in stderr[-32768:]
 
 
 def layers(language: Language, mode: IsolationMode) -> dict[str, str]:
