@@ -37,6 +37,7 @@ PROGRAMS = {
     "exit": ("javascript", "setTimeout(() => console.log('never'), 1000)\nprocess.exit(4)\n"),
     "throw": ("javascript", "function f() {\n  throw new Error('boom')\n}\nf()\n"),
     "rejection": ("javascript", "Promise.reject(new TypeError('nope'))\n"),
+    "output_cap": ("javascript", "process.stdout.write('x'.repeat(3 * 2 ** 20))\n"),
 }
 
 _RUNNER_FRAMES = re.compile(
@@ -75,7 +76,8 @@ def test_a_pooled_run_is_warm_and_is_what_node_main_js_runs(
     node_built: None, executor: Executor, executor_pool: Executor
 ) -> None:
     """Each program pooled and cold: the same outcome, status, stdout and stderr (a stack's
-    frames below the program's aside), exports; the record says pool, and the runtime."""
+    frames below the program's aside), exports, output cap; the record says pool, and the
+    runtime."""
     for name, (language, code) in PROGRAMS.items():
         request = RunRequest(code=code, language=language, exports=("*.txt",))  # type: ignore[arg-type]
         warm, _ = pooled_run(executor_pool, request)
