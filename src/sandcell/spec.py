@@ -36,6 +36,9 @@ LANGUAGE_ALIASES: Mapping[str, Language] = {
 NODE_RESERVED_ENV = ("NODE_OPTIONS", "NODE_PATH", "NODE_REPL_EXTERNAL_MODULE", "NODE_DEBUG_NATIVE")
 """Variables that change how Node.js itself starts (flags, module search, native debugging): a
 JavaScript or TypeScript run may not set them; its flags are the runtime's."""
+NODE_MIN_PIDS = 16
+"""The smallest ``max_pids`` of a JavaScript or TypeScript run: Node.js starts ten threads of its
+own (V8's workers, libuv's pool), which count as processes; with fewer it aborts or hangs."""
 
 
 def language_named(name: str) -> Language:
@@ -186,6 +189,13 @@ class RunRequest:
                     "(its flags and module search are the runtime's); remove it from the "
                     "environment"
                 )
+        pids = self.effective_limits.max_pids
+        if self.language in NODE_LANGUAGES and pids < NODE_MIN_PIDS:
+            raise ConfigError(
+                f"a {self.language} run needs max_pids of at least {NODE_MIN_PIDS}, not {pids}: "
+                "Node.js starts about ten threads of its own (V8's workers, libuv's pool), and "
+                "each counts; raise the limit (--pids)"
+            )
         seen: set[str] = set()
         for item in self.inputs:
             if item.name in seen:

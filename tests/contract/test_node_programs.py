@@ -272,8 +272,8 @@ def test_output_caps(node_sandbox: Sandbox) -> None:
 
 def test_node_threads_fit_max_pids_and_node_env_is_refused(node_sandbox: Sandbox) -> None:
     """Node needs about ten threads of its own (V8's workers, libuv's pool): the default
-    ``max_pids`` (64) runs a program that uses libuv's pool; a variable that changes how Node
-    starts (``NODE_OPTIONS``) is refused before any run."""
+    ``max_pids`` (64) runs a program that uses libuv's pool, and a limit below 16 is refused
+    before any run, as is a variable that changes how Node starts (``NODE_OPTIONS``)."""
     r = node_sandbox.run(
         _code(
             """
@@ -292,6 +292,9 @@ def test_node_threads_fit_max_pids_and_node_env_is_refused(node_sandbox: Sandbox
     assert _seen(r) == {"done": 8}
     with pytest.raises(ConfigError, match="NODE_OPTIONS"):
         RunRequest(code="1", language="javascript", env={"NODE_OPTIONS": "--allow-worker"})
+    # Fewer than Node's own threads would abort it or hang it until the wall time: refused.
+    with pytest.raises(ConfigError, match="max_pids of at least 16"):
+        node_sandbox.run("console.log(1)", lang="javascript", max_pids=8)
 
 
 def test_wasm_rung_refuses_javascript(root_home: Path) -> None:
