@@ -181,7 +181,7 @@ def test_javascript_and_typescript_tools(mcp_home: Path) -> None:
 
     async def scenario() -> None:
         async with stdio_session(
-            mcp_home, "--profile", "unchecked", "--allow-profile", "strict"
+            mcp_home, "--profile", "unchecked", "--allow-profile", "analysis"
         ) as s:
             r = await s.call_tool("run_javascript", {"code": program, "inputs": inputs})
             assert (structured(r)["outcome"], structured(r)["stdout"]) == ("ok", "42\n"), text(r)
@@ -194,7 +194,7 @@ def test_javascript_and_typescript_tools(mcp_home: Path) -> None:
             assert structured(r)["outcome"] == "error", text(r)
             assert "ERR_ACCESS_DENIED" in structured(r)["stderr"], text(r)
             assert_tool_error(
-                await s.call_tool("run_javascript", {"code": "1", "profile": "strict"}),
+                await s.call_tool("run_javascript", {"code": "1", "profile": "analysis"}),
                 "does not allow javascript",
             )
             # A TypeScript session: names persist between cells, the last value is shown.

@@ -155,9 +155,16 @@ def test_bad_input_is_a_problem_naming_the_field(service: ServiceProcess, home: 
         body = _problem(c.post("/v1/runs", json={"code": "pass", "language": "cobol"}), 422)
         assert body["errors"][0]["field"] == "body.language"
         assert "javascript" in str(body["errors"][0])  # the names there are
-        # A short name is the language; strict does not run it (a 400 saying so, not a 422).
-        body = _problem(c.post("/v1/runs", json={"code": "1", "language": "js"}), 400)
-        assert "does not allow javascript programs" in str(body["detail"])
+        # A short name is the language (its own rules apply: a 400 naming javascript, not a
+        # 422): a Node run may not set Node's own start-up variables.
+        body = _problem(
+            c.post(
+                "/v1/runs",
+                json={"code": "1", "language": "js", "env": {"NODE_OPTIONS": "--inspect"}},
+            ),
+            400,
+        )
+        assert "a javascript run may not set NODE_OPTIONS" in str(body["detail"])
         body = _problem(c.post("/v1/runs", json={"code": "pass", "backend": "bogus"}), 400)
         assert "bogus" in str(body["detail"])
         body = _problem(c.post("/v1/runs", json={"code": "pass", "backend": "gvisor"}), 400)

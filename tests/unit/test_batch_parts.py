@@ -173,8 +173,8 @@ def test_task_languages_by_any_name_and_the_profiles_say(tmp_path: Path) -> None
     assert (js.request.language, ts.request.language) == ("javascript", "typescript")
     with pytest.raises(ConfigError, match="line 1: field 'language': unknown language 'ruby'"):
         _tasks(tmp_path, {"id": "r", "language": "ruby", "code": "puts 1"})
-    with pytest.raises(ConfigError, match="profile 'strict' does not allow javascript programs"):
-        _tasks(tmp_path, {"id": "j", "language": "js", "code": "1"}, profile="strict")
+    with pytest.raises(ConfigError, match="profile 'analysis' does not allow javascript programs"):
+        _tasks(tmp_path, {"id": "j", "language": "js", "code": "1"}, profile="analysis")
     test = {"id": "j", "language": "js", "code": "1", "test": "assert True"}
     with pytest.raises(ConfigError, match="a javascript task cannot have a test"):
         _tasks(tmp_path, test)

@@ -382,12 +382,16 @@ def test_empty_denies_and_absent_takes_the_default(tmp_path: Path) -> None:
 
 
 def test_javascript_and_typescript_are_allowed_where_a_profile_names_them(tmp_path: Path) -> None:
-    # Absent is strict's list, which has no Node languages; unchecked (the sandbox alone) has
-    # them; a profile of one's own may name them.
-    for name in ("strict", "supervised", "hostile", "analysis", "datascience", "pure", "absent"):
+    # The general profiles (and absent, which is strict's list) run every language; the
+    # analysis profiles and pure (the wasm rung's) are Python's; a profile may name them.
+    for name in ("strict", "supervised", "hostile", "absent"):
         profile = load_profile(
             str(write(tmp_path, "absent.toml", "")) if name == "absent" else name
         )
+        assert profile.allows_language("javascript"), name
+        assert profile.allows_language("typescript"), name
+    for name in ("analysis", "datascience", "pure"):
+        profile = load_profile(name)
         assert not profile.allows_language("javascript"), name
         assert not profile.allows_language("typescript"), name
     unchecked = load_profile("unchecked")

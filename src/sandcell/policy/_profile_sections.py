@@ -291,9 +291,9 @@ _RUNTIME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 class RuntimeRules:
     """What may run, and what the program may import."""
 
-    languages: tuple[Language, ...] = ("python", "bash")
-    """Languages allowed (python, bash, javascript, typescript). Empty: none. Absent: python and
-    bash, as in strict (absent denies what strict denies)."""
+    languages: tuple[Language, ...] = LANGUAGES
+    """Languages allowed (python, bash, javascript, typescript). Empty: none. Absent: all four,
+    as in strict (absent denies what strict denies)."""
     runtime: str = "analysis"
     """The runtime a run gets when it names none: a runtime built with ``sandcell runtime
     build`` (``minimal``, ``analysis``, ``datascience``, a user's lock), or ``default`` (the
