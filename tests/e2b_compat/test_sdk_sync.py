@@ -172,8 +172,8 @@ def test_bash_as_a_language(sbx: Sandbox) -> None:
 def test_unserved_language_is_refused(sbx: Sandbox) -> None:
     with pytest.raises(SandboxException, match="not served"):
         sbx.run_code("puts 1", language="ruby")
-    # JavaScript has no session kernel here: the refusal says where it runs one-shot.
-    with pytest.raises(SandboxException, match=r"not served.*run_javascript"):
+    # JavaScript runs where the sandbox's profile allows it (test_js_cells.py); strict does not.
+    with pytest.raises(SandboxException, match=r"profile 'strict' does not allow javascript"):
         sbx.run_code("console.log(1)", language="js")
 
 

@@ -4,7 +4,8 @@
 (:mod:`sandcell.e2b.results`), with the cell's output live when the session offers it. Python
 runs as a cell, its IPython syntax (``!cmd``, magics) first translated into the plain Python
 that the profile checks and the cell runs (:mod:`sandcell.e2b.ipython`); ``bash`` runs as a command;
-JavaScript and TypeScript are refused (the sandbox's kernel is Python's). A context is a scope
+JavaScript and TypeScript (``js``, ``ts``) run in a Node session of their context's own, whose
+files are not the sandbox's (:mod:`sandcell.e2b.node_cells`). A Python context is a scope
 of the session's kernel named by its id: its variables are its own (the default context is
 the kernel's main namespace), its cells run in its working directory, restarting it empties it
 and removing it drops it. It is a namespace, not a process
@@ -27,6 +28,7 @@ from sandcell.e2b.approval import approval_message, needs_approval, ticket_for
 from sandcell.e2b.errors import E2BError, from_exception
 from sandcell.e2b.ipython import IPythonSyntaxError, translate
 from sandcell.e2b.live import Done, follow
+from sandcell.e2b.node_cells import node_kernel, node_stream, restart_node
 from sandcell.e2b.paths import e2b_path, workspace_relative
 from sandcell.e2b.registry import Context, E2BSandbox
 from sandcell.e2b.results import HeldReport, error_message, messages, ndjson, stream_message
@@ -48,17 +50,14 @@ def _language(name: str | None) -> Language:
     language = _LANGUAGES.get((name or "python").lower())
     if language is not None:
         return language
-    if LANGUAGE_ALIASES.get((name or "").strip().lower()) in NODE_LANGUAGES:
-        # A cell runs in the sandbox's one session, whose kernel is Python's; a Node kernel
-        # would be another sandbox, whose files are not this one's, which E2B's contexts share.
-        raise E2BError(
-            400,
-            f"language {name!r} is not served by sandcell's code interpreter: a sandbox's "
-            "session has a Python kernel (python and bash cells); JavaScript and TypeScript "
-            "run in a session of their own (POST /v1/sessions with language javascript) or "
-            "one-shot (POST /v1/runs, the MCP tool run_javascript)",
-        )
-    raise E2BError(400, f"language {name!r} is not served by sandcell; use python (or bash)")
+    node = LANGUAGE_ALIASES.get((name or "").strip().lower())
+    if node in NODE_LANGUAGES:
+        return node
+    raise E2BError(
+        400,
+        f"language {name!r} is not served by sandcell; use python, bash, js (javascript) "
+        "or ts (typescript)",
+    )
 
 
 def _env_cells(env: dict[str, str]) -> tuple[str, str]:
@@ -178,6 +177,13 @@ async def execute(request: Request) -> Response:
         language = _language(body.language)
     service.check_code(body.code)
     code = body.code
+    if language in NODE_LANGUAGES:
+        tenant = admit_cell(service, box)
+        kernel = await service.in_thread(
+            lambda: node_kernel(service, tenant, box, language, context), session=True
+        )
+        node = node_stream(service, tenant, box, kernel, code, env=dict(body.env_vars or {}))
+        return StreamingResponse(node, media_type="application/x-ndjson")
     if language == "python":
         try:
             code = translate(code)
@@ -228,6 +234,13 @@ async def create_context(request: Request) -> Response:
         cwd=e2b_path(relative),
         path=f"{box.workspace}/{relative}" if relative else box.workspace,
     )
+    if language in NODE_LANGUAGES:
+        # Its kernel starts now, as E2B's does: a profile without the language is refused here.
+        service = service_of(request)
+        tenant = admit_cell(service, box)
+        await service.in_thread(
+            lambda: node_kernel(service, tenant, box, language, context), session=True
+        )
     box.contexts[context.id] = context
     box.remember()  # a pause with the kernel's memory keeps the context (a scope of it)
     return JSONResponse(context.to_json())
@@ -246,10 +259,17 @@ def _context(request: Request) -> tuple[E2BSandbox, str]:
     return box, context_id
 
 
-async def _drop(request: Request, box: E2BSandbox, context_id: str) -> None:
+async def _drop(
+    request: Request, box: E2BSandbox, context_id: str, removed: Context | None = None
+) -> None:
     """Empty the context's scope in the kernel (its next cell starts it afresh, in its
-    directory). Runs no code, so it takes no quota and is no run in the record."""
+    directory), or end a JavaScript context's Node session (its next cell opens a fresh one).
+    Runs no code, so it takes no quota and is no run in the record."""
     service = service_of(request)
+    context = box.contexts.get(context_id) or removed
+    if context is not None and LANGUAGE_ALIASES.get(context.language) in NODE_LANGUAGES:
+        await service.in_thread(lambda: restart_node(service, box, context_id), session=True)
+        return
     await service.in_thread(lambda: box.session.drop_scope(context_id), session=True)
 
 
@@ -262,9 +282,9 @@ async def restart_context(request: Request) -> Response:
 async def remove_context(request: Request) -> Response:
     box, context_id = _context(request)
     # Gone from the list first: a cell sent meanwhile is refused rather than recreating it.
-    box.contexts.pop(context_id, None)
+    removed = box.contexts.pop(context_id, None)
     box.remember()
-    await _drop(request, box, context_id)
+    await _drop(request, box, context_id, removed)
     return Response(status_code=204)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sandcell.backends.cell.state import PauseMode
 from sandcell.e2b.errors import E2BError
 from sandcell.e2b.labels import AutoPause, SandboxLabels
+from sandcell.e2b.node_kernels import NodeKernels, ender
 from sandcell.errors import SandcellError
 from sandcell.service.core import LiveSession, Service
 from sandcell.service.saved_sessions import check_room
@@ -81,6 +82,8 @@ class E2BSandbox:
     ended: str | None = None
     """Why the sandbox ended, once the registry has ended it (a kill, its timeout): a call
     still running in it then reports the sandbox gone, not a failure of its own."""
+    node: NodeKernels = field(default_factory=NodeKernels)
+    """The Node sessions of its JavaScript and TypeScript contexts, ended with it."""
 
     @property
     def session(self) -> Session:
@@ -228,6 +231,7 @@ class SandboxRegistry:
                     self._boxes[box.id] = box
             else:
                 box.ended = box.session.ended
+                self._end_node(box, box.ended or "ended")
                 self._service.end_session(box.live)
             raise
         finally:
@@ -235,6 +239,9 @@ class SandboxRegistry:
                 self._pausing.pop(box.id, None)
             done.set()
         box.ended = "paused"
+        # A Node kernel's memory is not saved: the sandbox's JavaScript contexts come back
+        # with it, empty, each opening a fresh kernel at its next cell.
+        self._end_node(box, "paused")
         self._service.end_session(box.live)
         log.info("e2b sandbox %s of tenant %s paused (%s)", box.id, box.tenant, mode.value)
         return state
@@ -274,8 +281,12 @@ class SandboxRegistry:
         try:
             box.session.close()
         finally:
+            self._end_node(box, why)
             self._service.end_session(box.live)
         log.info("e2b sandbox %s of tenant %s ended: %s", box.id, box.tenant, why)
+
+    def _end_node(self, box: E2BSandbox, why: str) -> None:
+        box.node.end_all(why, ender(self._service, box.tenant, f"the sandbox ended: {why}"))
 
     def _alive(self, sandbox_id: str) -> E2BSandbox | None:
         with self._lock:
@@ -335,6 +346,7 @@ class SandboxRegistry:
         with contextlib.suppress(Exception):
             box.session.cancel(f"the sandbox ended: {why}")
             box.session.close()
+        self._end_node(box, why)
         self._service.end_session(box.live)
         log.info("e2b sandbox %s of tenant %s ended: %s", box.id, box.tenant, why)
 

@@ -19,7 +19,7 @@ from typing import Any
 from sandcell.display.chart import CHART_TYPE
 from sandcell.spec import DisplayOutput, Outcome, RunResult
 
-__all__ = ["HeldReport", "error_message", "messages", "ndjson", "stream_message"]
+__all__ = ["HeldReport", "error_message", "messages", "ndjson", "split_error", "stream_message"]
 
 _TRACEBACK = "Traceback (most recent call last):\n"
 _LIMIT_NAMES = {
@@ -89,12 +89,18 @@ def _only_syntax(result: RunResult) -> bool:
     return all(isinstance(f, dict) and f.get("rule_id") == "py.syntax" for f in findings)
 
 
+def _traceback_at(text: str) -> int:
+    return text.find(_TRACEBACK)
+
+
 class HeldReport:
     """Live stderr minus the cell's exception report, which the client gets as the error, not
-    as output: stderr from a traceback's first line on is held until the cell ends."""
+    as output: stderr from a report's first line on (``report_at``: where one starts in a
+    chunk, -1 for none; a Python traceback's by default) is held until the cell ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, report_at: Callable[[str], int] = _traceback_at) -> None:
         self.held = ""
+        self._report_at = report_at
 
     def feed(self, stream: str, text: str) -> str:
         """What of ``text`` to send now."""
@@ -103,7 +109,7 @@ class HeldReport:
         if self.held:
             self.held += text
             return ""
-        at = text.find(_TRACEBACK)
+        at = self._report_at(text)
         if at < 0:
             return text
         self.held = text[at:]
@@ -151,10 +157,11 @@ def messages(
     execution_count: int,
     streamed: HeldReport | None,
     read: Callable[[str], bytes],
+    split: Callable[[RunResult], tuple[str, dict[str, Any] | None]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The messages after a cell ended (``streamed``: its output was already sent live, but
-    for what this holds back)."""
-    stderr, error = split_error(result)
+    for what this holds back; ``split``: the cell's language's :func:`split_error`)."""
+    stderr, error = (split or split_error)(result)
     if streamed is None:
         yield from _lines("stdout", result.stdout)
         yield from _lines("stderr", stderr)
