@@ -154,9 +154,10 @@ def cgroups_of(owner: str, *, include_warm: bool = False) -> list[Path]:
 
     Cgroups of warm pools belong to the session-wide warm executors of tests/conftest.py and are
     left out unless asked for: the namespaces pool's (``<owner>.w<template>-<id>``; a cold run's
-    id is hexadecimal, so it never starts with ``w``), the gVisor pool's sandboxes
-    (``<owner>.gv-<n>-pool-gvisor-pool-<id>``) and jailed VMs (``<owner>.vm-<id>``, waiting in
-    the microVM pool; the microVM backend's own tests check what its runs leave)."""
+    id is hexadecimal, so it never starts with ``w``), the wasm pool's (``<owner>.wasmpool-<id>``)
+    and the namespaces Node pool's (``<owner>.nodepool-<id>``) sandboxes, the gVisor pool's
+    sandboxes (``<owner>.gv-<n>-pool-gvisor-pool-<id>``) and jailed VMs (``<owner>.vm-<id>``,
+    waiting in the microVM pool; the microVM backend's own tests check what its runs leave)."""
     out: list[Path] = []
     for base in cgroup_bases():
         if base.is_dir():
@@ -176,7 +177,7 @@ def _warm_pool_group(owner: str, name: str) -> bool:
     # is a run's group, not a warm pool's.
     if rest.startswith("w") and "-cold-" in rest:
         return False
-    return rest.startswith(("w", "vm-")) or (
+    return rest.startswith(("w", "vm-", "nodepool-")) or (
         rest.startswith("gv-") and "-pool-gvisor-pool-" in rest
     )
 
