@@ -15,7 +15,7 @@ from tests.e2b_compat.conftest import E2BService
 
 @pytest.fixture(scope="module")
 def sbx(e2b_service: E2BService) -> Iterator[Sandbox]:
-    # The unchecked profile allows JavaScript and TypeScript (strict does not: test_sdk_sync).
+    # Unchecked: these tests are of the E2B surface, not of the js.* rules strict applies.
     sandbox = Sandbox.create(
         template="unchecked",
         envs={"GREETING": "hello"},
