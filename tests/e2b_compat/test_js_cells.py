@@ -5,12 +5,34 @@ is a Node session of its own (sandcell.e2b.node_cells), whose files are not the 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from e2b import TimeoutException
 from e2b_code_interpreter import Sandbox
 from tests.e2b_compat.conftest import E2BService
+
+
+def node_kernels_under(pid: int) -> int:
+    """How many Node kernels (``kernel.mjs``) run among ``pid``'s descendants."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = 0, list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        todo.extend(children.get(child, []))
+        try:
+            cmdline = (Path("/proc") / str(child) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        found += b"kernel.mjs" in cmdline
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +101,11 @@ def test_run_code_timeout_interrupts_the_javascript_cell(sbx: Sandbox) -> None:
     ex = sbx.run_code("kept", language="js", timeout=60)
     assert ex.error is None
     assert ex.text == "'state'"
+
+
+def test_kill_ends_the_sandboxs_node_sessions(sbx: Sandbox, e2b_service: E2BService) -> None:
+    # Last in this module: the default JavaScript context's kernel is still running.
+    service_pid = e2b_service.proc.proc.pid
+    assert node_kernels_under(service_pid) >= 1
+    sbx.kill()
+    assert node_kernels_under(service_pid) == 0

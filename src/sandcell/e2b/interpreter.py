@@ -28,7 +28,7 @@ from sandcell.e2b.approval import approval_message, needs_approval, ticket_for
 from sandcell.e2b.errors import E2BError, from_exception
 from sandcell.e2b.ipython import IPythonSyntaxError, translate
 from sandcell.e2b.live import Done, follow
-from sandcell.e2b.node_cells import node_kernel, node_stream, restart_node
+from sandcell.e2b.node_cells import NODE_CONTEXT_NOTE, node_kernel, node_stream, restart_node
 from sandcell.e2b.paths import e2b_path, workspace_relative
 from sandcell.e2b.registry import Context, E2BSandbox
 from sandcell.e2b.results import HeldReport, error_message, messages, ndjson, stream_message
@@ -234,6 +234,7 @@ async def create_context(request: Request) -> Response:
         cwd=e2b_path(relative),
         path=f"{box.workspace}/{relative}" if relative else box.workspace,
     )
+    reply: dict[str, str] = context.to_json()
     if language in NODE_LANGUAGES:
         # Its kernel starts now, as E2B's does: a profile without the language is refused here.
         service = service_of(request)
@@ -241,9 +242,10 @@ async def create_context(request: Request) -> Response:
         await service.in_thread(
             lambda: node_kernel(service, tenant, box, language, context), session=True
         )
+        reply["note"] = NODE_CONTEXT_NOTE
     box.contexts[context.id] = context
     box.remember()  # a pause with the kernel's memory keeps the context (a scope of it)
-    return JSONResponse(context.to_json())
+    return JSONResponse(reply)
 
 
 async def list_contexts(request: Request) -> Response:

@@ -31,7 +31,14 @@ from sandcell.service.tenants import Tenant
 from sandcell.sessions import Session
 from sandcell.spec import Language, Outcome, RunResult
 
-__all__ = ["node_kernel", "node_key", "node_stream", "restart_node"]
+__all__ = ["NODE_CONTEXT_NOTE", "node_kernel", "node_key", "node_stream", "restart_node"]
+
+NODE_CONTEXT_NOTE = (
+    "a JavaScript or TypeScript context is a Node session of its own (another sandbox of the "
+    "same profile): its files, /home/user included, are not the sandbox's, and its state ends "
+    "when the sandbox pauses"
+)
+"""Said in a created context's reply (a key the SDKs do not read, for whoever reads the wire)."""
 
 
 def node_key(language: Language, context: Context | None) -> str:
