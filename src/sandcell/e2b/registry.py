@@ -249,7 +249,8 @@ class SandboxRegistry:
     def pause_for_stop(self) -> None:
         """The service is stopping: pause every sandbox whose timeout pauses it (its
         ``autoPause``), at once, so it outlives the service as it would its timeout; the others
-        end with the service. Blocking; a sandbox that cannot pause ends."""
+        end with the service (their Node kernels here). Blocking; a sandbox that cannot pause
+        ends."""
         with self._lock:
             boxes = [b for b in self._boxes.values() if b.auto_pause != "off"]
         threads = [
@@ -264,6 +265,11 @@ class SandboxRegistry:
             thread.start()
         for thread in threads:
             thread.join()
+        # The others' sessions end with the service's; their Node kernels are not among them.
+        with self._lock:
+            others = list(self._boxes.values())
+        for box in others:
+            self._end_node(box, "the service stopped")
 
     def _pause_quietly(self, box: E2BSandbox, why: str) -> None:
         try:
