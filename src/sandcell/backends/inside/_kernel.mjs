@@ -458,11 +458,10 @@ function printSyntaxError(e, filename, code) {
 
 // -- rich outputs ---------------------------------------------------------------------------
 
-// Empties the outputs directory before each cell, as _kernel.py's _remove_tree does: a link or a
-// file a cell put in its place goes (what it pointed at stays), a directory with all beneath it.
-// Not fs.rmSync, which costs a cell ~0.1 ms more (its retries and checks); a real directory at
-// the root itself is kept (emptied), saving its removal and remaking on every cell.
-function removeTree(path, keepRoot = false) {
+// Removes what is at path as _kernel.py's _remove_tree does: a link or a file a cell put there
+// goes (what it pointed at stays), a directory with all beneath it. Not fs.rmSync: its retries
+// and checks cost a cell ~0.1 ms more.
+function removeTree(path) {
   let st;
   try {
     st = lstatSync(path, { throwIfNoEntry: false });
@@ -495,7 +494,6 @@ function removeTree(path, keepRoot = false) {
       }
     }
   }
-  if (keepRoot) return;
   try {
     rmdirSync(path);
   } catch {
@@ -621,6 +619,7 @@ class Writer {
     this.outDir = outDir;
     this.seq = seq;
     this.written = 0;
+    this.names = []; // the manifests written, for the next cell to remove
   }
 
   emit(kind, data, displayed) {
@@ -653,6 +652,7 @@ class Writer {
       say(`cannot write a ${kind} to ${this.outDir}: ${e && e.message ? e.message : e}`);
       return;
     }
+    this.names.push(name);
     this.seq += 1;
     this.written += 1;
   }
@@ -752,10 +752,47 @@ class Scope {
   }
 }
 
+// Each cell's outputs directory, <outputs>/<id>, made fresh as the cell starts; the one before
+// it removed then. In the common case by what the kernel knows it wrote there (its manifests,
+// then the empty directory): three system calls, where a sweep of the whole outputs directory
+// (lstat, two directory reads, each an open, reads and a close) costs a cell ~1 ms on gVisor,
+// whose system calls are dear. What else is there is removed whole: a directory of the next
+// cell's id made in advance, anything a cell added to its own directory; the outputs directory
+// is swept once as the kernel starts. A cell's own files elsewhere under it stay, as anywhere in
+// /tmp (the host reads only <outputs>/<id> of the cell it ran).
+function freshOutputs(outDir, previous) {
+  if (previous !== null) {
+    for (const name of previous.names) {
+      try {
+        unlinkSync(`${previous.dir}/${name}`);
+      } catch {
+        // the cell removed it, or made its name a directory: removeTree below
+      }
+    }
+    try {
+      rmdirSync(previous.dir);
+    } catch (e) {
+      if (!e || e.code !== "ENOENT") removeTree(previous.dir);
+    }
+  }
+  try {
+    mkdirSync(outDir, { mode: 0o700 });
+    return;
+  } catch (e) {
+    if (e && e.code === "EEXIST") removeTree(outDir);
+    // missing, or a file where it goes (a link to a directory would be followed: cells cannot
+    // make links under the permission model, and the host opens no part through a link)
+    else removeTree(options.outputs);
+  }
+  mkdirSync(outDir, { recursive: true, mode: 0o700 });
+}
+
 class Kernel {
   constructor() {
     this.scopes = new Map();
+    this.lastOutputs = null; // {dir, names} of the last cell's outputs directory
     cellGlobals(globalThis);
+    if (options.display) removeTree(options.outputs);
   }
 
   async scopedCell(id, code, name, dir) {
@@ -799,12 +836,12 @@ class Kernel {
     const filename = `<cell ${id}>`;
     let outDir = null;
     if (options.display) {
-      removeTree(options.outputs, true);
       outDir = `${options.outputs}/${id}`;
-      mkdirSync(outDir, { recursive: true, mode: 0o700 });
+      freshOutputs(outDir, this.lastOutputs);
     }
     const reply = { op: "done", id, out_dir: outDir };
     const writer = outDir !== null ? new Writer(outDir, state.seq) : null;
+    this.lastOutputs = writer !== null ? { dir: outDir, names: writer.names } : null;
     state.inCell = true;
     // The cell's script says "started" as its first statement, under breakOnSigint's watchdog:
     // the host's SIGINT, sent once it reads that, can only come while the watchdog is there to
