@@ -252,7 +252,8 @@ def test_memory_limit(node_sandbox: Sandbox) -> None:
         memory_mb=128,
     )
     assert r["outcome"] == "memory_limit", _show(r)
-    assert "memory limit of" in str(r["reason"])
+    # "memory limit of N bytes reached", or "address-space limit of N bytes" (rlimits mode).
+    assert f"limit of {128 * MiB} bytes reached" in str(r["reason"]), _show(r)
     assert str(r["stdout"]) == "allocating\n"
 
 

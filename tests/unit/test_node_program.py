@@ -47,10 +47,18 @@ def test_rlimits_mode_bounds_the_heap_and_reserves_address_space() -> None:
 
 
 def test_heap_exhausted_needs_the_message_and_an_abort() -> None:
-    assert node_program.heap_exhausted(V8_ABORT, None, signal.SIGABRT)
-    assert node_program.heap_exhausted(V8_ABORT, 134, None)
-    assert not node_program.heap_exhausted(V8_ABORT, 1, None)
-    assert not node_program.heap_exhausted(b"Error: boom\n", None, signal.SIGABRT)
+    strict, rlimits = IsolationMode.STRICT, IsolationMode.RLIMITS
+    assert node_program.heap_exhausted(V8_ABORT, None, signal.SIGABRT, strict)
+    assert node_program.heap_exhausted(V8_ABORT, 134, None, strict)
+    assert not node_program.heap_exhausted(V8_ABORT, 1, None, strict)
+    assert not node_program.heap_exhausted(b"Error: boom\n", None, signal.SIGABRT, strict)
+    # Node's own C++ allocation refused by RLIMIT_AS (the rlimits mode).
+    bad_alloc = b"terminate called after throwing an instance of 'std::bad_alloc'\n"
+    assert node_program.heap_exhausted(bad_alloc, None, signal.SIGABRT, rlimits)
+    # A failed check of V8's as RLIMIT_AS refuses its heap pages: the limit there, a crash else.
+    check = b"\n#\n# Fatal error in , line 0\n# Check failed: (result.ptr) != nullptr.\n"
+    assert node_program.heap_exhausted(check, None, signal.SIGTRAP, rlimits)
+    assert not node_program.heap_exhausted(check, None, signal.SIGTRAP, strict)
 
 
 def _seen(**kw: object) -> Seen:
@@ -74,3 +82,5 @@ def test_a_full_v8_heap_is_the_memory_limit() -> None:
     assert classify(_seen(signal=signal.SIGABRT))[0] is Outcome.KILLED
     stopped = _seen(signal=signal.SIGABRT, error=V8_HEAP, stopped_by="wall_time")
     assert classify(stopped)[0] is Outcome.TIMEOUT
+    weak = classify(_seen(signal=signal.SIGTRAP, error=V8_HEAP, mode=IsolationMode.RLIMITS))
+    assert weak[0] is Outcome.MEMORY_LIMIT and "address-space limit" in weak[1]

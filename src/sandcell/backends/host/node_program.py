@@ -14,8 +14,9 @@ A Node program starts as ``node *interpreter_args main.js`` (the permission mode
   could not start otherwise. Under a cgroup (the ``strict`` mode, the microVM's guest), Node
   sizes its heap from the cgroup's limit by itself.
 * A full heap is not an ``ENOMEM`` the program sees: V8 prints ``FATAL ERROR: ... JavaScript heap
-  out of memory`` and aborts (SIGABRT). :func:`heap_exhausted` tells that death apart, so that
-  it is reported as the memory limit reached rather than a crash.
+  out of memory`` and aborts (SIGABRT), and an allocation of Node's own C++ that RLIMIT_AS refuses
+  aborts with ``std::bad_alloc``. :func:`heap_exhausted` tells those deaths apart, so that they
+  are reported as the memory limit reached rather than a crash.
 """
 
 from __future__ import annotations
@@ -37,9 +38,16 @@ ADDRESS_RESERVE = 1024 * MiB
 """Address space a Node process reserves and never uses, added to RLIMIT_AS in the ``rlimits``
 mode (measured: 730 MiB of VmSize for ``console.log(1)`` with Node 22; a margin above)."""
 
-HEAP_EXHAUSTED = "JavaScript heap out of memory"
-"""What V8 prints before it aborts on a full heap (``FATAL ERROR: Reached heap limit Allocation
-failed - JavaScript heap out of memory``, or ``... Ineffective mark-compacts near heap limit``)."""
+HEAP_EXHAUSTED = (
+    "JavaScript heap out of memory",
+    "Fatal process out of memory",
+    "std::bad_alloc",
+)
+"""What Node prints before it aborts for want of memory: V8 on a full heap (``FATAL ERROR:
+Reached heap limit Allocation failed - JavaScript heap out of memory``), V8 when the system
+refuses it memory, the C++ runtime when an allocation of Node's own fails."""
+V8_FATAL = ("# Fatal error in",)
+"""V8's report of any fatal error (a failed check), which RLIMIT_AS causes as the heap grows."""
 
 
 def program_args(
@@ -59,12 +67,23 @@ def address_reserve(language: Language) -> int:
     return ADDRESS_RESERVE if language in NODE_LANGUAGES else 0
 
 
-def heap_exhausted(stderr: bytes, exit_code: int | None, sig: int | None) -> bool:
-    """Whether a run ended as V8 ends a program whose heap is full: its message near the end of
-    stderr (only V8's native stack trace follows it, a few KiB of C++ names) and an abort (the
-    signal, or a shell's 128 + 6 where a shell reported it)."""
-    aborted = sig == signal.SIGABRT or exit_code == 128 + signal.SIGABRT
-    return aborted and HEAP_EXHAUSTED.encode() in stderr[-32768:]
+def heap_exhausted(
+    stderr: bytes,
+    exit_code: int | None,
+    sig: int | None,
+    mode: IsolationMode = IsolationMode.STRICT,
+) -> bool:
+    """Whether a run ended as Node ends a program it cannot give more memory: one of
+    :data:`HEAP_EXHAUSTED` near the end of stderr (only V8's native stack trace follows it, a few
+    KiB of C++ names) and an abort (the signal, or a shell's 128 + 6 where a shell reported it).
+    In the ``rlimits`` mode also any fatal error of V8's (``# Fatal error``, a trap): there
+    RLIMIT_AS refuses V8 the pages it reserves as its heap grows, which V8 does not survive,
+    as Python's MemoryError is the same limit there."""
+    dying = (signal.SIGABRT, signal.SIGTRAP) if mode is IsolationMode.RLIMITS else (signal.SIGABRT,)
+    aborted = sig in dying or (exit_code is not None and exit_code - 128 in dying)
+    tail = stderr[-32768:]
+    markers = [*HEAP_EXHAUSTED, *(V8_FATAL if mode is IsolationMode.RLIMITS else ())]
+    return aborted and any(m.encode() in tail for m in markers)
 
 
 def layers(language: Language, mode: IsolationMode) -> dict[str, str]:

@@ -81,7 +81,7 @@ def classify(
     limits = request.effective_limits
     code = launched.exit_code
     memory_error = bool(code) and launched.stderr.rstrip().endswith(b"MemoryError")
-    v8_heap = heap_exhausted(launched.stderr, code, launched.signal)
+    v8_heap = heap_exhausted(launched.stderr, code, launched.signal, request.mode)
     seen = Seen(
         subject="run",
         limits=limits,

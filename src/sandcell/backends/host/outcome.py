@@ -39,9 +39,10 @@ CPU_SPENT = 0.98
 and rusage's clocks tick a little behind the kernel's own enforcement)."""
 
 V8_HEAP = "V8 heap"
-"""``Seen.error`` of a Node program that V8 aborted because its heap was full: V8 sizes the heap
-from the memory limit (the cgroup's, or ``--max-old-space-size`` in the ``rlimits`` mode), so
-the limit was reached even though the kernel did not kill it."""
+"""``Seen.error`` of a Node program that aborted for want of memory (``node_program.py``): V8
+sizes its heap from the memory limit (the cgroup's, or ``--max-old-space-size`` in the
+``rlimits`` mode, where RLIMIT_AS also refuses), so the limit was reached even though the kernel
+did not kill it."""
 
 _OUTPUTS = ("stdout", "stderr")
 _ENDED = "; the session ended"
@@ -208,8 +209,11 @@ def _death(seen: Seen, cell: bool) -> Verdict | None:
         return Outcome.MEMORY_LIMIT, what, seen.exit_code, sig
     if seen.error == V8_HEAP:
         what = (
-            f"memory limit of {lim.memory_bytes} bytes reached: the JavaScript heap is full "
-            "(V8 sizes it from the memory limit, and aborted: JavaScript heap out of memory)"
+            f"memory limit of {lim.memory_bytes} bytes reached: Node.js could not allocate more "
+            "and aborted (V8 sizes its heap from the memory limit: JavaScript heap out of memory)"
+            if seen.mode is not IsolationMode.RLIMITS
+            else f"address-space limit of {lim.memory_bytes} bytes reached (and what V8 reserves "
+            "unused above it): Node.js could not allocate more and aborted"
         )
         if cell:
             return Outcome.MEMORY_LIMIT, what + _ENDED, None, sig

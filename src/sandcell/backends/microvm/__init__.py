@@ -80,6 +80,7 @@ from sandcell.spec import (
     NODE_LANGUAGES,
     Artifact,
     Enforcement,
+    IsolationMode,
     Outcome,
     RejectedExport,
     RunRequest,
@@ -379,7 +380,8 @@ class MicroVMBackend:
             "workspace_quota": f"tmpfs of {lim.workspace_bytes} bytes in the guest",
             "wall_time_and_output": "enforced by the host: the VM is stopped and destroyed",
             "jailer": self._jail.describe() if self._jail else "none: " + jail.why_not(),
-            **node_program.layers(request.language, request.mode),
+            # The guest's cgroup bounds memory whatever the mode: no rlimits-mode lines.
+            **node_program.layers(request.language, IsolationMode.STRICT),
         }
         if request.packages:
             layers["packages"] = (

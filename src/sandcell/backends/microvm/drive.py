@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandcell.backends.base import OutputSink
-from sandcell.backends.host.node_program import heap_exhausted, program_args
+from sandcell.backends.host.node_program import heap_exhausted
 from sandcell.backends.host.outcome import V8_HEAP, Seen
 from sandcell.backends.host.outcome import classify as outcome_of
 from sandcell.backends.host.supervise import STDERR, STDOUT, Watch
@@ -32,7 +32,7 @@ from sandcell.backends.microvm.guest_packages import NONE, PACKAGES_DIR, GuestPa
 from sandcell.backends.microvm.transfer import FileSink, TransferError, input_frames, input_items
 from sandcell.run_sockets import SANDBOX_LIB, SandboxSockets
 from sandcell.runtimes import code_path, common_env, runtime_for
-from sandcell.spec import Outcome, RunRequest
+from sandcell.spec import IsolationMode, Outcome, RunRequest
 
 STOP_GRACE_S = 5.0
 """How long the guest has to report after it was told to stop, before the VM is destroyed."""
@@ -101,10 +101,9 @@ def job_doc(
         "language": request.language,
         # The guest has the runtime at the namespaces backend's neutral paths (``image.py``).
         "interpreter": runtime.sandbox_interpreter,
-        # Node's permission flags (and V8's limits in the rlimits mode: ``node_program.py``).
-        "interpreter_args": list(
-            program_args(request.language, runtime.interpreter_args, lim, request.mode)
-        ),
+        # Node's permission flags; whatever the mode, the guest's cgroup bounds the program's
+        # memory and V8 sizes its heap from it (the rlimits mode's flags are for a host).
+        "interpreter_args": list(runtime.interpreter_args),
         "env": env,
         "limits": {
             "cpu_time_s": lim.cpu_time_s,
@@ -332,7 +331,8 @@ def classify(
         oom_killed=bool(ended.oom_kill),
         cpu_ms=ended.cpu_ms,
         error=V8_HEAP
-        if heap_exhausted(bytes(ended.stderr), ended.exit_code, ended.signal)
+        # The guest bounds memory by its cgroup whatever the mode (no RLIMIT_AS there).
+        if heap_exhausted(bytes(ended.stderr), ended.exit_code, ended.signal, IsolationMode.STRICT)
         else None,
     )
     outcome, reason, _, _ = outcome_of(seen)
