@@ -45,8 +45,9 @@ def test_run_code_takes_every_language_name_and_offers_what_the_profile_runs() -
     for name, lang in (("js", "javascript"), ("TypeScript", "typescript"), ("sh", "bash")):
         reply = read_tool_calls(completion(call("run_code", code="x", language=name)))
         assert reply.code is not None and reply.code.language == lang
-    (strict, _) = tools_for(load_profile("strict"))
-    assert strict.parameters["properties"]["language"]["enum"] == ["python", "bash"]
+    (analysis, _) = tools_for(load_profile("analysis"))
+    assert analysis.parameters["properties"]["language"]["enum"] == ["python"]
+    assert tools_for(load_profile("strict")) == TOOLS
     assert tools_for(load_profile("unchecked")) == TOOLS
     assert TOOLS[0].parameters["properties"]["language"]["enum"] == [
         "python",
@@ -154,7 +155,7 @@ def test_the_prompt_and_the_fallback_speak_of_node_only_where_the_profile_runs_i
     from sandcell.agent.feedback import fallback
     from sandcell.agent.prompt import system_prompt
 
-    for name, node in (("strict", False), ("unchecked", True)):
+    for name, node in (("analysis", False), ("strict", True), ("unchecked", True)):
         p = load_profile(name)
         for protocol in ("text", "native"):
             text = system_prompt(p, limits=p.limits.defaults, exports=[], protocol=protocol)
