@@ -312,7 +312,7 @@ def test_promise_and_allocation_storm_is_bounded(attack: Attack) -> None:
         }
         """,
         memory_mb=128,
-        wall_time_s=30,
+        wall_time_s=10,
     )
     # Ended at the memory limit; or, where the sandbox's memory is full of the runtime's
     # reclaimable pages (a guest without KVM thrashes on Node's 100 MiB binary), by the wall
