@@ -382,15 +382,18 @@ each behavioural check again as the user on each rung only repeated those (minut
 NODE_PARAMS = [
     "root",
     "user",
+    "root-pool",
     "root-gvisor",
     "user-gvisor",
     "root-microvm-pool",
     "user-microvm-pool",
 ]
-"""The cases of JavaScript and TypeScript programs: every rung that runs them, root and user. A
-Node program starts cold on the namespaces and gVisor rungs (their templates and pools are
-Python interpreters: the warm cases would repeat the cold one), and from a pooled VM on the
-microVM rung (its runner execs Node); the wasm rung refuses them before the run."""
+"""The cases of JavaScript and TypeScript programs: every rung that runs them, root and user.
+On namespaces ``root-pool`` takes the Node pool's waiting sandboxes (``node_pool.py``: Node
+started ahead, the program handed over) once a first run has filled it; the templates are Python
+interpreters and the user's rlimits mode starts Node cold, so their cases would repeat the cold
+one. gVisor starts Node cold (its pool is Python's), the microVM from a pooled VM (its runner
+execs Node); the wasm rung refuses them before the run."""
 
 
 @pytest.fixture(params=NODE_PARAMS)
