@@ -584,9 +584,28 @@ def _make_links(links: list[list[str]]) -> None:
             _fail(f"input link {link} -> {link_target}: {exc}")
 
 
+_TERMINATING = (1, 2, 3, 10, 12, 14, 15)
+"""SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGTERM (numbers: `signal` imports enum)."""
+
+
+def _default_signals() -> None:
+    """Undo what the caller's environment ignored: ``nohup`` ignores SIGHUP, a shell's
+    background job SIGINT and SIGQUIT, and an ignored signal stays ignored across fork and exec.
+    A sandboxed program (and every process it starts) meets each signal as on a fresh login,
+    whoever started sandcell and how: SIGINT raises KeyboardInterrupt in Python, the others take
+    their default action."""
+    import _signal  # `signal` imports enum: milliseconds
+
+    for number in _TERMINATING:
+        if _signal.getsignal(number) == _signal.SIG_IGN:
+            default = _signal.default_int_handler if number == 2 else _signal.SIG_DFL
+            _signal.signal(number, default)
+
+
 def _main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] not in ("python", "exec"):
         _fail("usage: boot.py PLAN (python SCRIPT | exec PROGRAM) [ARGS...]")
+    _default_signals()
     plan_path, mode, target = argv[1], argv[2], argv[3:]
     try:
         plan = _load_plan(plan_path)

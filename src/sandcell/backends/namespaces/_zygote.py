@@ -144,6 +144,9 @@ def _template(control_fd: int, preload: list[str]) -> tuple[socket.socket, bytes
         seccomp_program = f.read()
     _prepare_calls(seccomp_program)
     boot = _load_boot("/sandcell/boot.pyc")
+    # Every run forked from here starts with the signals the caller's environment ignored
+    # (nohup's SIGHUP...) back at their defaults, as a cold run's boot does.
+    boot["_default_signals"]()
     # Loaded once here (trusted code): a run that displays finds it in its copy of the image.
     boot["_display"] = boot["_load_display"]("/sandcell/display.pyc")
     # The boot's C calls (Landlock, compiling the program) built once here, not in every run.
