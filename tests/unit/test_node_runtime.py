@@ -37,8 +37,7 @@ from sandcell.runtimes.node.locked import (
 )
 from sandcell.runtimes.ref import runtime_record
 from sandcell.runtimes.store.build import open_staging, remove_tree, store_staged
-from sandcell.runtimes.store.store import FORMAT, RuntimeManifest, StoredRuntime, forget_verified
-from sandcell.runtimes.store.tree import TreeSummary
+from sandcell.runtimes.store.store import StoredRuntime, forget_verified
 
 INTEGRITY = "sha512-" + "A" * 86 + "=="
 
@@ -231,25 +230,9 @@ def _store_fake(base: Path, lock: NodeLock) -> StoredRuntime:
         (tree / "node_modules" / "lodash").mkdir(parents=True)
         (tree / "node_modules" / "lodash" / "package.json").write_text('{"version": "4"}')
 
-        def manifest(summary: TreeSummary) -> RuntimeManifest:
-            return RuntimeManifest(
-                format=FORMAT,
-                kind="node",
-                name="node",
-                lock_source=lock.source,
-                lock_sha256=lock.sha256,
-                python="",
-                implementation=f"Node.js {lock.node_version}",
-                platform=lock.node_platform,
-                tree_sha256=summary.sha256,
-                files=summary.files,
-                size_bytes=summary.size_bytes,
-                site_packages="node_modules",
-                distributions=dict(lock.packages),
-                imports=tuple(lock.top_level),
-            )
-
-        return store_staged(base, staging, manifest, lambda _: None)
+        return store_staged(
+            base, staging, lambda summary: node_build.node_manifest(lock, summary), lambda _: None
+        )
     finally:
         remove_tree(staging)
 

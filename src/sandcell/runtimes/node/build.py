@@ -122,6 +122,28 @@ def _tidy(modules: Path) -> None:
     (modules / ".package-lock.json").unlink(missing_ok=True)
 
 
+def node_manifest(lock: NodeLock, summary: TreeSummary) -> RuntimeManifest:
+    """The stored manifest of a Node runtime built from ``lock`` whose tree hashes to
+    ``summary``."""
+    return RuntimeManifest(
+        format=FORMAT,
+        kind="node",
+        name=NODE_RUNTIME,
+        lock_source=lock.source,
+        lock_sha256=lock.sha256,
+        python="",
+        implementation=f"Node.js {lock.node_version}",
+        platform=lock.node_platform,
+        tree_sha256=summary.sha256,
+        files=summary.files,
+        size_bytes=summary.size_bytes,
+        site_packages="node_modules",
+        distributions=dict(lock.packages),
+        imports=tuple(lock.top_level),
+        built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+
+
 def build_node(lock: NodeLock, base: Path, *, say: Progress = lambda _: None) -> StoredRuntime:
     """Build the Node runtime from ``lock`` into the store at ``base``; point ``node`` at it."""
     if host_platform() != lock.node_platform:
@@ -144,25 +166,6 @@ def build_node(lock: NodeLock, base: Path, *, say: Progress = lambda _: None) ->
         _tidy(modules)
         os.rename(modules, tree / "node_modules")
 
-        def manifest(summary: TreeSummary) -> RuntimeManifest:
-            return RuntimeManifest(
-                format=FORMAT,
-                kind="node",
-                name=NODE_RUNTIME,
-                lock_source=lock.source,
-                lock_sha256=lock.sha256,
-                python="",
-                implementation=f"Node.js {lock.node_version}",
-                platform=lock.node_platform,
-                tree_sha256=summary.sha256,
-                files=summary.files,
-                size_bytes=summary.size_bytes,
-                site_packages="node_modules",
-                distributions=dict(lock.packages),
-                imports=tuple(lock.top_level),
-                built_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            )
-
-        return store_staged(base, staging, manifest, say)
+        return store_staged(base, staging, lambda summary: node_manifest(lock, summary), say)
     finally:
         remove_tree(staging)
