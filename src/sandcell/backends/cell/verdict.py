@@ -72,7 +72,7 @@ def classify_cell(
     code: int | None = None
     if ended_why == "kernel":
         code, sig = decode_wait(kernel_status) if kernel_status is not None else (None, None)
-        if heap_exhausted(stderr, code, sig):
+        if heap_exhausted(stderr, code, sig, mode):
             error = V8_HEAP
     else:
         sig = None

@@ -71,7 +71,7 @@ def heap_exhausted(
     stderr: bytes,
     exit_code: int | None,
     sig: int | None,
-    mode: IsolationMode = IsolationMode.STRICT,
+    mode: IsolationMode,
 ) -> bool:
     """Whether a run ended as Node ends a program it cannot give more memory: one of
     :data:`HEAP_EXHAUSTED` near the end of stderr (only V8's native stack trace follows it, a few
